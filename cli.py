@@ -1,0 +1,268 @@
+"""`rlfarm`: train on a Celery + Redis rollout farm, run workers, evaluate and inspect policies."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+
+REDIS_HELP = "Redis URL of the farm (broker, results and policy store); env RLFARM_REDIS_URL."
+
+
+def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+    click.echo(f"rlfarm: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="rlfarm")
+def main() -> None:
+    """rlfarm: RL rollout episodes as Celery tasks on any number of machines, Redis in the middle.
+
+    Start with `rlfarm train` (no Redis running? it starts an embedded one and local workers),
+    add machines with `rlfarm worker --redis URL`.
+    """
+
+
+def _sigterm_to_interrupt() -> None:
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+@main.command()
+@click.option("--preset", default="cartpole-ppo", show_default=True,
+              help="Preset name (see `rlfarm presets`) or path to a TOML file.")
+@click.option("--env", "env_id", help="Gymnasium env id or 'module:callable' (overrides the preset).")
+@click.option("--mode", type=click.Choice(["sync", "async"]), help="SYNC waits for whole groups (on-policy).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key, e.g. --set ppo.learning_rate=1e-3 (repeatable).")
+@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL",
+              help=REDIS_HELP + " Omitted: an embedded Redis and local workers are started.")
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes for the embedded default.")
+@click.option("--total-steps", type=click.IntRange(min=1), help="Env steps to train for.")
+@click.option("--seed", type=int, help="Run seed: same seed, same policy, whatever the worker count.")
+@click.option("--run-id", help="Name of the run in Redis and under --logdir (default: generated).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Trainer device (workers: CPU).")
+@click.option("--logdir", type=click.Path(file_okay=False), help="Parent of the run directory [runs].")
+def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[str, ...],
+          redis_url: str | None, workers: int | None, total_steps: int | None, seed: int | None,
+          run_id: str | None, device: str | None, logdir: str | None) -> None:
+    """Train a policy on the farm and save it under LOGDIR/RUN_ID.
+
+    Writes config.json, progress.csv, episodes.csv, TensorBoard scalars and final_policy.safetensors.
+    """
+    from rlfarm import config as C
+    from rlfarm.algos import check_mode
+    from rlfarm.envs import EnvError, describe
+
+    try:
+        cfg = C.build(preset, overrides, **{"env.id": env_id, "mode": mode, "farm.workers": workers,
+                                            "total_steps": total_steps, "seed": seed, "run_id": run_id,
+                                            "device": device, "logdir": logdir})
+        check_mode(cfg.algo, cfg.mode)
+        describe(cfg.env.id)
+    except (C.ConfigError, EnvError) as exc:
+        fail(str(exc))
+    if not cfg.run_id:
+        name = cfg.env.id.split(":")[-1].split("/")[-1].lower()
+        cfg = C.from_flat({"run_id": f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"}, cfg)
+    run_dir = Path(cfg.logdir) / cfg.run_id
+    _sigterm_to_interrupt()
+    try:
+        if redis_url:
+            result = _train_on(cfg, redis_url, run_dir)
+        else:
+            result = _train_embedded(cfg, run_dir)
+    except KeyboardInterrupt:
+        click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
+        sys.exit(130)
+    click.echo(f"run {result.run_id}: {result.env_steps} env steps in {result.wall_seconds:.1f} s, "
+               f"policy v{result.final_version}, mean return of the last 20 episodes "
+               f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f})")
+    click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
+
+
+def _train_on(cfg, redis_url: str, run_dir: Path):
+    from rlfarm.celery_app import make_app
+    from rlfarm.dispatch import RolloutError, TaskLostError
+    from rlfarm.store import connect, redact
+    from rlfarm.trainer import SyncTrainer
+
+    try:
+        connect(redis_url).close()
+    except ConnectionError as exc:
+        fail(str(exc), 1)
+    app = make_app(redis_url)
+    if not app.control.ping(timeout=1.0):
+        click.echo(f"rlfarm: no worker answered on {redact(redis_url)}; tasks wait in the queue until "
+                   f"one starts (`rlfarm worker --redis URL`)", err=True)
+    try:
+        return SyncTrainer(cfg, redis_url, run_dir).train()
+    except (RolloutError, TaskLostError) as exc:
+        fail(str(exc), 1)
+
+
+def _train_embedded(cfg, run_dir: Path):
+    import json
+
+    from rlfarm.cluster import LocalCluster
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    click.echo(f"rlfarm: no --redis given: starting an embedded Redis and {cfg.farm.workers} local "
+               f"worker processes (logs in {run_dir}/)", err=True)
+    with LocalCluster(workers=cfg.farm.workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir) as cluster:
+        (run_dir / "cluster.json").write_text(json.dumps(
+            {"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
+        return _train_on(cfg, cluster.redis_url, run_dir)
+
+
+@main.command()
+@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", default="redis://127.0.0.1:6379/0",
+              show_default=True, help=REDIS_HELP)
+@click.option("-c", "--concurrency", type=click.IntRange(min=1), default=os.cpu_count(), show_default=True,
+              help="Rollout processes on this machine (one torch thread each).")
+@click.option("-n", "--hostname", default=None, help="Celery node name [rlfarm-<pid>@<host>].")
+@click.option("-l", "--loglevel", default="INFO", show_default=True, help="Celery log level.")
+def worker(redis_url: str, concurrency: int, hostname: str | None, loglevel: str) -> None:
+    """Run a Celery worker with rlfarm's defaults: add this machine's cores to a farm."""
+    from rlfarm.store import connect
+
+    try:
+        connect(redis_url).close()
+    except ConnectionError as exc:
+        fail(str(exc), 1)
+    os.environ["RLFARM_REDIS_URL"] = redis_url
+    from tasks import app
+
+    app.conf.broker_url = redis_url
+    app.worker_main(["worker", "--pool", "prefork", "--concurrency", str(concurrency),
+                     "--prefetch-multiplier", "1", "-O", "fair", "--loglevel", loglevel,
+                     "--hostname", hostname or f"rlfarm-{os.getpid()}@%h"])
+
+
+@main.command(name="eval")
+@click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
+              help="A saved policy (e.g. RUN_DIR/final_policy.safetensors).")
+@click.option("--run", "run_id", help="A run in Redis (with --redis).")
+@click.option("--version", "version", default="latest", show_default=True, help="Policy version of --run.")
+@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", help=REDIS_HELP)
+@click.option("--env", "env_id", help="Env id [the one the policy was trained on].")
+@click.option("--episodes", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first episode.")
+def eval_(policy_file: str | None, run_id: str | None, version: str, redis_url: str | None,
+          env_id: str | None, episodes: int, seed: int) -> None:
+    """Run greedy episodes with a stored version or a saved policy file; print mean ± std."""
+    import json
+
+    from rlfarm import codec
+    from rlfarm.config import PolicyConfig
+    from rlfarm.envs import EnvError, describe, make_env
+    from rlfarm.policy import build_policy
+    from rlfarm.rollout import run_episodes
+    from rlfarm.store import PolicyError, PolicyStore, RunNotFound, connect
+
+    if bool(policy_file) == bool(run_id):
+        fail("give exactly one of --policy FILE or --run RUN (with --redis URL)")
+    try:
+        if policy_file:
+            state, meta = codec.decode_policy(Path(policy_file).read_bytes())
+            policy_cfg = json.loads(meta.get("policy", "{}"))
+        else:
+            if not redis_url:
+                fail("--run needs --redis URL (or RLFARM_REDIS_URL)")
+            store = PolicyStore(connect(redis_url), run_id)
+            state, meta = store.get(version)
+            policy_cfg = store.run_meta()["config"]["policy"]
+        env_id = env_id or meta.get("env")
+        if not env_id:
+            fail("the policy does not name its env: pass --env")
+        spec = describe(env_id)
+        policy = build_policy(spec, PolicyConfig(**{k: tuple(v) if k == "hidden_sizes" else v
+                                                    for k, v in policy_cfg.items()}))
+        policy.load_state_dict(state)
+    except (codec.CodecError, PolicyError, RunNotFound, EnvError, ConnectionError, RuntimeError) as exc:
+        fail(str(exc), 1)
+    env = make_env(env_id)
+    returns = run_episodes(policy.actor_snapshot(), env, episodes, seed)
+    click.echo(f"{env_id}, policy v{meta.get('version', '?')}: mean return {returns.mean():.2f} ± "
+               f"{returns.std():.2f} over {episodes} greedy episodes")
+
+
+@main.group()
+def checkpoints() -> None:
+    """List and export policy versions stored in Redis."""
+
+
+@checkpoints.command(name="list")
+@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", required=True, help=REDIS_HELP)
+@click.option("--run", "run_id", help="Run whose versions to list (default: list the runs).")
+def checkpoints_list(redis_url: str, run_id: str | None) -> None:
+    """Runs in Redis, or the retained versions of one run."""
+    from datetime import datetime
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlfarm.store import PolicyStore, connect, list_runs
+
+    try:
+        client = connect(redis_url)
+    except ConnectionError as exc:
+        fail(str(exc), 1)
+    if not run_id:
+        table = Table("run", "latest version")
+        for run in list_runs(client):
+            table.add_row(run, str(PolicyStore(client, run).latest()))
+        Console().print(table)
+        return
+    store = PolicyStore(client, run_id)
+    table = Table("version", "created", "env steps", "bytes", "sha256")
+    for v in store.versions():
+        info = store.info(v)
+        created = datetime.fromtimestamp(float(info["created"])).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(str(v), created, info.get("env_steps", "-"), info["bytes"], info["sha256"][:16])
+    Console().print(table)
+
+
+@checkpoints.command(name="export")
+@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", required=True, help=REDIS_HELP)
+@click.option("--run", "run_id", required=True, help="Run to export from.")
+@click.option("--version", default="latest", show_default=True, help="Version number or 'latest'.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="File to write (safetensors).")
+def checkpoints_export(redis_url: str, run_id: str, version: str, output: str) -> None:
+    """Write a stored version to a safetensors file (checksum verified), usable with `rlfarm eval`."""
+    import json
+
+    from rlfarm import codec
+    from rlfarm.store import PolicyError, PolicyStore, RunNotFound, connect
+
+    try:
+        store = PolicyStore(connect(redis_url), run_id)
+        state, meta = store.get(version)
+        run_cfg = store.run_meta()["config"]
+    except (PolicyError, RunNotFound, ConnectionError) as exc:
+        fail(str(exc), 1)
+    meta = {**meta, "env": run_cfg["env"]["id"], "policy": json.dumps(run_cfg["policy"])}
+    meta.pop("sha256", None)
+    Path(output).write_bytes(codec.encode_policy(state, meta))
+    click.echo(f"wrote {run_id} v{meta['version']} to {output}")
+
+
+@main.command()
+def presets() -> None:
+    """List the shipped presets, one line each."""
+    from rlfarm.config import preset_description, preset_names
+
+    for name in preset_names():
+        click.echo(f"{name:<16} {preset_description(name)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Algorithms: each turns gathered experience into parameter updates, with no I/O."""
+
+from __future__ import annotations
+
+ALGOS: dict[str, tuple[str, ...]] = {
+    # name -> modes it can run in. PPO is on-policy: ASYNC results acted with older versions would
+    # need an off-policy correction (V-trace, IMPACT), which rlfarm does not implement.
+    "ppo": ("sync",),
+}
+
+
+def check_mode(algo: str, mode: str) -> None:
+    from rlfarm.config import ConfigError
+
+    if algo not in ALGOS:
+        raise ConfigError(f"unknown algo {algo!r}; available: {', '.join(sorted(ALGOS))}")
+    if mode not in ALGOS[algo]:
+        raise ConfigError(f"algo {algo!r} cannot run in --mode {mode} (supported: "
+                          f"{', '.join(ALGOS[algo])}): it is on-policy, and ASYNC results act with "
+                          f"older policy versions")

@@ -1,0 +1,121 @@
+"""PPO with clipped surrogate objective (Schulman et al. 2017), CleanRL-style, on gathered rollouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlfarm.config import PPOConfig
+from rlfarm.policy import ActorCritic
+from rlfarm.rollout import Rollout
+
+
+def compute_gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and returns (T, N) by generalized advantage estimation.
+
+    The value after step t is V(obs[t+1]) while the episode runs on, V(real final obs) when it was
+    truncated, 0 when it terminated, and `last_values` after the final step of the task.
+    """
+    values = rollout.values.astype(np.float64)
+    rewards = rollout.rewards.astype(np.float64)
+    dones = rollout.dones
+    T = len(values)
+    next_values = np.empty_like(values)
+    next_values[:-1] = values[1:]
+    next_values[-1] = rollout.last_values
+    next_values = np.where(dones, rollout.final_values, next_values)
+    deltas = rewards + gamma * next_values - values
+    advantages = np.zeros_like(values)
+    last = np.zeros(values.shape[1])
+    for t in reversed(range(T)):
+        last = deltas[t] + gamma * gae_lambda * np.where(dones[t], 0.0, last)
+        advantages[t] = last
+    returns = advantages + values
+    return advantages.astype(np.float32), returns.astype(np.float32)
+
+
+class PPO:
+    """Owns the policy and its optimizer; `train` runs the minibatch epochs on one iteration."""
+
+    name = "ppo"
+
+    def __init__(self, policy: ActorCritic, config: PPOConfig, seed: int, device: torch.device):
+        self.policy = policy.to(device)
+        self.config = config
+        self.device = device
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.learning_rate, eps=1e-5)
+        # Minibatch order from a private generator: reproducible, untouched by anything else.
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def train(self, rollout: Rollout, progress_remaining: float) -> dict[str, float]:
+        cfg = self.config
+        if cfg.anneal_lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = progress_remaining * cfg.learning_rate
+        advantages, returns = compute_gae(rollout, cfg.gamma, cfg.gae_lambda)
+
+        dev = self.device
+        b_obs = torch.as_tensor(rollout.obs.reshape(-1, rollout.obs.shape[-1])).to(dev)
+        act = rollout.actions
+        b_actions = torch.as_tensor(act.reshape(-1) if act.ndim == 2 else act.reshape(-1, act.shape[-1])).to(dev)
+        b_logprobs = torch.as_tensor(rollout.logprobs.reshape(-1)).to(dev)
+        b_values = torch.as_tensor(rollout.values.reshape(-1)).to(dev)
+        b_adv = torch.as_tensor(advantages.reshape(-1)).to(dev)
+        b_returns = torch.as_tensor(returns.reshape(-1)).to(dev)
+
+        batch_size = len(b_obs)
+        minibatch_size = batch_size // cfg.num_minibatches
+        clipfracs, approx_kl, stopped = [], torch.zeros(()), False
+        for _epoch in range(cfg.update_epochs):
+            order = torch.randperm(batch_size, generator=self.generator).to(dev)
+            for start in range(0, batch_size, minibatch_size):
+                mb = order[start:start + minibatch_size]
+                newlogprob, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_actions[mb])
+                logratio = newlogprob - b_logprobs[mb]
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
+                    clipfracs.append(((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item())
+
+                mb_adv = b_adv[mb]
+                if cfg.norm_adv:
+                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                pg_loss1 = -mb_adv * ratio
+                pg_loss2 = -mb_adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                if cfg.clip_vloss:
+                    v_loss_unclipped = (newvalue - b_returns[mb]) ** 2
+                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -cfg.clip_coef, cfg.clip_coef)
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - b_returns[mb]) ** 2).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+
+                entropy_loss = entropy.mean()
+                loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
+                self.optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+            if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
+                stopped = True
+                break
+
+        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        var_y = np.var(y_true)
+        explained_var = float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+        return {
+            "charts/learning_rate": self.optimizer.param_groups[0]["lr"],
+            "losses/value_loss": v_loss.item(),
+            "losses/policy_loss": pg_loss.item(),
+            "losses/entropy": entropy_loss.item(),
+            "losses/approx_kl": approx_kl.item(),
+            "losses/clipfrac": float(np.mean(clipfracs)),
+            "losses/explained_variance": explained_var,
+            "losses/early_stopped": float(stopped),
+        }
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Weights the workers act with (CPU tensors)."""
+        return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}

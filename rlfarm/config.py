@@ -1,0 +1,288 @@
+"""Run configuration: frozen dataclasses, TOML presets and `key=value` overrides.
+
+A run is described by one `RunConfig`. Presets are TOML files whose tables mirror the dataclasses
+(`[env]`, `[farm]`, `[policy]`, `[ppo]`); overrides use dotted keys (`ppo.learning_rate=1e-3`).
+Everything here is pure: no Redis, no Celery, no files except reading presets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+MODES = ("sync", "async")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A preset, override or value that cannot make a valid run."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    id: str = "CartPole-v1"  # gymnasium id, or "module:callable" returning an Env
+    num_envs: int = 4  # sub-environments stepped together inside one rollout task
+
+
+@dataclass(frozen=True)
+class FarmConfig:
+    num_tasks: int = 4  # rollout tasks per SYNC iteration: fixed by the run, never by the worker count
+    steps_per_env: int = 256  # env steps each sub-env takes in one task
+    workers: int = 2  # worker processes the embedded default starts
+    task_timeout: float = 120.0  # seconds without a result before a task is dispatched again
+    max_redispatch: int = 3  # copies of one task after which the run fails instead of retrying
+    keep_versions: int = 5  # policy versions retained in Redis
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"  # tanh | relu
+    init_log_std: float = 0.0  # Gaussian policies: initial log standard deviation
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    learning_rate: float = 3e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    norm_adv: bool = True
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    target_kl: float = 0.0  # stop the epoch loop early above this approx-KL; 0 disables
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    description: str = ""
+    algo: str = "ppo"
+    mode: str = "sync"
+    seed: int = 1
+    total_steps: int = 100_000
+    device: str = "auto"
+    run_id: str = ""  # empty: generated at start
+    logdir: str = "runs"
+    torch_threads: int = 1  # trainer threads; small MLPs run fastest (and reproducibly) on one
+    env: EnvConfig = field(default_factory=EnvConfig)
+    farm: FarmConfig = field(default_factory=FarmConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.farm.num_tasks * self.env.num_envs * self.farm.steps_per_env
+
+    @property
+    def num_iterations(self) -> int:
+        return max(1, self.total_steps // self.steps_per_iteration)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def valid_keys() -> list[str]:
+    """Every dotted key a preset or `--set` may name."""
+    keys = []
+    for name, tp in _hints(RunConfig).items():
+        if dataclasses.is_dataclass(tp):
+            keys += [f"{name}.{sub}" for sub in _hints(tp)]
+        else:
+            keys.append(name)
+    return sorted(keys)
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotated type, converting only where no information is lost."""
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        (item_tp, _) = typing.get_args(tp)
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return tuple(_coerce(key, v, item_tp) for v in value)
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"{key}: unsupported type {tp}")  # no optional fields by design
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _unknown_key(key: str) -> ConfigError:
+    keys = valid_keys()
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigError(f"unknown config key {key!r}{hint}; valid keys: {', '.join(keys)}")
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'ppo': {'gamma': 0.9}} -> {'ppo.gamma': 0.9}"""
+    flat: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            flat.update(flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def from_flat(values: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
+    """Build a RunConfig from dotted keys on top of `base` (defaults if None), validating each."""
+    base = base or RunConfig()
+    top_hints = _hints(RunConfig)
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        head, _, sub = key.partition(".")
+        if head not in top_hints:
+            raise _unknown_key(key)
+        tp = top_hints[head]
+        if dataclasses.is_dataclass(tp):
+            sub_hints = _hints(tp)
+            if sub not in sub_hints:
+                raise _unknown_key(key)
+            nested.setdefault(head, {})[sub] = _coerce(key, value, sub_hints[sub])
+        else:
+            if sub:
+                raise _unknown_key(key)
+            top[head] = _coerce(key, value, tp)
+    for head, changes in nested.items():
+        top[head] = dataclasses.replace(getattr(base, head), **changes)
+    config = dataclasses.replace(base, **top)
+    validate(config)
+    return config
+
+
+def validate(config: RunConfig) -> None:
+    """Semantic checks that types alone cannot express."""
+    if config.mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {config.mode!r}")
+    if config.device not in DEVICES:
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {config.device!r}")
+    for key in ("env.num_envs", "farm.num_tasks", "farm.steps_per_env", "farm.workers",
+                "farm.keep_versions", "total_steps", "torch_threads", "ppo.update_epochs",
+                "ppo.num_minibatches"):
+        if get(config, key) < 1:
+            raise ConfigError(f"{key} must be at least 1, got {get(config, key)}")
+    if config.farm.keep_versions < 2:
+        raise ConfigError("farm.keep_versions must be at least 2 (the acting and the newest version)")
+    if config.farm.task_timeout <= 0:
+        raise ConfigError("farm.task_timeout must be positive")
+    if config.policy.activation not in ("tanh", "relu"):
+        raise ConfigError(f"policy.activation must be tanh or relu, got {config.policy.activation!r}")
+    if not config.policy.hidden_sizes or min(config.policy.hidden_sizes) < 1:
+        raise ConfigError("policy.hidden_sizes must be a non-empty list of positive sizes")
+    batch = config.steps_per_iteration
+    if batch % config.ppo.num_minibatches:
+        raise ConfigError(
+            f"ppo.num_minibatches ({config.ppo.num_minibatches}) must divide the steps per iteration "
+            f"({batch} = farm.num_tasks x env.num_envs x farm.steps_per_env)")
+    if config.run_id and not all(c.isalnum() or c in "-_." for c in config.run_id):
+        raise ConfigError(f"run_id may hold letters, digits, '-', '_' and '.', got {config.run_id!r}")
+
+
+def get(config: RunConfig, key: str) -> Any:
+    obj: Any = config
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def to_dict(config: RunConfig) -> dict[str, Any]:
+    """Plain nested dict (tuples as lists): JSON- and msgpack-safe."""
+    def plain(v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+    return {k: ({sk: plain(sv) for sk, sv in v.items()} if isinstance(v, dict) else plain(v))
+            for k, v in dataclasses.asdict(config).items()}
+
+
+def from_dict(tree: dict[str, Any]) -> RunConfig:
+    return from_flat(flatten(tree))
+
+
+# ---- presets -------------------------------------------------------------------------------------
+
+def _preset_dir() -> Path:
+    return Path(str(resources.files("rlfarm") / "presets"))
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in _preset_dir().glob("*.toml"))
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """A preset by shipped name or by path to a TOML file, as a flat dict of dotted keys."""
+    path = Path(name_or_path)
+    if not (path.suffix == ".toml" and path.exists()):
+        path = _preset_dir() / f"{name_or_path}.toml"
+        if not path.exists():
+            names = preset_names()
+            close = difflib.get_close_matches(name_or_path, names, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown preset {name_or_path!r}{hint}; available: {', '.join(names)}")
+    try:
+        tree = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"preset {path}: invalid TOML: {exc}") from None
+    return flatten(tree)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'ppo.gamma=0.9' -> ('ppo.gamma', 0.9). Values are read as TOML, falling back to a string."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def build(preset: str | None = None, overrides: list[str] | tuple[str, ...] = (),
+          **explicit: Any) -> RunConfig:
+    """Preset, then `--set` overrides, then explicit CLI options (None values are skipped)."""
+    values: dict[str, Any] = load_preset(preset) if preset else {}
+    for text in overrides:
+        key, value = parse_override(text)
+        values[key] = value
+    for key, value in explicit.items():
+        if value is not None:
+            values[key] = value
+    return from_flat(values)
+
+
+def preset_description(name: str) -> str:
+    return str(load_preset(name).get("description", ""))

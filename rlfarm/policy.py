@@ -1,0 +1,132 @@
+"""Networks built from an env's spaces: an actor-critic for discrete or Box actions.
+
+Workers act through `NumpyActor`, a numpy snapshot of the weights (see its docstring).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlfarm.config import PolicyConfig
+from rlfarm.envs import SpaceSpec
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
+    # Orthogonal init (as in the PPO implementation details) keeps early policies near-uniform.
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def mlp(sizes: list[int], activation: str, out_std: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 2):
+        layers += [layer_init(nn.Linear(sizes[i], sizes[i + 1])), _ACTIVATIONS[activation]()]
+    layers.append(layer_init(nn.Linear(sizes[-2], sizes[-1]), std=out_std))
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs; categorical or diagonal-Gaussian action distribution."""
+
+    def __init__(self, spec: SpaceSpec, config: PolicyConfig):
+        super().__init__()
+        self.spec = spec
+        hidden = list(config.hidden_sizes)
+        self.critic = mlp([spec.obs_dim, *hidden, 1], config.activation, out_std=1.0)
+        self.actor = mlp([spec.obs_dim, *hidden, spec.action_dim], config.activation, out_std=0.01)
+        if not spec.discrete:
+            self.actor_logstd = nn.Parameter(torch.full((1, spec.action_dim), config.init_log_std))
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        out = self.actor(obs)
+        if self.spec.discrete:
+            return torch.distributions.Categorical(logits=out)
+        std = self.actor_logstd.expand_as(out).exp()
+        return torch.distributions.Normal(out, std)
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probability and entropy of `actions`, and the state value."""
+        dist = self.distribution(obs)
+        if self.spec.discrete:
+            logprob, entropy = dist.log_prob(actions.long()), dist.entropy()
+        else:
+            logprob, entropy = dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
+        return logprob, entropy, self.get_value(obs)
+
+    def actor_snapshot(self) -> "NumpyActor":
+        """A frozen numpy copy for acting: per-step torch dispatch costs more than the math here."""
+        return NumpyActor(self)
+
+
+def _linears(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(m.weight.detach().cpu().numpy().T.astype(np.float32).copy(),
+             m.bias.detach().cpu().numpy().astype(np.float32).copy())
+            for m in seq if isinstance(m, nn.Linear)]
+
+
+class NumpyActor:
+    """Acts with a snapshot of an ActorCritic's weights, in numpy.
+
+    Workers act one small batch per env step; for MLPs this size torch's per-op overhead dominates,
+    so plain numpy is several times faster. Sampling uses a numpy Generator, so a rollout is a pure
+    function of (weights, env seeds, action seed) whatever process or machine runs it.
+    """
+
+    def __init__(self, policy: ActorCritic):
+        self.spec = policy.spec
+        self._act = np.tanh if isinstance(policy.actor[1], nn.Tanh) else (lambda x: np.maximum(x, 0))
+        self.actor = _linears(policy.actor)
+        self.critic = _linears(policy.critic)
+        if not self.spec.discrete:
+            self.log_std = policy.actor_logstd.detach().cpu().numpy().reshape(-1).astype(np.float32)
+            self.std = np.exp(self.log_std)
+
+    def _forward(self, layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+        for w, b in layers[:-1]:
+            x = self._act(x @ w + b)
+        w, b = layers[-1]
+        return x @ w + b
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return self._forward(self.critic, obs)[:, 0]
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Actions (as stored: unclipped), their log-probabilities and state values, for a batch."""
+        out = self._forward(self.actor, obs).astype(np.float64)
+        value = self.value(obs)
+        if self.spec.discrete:
+            logp = out - out.max(-1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+            if deterministic:
+                action = logp.argmax(-1)
+            else:
+                # Inverse-CDF sampling from the numpy generator.
+                cdf = np.exp(logp).cumsum(-1)
+                u = rng.random((len(cdf), 1)) * cdf[:, -1:]
+                action = np.minimum((cdf < u).sum(-1), self.spec.action_dim - 1)
+            logprob = logp[np.arange(len(action)), action].astype(np.float32)
+            return action.astype(np.int64), logprob, value
+        mean = out.astype(np.float32)
+        if deterministic:
+            action = mean
+        else:
+            action = (mean + self.std * rng.standard_normal(mean.shape)).astype(np.float32)
+        z = (action - mean) / self.std
+        logprob = (-0.5 * z * z - self.log_std - 0.5 * np.log(2 * np.pi)).sum(-1).astype(np.float32)
+        return action, logprob, value
+
+
+def build_policy(spec: SpaceSpec, config: PolicyConfig) -> ActorCritic:
+    return ActorCritic(spec, config)

@@ -1,0 +1,133 @@
+"""Collecting experience: PURE (no Redis, no Celery). A rollout task is `collect` plus transport.
+
+Episodes start fresh in every task, seeded from (run seed, iteration, task index): the same task run
+twice, on any worker, gives the same arrays. Episodes still running when the task ends are cut and
+bootstrapped from the value of the last observation; they are not reported as finished episodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import VectorEnv
+
+from rlfarm.policy import NumpyActor
+
+
+@dataclass
+class Rollout:
+    """Arrays shaped (T, N, ...) for T steps of N sub-envs."""
+
+    obs: np.ndarray  # observation the action was chosen on
+    actions: np.ndarray  # as sampled (Box actions are clipped only when sent to the env)
+    logprobs: np.ndarray
+    values: np.ndarray  # V(obs)
+    rewards: np.ndarray
+    dones: np.ndarray  # the episode ended at this step (terminated or truncated)
+    final_values: np.ndarray  # V(real final obs) where truncated, 0 where terminated or not done
+    last_values: np.ndarray  # (N,) V(obs after the last step), to bootstrap the cut episodes
+    episode_returns: np.ndarray  # episodes that finished inside this task
+    episode_lengths: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.size)
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Rollout":
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+def task_seeds(run_seed: int, iteration: int, index: int, num_envs: int) -> tuple[list[int], int]:
+    """Env reset seeds and the action-sampling seed of one task; independent streams per task."""
+    ss = np.random.SeedSequence([run_seed, iteration, index])
+    env_ss, act_ss = ss.spawn(2)
+    env_seeds = [int(s) for s in env_ss.generate_state(num_envs, dtype=np.uint32)]
+    return env_seeds, int(act_ss.generate_state(1, dtype=np.uint32)[0])
+
+
+def collect(policy: NumpyActor, envs: VectorEnv, n_steps: int, env_seeds: list[int],
+            action_seed: int, deterministic: bool = False) -> Rollout:
+    """Step `envs` (SAME_STEP autoreset, see envs.make_vector_env) for n_steps with `policy`."""
+    n = envs.num_envs
+    rng = np.random.default_rng(action_seed)
+    spec = policy.spec
+    low = np.asarray(spec.action_low, dtype=np.float32) if not spec.discrete else None
+    high = np.asarray(spec.action_high, dtype=np.float32) if not spec.discrete else None
+
+    obs_buf = np.zeros((n_steps, n, spec.obs_dim), np.float32)
+    act_buf = np.zeros((n_steps, n), np.int64) if spec.discrete else np.zeros(
+        (n_steps, n, spec.action_dim), np.float32)
+    logp_buf = np.zeros((n_steps, n), np.float32)
+    val_buf = np.zeros((n_steps, n), np.float32)
+    rew_buf = np.zeros((n_steps, n), np.float32)
+    done_buf = np.zeros((n_steps, n), bool)
+    final_val_buf = np.zeros((n_steps, n), np.float32)
+    ep_returns: list[float] = []
+    ep_lengths: list[int] = []
+    running_return = np.zeros(n, np.float64)
+    running_length = np.zeros(n, np.int64)
+
+    obs, _ = envs.reset(seed=env_seeds)
+    obs = obs.reshape(n, -1).astype(np.float32, copy=False)
+    for t in range(n_steps):
+        action, logprob, value = policy.act(obs, rng, deterministic)
+        env_action = action if spec.discrete else np.clip(action, low, high)
+        next_obs, reward, terminated, truncated, info = envs.step(env_action)
+
+        obs_buf[t], act_buf[t], logp_buf[t], val_buf[t], rew_buf[t] = obs, action, logprob, value, reward
+        done = terminated | truncated
+        done_buf[t] = done
+        # Truncated (not terminated) episodes continue in truth: bootstrap from the value of the
+        # real final observation, which SAME_STEP autoreset leaves in info["final_obs"].
+        cut = truncated & ~terminated
+        if cut.any():
+            final_obs = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)])
+            final_val_buf[t, cut] = policy.value(final_obs.reshape(len(final_obs), -1).astype(np.float32))
+
+        running_return += reward
+        running_length += 1
+        for i in np.flatnonzero(done):
+            ep_returns.append(float(running_return[i]))
+            ep_lengths.append(int(running_length[i]))
+        running_return[done] = 0.0
+        running_length[done] = 0
+        obs = next_obs.reshape(n, -1).astype(np.float32, copy=False)
+
+    last_values = policy.value(obs)
+    return Rollout(obs_buf, act_buf, logp_buf, val_buf, rew_buf, done_buf, final_val_buf, last_values,
+                   np.asarray(ep_returns, np.float64), np.asarray(ep_lengths, np.int64))
+
+
+def concat(rollouts: list[Rollout]) -> Rollout:
+    """Join tasks side by side along the env axis, in the order given (task-index order)."""
+    step_fields = ("obs", "actions", "logprobs", "values", "rewards", "dones", "final_values")
+    joined = {k: np.concatenate([getattr(r, k) for r in rollouts], axis=1) for k in step_fields}
+    joined["last_values"] = np.concatenate([r.last_values for r in rollouts])
+    joined["episode_returns"] = np.concatenate([r.episode_returns for r in rollouts])
+    joined["episode_lengths"] = np.concatenate([r.episode_lengths for r in rollouts])
+    return Rollout(**joined)
+
+
+def run_episodes(policy: NumpyActor, env: Any, episodes: int, seed: int,
+                 deterministic: bool = True) -> np.ndarray:
+    """Returns of `episodes` whole episodes on a single (non-vector) env, greedy by default."""
+    rng = np.random.default_rng(seed)
+    spec = policy.spec
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, done = 0.0, False
+        while not done:
+            action, _, _ = policy.act(np.asarray(obs, np.float32).reshape(1, -1), rng, deterministic)
+            a = action[0] if spec.discrete else np.clip(action[0], spec.action_low, spec.action_high)
+            obs, reward, terminated, truncated, _ = env.step(a)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    return np.asarray(returns)

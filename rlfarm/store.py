@@ -1,0 +1,186 @@
+"""PolicyStore: versioned policy checkpoints in Redis, namespaced per run.
+
+Keys (DESIGN.md decision 2), all under `rlfarm:<run>:`
+  policy:<v>      safetensors bytes (metadata: version, algo, created, sha256)
+  policy:latest   the newest published version
+  versions        sorted set of retained versions
+  meta            the run's config as JSON, so a worker can build env and network
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from typing import Any, Mapping
+
+import redis
+import torch
+
+from rlfarm import codec
+
+
+class PolicyError(LookupError):
+    """A policy version that cannot be handed out."""
+
+
+class PolicyNotFound(PolicyError):
+    pass
+
+
+class PolicyTrimmed(PolicyError):
+    pass
+
+
+class PolicyCorrupt(PolicyError):
+    pass
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+def run_prefix(run_id: str) -> str:
+    return f"rlfarm:{run_id}:"
+
+
+def connect(url: str, timeout: float = 5.0) -> redis.Redis:
+    """A client that fails fast and clearly when Redis is not there."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_keepalive=True,
+                                  health_check_interval=30)
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise ConnectionError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise ConnectionError(f"cannot reach Redis at {redact(url)}: {exc}") from None
+    return client
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
+
+
+class PolicyStore:
+    def __init__(self, client: redis.Redis, run_id: str, keep: int = 5):
+        if keep < 1:
+            raise ValueError("keep must be at least 1")
+        self.client = client
+        self.run_id = run_id
+        self.keep = keep
+        self.prefix = run_prefix(run_id)
+
+    def _key(self, version: int) -> str:
+        return f"{self.prefix}policy:{version}"
+
+    # ---- run metadata --------------------------------------------------------------------------
+    def set_run_meta(self, meta: Mapping[str, Any]) -> None:
+        self.client.set(f"{self.prefix}meta", json.dumps(meta))
+
+    def run_meta(self) -> dict[str, Any]:
+        raw = self.client.get(f"{self.prefix}meta")
+        if raw is None:
+            raise RunNotFound(f"run {self.run_id!r} has no metadata in Redis (unknown run?)")
+        return json.loads(raw)
+
+    # ---- versions ------------------------------------------------------------------------------
+    def publish(self, version: int, state: Mapping[str, torch.Tensor], algo: str,
+                extra: Mapping[str, str] | None = None) -> bytes:
+        """Store `version` and move `latest` to it in one transaction; trim beyond `keep`."""
+        latest = self.latest()
+        if latest is not None and version <= latest:
+            raise ValueError(f"version {version} is not newer than the latest ({latest})")
+        meta = {"version": str(version), "algo": algo, "run": self.run_id,
+                "created": f"{time.time():.6f}", **(extra or {})}
+        blob = codec.encode_policy(state, meta)
+        old = [int(v) for v in self.client.zrangebyscore(f"{self.prefix}versions", "-inf",
+                                                         version - self.keep)]
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(self._key(version), blob)
+        pipe.zadd(f"{self.prefix}versions", {str(version): version})
+        pipe.set(f"{self.prefix}policy:latest", version)
+        if old:
+            pipe.delete(*[self._key(v) for v in old])
+            pipe.zrem(f"{self.prefix}versions", *[str(v) for v in old])
+        pipe.execute()
+        return blob
+
+    def latest(self) -> int | None:
+        raw = self.client.get(f"{self.prefix}policy:latest")
+        return None if raw is None else int(raw)
+
+    def versions(self) -> list[int]:
+        return [int(v) for v in self.client.zrange(f"{self.prefix}versions", 0, -1)]
+
+    def get_blob(self, version: int | str) -> bytes:
+        """Raw safetensors bytes of a version ('latest' allowed), with a clear error when absent."""
+        if version == "latest":
+            latest = self.latest()
+            if latest is None:
+                raise PolicyNotFound(f"run {self.run_id!r} has no published policy")
+            version = latest
+        version = int(version)
+        blob = self.client.get(self._key(version))
+        if blob is None:
+            latest = self.latest()
+            retained = self.versions()
+            if latest is not None and version < latest and (not retained or version < retained[0]):
+                raise PolicyTrimmed(
+                    f"run {self.run_id!r}: policy version {version} was trimmed; retained versions "
+                    f"are {retained[0]}..{retained[-1]}" if retained else
+                    f"run {self.run_id!r}: policy version {version} was trimmed")
+            raise PolicyNotFound(f"run {self.run_id!r}: no policy version {version} "
+                                 f"(latest is {latest})")
+        return blob
+
+    def get(self, version: int | str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        blob = self.get_blob(version)
+        try:
+            return codec.decode_policy(blob)
+        except codec.CodecError as exc:
+            raise PolicyCorrupt(f"run {self.run_id!r}: policy version {version} is corrupt: {exc}") from None
+
+    def info(self, version: int) -> dict[str, str]:
+        meta = codec.policy_metadata(self.get_blob(version))
+        meta["bytes"] = str(len(self.client.get(self._key(version)) or b""))
+        return meta
+
+
+class PolicyCache:
+    """Per-process LRU of decoded policies keyed by (run, version): a version is fetched once."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self._items: OrderedDict[tuple[str, int], Any] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> Any | None:
+        item = self._items.get(key)
+        if item is not None:
+            self._items.move_to_end(key)
+        return item
+
+    def put(self, key: tuple[str, int], value: Any) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def list_runs(client: redis.Redis) -> list[str]:
+    runs = set()
+    for key in client.scan_iter(match="rlfarm:*:meta", count=500):
+        runs.add(key.decode().split(":", 2)[1] if isinstance(key, bytes) else key.split(":", 2)[1])
+    return sorted(runs)

@@ -1,0 +1,111 @@
+"""What a rollout task does, outside Celery so it is testable without a broker.
+
+Per worker process: one Redis client, run metadata, vector envs and policy snapshots reused across
+tasks. The result goes onto the run's Redis list `rlfarm:<run>:results` (msgpack with raw arrays),
+where the trainer BLPOPs it: popping is consuming, so nothing is left behind in Redis, and large
+results never pass through Celery's pub/sub result path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from typing import Any
+
+import redis
+
+from rlfarm import codec
+from rlfarm.config import PolicyConfig
+from rlfarm.envs import SpaceSpec, make_vector_env
+from rlfarm.policy import NumpyActor, build_policy
+from rlfarm.rollout import collect, task_seeds
+from rlfarm.store import PolicyCache, PolicyStore, run_prefix
+
+RESULT_TTL = 3600  # backstop only: the trainer pops results as they come
+MAX_ATTEMPTS = 4  # deliveries of one task id before it is refused (a task that kills its worker)
+
+
+def results_key(run_id: str) -> str:
+    return f"{run_prefix(run_id)}results"
+
+
+class RolloutWorker:
+    def __init__(self, redis_url: str):
+        self.client = redis.Redis.from_url(redis_url, socket_connect_timeout=10, socket_keepalive=True,
+                                           health_check_interval=30)
+        self.identity = f"{socket.gethostname()}:{os.getpid()}"
+        self.policies = PolicyCache(size=4)
+        self.envs: dict[tuple[str, int], Any] = {}
+        self.runs: dict[str, dict[str, Any]] = {}
+
+    def _run_meta(self, run: str) -> dict[str, Any]:
+        if run not in self.runs:
+            self.runs[run] = PolicyStore(self.client, run).run_meta()
+        return self.runs[run]
+
+    def _actor(self, run: str, version: int | str) -> tuple[NumpyActor, int]:
+        store = PolicyStore(self.client, run)
+        if version == "latest":
+            latest = store.latest()
+            version = latest if latest is not None else "latest"  # get() raises a clear error
+        cached = self.policies.get((run, version))  # type: ignore[arg-type]
+        if cached is not None:
+            return cached, int(version)
+        state, meta = store.get(version)
+        run_meta = self._run_meta(run)
+        spec = SpaceSpec(**{**run_meta["space"],
+                            "action_low": tuple(run_meta["space"]["action_low"]),
+                            "action_high": tuple(run_meta["space"]["action_high"])})
+        pcfg = run_meta["config"]["policy"]
+        policy = build_policy(spec, PolicyConfig(tuple(pcfg["hidden_sizes"]), pcfg["activation"],
+                                                 pcfg["init_log_std"]))
+        policy.load_state_dict(state)
+        actor = policy.actor_snapshot()
+        self.policies.put((run, int(meta["version"])), actor)
+        return actor, int(meta["version"])
+
+    def _vector_env(self, env_id: str, num_envs: int) -> Any:
+        key = (env_id, num_envs)
+        if key not in self.envs:
+            self.envs[key] = make_vector_env(env_id, num_envs)
+        return self.envs[key]
+
+    def rollout(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Run one task spec and return the result message (not yet encoded)."""
+        started = time.perf_counter()
+        run_meta = self._run_meta(spec["run"])
+        env_cfg = run_meta["config"]["env"]
+        actor, version = self._actor(spec["run"], spec["version"])
+        envs = self._vector_env(env_cfg["id"], env_cfg["num_envs"])
+        env_seeds, action_seed = task_seeds(spec["seed"], spec["iteration"], spec["index"], envs.num_envs)
+        result = collect(actor, envs, spec["steps"], env_seeds, action_seed,
+                         deterministic=spec.get("kind") == "eval")
+        return {"kind": spec.get("kind", "rollout"), "iteration": spec["iteration"],
+                "index": spec["index"], "version": version, "worker": self.identity,
+                "duration": time.perf_counter() - started, "rollout": result.to_dict()}
+
+    def handle(self, spec: dict[str, Any], task_id: str) -> None:
+        """Run a task and push its result, or its error, to the run's results list."""
+        key = results_key(spec["run"])
+        attempts_key = f"{run_prefix(spec['run'])}attempts:{task_id}"
+        pipe = self.client.pipeline()
+        pipe.incr(attempts_key)
+        pipe.expire(attempts_key, RESULT_TTL)
+        attempts = pipe.execute()[0]
+        try:
+            if attempts > MAX_ATTEMPTS:
+                raise RuntimeError(f"task {task_id} was delivered {attempts} times; each delivery "
+                                   f"lost its worker, so it is refused")
+            message = self.rollout(spec)
+        except Exception as exc:  # reported to the trainer, which decides; never silently lost
+            message = {"kind": "error", "iteration": spec.get("iteration"), "index": spec.get("index"),
+                       "worker": self.identity, "error": f"{type(exc).__name__}: {exc}",
+                       "traceback": traceback.format_exc(limit=8)}
+        message["task_id"] = task_id
+        pipe = self.client.pipeline()
+        pipe.rpush(key, codec.pack(message))
+        pipe.expire(key, RESULT_TTL)
+        pipe.delete(attempts_key)
+        pipe.execute()

@@ -1,0 +1,45 @@
+"""The Celery app: `celery -A tasks worker` finds `tasks.app`.
+
+Tasks are thin: decode the spec, hand it to rlfarm.worker, which does the work and pushes the result.
+The broker comes from RLFARM_REDIS_URL (default redis://127.0.0.1:6379/0).
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery.signals import worker_process_init
+
+from rlfarm.celery_app import DEFAULT_REDIS_URL, ROLLOUT_TASK, make_app
+
+app = make_app(os.environ.get("RLFARM_REDIS_URL", DEFAULT_REDIS_URL), main="tasks")
+
+_worker = None
+
+
+@worker_process_init.connect
+def _init_process(**_: object) -> None:
+    # One torch thread per pool process: W processes on W cores, no oversubscription.
+    # Workers never touch CUDA: it cannot be re-initialised in a forked child.
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def _rollout_worker():
+    global _worker
+    if _worker is None:
+        from rlfarm.worker import RolloutWorker
+
+        _worker = RolloutWorker(app.conf.broker_url)
+    return _worker
+
+
+@app.task(name=ROLLOUT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def rollout(self, run: str, iteration: int, index: int, version: int | str, steps: int, seed: int,
+            kind: str = "rollout") -> None:
+    """Collect `steps` env steps per sub-env with policy `version` of `run`; result to Redis."""
+    spec = {"run": run, "iteration": iteration, "index": index, "version": version, "steps": steps,
+            "seed": seed, "kind": kind}
+    _rollout_worker().handle(spec, self.request.id)
