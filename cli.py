@@ -178,7 +178,8 @@ def eval_(policy_file: str | None, run_id: str | None, version: str, redis_url: 
                 fail("--run needs --redis URL (or RLFARM_REDIS_URL)")
             store = PolicyStore(connect(redis_url), run_id)
             state, meta = store.get(version)
-            policy_cfg = store.run_meta()["config"]["policy"]
+            run_cfg = store.run_meta()["config"]
+            policy_cfg, meta["env"] = run_cfg["policy"], run_cfg["env"]["id"]
         env_id = env_id or meta.get("env")
         if not env_id:
             fail("the policy does not name its env: pass --env")

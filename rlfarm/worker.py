@@ -45,14 +45,15 @@ class RolloutWorker:
             self.runs[run] = PolicyStore(self.client, run).run_meta()
         return self.runs[run]
 
-    def _actor(self, run: str, version: int | str) -> tuple[NumpyActor, int]:
+    def _actor(self, run: str, version: int | str) -> tuple[NumpyActor, int, bool]:
+        """The acting snapshot of a version, its number, and whether it had to be fetched."""
         store = PolicyStore(self.client, run)
         if version == "latest":
             latest = store.latest()
             version = latest if latest is not None else "latest"  # get() raises a clear error
         cached = self.policies.get((run, version))  # type: ignore[arg-type]
         if cached is not None:
-            return cached, int(version)
+            return cached, int(version), False
         state, meta = store.get(version)
         run_meta = self._run_meta(run)
         spec = SpaceSpec(**{**run_meta["space"],
@@ -64,7 +65,7 @@ class RolloutWorker:
         policy.load_state_dict(state)
         actor = policy.actor_snapshot()
         self.policies.put((run, int(meta["version"])), actor)
-        return actor, int(meta["version"])
+        return actor, int(meta["version"]), True
 
     def _vector_env(self, env_id: str, num_envs: int) -> Any:
         key = (env_id, num_envs)
@@ -77,13 +78,13 @@ class RolloutWorker:
         started = time.perf_counter()
         run_meta = self._run_meta(spec["run"])
         env_cfg = run_meta["config"]["env"]
-        actor, version = self._actor(spec["run"], spec["version"])
+        actor, version, fetched = self._actor(spec["run"], spec["version"])
         envs = self._vector_env(env_cfg["id"], env_cfg["num_envs"])
         env_seeds, action_seed = task_seeds(spec["seed"], spec["iteration"], spec["index"], envs.num_envs)
         result = collect(actor, envs, spec["steps"], env_seeds, action_seed,
                          deterministic=spec.get("kind") == "eval")
         return {"kind": spec.get("kind", "rollout"), "iteration": spec["iteration"],
-                "index": spec["index"], "version": version, "worker": self.identity,
+                "index": spec["index"], "version": version, "worker": self.identity, "policy_fetched": fetched,
                 "duration": time.perf_counter() - started, "rollout": result.to_dict()}
 
     def handle(self, spec: dict[str, Any], task_id: str) -> None:

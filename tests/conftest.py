@@ -1,0 +1,76 @@
+"""Shared fixtures: a real redis-server and real Celery worker processes on 127.0.0.1.
+
+They are started with rlfarm.cluster.LocalCluster, the code behind the embedded default, and
+stopped by pid at the end of the session. Workers get the repository on PYTHONPATH so they can
+import the tiny envs in tests/.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlfarm.cluster import LocalCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.fixture(scope="session")
+def redis_only(tmp_path_factory):
+    with LocalCluster(workers=0, name="rlfarm-test-store",
+                      log_dir=tmp_path_factory.mktemp("redis")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def farm(tmp_path_factory):
+    """Redis + one Celery worker with 2 pool processes."""
+    with LocalCluster(workers=2, name="rlfarm-test-farm", log_dir=tmp_path_factory.mktemp("farm"),
+                      extra_env=WORKER_ENV) as cluster:
+        yield cluster
+
+
+def processes_matching(text: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if text in line and "ps -eo" not in line]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def rlfarm_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "cli.py"), *args]
+
+
+def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: int = 1):
+    """Put a run's metadata and `versions` policy versions into Redis, as the trainer does."""
+    import torch
+
+    from rlfarm import config as C
+    from rlfarm.envs import describe
+    from rlfarm.policy import build_policy
+    from rlfarm.store import PolicyStore, connect
+
+    cfg = C.build("cartpole-ppo", [f"run_id={run_id}", *overrides])
+    space = describe(cfg.env.id)
+    store = PolicyStore(connect(redis_url), run_id, keep=cfg.farm.keep_versions)
+    store.set_run_meta({"config": C.to_dict(cfg), "space": space.to_dict()})
+    torch.manual_seed(0)
+    policy = build_policy(space, cfg.policy)
+    for v in range(versions):
+        store.publish(v, policy.state_dict(), "ppo")
+    return cfg, store

@@ -1,0 +1,113 @@
+"""The CLI as a user types it, in subprocesses: bad input, external Redis, eval, checkpoints, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+
+from .conftest import WORKER_ENV, pid_alive, processes_matching, rlfarm_cmd
+
+
+def run_cli(*args, env=None, cwd=None):
+    import os
+
+    return subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **WORKER_ENV, **(env or {})}, timeout=900)
+
+
+def assert_cleaned_up(run_dir, run_id):
+    pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
+    assert pids and not [p for p in pids if pid_alive(p)]
+    assert processes_matching(f"rlfarm-{run_id}") == []
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["worker"], ["eval"], ["checkpoints"],
+                                     ["checkpoints", "list"], ["checkpoints", "export"], ["presets"]])
+def test_help_on_every_command(command):
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0 and "Usage:" in result.output
+    assert len(result.output.splitlines()) > 4
+
+
+def test_presets_lists_each_with_a_line():
+    result = CliRunner().invoke(main, ["presets"])
+    assert result.exit_code == 0
+    lines = result.output.strip().splitlines()
+    assert any(line.startswith("cartpole-ppo ") for line in lines)
+    assert any(line.startswith("pendulum-ppo ") for line in lines)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "CartPol-v1"], "unknown env 'CartPol-v1'; did you mean CartPole-v1"),
+    (["--preset", "nope"], "unknown preset 'nope'"),
+    (["--set", "ppo.gama=0.9"], "unknown config key 'ppo.gama' (did you mean ppo.gamma?)"),
+    (["--set", "seed=x"], "seed: expected an integer"),
+    (["--mode", "async"], "algo 'ppo' cannot run in --mode async"),
+    (["--redis", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
+])
+def test_bad_input_fails_before_dispatch(tmp_path, args, message):
+    started = time.monotonic()
+    result = run_cli("train", "--logdir", str(tmp_path), *args)
+    assert result.returncode != 0
+    err_lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(err_lines) == 1 and err_lines[0].startswith("rlfarm: error:"), result.stderr
+    assert message in err_lines[0]
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+    assert time.monotonic() - started < 60  # guard only; Redis must fail within its 5 s connect
+
+
+def test_train_on_external_redis_then_checkpoints_and_eval(farm, tmp_path):
+    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "cli-ext", "--total-steps", "4096",
+                     "--logdir", str(tmp_path), "--set", "farm.keep_versions=3", "--set", "farm.num_tasks=2",
+                     "--set", "env.num_envs=1", "--set", "farm.steps_per_env=512",
+                     "--set", "ppo.num_minibatches=4")  # 4 iterations of 1024 steps: v0..v4
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "cli-ext"
+    for name in ("config.json", "progress.csv", "episodes.csv", "final_policy.safetensors", "summary.json"):
+        assert (run_dir / name).exists(), name
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    header = (run_dir / "progress.csv").read_text().splitlines()[0]
+    for key in ("charts/SPS", "charts/episodic_return", "losses/value_loss", "losses/approx_kl"):
+        assert key in header
+
+    listing = run_cli("checkpoints", "list", "--redis", farm.redis_url, "--run", "cli-ext")
+    assert listing.returncode == 0
+    assert [line.split()[1] for line in listing.stdout.splitlines() if line.startswith("│")] == ["2", "3", "4"]
+
+    out = tmp_path / "v3.safetensors"
+    exported = run_cli("checkpoints", "export", "--redis", farm.redis_url, "--run", "cli-ext",
+                       "--version", "3", "-o", str(out))
+    assert exported.returncode == 0 and out.exists()
+    for source in (["--policy", str(out)], ["--policy", str(run_dir / "final_policy.safetensors")],
+                   ["--run", "cli-ext", "--redis", farm.redis_url]):
+        ev = run_cli("eval", *source, "--episodes", "3")
+        assert ev.returncode == 0, ev.stderr
+        assert "mean return" in ev.stdout and "over 3 greedy episodes" in ev.stdout
+
+    gone = run_cli("eval", "--run", "cli-ext", "--version", "0", "--redis", farm.redis_url)
+    assert gone.returncode == 1 and "version 0 was trimmed" in gone.stderr
+
+
+def test_ctrl_c_stops_everything(tmp_path):
+    import os
+
+    proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", "ctrlc", "--logdir", str(tmp_path),
+                                       "--total-steps", "10000000"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **WORKER_ENV})
+    progress = tmp_path / "ctrlc" / "progress.csv"
+    while proc.poll() is None and len(progress.read_text().splitlines() if progress.exists() else []) < 3:
+        time.sleep(0.1)  # waiting for training to be under way, not standing in for a result
+    assert proc.poll() is None, proc.stderr.read()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert_cleaned_up(tmp_path / "ctrlc", "ctrlc")

@@ -1,0 +1,79 @@
+"""Codec (msgpack arrays, safetensors policies) and config (presets, overrides, validation)."""
+
+import numpy as np
+import pytest
+import torch
+
+from rlfarm import codec
+from rlfarm import config as C
+
+
+def test_pack_roundtrip_arrays_and_scalars():
+    msg = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.array([True, False]),
+           "c": np.int64(5), "d": "text", "e": [1, 2], "empty": np.zeros((0, 3), np.int64)}
+    out = codec.unpack(codec.pack(msg))
+    np.testing.assert_array_equal(out["a"], msg["a"])
+    assert out["a"].dtype == np.float32 and out["a"].shape == (3, 4)
+    assert out["b"].dtype == bool and out["empty"].shape == (0, 3)
+    assert out["c"] == 5 and out["d"] == "text" and out["e"] == [1, 2]
+
+
+def test_pack_refuses_object_arrays_and_garbage():
+    with pytest.raises(TypeError):
+        codec.pack({"x": np.array([object()])})
+    with pytest.raises(codec.CodecError):
+        codec.unpack(b"\xc1\xc1\xc1")
+
+
+def test_policy_blob_roundtrip_and_corruption():
+    state = {"w": torch.randn(3, 4), "b": torch.zeros(4)}
+    blob = codec.encode_policy(state, {"version": "7", "algo": "ppo"})
+    out, meta = codec.decode_policy(blob)
+    assert meta["version"] == "7" and meta["algo"] == "ppo" and len(meta["sha256"]) == 64
+    assert torch.equal(out["w"], state["w"])
+    corrupt = bytearray(blob)
+    corrupt[-3] ^= 0xFF  # flip bits inside the tensor data
+    with pytest.raises(codec.CodecError, match="checksum"):
+        codec.decode_policy(bytes(corrupt))
+    assert codec.tensor_digest(state) == meta["sha256"]
+
+
+def test_presets_load_and_validate():
+    names = C.preset_names()
+    assert {"cartpole-ppo", "pendulum-ppo"} <= set(names)
+    for name in names:
+        cfg = C.build(name)
+        assert cfg.total_steps > 0 and C.preset_description(name)
+
+
+def test_overrides_and_types():
+    cfg = C.build("cartpole-ppo", ["ppo.learning_rate=0.01", "policy.hidden_sizes=[32, 32]",
+                                   "seed=3", "env.id=Acrobot-v1", "ppo.anneal_lr=false"])
+    assert cfg.ppo.learning_rate == 0.01 and cfg.policy.hidden_sizes == (32, 32)
+    assert cfg.seed == 3 and cfg.env.id == "Acrobot-v1" and cfg.ppo.anneal_lr is False
+    assert C.build("cartpole-ppo", ["ppo.learning_rate=1"]).ppo.learning_rate == 1.0
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(C.ConfigError) as err:
+        C.build("cartpole-ppo", ["ppo.learnin_rate=1e-3"])
+    msg = str(err.value)
+    assert "did you mean ppo.learning_rate" in msg and "farm.num_tasks" in msg
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("seed=abc", "expected an integer"), ("ppo.anneal_lr=1", "expected true or false"),
+    ("ppo.gamma=fast", "expected a number"), ("mode=fast", "mode must be one of"),
+    ("farm.num_tasks=0", "at least 1"), ("ppo.num_minibatches=7", "must divide"),
+    ("novalue", "key=value"),
+])
+def test_bad_values_are_clear(override, fragment):
+    with pytest.raises(C.ConfigError, match=fragment):
+        C.build("cartpole-ppo", [override])
+
+
+def test_unknown_preset_and_dict_roundtrip():
+    with pytest.raises(C.ConfigError, match="unknown preset 'cartpole-pp'.*cartpole-ppo"):
+        C.build("cartpole-pp")
+    cfg = C.build("pendulum-ppo")
+    assert C.from_dict(C.to_dict(cfg)) == cfg

@@ -1,0 +1,116 @@
+"""Pure rollout code on tiny envs with hand-computed numbers: autoreset, truncation, GAE, seeds."""
+
+import numpy as np
+import pytest
+
+from rlfarm.algos.ppo import compute_gae
+from rlfarm.envs import SpaceSpec, make_vector_env
+from rlfarm.rollout import Rollout, collect, concat, task_seeds
+
+
+class CountValue:
+    """A policy double with V(s) = s[0] and always action 0, so every number is hand-computable."""
+
+    spec = SpaceSpec(obs_dim=1, discrete=True, action_dim=2)
+
+    def value(self, obs):
+        return obs[:, 0].astype(np.float32)
+
+    def act(self, obs, rng, deterministic=False):
+        n = len(obs)
+        return np.zeros(n, np.int64), np.zeros(n, np.float32), self.value(obs)
+
+
+def test_same_step_autoreset_on_termination():
+    envs = make_vector_env("tests.tiny_envs:terminating", 1)
+    r = collect(CountValue(), envs, n_steps=7, env_seeds=[0], action_seed=0)
+    # NEXT_STEP autoreset would show an extra, unreal step with obs 3 and an ignored action.
+    assert r.obs[:, 0, 0].tolist() == [0, 1, 2, 0, 1, 2, 0]
+    assert r.dones[:, 0].tolist() == [False, False, True, False, False, True, False]
+    assert r.rewards.sum() == 7
+    assert r.final_values.sum() == 0  # terminated: nothing to bootstrap
+    assert r.episode_returns.tolist() == [3.0, 3.0]
+    assert r.episode_lengths.tolist() == [3, 3]
+    assert r.last_values.tolist() == [1.0]
+
+
+def test_truncation_bootstraps_from_real_final_observation():
+    envs = make_vector_env("tests.tiny_envs:truncating", 1)
+    r = collect(CountValue(), envs, n_steps=4, env_seeds=[0], action_seed=0)
+    assert r.obs[:, 0, 0].tolist() == [0, 1, 2, 0]
+    assert r.dones[:, 0].tolist() == [False, False, True, False]
+    # The real final obs is 3 (the reset obs is 0): V = 3.
+    assert r.final_values[:, 0].tolist() == [0, 0, 3, 0]
+    adv, ret = compute_gae(r, gamma=0.5, gae_lambda=1.0)
+    # By hand: next values 1, 2, V(final)=3, last V(1)=1; deltas 1.5, 1.0, 0.5, 1.5.
+    np.testing.assert_allclose(adv[:, 0], [2.125, 1.25, 0.5, 1.5])
+    np.testing.assert_allclose(ret[:, 0], [2.125, 2.25, 2.5, 1.5])
+
+
+def test_gae_terminal_does_not_bootstrap():
+    envs = make_vector_env("tests.tiny_envs:terminating", 1)
+    r = collect(CountValue(), envs, n_steps=4, env_seeds=[0], action_seed=0)
+    adv, ret = compute_gae(r, gamma=0.5, gae_lambda=0.5)
+    # values 0,1,2,0; next values 1,2,(terminal)0,last V(1)=1
+    deltas = np.array([1 + 0.5 * 1 - 0, 1 + 0.5 * 2 - 1, 1 + 0 - 2, 1 + 0.5 * 1 - 0])
+    a3 = deltas[3]
+    a2 = deltas[2]
+    a1 = deltas[1] + 0.25 * a2
+    a0 = deltas[0] + 0.25 * a1
+    np.testing.assert_allclose(adv[:, 0], [a0, a1, a2, a3], rtol=1e-6)
+    np.testing.assert_allclose(ret[:, 0], adv[:, 0] + [0, 1, 2, 0], rtol=1e-6)
+
+
+def test_multiple_subenvs_and_concat_keep_order():
+    envs = make_vector_env("tests.tiny_envs:truncating", 3)
+    a = collect(CountValue(), envs, 5, [0, 1, 2], 0)
+    b = collect(CountValue(), make_vector_env("tests.tiny_envs:terminating", 2), 5, [0, 1], 0)
+    joined = concat([a, b])
+    assert joined.obs.shape == (5, 5, 1)
+    np.testing.assert_array_equal(joined.dones[:, :3], a.dones)
+    np.testing.assert_array_equal(joined.dones[:, 3:], b.dones)
+    assert joined.num_steps == 25
+    assert len(joined.episode_returns) == len(a.episode_returns) + len(b.episode_returns)
+
+
+def test_task_seeds_are_deterministic_and_distinct():
+    assert task_seeds(1, 2, 3, 4) == task_seeds(1, 2, 3, 4)
+    assert task_seeds(1, 2, 3, 4) != task_seeds(1, 2, 4, 4)
+    assert task_seeds(1, 2, 3, 4) != task_seeds(1, 3, 3, 4)
+    env_seeds, _ = task_seeds(7, 0, 0, 8)
+    assert len(set(env_seeds)) == 8
+
+
+def test_collect_is_reproducible_with_a_real_policy():
+    from rlfarm.config import PolicyConfig
+    from rlfarm.envs import describe
+    from rlfarm.policy import build_policy
+
+    import torch
+
+    torch.manual_seed(0)
+    actor = build_policy(describe("CartPole-v1"), PolicyConfig()).actor_snapshot()
+    seeds, aseed = task_seeds(1, 0, 0, 2)
+    r1 = collect(actor, make_vector_env("CartPole-v1", 2), 300, seeds, aseed)
+    r2 = collect(actor, make_vector_env("CartPole-v1", 2), 300, seeds, aseed)
+    for k, v in r1.to_dict().items():
+        np.testing.assert_array_equal(v, getattr(r2, k), err_msg=k)
+    assert len(r1.episode_returns) > 0  # a random policy drops the pole well within 300 steps
+    assert Rollout.from_dict(r1.to_dict()).num_steps == 600
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1"])
+def test_box_actions_are_clipped_for_env_but_stored_raw(env_id):
+    from rlfarm.config import PolicyConfig
+    from rlfarm.envs import describe
+    from rlfarm.policy import build_policy
+
+    import torch
+
+    torch.manual_seed(0)
+    actor = build_policy(describe(env_id), PolicyConfig(init_log_std=1.5)).actor_snapshot()
+    r = collect(actor, make_vector_env(env_id, 2), 200, [0, 1], 0)
+    assert np.abs(r.actions).max() > 2.0  # wide Gaussian samples beyond the bounds are kept raw
+    # Pendulum truncates at 200 steps: every sub-env ends exactly once, bootstrapped (not terminal).
+    assert r.dones[-1].all() and (r.final_values[-1] != 0).all()
+    assert r.episode_lengths.tolist() == [200, 200]

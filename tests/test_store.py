@@ -1,0 +1,76 @@
+"""PolicyStore against a real redis-server."""
+
+import pytest
+import torch
+
+from rlfarm.store import (PolicyCache, PolicyCorrupt, PolicyNotFound, PolicyStore, PolicyTrimmed,
+                          RunNotFound, connect, list_runs, redact)
+
+pytestmark = pytest.mark.farm
+
+
+def _state(x: float):
+    return {"layer.weight": torch.full((4, 3), x), "layer.bias": torch.arange(4.0)}
+
+
+def test_round_trip_latest_and_versions(redis_only):
+    store = PolicyStore(connect(redis_only.redis_url), "roundtrip", keep=3)
+    assert store.latest() is None
+    for v in range(5):
+        store.publish(v, _state(float(v)), "ppo", {"env_steps": str(100 * v)})
+    assert store.latest() == 4
+    assert store.versions() == [2, 3, 4]  # keep=3 trims 0 and 1
+    state, meta = store.get(3)
+    assert torch.equal(state["layer.weight"], torch.full((4, 3), 3.0))
+    assert meta["version"] == "3" and meta["algo"] == "ppo" and meta["env_steps"] == "300"
+    assert {"created", "sha256"} <= set(meta)
+    _, latest_meta = store.get("latest")
+    assert latest_meta["version"] == "4"
+    with pytest.raises(ValueError, match="not newer"):
+        store.publish(4, _state(0.0), "ppo")
+
+
+def test_missing_trimmed_and_corrupt_versions(redis_only):
+    client = connect(redis_only.redis_url)
+    store = PolicyStore(client, "errors", keep=2)
+    with pytest.raises(PolicyNotFound, match="no published policy"):
+        store.get("latest")
+    for v in range(4):
+        store.publish(v, _state(1.0), "ppo")
+    with pytest.raises(PolicyTrimmed, match="version 1 was trimmed; retained versions are 2..3"):
+        store.get(1)
+    with pytest.raises(PolicyNotFound, match="no policy version 9"):
+        store.get(9)
+    blob = bytearray(client.get("rlfarm:errors:policy:3"))
+    blob[-1] ^= 0x01
+    client.set("rlfarm:errors:policy:3", bytes(blob))
+    with pytest.raises(PolicyCorrupt, match="checksum mismatch"):
+        store.get(3)
+    with pytest.raises(RunNotFound):
+        store.run_meta()
+
+
+def test_run_meta_listing_and_namespacing(redis_only):
+    client = connect(redis_only.redis_url)
+    a, b = PolicyStore(client, "run-a"), PolicyStore(client, "run-b")
+    a.set_run_meta({"x": 1})
+    b.set_run_meta({"x": 2})
+    a.publish(0, _state(0.0), "ppo")
+    assert b.latest() is None and a.run_meta() == {"x": 1}
+    assert {"run-a", "run-b"} <= set(list_runs(client))
+    assert all(k.decode().startswith("rlfarm:run-") for k in client.keys("rlfarm:run-*"))
+
+
+def test_unreachable_redis_fails_fast_and_redacts():
+    with pytest.raises(ConnectionError, match="cannot reach Redis at redis://:\\*\\*\\*@127.0.0.1:1/0"):
+        connect("redis://:secret@127.0.0.1:1/0", timeout=2)
+    assert redact("redis://user:pw@host:6379/0") == "redis://user:***@host:6379/0"
+
+
+def test_policy_cache_is_lru():
+    cache = PolicyCache(size=2)
+    cache.put(("r", 1), "one")
+    cache.put(("r", 2), "two")
+    assert cache.get(("r", 1)) == "one"
+    cache.put(("r", 3), "three")  # evicts version 2, the least recently used
+    assert cache.get(("r", 2)) is None and cache.get(("r", 1)) == "one" and len(cache) == 2

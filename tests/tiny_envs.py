@@ -1,0 +1,61 @@
+"""Tiny envs whose correct rollout numbers can be computed by hand (also importable by workers)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.wrappers import TimeLimit
+
+
+class CounterEnv(gym.Env):
+    """obs = [steps taken in this episode]; reward 1 per step; terminates after `terminate_at` steps
+    (never if None). Actions are ignored."""
+
+    def __init__(self, terminate_at: int | None = None):
+        self.observation_space = gym.spaces.Box(0, 1000, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.terminate_at = terminate_at
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        terminated = self.terminate_at is not None and self.t >= self.terminate_at
+        return np.array([float(self.t)], np.float32), 1.0, terminated, False, {}
+
+
+def terminating() -> gym.Env:
+    return CounterEnv(terminate_at=3)
+
+
+def truncating() -> gym.Env:
+    return TimeLimit(CounterEnv(terminate_at=None), max_episode_steps=3)
+
+
+class SlowEnv(gym.Env):
+    """CartPole-shaped spaces, busy-waits per step: makes tasks long enough to kill a worker mid-task."""
+
+    def __init__(self, step_seconds: float = 0.002):
+        self.observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.step_seconds = step_seconds
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.np_random.uniform(-0.05, 0.05, 4).astype(np.float32), {}
+
+    def step(self, action):
+        import time
+
+        end = time.perf_counter() + self.step_seconds
+        while time.perf_counter() < end:
+            pass
+        return self.np_random.uniform(-0.05, 0.05, 4).astype(np.float32), 1.0, False, False, {}
+
+
+def slow() -> gym.Env:
+    return SlowEnv()
