@@ -46,12 +46,15 @@ def _sigterm_to_interrupt() -> None:
               help=REDIS_HELP + " Omitted: an embedded Redis and local workers are started.")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes for the embedded default.")
 @click.option("--total-steps", type=click.IntRange(min=1), help="Env steps to train for.")
+@click.option("--target-return", type=float,
+              help="Stop early once the mean return of the last 20 episodes reaches this.")
 @click.option("--seed", type=int, help="Run seed: same seed, same policy, whatever the worker count.")
 @click.option("--run-id", help="Name of the run in Redis and under --logdir (default: generated).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Trainer device (workers: CPU).")
 @click.option("--logdir", type=click.Path(file_okay=False), help="Parent of the run directory [runs].")
 def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[str, ...],
-          redis_url: str | None, workers: int | None, total_steps: int | None, seed: int | None,
+          redis_url: str | None, workers: int | None, total_steps: int | None,
+          target_return: float | None, seed: int | None,
           run_id: str | None, device: str | None, logdir: str | None) -> None:
     """Train a policy on the farm and save it under LOGDIR/RUN_ID.
 
@@ -63,7 +66,7 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
 
     try:
         cfg = C.build(preset, overrides, **{"env.id": env_id, "mode": mode, "farm.workers": workers,
-                                            "total_steps": total_steps, "seed": seed, "run_id": run_id,
+                                            "total_steps": total_steps, "target_return": target_return, "seed": seed, "run_id": run_id,
                                             "device": device, "logdir": logdir})
         check_mode(cfg.algo, cfg.mode)
         describe(cfg.env.id)

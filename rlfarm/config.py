@@ -8,6 +8,7 @@ Everything here is pure: no Redis, no Celery, no files except reading presets.
 from __future__ import annotations
 
 import dataclasses
+import math
 import difflib
 import tomllib
 import types
@@ -72,6 +73,7 @@ class RunConfig:
     mode: str = "sync"
     seed: int = 1
     total_steps: int = 100_000
+    target_return: float = math.inf  # stop early once the mean of the last 20 episodes reaches it
     device: str = "auto"
     run_id: str = ""  # empty: generated at start
     logdir: str = "runs"

@@ -123,6 +123,10 @@ class SyncTrainer:
                     **losses,
                 })
                 self._on_event()
+                if self.logger.rolling_return >= cfg.target_return:
+                    self.console.print(f"target return {cfg.target_return:g} reached after "
+                                       f"{self.env_steps} env steps", highlight=False)
+                    break
             return self._finish(time.perf_counter() - start)
         finally:
             self.logger.close()

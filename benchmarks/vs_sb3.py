@@ -1,0 +1,116 @@
+"""Wall-clock until CartPole-v1 is solved: rlfarm SYNC PPO vs Stable-Baselines3 PPO, in one run.
+
+    pip install -e ".[bench]"
+    python benchmarks/vs_sb3.py --seeds 1 2 3
+
+"Solved": the mean return of the last 20 training episodes reaches 475. Both sides are timed from
+the start of learning (SB3: model.learn(); rlfarm: the trainer loop, after its embedded Redis and
+workers are up) to the episode that crosses the threshold. End-to-end times (process start to
+finish, including rlfarm's cluster start-up) are printed too.
+
+SB3 uses rl-baselines3-zoo's tuned CartPole-v1 PPO hyper-parameters; rlfarm uses its cartpole-ppo
+preset with the embedded default and 2 worker processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+THRESHOLD = 475.0
+WINDOW = 20
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sb3_time_to_solve(seed: int, max_steps: int = 200_000) -> tuple[float, int, float]:
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.set_num_threads(1)
+    t_start = time.perf_counter()
+
+    def linear(start: float):
+        return lambda progress_remaining: progress_remaining * start
+
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+    # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                ent_coef=0.0, learning_rate=linear(0.001), clip_range=linear(0.2), seed=seed,
+                device="cpu", verbose=0)
+
+    class Solved(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.returns: deque[float] = deque(maxlen=WINDOW)
+            self.solved_at: tuple[float, int] | None = None
+
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.returns.append(info["episode"]["r"])
+            if len(self.returns) == WINDOW and sum(self.returns) / WINDOW >= THRESHOLD:
+                self.solved_at = (time.perf_counter() - self.t0, self.num_timesteps)
+                return False
+            return True
+
+    cb = Solved()
+    model.learn(total_timesteps=max_steps, callback=cb)
+    if cb.solved_at is None:
+        return float("nan"), max_steps, time.perf_counter() - t_start
+    return cb.solved_at[0], cb.solved_at[1], time.perf_counter() - t_start
+
+
+def rlfarm_time_to_solve(seed: int, workers: int) -> tuple[float, int, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--preset", "cartpole-ppo",
+                        "--workers", str(workers), "--seed", str(seed), "--target-return", str(THRESHOLD),
+                        "--logdir", tmp, "--run-id", "bench", "--total-steps", "200000"],
+                       check=True, capture_output=True, cwd=ROOT)
+        end_to_end = time.perf_counter() - t
+        returns: deque[float] = deque(maxlen=WINDOW)
+        with open(Path(tmp) / "bench" / "episodes.csv") as f:
+            for row in csv.DictReader(f):
+                returns.append(float(row["episodic_return"]))
+                if len(returns) == WINDOW and sum(returns) / WINDOW >= THRESHOLD:
+                    return float(row["wall_time"]), int(row["global_step"]), end_to_end
+    return float("nan"), 200_000, end_to_end
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    rows = []
+    print(f"cores: {os.cpu_count()}; threshold: mean of last {WINDOW} training episodes >= {THRESHOLD:g}")
+    print(f"{'seed':>4} {'rlfarm s':>9} {'steps':>7} {'e2e s':>7} {'SB3 s':>7} {'steps':>7} {'e2e s':>7} {'ratio':>6}")
+    for seed in args.seeds:
+        r = rlfarm_time_to_solve(seed, args.workers)
+        s = sb3_time_to_solve(seed)
+        rows.append((r, s))
+        print(f"{seed:>4} {r[0]:>9.1f} {r[1]:>7} {r[2]:>7.1f} {s[0]:>7.1f} {s[1]:>7} {s[2]:>7.1f} "
+              f"{r[0] / s[0]:>6.2f}", flush=True)
+    med_r = statistics.median(r[0] for r, _ in rows)
+    med_s = statistics.median(s[0] for _, s in rows)
+    med_re = statistics.median(r[2] for r, _ in rows)
+    med_se = statistics.median(s[2] for _, s in rows)
+    print(f"median time to solve: rlfarm {med_r:.1f} s, SB3 {med_s:.1f} s -> ratio {med_r / med_s:.2f}x "
+          f"(end to end incl. rlfarm's cluster start-up: {med_re / med_se:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

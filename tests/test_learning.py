@@ -1,0 +1,67 @@
+"""Learning and reproducibility, end to end through the CLI on the embedded default."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from rlfarm import codec
+
+from .conftest import pid_alive, processes_matching
+from .test_cli import run_cli
+
+pytestmark = pytest.mark.learning
+
+
+def best_rolling_return(run_dir, within_steps: int, window: int = 20) -> float:
+    with open(run_dir / "episodes.csv") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["global_step"]) <= within_steps]
+    returns = np.array([float(r["episodic_return"]) for r in rows])
+    assert len(returns) >= window, f"only {len(returns)} episodes finished"
+    rolling = np.convolve(returns, np.ones(window) / window, mode="valid")
+    return float(rolling.max())
+
+
+def train_embedded(tmp_path, run_id, *args):
+    result = run_cli("train", "--run-id", run_id, "--logdir", str(tmp_path), *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / run_id
+    pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
+    assert len(pids) >= 2 and not [p for p in pids if pid_alive(p)], "a farm process outlived the run"
+    assert processes_matching(f"rlfarm-{run_id}") == []
+    return run_dir
+
+
+def test_cartpole_ppo_solves_within_100k_steps(tmp_path):
+    run_dir = train_embedded(tmp_path, "cartpole", "--preset", "cartpole-ppo", "--workers", "2")
+    best = best_rolling_return(run_dir, within_steps=100_000)
+    print(f"cartpole-ppo: best rolling mean of 20 episodes within 100k steps = {best:.1f}")
+    assert best >= 475
+
+
+def test_pendulum_ppo_learns_within_200k_steps(tmp_path):
+    run_dir = train_embedded(tmp_path, "pendulum", "--preset", "pendulum-ppo", "--workers", "2")
+    best = best_rolling_return(run_dir, within_steps=200_000)
+    print(f"pendulum-ppo: best rolling mean of 20 episodes within 200k steps = {best:.1f}")
+    assert best >= -700  # random play is about -1200
+
+
+def test_same_seed_same_policy_with_1_and_3_workers(tmp_path):
+    digests = []
+    for workers in ("1", "3"):
+        run_dir = train_embedded(tmp_path / f"w{workers}", "repro", "--workers", workers, "--seed", "5",
+                                 "--total-steps", "16384", "--set", "farm.num_tasks=6",
+                                 "--set", "farm.steps_per_env=256", "--set", "env.num_envs=2",
+                                 "--set", "ppo.num_minibatches=4")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        # sha256 over every tensor's raw bytes (the safetensors header orders metadata arbitrarily,
+        # so the file itself is not canonical; the weights are).
+        state, meta = codec.decode_policy((run_dir / "final_policy.safetensors").read_bytes())
+        raw = hashlib.sha256(b"".join(state[k].numpy().tobytes() for k in sorted(state))).hexdigest()
+        digests.append((summary["policy_sha256"], meta["sha256"], raw, summary["final_version"]))
+    assert digests[0] == digests[1]
+    assert digests[0][3] == 5  # 16384 // (6 x 2 x 256) iterations, each publishing a version
