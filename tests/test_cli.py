@@ -111,3 +111,31 @@ def test_ctrl_c_stops_everything(tmp_path):
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
     assert_cleaned_up(tmp_path / "ctrlc", "ctrlc")
+
+
+def test_rlfarm_worker_joins_a_farm(redis_only, tmp_path):
+    """`rlfarm worker --redis URL` is a real Celery worker that runs rollouts for the trainer."""
+    import os
+
+    from rlfarm.celery_app import make_app
+    from rlfarm.dispatch import Dispatcher
+    from rlfarm.store import connect
+
+    from .conftest import make_run
+
+    make_run(redis_only.redis_url, "joined")
+    log = open(tmp_path / "worker.log", "w")
+    proc = subprocess.Popen(rlfarm_cmd("worker", "--redis", redis_only.redis_url, "-c", "1",
+                                       "-n", "rlfarm-joined@%h", "-l", "WARNING"),
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **WORKER_ENV},
+                            start_new_session=True)
+    try:
+        d = Dispatcher(make_app(redis_only.redis_url), connect(redis_only.redis_url), "joined", 120, 1)
+        results = d.gather_group([{"iteration": 0, "index": i, "version": 0, "steps": 16, "seed": 1}
+                                  for i in range(3)])
+        assert [r["index"] for r in results] == [0, 1, 2]
+        assert {r["worker"].split(":")[1] for r in results} - {str(proc.pid)}  # ran in a pool child
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert processes_matching("rlfarm-joined@") == []
