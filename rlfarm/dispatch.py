@@ -102,7 +102,7 @@ class Dispatcher:
                 if copies[index] > self.max_redispatch:
                     raise TaskLostError(
                         f"rollout task (iteration {iteration}, index {index}) sent {copies[index]} times "
-                        f"without a result within {self.task_timeout:.0f} s each: are workers running "
+                        f"without a result within {self.task_timeout:g} s each: are workers running "
                         f"and connected to the same Redis?")
                 self.send(pending[index])
                 self.stats.redispatched += 1

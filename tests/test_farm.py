@@ -116,3 +116,22 @@ def test_sigkilled_worker_process_mid_iteration(farm):
     # Every result that arrived was either counted once or dropped as a duplicate, never both.
     assert d.stats.received == len(results) + d.stats.duplicates
     assert len({r["index"] for r in results}) == 4
+
+
+def test_straggler_is_redispatched_and_late_copies_are_dropped(farm):
+    """Tasks slower than the deadline are sent again; only the first copy of each index counts."""
+    make_run(farm.redis_url, "straggle", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
+    d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "straggle", task_timeout=0.4,
+                   max_redispatch=50)
+    results = d.gather_group(_specs(0, 2, 500))  # >= 1 s each: well past the 0.4 s deadline
+    assert [r["index"] for r in results] == [0, 1]
+    assert d.stats.redispatched >= 2 and d.stats.dispatched == 2 + d.stats.redispatched
+    # Drain every remaining copy: the next iteration's gather drops them as duplicates.
+    d.task_timeout = 60
+    d.gather_group(_specs(1, 1, 8))
+    while d.stats.received < d.stats.dispatched:
+        message = d.receive(timeout=30)
+        assert message is not None, "a dispatched copy never reported back"
+        d.stats.duplicates += 1
+    assert d.stats.duplicates == d.stats.dispatched - 3  # 3 results counted: indexes 0, 1 and 0'
+    assert all(len(ids) == len(set(ids)) for ids in d.stats.task_ids.values())
