@@ -92,7 +92,7 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
     click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
 
 
-def _train_on(cfg, redis_url: str, run_dir: Path):
+def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None):
     from rlfarm.celery_app import make_app
     from rlfarm.dispatch import RolloutError, TaskLostError
     from rlfarm.store import connect, redact
@@ -102,12 +102,14 @@ def _train_on(cfg, redis_url: str, run_dir: Path):
         connect(redis_url).close()
     except ConnectionError as exc:
         fail(str(exc), 1)
-    app = make_app(redis_url)
-    if not app.control.ping(timeout=1.0):
-        click.echo(f"rlfarm: no worker answered on {redact(redis_url)}; tasks wait in the queue until "
-                   f"one starts (`rlfarm worker --redis URL`)", err=True)
     try:
-        return SyncTrainer(cfg, redis_url, run_dir).train()
+        trainer = SyncTrainer(cfg, redis_url, run_dir)
+        if cluster is not None:
+            cluster.wait_ready()  # its workers started while the trainer was being built
+        elif not make_app(redis_url).control.ping(timeout=1.0):
+            click.echo(f"rlfarm: no worker answered on {redact(redis_url)}; tasks wait in the queue "
+                       f"until one starts (`rlfarm worker --redis URL`)", err=True)
+        return trainer.train()
     except (RolloutError, TaskLostError) as exc:
         fail(str(exc), 1)
 
@@ -120,10 +122,14 @@ def _train_embedded(cfg, run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
     click.echo(f"rlfarm: no --redis given: starting an embedded Redis and {cfg.farm.workers} local "
                f"worker processes (logs in {run_dir}/)", err=True)
-    with LocalCluster(workers=cfg.farm.workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir) as cluster:
+    cluster = LocalCluster(workers=cfg.farm.workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir)
+    try:
+        cluster.start(wait=False)
         (run_dir / "cluster.json").write_text(json.dumps(
             {"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
-        return _train_on(cfg, cluster.redis_url, run_dir)
+        return _train_on(cfg, cluster.redis_url, run_dir, cluster)
+    finally:
+        cluster.stop()
 
 
 @main.command()

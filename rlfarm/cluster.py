@@ -97,6 +97,7 @@ class LocalCluster:
         self.port = 0
         self.redis_proc: subprocess.Popen | None = None
         self.worker_procs: list[subprocess.Popen] = []
+        self._nodes: list[str] = []
 
     @property
     def redis_url(self) -> str:
@@ -118,10 +119,16 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Redis (always waited for), then the workers; `wait=False` lets the caller overlap its
+        own start-up (torch imports, network construction) with theirs and call `wait_ready` later."""
         self.start_redis()
         if self.start_workers and self.workers > 0:
-            self.add_worker(self.workers)
+            self.add_worker(self.workers, wait=wait)
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        for i, proc in enumerate(self.worker_procs):
+            self.wait_for_worker(proc, self._nodes[i], timeout)
 
     def start_redis(self, timeout: float = 20.0) -> None:
         self.port = free_port()
@@ -153,16 +160,18 @@ class LocalCluster:
                 "--concurrency", str(concurrency), "--prefetch-multiplier", "1", "-O", "fair",
                 "--hostname", node, "--loglevel", "WARNING", "--without-gossip", "--without-mingle"]
 
-    def add_worker(self, concurrency: int, timeout: float = 90.0) -> subprocess.Popen:
+    def add_worker(self, concurrency: int, timeout: float = 90.0, wait: bool = True) -> subprocess.Popen:
         """Start one Celery worker (main process + `concurrency` pool processes); wait until it answers."""
         node = f"{self.name}-{len(self.worker_procs)}@{socket.gethostname()}"
+        self._nodes.append(node)
         env = {**os.environ, **self.extra_env, "RLFARM_REDIS_URL": self.redis_url}
         log = open(self.log_dir / f"worker-{len(self.worker_procs)}.log", "ab")
         proc = subprocess.Popen(self.worker_command(concurrency, node), env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=_die_with_parent)
         self.worker_procs.append(proc)
-        self.wait_for_worker(proc, node, timeout)
+        if wait:
+            self.wait_for_worker(proc, node, timeout)
         return proc
 
     def wait_for_worker(self, proc: subprocess.Popen, node: str, timeout: float) -> None:
@@ -183,8 +192,10 @@ class LocalCluster:
             app.close()
 
     def stop(self) -> None:
+        # Cold shutdown (SIGQUIT): this cluster's Redis goes away with it, so there is nothing a
+        # running rollout could still deliver to; a warm shutdown would only wait for it.
         for proc in self.worker_procs:
-            stop_process_group(proc, grace=15.0)  # warm shutdown lets a running rollout finish
+            stop_process_group(proc, grace=10.0, sig=signal.SIGQUIT)
         if self.redis_proc is not None:
             stop_process_group(self.redis_proc, grace=10.0)
         self._tmp.cleanup()
