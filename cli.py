@@ -71,6 +71,10 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
             "logdir": logdir})
         check_mode(cfg.algo, cfg.mode)
         describe(cfg.env.id)
+        if cfg.device == "cuda":
+            from rlfarm.trainer import resolve_device
+
+            resolve_device(cfg.device)
     except (C.ConfigError, EnvError) as exc:
         fail(str(exc))
     if not cfg.run_id:
@@ -94,6 +98,7 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
 
 def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None):
     from rlfarm.celery_app import make_app
+    from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
     from rlfarm.store import connect, redact
     from rlfarm.trainer import SyncTrainer
@@ -110,6 +115,8 @@ def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None):
             click.echo(f"rlfarm: no worker answered on {redact(redis_url)}; tasks wait in the queue "
                        f"until one starts (`rlfarm worker --redis URL`)", err=True)
         return trainer.train()
+    except ConfigError as exc:
+        fail(str(exc))
     except (RolloutError, TaskLostError) as exc:
         fail(str(exc), 1)
 
@@ -173,7 +180,7 @@ def eval_(policy_file: str | None, run_id: str | None, version: str, redis_url: 
     import json
 
     from rlfarm import codec
-    from rlfarm.config import PolicyConfig
+    from rlfarm.config import ConfigError, policy_config
     from rlfarm.envs import EnvError, describe, make_env
     from rlfarm.policy import build_policy
     from rlfarm.rollout import run_episodes
@@ -196,10 +203,10 @@ def eval_(policy_file: str | None, run_id: str | None, version: str, redis_url: 
         if not env_id:
             fail("the policy does not name its env: pass --env")
         spec = describe(env_id)
-        policy = build_policy(spec, PolicyConfig(**{k: tuple(v) if k == "hidden_sizes" else v
-                                                    for k, v in policy_cfg.items()}))
+        policy = build_policy(spec, policy_config(policy_cfg))
         policy.load_state_dict(state)
-    except (codec.CodecError, PolicyError, RunNotFound, EnvError, ConnectionError, RuntimeError) as exc:
+    except (codec.CodecError, ConfigError, PolicyError, RunNotFound, EnvError, ConnectionError,
+            OSError) as exc:
         fail(str(exc), 1)
     env = make_env(env_id)
     returns = run_episodes(policy.actor_snapshot(), env, episodes, seed)

@@ -232,6 +232,11 @@ def from_dict(tree: dict[str, Any]) -> RunConfig:
     return from_flat(flatten(tree))
 
 
+def policy_config(d: dict[str, Any]) -> PolicyConfig:
+    """The [policy] section alone, e.g. from a saved policy's metadata, validated like a preset."""
+    return from_flat(flatten({"policy": d})).policy
+
+
 # ---- presets -------------------------------------------------------------------------------------
 
 def _preset_dir() -> Path:

@@ -52,8 +52,7 @@ class Dispatcher:
         self.in_flight = 0
 
     def send(self, spec: dict[str, Any]) -> str:
-        kwargs = {k: v for k, v in spec.items() if k != "run"}
-        result = self.app.send_task(ROLLOUT_TASK, kwargs={"run": self.run_id, **kwargs})
+        result = self.app.send_task(ROLLOUT_TASK, kwargs={"run": self.run_id, **spec})
         self.stats.dispatched += 1
         self.stats.task_ids.setdefault((spec["iteration"], spec["index"]), []).append(result.id)
         return result.id

@@ -30,7 +30,7 @@ def _factory(env_id: str) -> Callable[[], gym.Env]:
         target = getattr(module, attr, None)
         if target is None:
             raise EnvError(f"env {env_id!r}: module {module_name!r} has no attribute {attr!r}")
-        if isinstance(target, type) and issubclass(target, gym.Env) or callable(target):
+        if callable(target):  # an Env class or a factory function
             return target
         raise EnvError(f"env {env_id!r}: {attr!r} is not callable")
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
@@ -66,6 +66,11 @@ class SpaceSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"obs_dim": self.obs_dim, "discrete": self.discrete, "action_dim": self.action_dim,
                 "action_low": list(self.action_low), "action_high": list(self.action_high)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpaceSpec":
+        return cls(int(d["obs_dim"]), bool(d["discrete"]), int(d["action_dim"]),
+                   tuple(d["action_low"]), tuple(d["action_high"]))
 
 
 def space_spec(env: gym.Env) -> SpaceSpec:

@@ -20,7 +20,7 @@ from rlfarm import codec
 from rlfarm.algos import check_mode
 from rlfarm.algos.ppo import PPO
 from rlfarm.celery_app import make_app
-from rlfarm.config import RunConfig, to_dict
+from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.dispatch import Dispatcher
 from rlfarm.envs import describe
 from rlfarm.metrics import RunLogger
@@ -33,7 +33,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+        raise ConfigError("device cuda was asked for, but torch sees no CUDA device")
     return torch.device(name)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from rlfarm import codec
-from rlfarm.config import PolicyConfig
+from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_vector_env
 from rlfarm.policy import NumpyActor, build_policy
 from rlfarm.rollout import collect, task_seeds
@@ -56,12 +56,8 @@ class RolloutWorker:
             return cached, int(version), False
         state, meta = store.get(version)
         run_meta = self._run_meta(run)
-        spec = SpaceSpec(**{**run_meta["space"],
-                            "action_low": tuple(run_meta["space"]["action_low"]),
-                            "action_high": tuple(run_meta["space"]["action_high"])})
-        pcfg = run_meta["config"]["policy"]
-        policy = build_policy(spec, PolicyConfig(tuple(pcfg["hidden_sizes"]), pcfg["activation"],
-                                                 pcfg["init_log_std"]))
+        policy = build_policy(SpaceSpec.from_dict(run_meta["space"]),
+                              policy_config(run_meta["config"]["policy"]))
         policy.load_state_dict(state)
         actor = policy.actor_snapshot()
         self.policies.put((run, int(meta["version"])), actor)

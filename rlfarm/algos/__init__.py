@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rlfarm.config import ConfigError
+
 ALGOS: dict[str, tuple[str, ...]] = {
     # name -> modes it can run in. PPO is on-policy: ASYNC results acted with older versions would
     # need an off-policy correction (V-trace, IMPACT), which rlfarm does not implement.
@@ -10,8 +12,6 @@ ALGOS: dict[str, tuple[str, ...]] = {
 
 
 def check_mode(algo: str, mode: str) -> None:
-    from rlfarm.config import ConfigError
-
     if algo not in ALGOS:
         raise ConfigError(f"unknown algo {algo!r}; available: {', '.join(sorted(ALGOS))}")
     if mode not in ALGOS[algo]:
