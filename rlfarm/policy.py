@@ -50,9 +50,9 @@ class ActorCritic(nn.Module):
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
         out = self.actor(obs)
         if self.spec.discrete:
-            return torch.distributions.Categorical(logits=out)
+            return torch.distributions.Categorical(logits=out, validate_args=False)
         std = self.actor_logstd.expand_as(out).exp()
-        return torch.distributions.Normal(out, std)
+        return torch.distributions.Normal(out, std, validate_args=False)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
