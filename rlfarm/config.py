@@ -67,6 +67,41 @@ class PPOConfig:
 
 
 @dataclass(frozen=True)
+class DQNConfig:
+    learning_rate: float = 1e-3
+    gamma: float = 0.99
+    n_step: int = 1  # n-step returns, computed inside each task's transitions
+    batch_size: int = 64
+    buffer_size: int = 100_000
+    learning_starts: int = 1_000  # heatup: random actions, no training, until this many transitions
+    replay_ratio: float = 0.5  # gradient steps per consumed env step
+    target_update_interval: int = 250  # gradient steps between hard target updates (tau = 1)
+    tau: float = 1.0  # 1: hard copy every target_update_interval; < 1: Polyak every gradient step
+    max_grad_norm: float = 10.0
+    exploration_initial_eps: float = 1.0
+    exploration_final_eps: float = 0.05
+    exploration_fraction: float = 0.1  # of total_steps over which epsilon decays linearly
+    prioritized: bool = False
+    per_alpha: float = 0.6
+    per_beta: float = 0.4  # importance-sampling exponent, annealed to 1 over the run
+    per_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    tasks_in_flight: int = 0  # 0: one per online worker process (at least 2)
+    max_policy_lag: int = 8  # results acted with a version older than this many versions are dropped
+    publish_interval: int = 32  # gradient steps between published versions
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    interval: int = 0  # env steps between greedy evaluations (0: never)
+    episodes: int = 10  # episodes per evaluation, split over `tasks` tasks
+    tasks: int = 2
+
+
+@dataclass(frozen=True)
 class RunConfig:
     description: str = ""
     algo: str = "ppo"
@@ -82,6 +117,9 @@ class RunConfig:
     farm: FarmConfig = field(default_factory=FarmConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    dqn: DQNConfig = field(default_factory=DQNConfig)
+    async_: AsyncConfig = field(default_factory=AsyncConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -90,6 +128,11 @@ class RunConfig:
     @property
     def num_iterations(self) -> int:
         return max(1, self.total_steps // self.steps_per_iteration)
+
+
+# `async` is a Python keyword: the field is `async_`, users and files say `async`.
+_FIELD = {"async": "async_"}
+_USER = {v: k for k, v in _FIELD.items()}
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -101,7 +144,7 @@ def valid_keys() -> list[str]:
     keys = []
     for name, tp in _hints(RunConfig).items():
         if dataclasses.is_dataclass(tp):
-            keys += [f"{name}.{sub}" for sub in _hints(tp)]
+            keys += [f"{_USER.get(name, name)}.{sub}" for sub in _hints(tp)]
         else:
             keys.append(name)
     return sorted(keys)
@@ -166,6 +209,7 @@ def from_flat(values: dict[str, Any], base: RunConfig | None = None) -> RunConfi
     nested: dict[str, dict[str, Any]] = {}
     for key, value in values.items():
         head, _, sub = key.partition(".")
+        head = _FIELD.get(head, head)
         if head not in top_hints:
             raise _unknown_key(key)
         tp = top_hints[head]
@@ -204,8 +248,16 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"policy.activation must be tanh or relu, got {config.policy.activation!r}")
     if not config.policy.hidden_sizes or min(config.policy.hidden_sizes) < 1:
         raise ConfigError("policy.hidden_sizes must be a non-empty list of positive sizes")
+    for key in ("dqn.batch_size", "dqn.buffer_size", "dqn.n_step", "dqn.target_update_interval",
+                "async.publish_interval", "eval.episodes", "eval.tasks"):
+        if get(config, key) < 1:
+            raise ConfigError(f"{key} must be at least 1, got {get(config, key)}")
+    if config.async_.max_policy_lag < 0 or config.eval.interval < 0 or config.dqn.replay_ratio < 0:
+        raise ConfigError("async.max_policy_lag, eval.interval and dqn.replay_ratio cannot be negative")
+    if not 0 < config.dqn.tau <= 1:
+        raise ConfigError(f"dqn.tau must be in (0, 1], got {config.dqn.tau}")
     batch = config.steps_per_iteration
-    if batch % config.ppo.num_minibatches:
+    if config.algo == "ppo" and batch % config.ppo.num_minibatches:
         raise ConfigError(
             f"ppo.num_minibatches ({config.ppo.num_minibatches}) must divide the steps per iteration "
             f"({batch} = farm.num_tasks x env.num_envs x farm.steps_per_env)")
@@ -216,7 +268,7 @@ def validate(config: RunConfig) -> None:
 def get(config: RunConfig, key: str) -> Any:
     obj: Any = config
     for part in key.split("."):
-        obj = getattr(obj, part)
+        obj = getattr(obj, _FIELD.get(part, part))
     return obj
 
 
@@ -224,7 +276,7 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
     """Plain nested dict (tuples as lists): JSON- and msgpack-safe."""
     def plain(v: Any) -> Any:
         return list(v) if isinstance(v, tuple) else v
-    return {k: ({sk: plain(sv) for sk, sv in v.items()} if isinstance(v, dict) else plain(v))
+    return {_USER.get(k, k): ({sk: plain(sv) for sk, sv in v.items()} if isinstance(v, dict) else plain(v))
             for k, v in dataclasses.asdict(config).items()}
 
 

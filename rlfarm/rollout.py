@@ -30,6 +30,10 @@ class Rollout:
     last_values: np.ndarray  # (N,) V(obs after the last step), to bootstrap the cut episodes
     episode_returns: np.ndarray  # episodes that finished inside this task
     episode_lengths: np.ndarray
+    # Off-policy only (collect(keep_next_obs=True)): the real next observation of every step (the
+    # final one where an episode ended) and which ends were terminations rather than truncations.
+    next_obs: np.ndarray | None = None
+    terminations: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -40,7 +44,7 @@ class Rollout:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Rollout":
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
+        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
 
 
 def task_seeds(run_seed: int, iteration: int, index: int, num_envs: int) -> tuple[list[int], int]:
@@ -52,7 +56,7 @@ def task_seeds(run_seed: int, iteration: int, index: int, num_envs: int) -> tupl
 
 
 def collect(policy: NumpyActor, envs: VectorEnv, n_steps: int, env_seeds: list[int],
-            action_seed: int, deterministic: bool = False) -> Rollout:
+            action_seed: int, deterministic: bool = False, keep_next_obs: bool = False) -> Rollout:
     """Step `envs` (SAME_STEP autoreset, see envs.make_vector_env) for n_steps with `policy`."""
     n = envs.num_envs
     rng = np.random.default_rng(action_seed)
@@ -68,6 +72,8 @@ def collect(policy: NumpyActor, envs: VectorEnv, n_steps: int, env_seeds: list[i
     rew_buf = np.zeros((n_steps, n), np.float32)
     done_buf = np.zeros((n_steps, n), bool)
     final_val_buf = np.zeros((n_steps, n), np.float32)
+    next_obs_buf = np.zeros((n_steps, n, spec.obs_dim), np.float32) if keep_next_obs else None
+    term_buf = np.zeros((n_steps, n), bool) if keep_next_obs else None
     ep_returns: list[float] = []
     ep_lengths: list[int] = []
     running_return = np.zeros(n, np.float64)
@@ -89,6 +95,11 @@ def collect(policy: NumpyActor, envs: VectorEnv, n_steps: int, env_seeds: list[i
         if cut.any():
             final_obs = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)])
             final_val_buf[t, cut] = policy.value(final_obs.reshape(len(final_obs), -1).astype(np.float32))
+        if keep_next_obs:
+            next_obs_buf[t] = next_obs.reshape(n, -1)
+            for i in np.flatnonzero(done):
+                next_obs_buf[t, i] = np.asarray(info["final_obs"][i]).reshape(-1)
+            term_buf[t] = terminated
 
         running_return += reward
         running_length += 1
@@ -101,7 +112,8 @@ def collect(policy: NumpyActor, envs: VectorEnv, n_steps: int, env_seeds: list[i
 
     last_values = policy.value(obs)
     return Rollout(obs_buf, act_buf, logp_buf, val_buf, rew_buf, done_buf, final_val_buf, last_values,
-                   np.asarray(ep_returns, np.float64), np.asarray(ep_lengths, np.int64))
+                   np.asarray(ep_returns, np.float64), np.asarray(ep_lengths, np.int64),
+                   next_obs_buf, term_buf)
 
 
 def concat(rollouts: list[Rollout]) -> Rollout:
@@ -111,6 +123,9 @@ def concat(rollouts: list[Rollout]) -> Rollout:
     joined["last_values"] = np.concatenate([r.last_values for r in rollouts])
     joined["episode_returns"] = np.concatenate([r.episode_returns for r in rollouts])
     joined["episode_lengths"] = np.concatenate([r.episode_lengths for r in rollouts])
+    for k in ("next_obs", "terminations"):
+        parts = [getattr(r, k) for r in rollouts]
+        joined[k] = None if any(p is None for p in parts) else np.concatenate(parts, axis=1)
     return Rollout(**joined)
 
 

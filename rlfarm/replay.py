@@ -1,0 +1,179 @@
+"""Replay buffers for off-policy learning (PURE: numpy only).
+
+- `nstep_transitions` turns one task's (T, N) rollout into flat n-step transitions.
+- `ReplayBuffer`: a ring buffer with uniform sampling.
+- `PrioritizedReplayBuffer`: proportional prioritisation (Schaul et al. 2016) on a sum tree, with
+  importance-sampling weights; the learner updates priorities after each batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlfarm.rollout import Rollout
+
+
+@dataclass
+class Transitions:
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray  # n-step discounted sum
+    next_obs: np.ndarray  # observation n steps later (the real final one if the episode ended)
+    dones: np.ndarray  # terminated within the n steps: no bootstrap
+    discounts: np.ndarray  # gamma ** (steps actually taken)
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+
+def nstep_transitions(rollout: Rollout, n: int, gamma: float) -> Transitions:
+    """n-step transitions of every step of a rollout; windows stop at episode ends and task ends."""
+    assert rollout.next_obs is not None and rollout.terminations is not None, "collect(keep_next_obs=True)"
+    T, N = rollout.rewards.shape
+    rewards = np.zeros((T, N), np.float64)
+    discount = np.ones((T, N), np.float64)
+    next_obs = np.empty_like(rollout.next_obs)
+    dones = np.zeros((T, N), bool)
+    active = np.ones((T, N), bool)  # window still open
+    last = np.zeros((T, N), np.int64)
+    for k in range(n):
+        idx = np.arange(T) + k
+        valid = (idx < T)[:, None] & active
+        src = np.minimum(idx, T - 1)
+        r_k = rollout.rewards[src]
+        rewards += np.where(valid, discount * r_k, 0.0)
+        discount = np.where(valid, discount * gamma, discount)
+        last = np.where(valid, src[:, None], last)
+        ended = rollout.dones[src]
+        dones |= valid & rollout.terminations[src]
+        active = valid & ~ended
+    cols = np.arange(N)[None, :]
+    next_obs = rollout.next_obs[last, cols]
+    flat = lambda a: a.reshape(T * N, *a.shape[2:])  # noqa: E731
+    return Transitions(flat(rollout.obs), flat(rollout.actions), flat(rewards).astype(np.float32),
+                       flat(next_obs), flat(dones), flat(discount).astype(np.float32))
+
+
+@dataclass
+class Batch:
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    next_obs: np.ndarray
+    dones: np.ndarray
+    discounts: np.ndarray
+    weights: np.ndarray  # importance-sampling weights (ones for uniform replay)
+    indices: np.ndarray
+
+
+class ReplayBuffer:
+    def __init__(self, capacity: int, obs_dim: int, action_shape: tuple[int, ...] = (),
+                 action_dtype: type = np.int64, seed: int = 0):
+        self.capacity = capacity
+        self.obs = np.zeros((capacity, obs_dim), np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
+        self.actions = np.zeros((capacity, *action_shape), action_dtype)
+        self.rewards = np.zeros(capacity, np.float32)
+        self.dones = np.zeros(capacity, bool)
+        self.discounts = np.zeros(capacity, np.float32)
+        self.pos = 0
+        self.size = 0
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, t: Transitions) -> np.ndarray:
+        """Store a batch of transitions, overwriting the oldest; returns their slots."""
+        n = len(t)
+        if n > self.capacity:  # keep the newest
+            t = Transitions(*(getattr(t, f)[-self.capacity:] for f in t.__dataclass_fields__))
+            n = self.capacity
+        slots = (self.pos + np.arange(n)) % self.capacity
+        self.obs[slots], self.next_obs[slots] = t.obs, t.next_obs
+        self.actions[slots], self.rewards[slots] = t.actions, t.rewards
+        self.dones[slots], self.discounts[slots] = t.dones, t.discounts
+        self.pos = int((self.pos + n) % self.capacity)
+        self.size = min(self.size + n, self.capacity)
+        return slots
+
+    def _batch(self, idx: np.ndarray, weights: np.ndarray) -> Batch:
+        return Batch(self.obs[idx], self.actions[idx], self.rewards[idx], self.next_obs[idx],
+                     self.dones[idx], self.discounts[idx], weights.astype(np.float32), idx)
+
+    def sample(self, batch_size: int, beta: float = 0.0) -> Batch:
+        idx = self.rng.integers(0, self.size, batch_size)
+        return self._batch(idx, np.ones(batch_size))
+
+    def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
+        """Uniform replay has no priorities."""
+
+
+class SumTree:
+    """Binary tree over `capacity` leaves whose nodes hold the sum of their children."""
+
+    def __init__(self, capacity: int):
+        self.leaves = 1 << max(0, (capacity - 1).bit_length())
+        self.tree = np.zeros(2 * self.leaves, np.float64)
+
+    @property
+    def total(self) -> float:
+        return float(self.tree[1])
+
+    def set(self, idx: np.ndarray, values: np.ndarray) -> None:
+        node = np.asarray(idx) + self.leaves
+        self.tree[node] = values
+        node = np.unique(node // 2)
+        while node[0] >= 1:
+            self.tree[node] = self.tree[2 * node] + self.tree[2 * node + 1]
+            if node[0] == 1:
+                break
+            node = np.unique(node // 2)
+
+    def get(self, idx: np.ndarray) -> np.ndarray:
+        return self.tree[np.asarray(idx) + self.leaves]
+
+    def find(self, values: np.ndarray) -> np.ndarray:
+        """Leaf index whose cumulative-sum interval contains each value (vectorised descent)."""
+        node = np.ones(len(values), np.int64)
+        values = values.astype(np.float64).copy()
+        while node[0] < self.leaves:
+            left = 2 * node
+            go_right = values > self.tree[left]
+            values -= np.where(go_right, self.tree[left], 0.0)
+            node = np.where(go_right, left + 1, left)
+        return node - self.leaves
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """P(i) = p_i^alpha / sum_k p_k^alpha; weight w_i = (N P(i))^-beta / max_j w_j (over the batch)."""
+
+    def __init__(self, capacity: int, obs_dim: int, action_shape: tuple[int, ...] = (),
+                 action_dtype: type = np.int64, seed: int = 0, alpha: float = 0.6, eps: float = 1e-6):
+        super().__init__(capacity, obs_dim, action_shape, action_dtype, seed)
+        self.alpha = alpha
+        self.eps = eps
+        self.tree = SumTree(capacity)
+        self.max_priority = 1.0  # new transitions get the highest priority seen: replayed soon
+
+    def add(self, t: Transitions) -> np.ndarray:
+        slots = super().add(t)
+        self.tree.set(slots, np.full(len(slots), self.max_priority ** self.alpha))
+        return slots
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> Batch:
+        total = self.tree.total
+        # Stratified: one uniform draw in each of batch_size equal segments of the total mass.
+        bounds = np.linspace(0.0, total, batch_size + 1)
+        values = self.rng.uniform(bounds[:-1], bounds[1:])
+        idx = np.minimum(self.tree.find(values), self.size - 1)
+        probs = self.tree.get(idx) / total
+        weights = (self.size * probs) ** (-beta)
+        return self._batch(idx, weights / weights.max())
+
+    def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
+        priorities = np.abs(td_errors) + self.eps
+        self.max_priority = max(self.max_priority, float(priorities.max()))
+        self.tree.set(indices, priorities ** self.alpha)
