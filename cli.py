@@ -90,30 +90,42 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
     except KeyboardInterrupt:
         click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
         sys.exit(130)
+    evaluated = "" if result.eval_mean_return != result.eval_mean_return else (
+        f", greedy evaluation {result.eval_mean_return:.1f}")
     click.echo(f"run {result.run_id}: {result.env_steps} env steps in {result.wall_seconds:.1f} s, "
                f"policy v{result.final_version}, mean return of the last 20 episodes "
-               f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f})")
+               f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f}){evaluated}")
     click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
 
 
-def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None):
+def _online_processes(redis_url: str) -> int:
+    """Worker processes currently consuming from this Redis (Celery inspect), 0 if none answer."""
     from rlfarm.celery_app import make_app
+
+    stats = make_app(redis_url).control.inspect(timeout=1.0).stats() or {}
+    return sum(int(s.get("pool", {}).get("max-concurrency", 0)) for s in stats.values())
+
+
+def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None):
     from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
     from rlfarm.store import connect, redact
-    from rlfarm.trainer import SyncTrainer
+    from rlfarm.trainer import make_trainer
 
     try:
         connect(redis_url).close()
     except ConnectionError as exc:
         fail(str(exc), 1)
     try:
-        trainer = SyncTrainer(cfg, redis_url, run_dir)
         if cluster is not None:
+            trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=cfg.farm.workers)
             cluster.wait_ready()  # its workers started while the trainer was being built
-        elif not make_app(redis_url).control.ping(timeout=1.0):
-            click.echo(f"rlfarm: no worker answered on {redact(redis_url)}; tasks wait in the queue "
-                       f"until one starts (`rlfarm worker --redis URL`)", err=True)
+        else:
+            processes = _online_processes(redis_url)
+            if not processes:
+                click.echo(f"rlfarm: no worker answered on {redact(redis_url)}; tasks wait in the queue "
+                           f"until one starts (`rlfarm worker --redis URL`)", err=True)
+            trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=max(2, processes))
         return trainer.train()
     except ConfigError as exc:
         fail(str(exc))

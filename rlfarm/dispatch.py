@@ -1,9 +1,10 @@
-"""Sending rollout specs to the farm and gathering their results.
+"""Sending task specs to the farm and taking in their results.
 
 Results arrive on the run's Redis list (see rlfarm.worker); BLPOP wakes the trainer the moment one
-lands, without polling each pending task. A task whose result has not come back by its deadline is
-sent again with the same spec (tasks are deterministic, so any copy is as good as another); the first
-copy of each (iteration, index) counts and later copies are dropped and counted.
+lands, without polling each pending task. Every task sent stays pending under its key
+(kind, iteration, index) until its first result is accepted. A task whose result has not come back
+by its deadline is sent again with the same spec (tasks are deterministic, so any copy is as good as
+another); the first copy counts and later copies are dropped and counted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from rlfarm import codec
 from rlfarm.celery_app import ROLLOUT_TASK
 from rlfarm.worker import results_key
 
+Key = tuple[str, int, int]
+
 
 class RolloutError(RuntimeError):
     """A task failed on its worker (bad env, missing policy version, ...): its message says why."""
@@ -28,14 +31,28 @@ class TaskLostError(RuntimeError):
     """A task was dispatched max_redispatch + 1 times without a result."""
 
 
+def task_key(spec_or_message: dict[str, Any]) -> Key:
+    m = spec_or_message
+    return (m.get("kind", "rollout"), m.get("iteration"), m.get("index"))
+
+
+@dataclass
+class Pending:
+    spec: dict[str, Any]
+    deadline: float
+    copies: int = 1
+
+
 @dataclass
 class DispatchStats:
     dispatched: int = 0
     redispatched: int = 0
-    duplicates: int = 0  # results dropped because their (iteration, index) had already counted
+    duplicates: int = 0  # results dropped because their key had already counted
     received: int = 0
+    accepted: int = 0
     receive_seconds: float = 0.0  # trainer CPU time spent decoding results
-    task_ids: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    task_ids: dict[Key, list[str]] = field(default_factory=dict)
+    accepted_task_ids: list[str] = field(default_factory=list)
 
 
 class Dispatcher:
@@ -49,16 +66,29 @@ class Dispatcher:
         self.max_redispatch = max_redispatch
         self.on_event = on_event or (lambda: None)
         self.stats = DispatchStats()
-        self.in_flight = 0
+        self.pending: dict[Key, Pending] = {}
 
-    def send(self, spec: dict[str, Any]) -> str:
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def _send(self, spec: dict[str, Any]) -> str:
         result = self.app.send_task(ROLLOUT_TASK, kwargs={"run": self.run_id, **spec})
         self.stats.dispatched += 1
-        self.stats.task_ids.setdefault((spec["iteration"], spec["index"]), []).append(result.id)
+        self.stats.task_ids.setdefault(task_key(spec), []).append(result.id)
         return result.id
 
+    def submit(self, spec: dict[str, Any]) -> Key:
+        key = task_key(spec)
+        if key in self.pending:
+            raise ValueError(f"task {key} is already in flight")
+        self._send(spec)
+        self.pending[key] = Pending(spec, time.monotonic() + self.task_timeout)
+        self.on_event()
+        return key
+
     def receive(self, timeout: float) -> dict[str, Any] | None:
-        """One decoded result, or None when none arrived within `timeout` seconds."""
+        """One decoded message of any kind, or None when none arrived within `timeout` seconds."""
         item = self.client.blpop([self.key], timeout=max(timeout, 0.001))
         if item is None:
             return None
@@ -68,43 +98,62 @@ class Dispatcher:
         self.stats.received += 1
         return message
 
-    def gather_group(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """SYNC: dispatch every spec, return their results ordered by index (not arrival)."""
-        iteration = specs[0]["iteration"]
-        pending = {s["index"]: s for s in specs}
-        deadline = {}
-        copies = {}
-        for s in specs:
-            self.send(s)
-            deadline[s["index"]] = time.monotonic() + self.task_timeout
-            copies[s["index"]] = 1
-        self.in_flight = len(pending)
+    def next_result(self, timeout: float) -> dict[str, Any] | None:
+        """The next first-copy result of a pending task, or None (nothing came, or a duplicate).
+
+        Waits at most `timeout` (less if a deadline falls sooner) and re-sends overdue tasks.
+        """
+        if self.pending:
+            timeout = min(timeout, max(min(p.deadline for p in self.pending.values()) - time.monotonic(),
+                                       0.01))
+        message = self.receive(timeout)
+        self._resend_overdue()
+        if message is None:
+            return None
+        key = task_key(message)
+        if key not in self.pending:
+            self.stats.duplicates += 1  # a late copy of a task that already counted
+            return None
+        if "error" in message:
+            raise RolloutError(f"task {key[0]} (iteration {key[1]}, index {key[2]}) failed on "
+                               f"{message.get('worker')}: {message['error']}")
+        del self.pending[key]
+        self.stats.accepted += 1
+        self.stats.accepted_task_ids.append(message["task_id"])
         self.on_event()
-        results: dict[int, dict[str, Any]] = {}
-        while pending:
-            wait = min(deadline[i] for i in pending) - time.monotonic()
-            message = self.receive(timeout=min(max(wait, 0.01), 1.0))
-            if message is not None:
-                index = message.get("index")
-                if message.get("iteration") != iteration or index not in pending:
-                    self.stats.duplicates += 1  # a late copy of a task that already counted
-                elif message["kind"] == "error":
-                    raise RolloutError(f"rollout task (iteration {iteration}, index {index}) failed on "
-                                       f"{message.get('worker')}: {message['error']}")
-                else:
-                    results[index] = message
-                    del pending[index]
-                    self.in_flight = len(pending)
-                    self.on_event()
-            now = time.monotonic()
-            for index in [i for i in pending if deadline[i] <= now]:
-                if copies[index] > self.max_redispatch:
-                    raise TaskLostError(
-                        f"rollout task (iteration {iteration}, index {index}) sent {copies[index]} times "
-                        f"without a result within {self.task_timeout:g} s each: are workers running "
-                        f"and connected to the same Redis?")
-                self.send(pending[index])
-                self.stats.redispatched += 1
-                copies[index] += 1
-                deadline[index] = now + self.task_timeout
-        return [results[s["index"]] for s in specs]
+        return message
+
+    def _resend_overdue(self) -> None:
+        now = time.monotonic()
+        for key, p in self.pending.items():
+            if p.deadline > now:
+                continue
+            if p.copies > self.max_redispatch:
+                raise TaskLostError(
+                    f"task {key[0]} (iteration {key[1]}, index {key[2]}) sent {p.copies} times without a "
+                    f"result within {self.task_timeout:g} s each: are workers running and connected "
+                    f"to the same Redis?")
+            self._send(p.spec)
+            self.stats.redispatched += 1
+            p.copies += 1
+            p.deadline = now + self.task_timeout
+
+    def gather_group(self, specs: list[dict[str, Any]],
+                     on_other: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        """SYNC: dispatch every spec, return their results ordered as `specs` (not by arrival).
+
+        Results of other pending tasks (evaluations) that arrive meanwhile go to `on_other`.
+        """
+        keys = [self.submit(s) for s in specs]
+        wanted = set(keys)
+        results: dict[Key, dict[str, Any]] = {}
+        while len(results) < len(keys):
+            message = self.next_result(timeout=1.0)
+            if message is None:
+                continue
+            key = task_key(message)
+            if key in wanted:
+                results[key] = message
+            elif on_other is not None:
+                on_other(message)
+        return [results[k] for k in keys]

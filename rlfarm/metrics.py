@@ -15,6 +15,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -36,6 +37,8 @@ class RunLogger:
         self._progress_csv: csv.DictWriter | None = None
         self._episodes_file = open(self.run_dir / "episodes.csv", "w", newline="")
         self._episodes_csv = csv.writer(self._episodes_file)
+        self._evals_file = None
+        self._evals_csv: Any = None
         self._episodes_csv.writerow(["global_step", "wall_time", "episodic_return", "episodic_length",
                                      "policy_version"])
         self.writer = None
@@ -70,6 +73,27 @@ class RunLogger:
             self.best_rolling = max(self.best_rolling, self.rolling_return)
         self._episodes_file.flush()
 
+    def evaluation(self, global_step: int, returns: list[float], version: int) -> None:
+        """A finished greedy evaluation, logged at the env step it was sent at."""
+        mean, std = float(np.mean(returns)), float(np.std(returns))
+        if self._evals_csv is None:
+            self._evals_file = open(self.run_dir / "evals.csv", "w", newline="")
+            self._evals_csv = csv.writer(self._evals_file)
+            self._evals_csv.writerow(["global_step", "wall_time", "mean_return", "std_return", "episodes",
+                                      "policy_version"])
+        self._evals_csv.writerow([global_step, f"{time.time() - self.start:.3f}", f"{mean:.4f}",
+                                  f"{std:.4f}", len(returns), version])
+        self._evals_file.flush()
+        if self.writer:
+            self.writer.add_scalar("eval/mean_return", mean, global_step)
+            self.writer.add_scalar("eval/std_return", std, global_step)
+        self.console.print(f"eval at step {global_step} (policy v{version}): mean return {mean:.1f} ± "
+                           f"{std:.1f} over {len(returns)} greedy episodes", highlight=False)
+
+    def histogram(self, key: str, values: Any, global_step: int) -> None:
+        if self.writer:
+            self.writer.add_histogram(key, np.asarray(values), global_step)
+
     def scalars(self, global_step: int, values: Mapping[str, float]) -> None:
         row = {"global_step": global_step, "wall_time": round(time.time() - self.start, 3),
                "charts/rolling_return": self.rolling_return, **values}
@@ -102,3 +126,5 @@ class RunLogger:
             self.writer.close()
         self._progress_file.close()
         self._episodes_file.close()
+        if self._evals_file:
+            self._evals_file.close()

@@ -130,3 +130,61 @@ class NumpyActor:
 
 def build_policy(spec: SpaceSpec, config: PolicyConfig) -> ActorCritic:
     return ActorCritic(spec, config)
+
+
+class QNetwork(nn.Module):
+    """Action values for discrete actions: an MLP from observation to one Q per action."""
+
+    def __init__(self, spec: SpaceSpec, config: PolicyConfig):
+        super().__init__()
+        if not spec.discrete:
+            raise ValueError("DQN needs a discrete action space")
+        self.spec = spec
+        self.q = mlp([spec.obs_dim, *config.hidden_sizes, spec.action_dim], config.activation,
+                     out_std=1.0)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.q(obs)
+
+    def actor_snapshot(self) -> "NumpyQActor":
+        return NumpyQActor(self)
+
+
+class NumpyQActor:
+    """Greedy (or epsilon-greedy) acting with a numpy snapshot of a QNetwork; see NumpyActor."""
+
+    def __init__(self, net: QNetwork, epsilon: float = 0.0):
+        self.spec = net.spec
+        self._act = np.tanh if isinstance(net.q[1], nn.Tanh) else (lambda x: np.maximum(x, 0))
+        self.layers = _linears(net.q)
+        self.epsilon = epsilon
+
+    def with_epsilon(self, epsilon: float) -> "NumpyQActor":
+        """The same weights acting with another exploration rate (no copy of the weights)."""
+        other = object.__new__(NumpyQActor)
+        other.__dict__.update(self.__dict__, epsilon=epsilon)
+        return other
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        x = obs
+        for w, b in self.layers[:-1]:
+            x = self._act(x @ w + b)
+        w, b = self.layers[-1]
+        return x @ w + b
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return self.q_values(obs).max(-1).astype(np.float32)
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        q = self.q_values(obs)
+        action = q.argmax(-1)
+        if not deterministic and self.epsilon > 0:
+            explore = rng.random(len(action)) < self.epsilon
+            action = np.where(explore, rng.integers(0, self.spec.action_dim, len(action)), action)
+        return action.astype(np.int64), np.zeros(len(action), np.float32), q.max(-1).astype(np.float32)
+
+
+def build_network(algo: str, spec: SpaceSpec, config: PolicyConfig) -> nn.Module:
+    """The network an algorithm trains and workers act with."""
+    return QNetwork(spec, config) if algo == "dqn" else ActorCritic(spec, config)

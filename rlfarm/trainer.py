@@ -1,30 +1,43 @@
-"""The trainer loop: publish -> dispatch -> gather -> update -> log, one iteration at a time.
+"""The trainer loops: publish -> dispatch -> gather -> update -> log.
 
-SYNC (on-policy): each iteration sends `farm.num_tasks` rollout tasks that all act with version v,
-waits for the whole group, assembles it in task-index order, updates, and publishes v + 1. Because
-tasks are deterministic and the group is ordered by index, what is learned does not depend on how
-many workers there are or which finishes first.
+SYNC (on-policy, `SyncTrainer`): each iteration sends `farm.num_tasks` rollout tasks that all act
+with version v, waits for the whole group, assembles it in task-index order, updates, and publishes
+v + 1. Tasks are deterministic and the group is ordered by index, so what is learned does not depend
+on how many workers there are or which finishes first.
+
+ASYNC (off-policy, `AsyncTrainer`): K tasks stay in flight, each acting with the newest version at
+the moment it starts. Results are consumed in completion order; a replacement is sent at once; the
+learner runs `replay_ratio` gradient steps per consumed env step and publishes a new version every
+`publish_interval` gradient steps. Policy lag (trainer version - acting version) is recorded, and
+results older than `max_policy_lag` versions are dropped and counted.
+
+Both send greedy evaluation tasks every `eval.interval` env steps, off the training path.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Console
 
 from rlfarm import codec
 from rlfarm.algos import check_mode
+from rlfarm.algos.dqn import DQN
 from rlfarm.algos.ppo import PPO
 from rlfarm.celery_app import make_app
 from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.dispatch import Dispatcher
 from rlfarm.envs import describe
 from rlfarm.metrics import RunLogger
-from rlfarm.policy import build_policy
+from rlfarm.policy import build_network
+from rlfarm.replay import PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
 from rlfarm.rollout import Rollout, concat
 from rlfarm.store import PolicyStore, connect
 
@@ -46,14 +59,27 @@ class TrainResult:
     policy_sha256: str
     rolling_return: float
     best_rolling_return: float
+    eval_mean_return: float
     wall_seconds: float
     redispatched: int
     duplicates: int
+    dropped_stale: int = 0
+    task_ids_accepted: int = 0
 
 
-class SyncTrainer:
-    def __init__(self, config: RunConfig, redis_url: str, run_dir: Path,
-                 console: Console | None = None):
+@dataclass
+class _Evaluation:
+    env_steps: int
+    version: int
+    tasks: int
+    returns: list[float] = field(default_factory=list)
+    done: int = 0
+
+
+class Trainer:
+    """What both modes share: store, farm client, network, metrics, evaluation, the final save."""
+
+    def __init__(self, config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None):
         check_mode(config.algo, config.mode)
         self.config = config
         self.run_dir = Path(run_dir)
@@ -66,15 +92,23 @@ class SyncTrainer:
 
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
-        policy = build_policy(self.space, config.policy)
-        self.algo = PPO(policy, config.ppo, config.seed, self.device)
+        network = build_network(config.algo, self.space, config.policy)
+        if config.algo == "dqn":
+            self.algo: Any = DQN(network, config.dqn, config.seed, self.device)
+        else:
+            self.algo = PPO(network, config.ppo, config.seed, self.device)
         self.logger: RunLogger | None = None
         self.dispatcher = Dispatcher(self.app, self.client, config.run_id, config.farm.task_timeout,
                                      config.farm.max_redispatch, on_event=self._on_event)
         self.env_steps = 0
         self.version = 0
+        self.start = 0.0
         self._sps = 0.0
+        self._evals: dict[int, _Evaluation] = {}
+        self._next_eval = config.eval.interval
+        self.eval_mean_return = math.nan
 
+    # ---- shared pieces ---------------------------------------------------------------------------
     def _on_event(self) -> None:
         if self.logger:
             self.logger.status(self.env_steps, self._sps, self.version, self.dispatcher.in_flight)
@@ -83,53 +117,62 @@ class SyncTrainer:
         self.store.publish(self.version, self.algo.state(), self.config.algo,
                            {"env_steps": str(self.env_steps)})
 
-    def collect_rollouts(self, iteration: int) -> Rollout:
-        cfg = self.config
-        specs = [{"iteration": iteration, "index": i, "version": self.version,
-                  "steps": cfg.farm.steps_per_env, "seed": cfg.seed} for i in range(cfg.farm.num_tasks)]
-        results = self.dispatcher.gather_group(specs)
-        return concat([Rollout.from_dict(r["rollout"]) for r in results])
+    def evaluate(self) -> None:
+        """Send greedy evaluation tasks for the current version; results are logged on arrival."""
+        cfg = self.config.eval
+        number = len(self._evals)
+        per_task = math.ceil(cfg.episodes / cfg.tasks)
+        self._evals[number] = _Evaluation(self.env_steps, self.version, cfg.tasks)
+        for index in range(cfg.tasks):
+            self.dispatcher.submit({"kind": "eval", "iteration": number, "index": index,
+                                    "version": self.version, "episodes": per_task,
+                                    "seed": self.config.seed + 1_000_003})
+
+    def maybe_evaluate(self) -> None:
+        interval = self.config.eval.interval
+        if interval and self.env_steps >= self._next_eval:
+            self.evaluate()
+            while self._next_eval <= self.env_steps:
+                self._next_eval += interval
+
+    def handle_eval(self, message: dict[str, Any]) -> None:
+        ev = self._evals[message["iteration"]]
+        ev.returns += [float(r) for r in message["returns"]]
+        ev.done += 1
+        if ev.done == ev.tasks:
+            self.eval_mean_return = float(np.mean(ev.returns))
+            self.logger.evaluation(ev.env_steps, ev.returns, ev.version)
+
+    def drain_evaluations(self) -> None:
+        """Wait for evaluation tasks still in flight so the run's last evaluation is recorded."""
+        while any(k[0] == "eval" for k in self.dispatcher.pending):
+            message = self.dispatcher.next_result(timeout=1.0)
+            if message is not None and message["kind"] == "eval":
+                self.handle_eval(message)
+
+    def target_reached(self) -> bool:
+        """Against the latest greedy evaluation when evaluations run, else the rolling training return."""
+        score = self.eval_mean_return if self.config.eval.interval else self.logger.rolling_return
+        return score >= self.config.target_return
 
     def train(self) -> TrainResult:
         cfg = self.config
         self.store.set_run_meta({"config": to_dict(cfg), "space": self.space.to_dict()})
         self.logger = RunLogger(self.run_dir, to_dict(cfg), cfg.total_steps, self.console)
-        start = time.perf_counter()
+        self.start = time.perf_counter()
         try:
             self.publish()
-            for iteration in range(cfg.num_iterations):
-                t0 = time.perf_counter()
-                rollout = self.collect_rollouts(iteration)
-                collect_seconds = time.perf_counter() - t0
-                self.env_steps += rollout.num_steps
-                self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,
-                                     self.version)
-                t1 = time.perf_counter()
-                losses = self.algo.train(rollout, progress_remaining=1.0 - iteration / cfg.num_iterations)
-                self.version += 1
-                self.publish()
-                self._sps = self.env_steps / (time.perf_counter() - start)
-                ep = rollout.episode_returns
-                self.logger.scalars(self.env_steps, {
-                    "policy_version": self.version,
-                    "charts/SPS": self._sps,
-                    "charts/episodic_return": float(ep.mean()) if len(ep) else float("nan"),
-                    "charts/episodic_length": float(rollout.episode_lengths.mean()) if len(ep) else float("nan"),
-                    "charts/episodes": len(ep),
-                    "farm/collect_seconds": collect_seconds,
-                    "farm/update_seconds": time.perf_counter() - t1,
-                    "farm/redispatched": self.dispatcher.stats.redispatched,
-                    "farm/results_dropped": self.dispatcher.stats.duplicates,
-                    **losses,
-                })
-                self._on_event()
-                if self.logger.rolling_return >= cfg.target_return:
-                    self.console.print(f"target return {cfg.target_return:g} reached after "
-                                       f"{self.env_steps} env steps", highlight=False)
-                    break
-            return self._finish(time.perf_counter() - start)
+            self.train_loop()
+            if cfg.eval.interval:
+                if not self._evals or self._evals[len(self._evals) - 1].version != self.version:
+                    self.evaluate()  # the final policy always gets an evaluation
+                self.drain_evaluations()
+            return self._finish(time.perf_counter() - self.start)
         finally:
             self.logger.close()
+
+    def train_loop(self) -> None:
+        raise NotImplementedError
 
     def _finish(self, wall: float) -> TrainResult:
         state = self.algo.state()
@@ -137,13 +180,172 @@ class SyncTrainer:
                                            "run": self.config.run_id, "env": self.config.env.id,
                                            "policy": json.dumps(to_dict(self.config)["policy"])})
         (self.run_dir / "final_policy.safetensors").write_bytes(blob)
+        stats = self.dispatcher.stats
         result = TrainResult(
             run_id=self.config.run_id, run_dir=self.run_dir, env_steps=self.env_steps,
             final_version=self.version, policy_sha256=codec.tensor_digest(state),
             rolling_return=self.logger.rolling_return, best_rolling_return=self.logger.best_rolling,
-            wall_seconds=wall, redispatched=self.dispatcher.stats.redispatched,
-            duplicates=self.dispatcher.stats.duplicates)
+            eval_mean_return=self.eval_mean_return, wall_seconds=wall,
+            redispatched=stats.redispatched, duplicates=stats.duplicates,
+            dropped_stale=getattr(self, "dropped_stale", 0),
+            task_ids_accepted=len(stats.accepted_task_ids))
         summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()}
-        summary["receive_cpu_seconds"] = self.dispatcher.stats.receive_seconds
+        summary["receive_cpu_seconds"] = stats.receive_seconds
+        summary["dispatched"] = stats.dispatched
+        summary["unique_task_ids_accepted"] = len(set(stats.accepted_task_ids))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return result
+
+
+class SyncTrainer(Trainer):
+    def collect_rollouts(self, iteration: int) -> Rollout:
+        cfg = self.config
+        specs = [{"iteration": iteration, "index": i, "version": self.version,
+                  "steps": cfg.farm.steps_per_env, "seed": cfg.seed} for i in range(cfg.farm.num_tasks)]
+        results = self.dispatcher.gather_group(specs, on_other=self.handle_eval)
+        return concat([Rollout.from_dict(r["rollout"]) for r in results])
+
+    def train_loop(self) -> None:
+        cfg = self.config
+        for iteration in range(cfg.num_iterations):
+            t0 = time.perf_counter()
+            rollout = self.collect_rollouts(iteration)
+            collect_seconds = time.perf_counter() - t0
+            self.env_steps += rollout.num_steps
+            self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,
+                                 self.version)
+            t1 = time.perf_counter()
+            losses = self.algo.train(rollout, progress_remaining=1.0 - iteration / cfg.num_iterations)
+            self.version += 1
+            self.publish()
+            self._sps = self.env_steps / (time.perf_counter() - self.start)
+            ep = rollout.episode_returns
+            self.logger.scalars(self.env_steps, {
+                "policy_version": self.version,
+                "charts/SPS": self._sps,
+                "charts/episodic_return": float(ep.mean()) if len(ep) else float("nan"),
+                "charts/episodic_length": float(rollout.episode_lengths.mean()) if len(ep) else float("nan"),
+                "charts/episodes": len(ep),
+                "farm/collect_seconds": collect_seconds,
+                "farm/update_seconds": time.perf_counter() - t1,
+                "farm/tasks_in_flight": self.dispatcher.in_flight,
+                "farm/redispatched": self.dispatcher.stats.redispatched,
+                "farm/results_dropped": self.dispatcher.stats.duplicates,
+                **losses,
+            })
+            self._on_event()
+            self.maybe_evaluate()
+            if self.target_reached():
+                self.console.print(f"target return {cfg.target_return:g} reached after "
+                                   f"{self.env_steps} env steps", highlight=False)
+                break
+
+
+class AsyncTrainer(Trainer):
+    LOG_SECONDS = 1.0
+
+    def __init__(self, *args: Any, tasks_in_flight: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        cfg = self.config
+        buffer_cls = PrioritizedReplayBuffer if cfg.dqn.prioritized else ReplayBuffer
+        extra = {"alpha": cfg.dqn.per_alpha, "eps": cfg.dqn.per_eps} if cfg.dqn.prioritized else {}
+        self.replay = buffer_cls(cfg.dqn.buffer_size, self.space.obs_dim, seed=cfg.seed, **extra)
+        self.tasks_in_flight = cfg.async_.tasks_in_flight or tasks_in_flight or 2
+        self.dropped_stale = 0
+        self._task_counter = 0
+        self._grad_budget = 0.0
+        self._lags: list[int] = []
+        self._losses: dict[str, float] = {}
+        self._last_log = 0.0
+
+    def epsilon(self) -> float:
+        if self.env_steps < self.config.dqn.learning_starts:
+            return 1.0  # heatup: uniform random actions
+        return self.algo.epsilon(self.env_steps / self.config.total_steps)
+
+    def dispatch_one(self) -> None:
+        cfg = self.config
+        self.dispatcher.submit({"iteration": self._task_counter, "index": 0, "version": "latest",
+                                "steps": cfg.farm.steps_per_env, "seed": cfg.seed,
+                                "epsilon": self.epsilon()})
+        self._task_counter += 1
+
+    def train_loop(self) -> None:
+        cfg = self.config
+        for _ in range(self.tasks_in_flight):
+            self.dispatch_one()
+        while self.env_steps < cfg.total_steps:
+            message = self.dispatcher.next_result(timeout=1.0)
+            if message is not None:
+                if message["kind"] == "eval":
+                    self.handle_eval(message)
+                else:
+                    self.dispatch_one()  # keep the workers busy before spending time learning
+                    self.consume(message)
+                    self.maybe_evaluate()
+            if time.perf_counter() - self._last_log >= self.LOG_SECONDS:
+                self.log()
+            if self.target_reached():
+                self.console.print(f"target return {cfg.target_return:g} reached after "
+                                   f"{self.env_steps} env steps", highlight=False)
+                break
+        self.log()
+
+    def consume(self, message: dict[str, Any]) -> None:
+        cfg = self.config
+        lag = self.version - message["version"]
+        self._lags.append(lag)
+        if lag > cfg.async_.max_policy_lag:
+            self.dropped_stale += 1
+            return
+        rollout = Rollout.from_dict(message["rollout"])
+        self.env_steps += rollout.num_steps
+        self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,
+                             message["version"])
+        self.replay.add(nstep_transitions(rollout, cfg.dqn.n_step, cfg.dqn.gamma))
+        if self.env_steps < cfg.dqn.learning_starts:
+            return
+        self._grad_budget += rollout.num_steps * cfg.dqn.replay_ratio
+        progress = min(1.0, self.env_steps / cfg.total_steps)
+        beta = cfg.dqn.per_beta + (1.0 - cfg.dqn.per_beta) * progress
+        while self._grad_budget >= 1.0:
+            batch = self.replay.sample(cfg.dqn.batch_size, beta=beta)
+            self._losses, td_errors = self.algo.train_step(batch)
+            self.replay.update_priorities(batch.indices, td_errors)
+            self._grad_budget -= 1.0
+            if self.algo.gradient_steps % cfg.async_.publish_interval == 0:
+                self.version += 1
+                self.publish()
+        self._sps = self.env_steps / (time.perf_counter() - self.start)
+
+    def log(self) -> None:
+        self._last_log = time.perf_counter()
+        lags = np.asarray(self._lags or [0])
+        stats = self.dispatcher.stats
+        self.logger.scalars(self.env_steps, {
+            "policy_version": self.version,
+            "charts/SPS": self._sps,
+            "charts/epsilon": self.epsilon(),
+            "charts/gradient_steps": self.algo.gradient_steps,
+            "farm/policy_lag_min": int(lags.min()),
+            "farm/policy_lag_mean": float(lags.mean()),
+            "farm/policy_lag_max": int(lags.max()),
+            "farm/results_dropped_stale": self.dropped_stale,
+            "farm/results_dropped": stats.duplicates,
+            "farm/redispatched": stats.redispatched,
+            "farm/tasks_in_flight": self.dispatcher.in_flight,
+            "farm/replay_size": len(self.replay),
+            "eval/mean_return": self.eval_mean_return,
+            **self._losses,
+        })
+        if self._lags:
+            self.logger.histogram("farm/policy_lag", lags, self.env_steps)
+        self._lags = []
+        self._on_event()
+
+
+def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, **kwargs: Any) -> Trainer:
+    cls = AsyncTrainer if config.mode == "async" else SyncTrainer
+    if cls is SyncTrainer:
+        kwargs.pop("tasks_in_flight", None)
+    return cls(config, redis_url, run_dir, **kwargs)

@@ -18,9 +18,9 @@ import redis
 
 from rlfarm import codec
 from rlfarm.config import policy_config
-from rlfarm.envs import SpaceSpec, make_vector_env
-from rlfarm.policy import NumpyActor, build_policy
-from rlfarm.rollout import collect, task_seeds
+from rlfarm.envs import SpaceSpec, make_env, make_vector_env
+from rlfarm.policy import build_network
+from rlfarm.rollout import collect, run_episodes, task_seeds
 from rlfarm.store import PolicyCache, PolicyStore, run_prefix
 
 RESULT_TTL = 3600  # backstop only: the trainer pops results as they come
@@ -45,7 +45,7 @@ class RolloutWorker:
             self.runs[run] = PolicyStore(self.client, run).run_meta()
         return self.runs[run]
 
-    def _actor(self, run: str, version: int | str) -> tuple[NumpyActor, int, bool]:
+    def _actor(self, run: str, version: int | str) -> tuple[Any, int, bool]:
         """The acting snapshot of a version, its number, and whether it had to be fetched."""
         store = PolicyStore(self.client, run)
         if version == "latest":
@@ -56,8 +56,8 @@ class RolloutWorker:
             return cached, int(version), False
         state, meta = store.get(version)
         run_meta = self._run_meta(run)
-        policy = build_policy(SpaceSpec.from_dict(run_meta["space"]),
-                              policy_config(run_meta["config"]["policy"]))
+        policy = build_network(run_meta["config"]["algo"], SpaceSpec.from_dict(run_meta["space"]),
+                               policy_config(run_meta["config"]["policy"]))
         policy.load_state_dict(state)
         actor = policy.actor_snapshot()
         self.policies.put((run, int(meta["version"])), actor)
@@ -70,18 +70,39 @@ class RolloutWorker:
         return self.envs[key]
 
     def rollout(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """Run one task spec and return the result message (not yet encoded)."""
+        """Run one task spec and return the result message (not yet encoded).
+
+        kind "rollout": `steps` env steps per sub-env, exploring (epsilon-greedy when `epsilon` is set);
+        kind "eval": `episodes` whole greedy episodes on one env.
+        """
         started = time.perf_counter()
+        kind = spec.get("kind", "rollout")
         run_meta = self._run_meta(spec["run"])
         env_cfg = run_meta["config"]["env"]
         actor, version, fetched = self._actor(spec["run"], spec["version"])
-        envs = self._vector_env(env_cfg["id"], env_cfg["num_envs"])
-        env_seeds, action_seed = task_seeds(spec["seed"], spec["iteration"], spec["index"], envs.num_envs)
-        result = collect(actor, envs, spec["steps"], env_seeds, action_seed,
-                         deterministic=spec.get("kind") == "eval")
-        return {"kind": spec.get("kind", "rollout"), "iteration": spec["iteration"],
-                "index": spec["index"], "version": version, "worker": self.identity, "policy_fetched": fetched,
-                "duration": time.perf_counter() - started, "rollout": result.to_dict()}
+        message = {"kind": kind, "iteration": spec["iteration"], "index": spec["index"],
+                   "version": version, "worker": self.identity, "policy_fetched": fetched}
+        if kind == "eval":
+            env = self._single_env(env_cfg["id"])
+            seed = task_seeds(spec["seed"], spec["iteration"], spec["index"], 1)[0][0]
+            message["returns"] = run_episodes(actor, env, spec["episodes"], seed, deterministic=True)
+        else:
+            if spec.get("epsilon") is not None:
+                actor = actor.with_epsilon(spec["epsilon"])
+            envs = self._vector_env(env_cfg["id"], env_cfg["num_envs"])
+            env_seeds, action_seed = task_seeds(spec["seed"], spec["iteration"], spec["index"],
+                                                envs.num_envs)
+            result = collect(actor, envs, spec["steps"], env_seeds, action_seed,
+                             keep_next_obs=run_meta["config"]["algo"] == "dqn")
+            message["rollout"] = result.to_dict()
+        message["duration"] = time.perf_counter() - started
+        return message
+
+    def _single_env(self, env_id: str) -> Any:
+        key = (env_id, 0)
+        if key not in self.envs:
+            self.envs[key] = make_env(env_id)
+        return self.envs[key]
 
     def handle(self, spec: dict[str, Any], task_id: str) -> None:
         """Run a task and push its result, or its error, to the run's results list."""
@@ -97,7 +118,8 @@ class RolloutWorker:
                                    f"lost its worker, so it is refused")
             message = self.rollout(spec)
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
-            message = {"kind": "error", "iteration": spec.get("iteration"), "index": spec.get("index"),
+            message = {"kind": spec.get("kind", "rollout"), "iteration": spec.get("iteration"),
+                       "index": spec.get("index"),
                        "worker": self.identity, "error": f"{type(exc).__name__}: {exc}",
                        "traceback": traceback.format_exc(limit=8)}
         message["task_id"] = task_id

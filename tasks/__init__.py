@@ -37,9 +37,10 @@ def _rollout_worker():
 
 
 @app.task(name=ROLLOUT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def rollout(self, run: str, iteration: int, index: int, version: int | str, steps: int, seed: int,
-            kind: str = "rollout") -> None:
-    """Collect `steps` env steps per sub-env with policy `version` of `run`; result to Redis."""
+def rollout(self, run: str, iteration: int, index: int, version: int | str, seed: int, steps: int = 0,
+            kind: str = "rollout", epsilon: float | None = None, episodes: int = 0) -> None:
+    """Collect `steps` env steps per sub-env (or `episodes` greedy episodes when kind is "eval")
+    with policy `version` ("latest": the newest when the task starts) of `run`; result to Redis."""
     spec = {"run": run, "iteration": iteration, "index": index, "version": version, "steps": steps,
-            "seed": seed, "kind": kind}
+            "seed": seed, "kind": kind, "epsilon": epsilon, "episodes": episodes}
     _rollout_worker().handle(spec, self.request.id)

@@ -8,6 +8,7 @@ ALGOS: dict[str, tuple[str, ...]] = {
     # name -> modes it can run in. PPO is on-policy: ASYNC results acted with older versions would
     # need an off-policy correction (V-trace, IMPACT), which rlfarm does not implement.
     "ppo": ("sync",),
+    "dqn": ("async",),
 }
 
 
@@ -16,5 +17,6 @@ def check_mode(algo: str, mode: str) -> None:
         raise ConfigError(f"unknown algo {algo!r}; available: {', '.join(sorted(ALGOS))}")
     if mode not in ALGOS[algo]:
         raise ConfigError(f"algo {algo!r} cannot run in --mode {mode} (supported: "
-                          f"{', '.join(ALGOS[algo])}): it is on-policy, and ASYNC results act with "
-                          f"older policy versions")
+                          f"{', '.join(ALGOS[algo])})" + (
+                              ": it is on-policy, and ASYNC results act with older policy versions"
+                              if algo == "ppo" else ""))
