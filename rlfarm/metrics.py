@@ -114,7 +114,7 @@ class RunLogger:
         self.progress.update(self.task, completed=min(global_step, self.total_steps), sps=f"{sps:.0f}",
                              ret=ret_text, version=version, flight=in_flight)
         now = time.time()
-        if not self._live and (now - self._last_line > 5 or global_step >= self.total_steps):
+        if not self._live and now - self._last_line > 5:
             self._last_line = now
             self.console.print(f"step {global_step}/{self.total_steps}  SPS {sps:.0f}  "
                                f"return(last {ROLLING_EPISODES}) {ret_text}  policy v{version}",

@@ -193,6 +193,7 @@ class Trainer:
         summary["receive_cpu_seconds"] = stats.receive_seconds
         summary["dispatched"] = stats.dispatched
         summary["unique_task_ids_accepted"] = len(set(stats.accepted_task_ids))
+        summary["accepted_task_ids"] = stats.accepted_task_ids
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return result
 
@@ -255,7 +256,8 @@ class AsyncTrainer(Trainer):
         self._task_counter = 0
         self._grad_budget = 0.0
         self._lags: list[int] = []
-        self._losses: dict[str, float] = {}
+        # NaN until learning starts, so every progress.csv row has the same columns.
+        self._losses = dict.fromkeys(("losses/td_loss", "losses/q_values", "losses/grad_norm"), math.nan)
         self._last_log = 0.0
 
     def epsilon(self) -> float:

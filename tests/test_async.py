@@ -1,0 +1,103 @@
+"""ASYNC mode on real Redis + Celery: staleness control, a killed worker, bounded Redis memory."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import redis
+
+from rlfarm.celery_app import make_app
+
+from .conftest import WORKER_ENV, rlfarm_cmd
+from .test_cli import assert_cleaned_up, run_cli
+from .test_farm import _running_tasks
+
+pytestmark = pytest.mark.farm
+
+SMALL_DQN = ["--preset", "cartpole-dqn", "--set", "policy.hidden_sizes=[32,32]",
+             "--set", "dqn.learning_starts=256", "--set", "dqn.replay_ratio=0.25",
+             "--set", "eval.interval=0", "--set", "target_return=inf"]
+
+
+def _summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("max_lag, stale_expected", [(0, True), (100_000, False)])
+def test_stale_results_are_dropped_and_counted(farm, tmp_path, max_lag, stale_expected):
+    run_id = f"stale-{max_lag}"
+    result = run_cli("train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(tmp_path),
+                     "--total-steps", "6000", *SMALL_DQN, "--set", f"async.max_policy_lag={max_lag}",
+                     "--set", "async.tasks_in_flight=4", "--set", "async.publish_interval=1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = _summary(tmp_path / run_id)
+    rows = list(csv.DictReader(open(tmp_path / run_id / "progress.csv")))
+    logged = int(rows[-1]["farm/results_dropped_stale"])
+    assert logged == summary["dropped_stale"]
+    assert summary["env_steps"] >= 6000  # counted from consumed results only
+    if stale_expected:
+        assert summary["dropped_stale"] > 0
+        assert max(int(r["farm/policy_lag_max"]) for r in rows) > 0
+    else:
+        assert summary["dropped_stale"] == 0
+
+
+def test_sigkilled_worker_during_async_run(farm, tmp_path):
+    """Training goes on to the end; the killed task is replaced; no task id is counted twice."""
+    run_id = "async-kill"
+    args = ["train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(tmp_path),
+            "--total-steps", "3000", *SMALL_DQN, "--env", "tests.tiny_envs:slow",
+            "--set", "env.num_envs=1", "--set", "farm.steps_per_env=250", "--set", "farm.task_timeout=30"]
+    proc = subprocess.Popen(rlfarm_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **WORKER_ENV})
+    app = make_app(farm.redis_url)
+    running = []
+    while not running and proc.poll() is None:
+        running = _running_tasks(app, run_id)
+    assert running, "no task of the run was seen running"
+    victim, task_id = running[0]
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-2000:]
+    summary = _summary(tmp_path / run_id)
+    assert summary["env_steps"] >= 3000
+    ids = summary["accepted_task_ids"]
+    assert len(ids) == len(set(ids)) == summary["task_ids_accepted"]  # none counted twice
+    assert task_id in ids or summary["redispatched"] > 0  # redelivered, or re-sent and replaced
+
+
+def test_redis_memory_stays_bounded_in_a_2_minute_async_run(tmp_path):
+    """used_memory after 2 minutes of ASYNC training stays within a small bound of its 10 s value."""
+    run_id = "memory"
+    proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path),
+                                       "--preset", "cartpole-dqn", "--total-steps", "100000000",
+                                       "--set", "target_return=inf", "--set", "eval.interval=20000"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **WORKER_ENV})
+    run_dir = tmp_path / run_id
+
+    def run_seconds() -> float:  # the trainer's own clock, from progress.csv
+        path = run_dir / "progress.csv"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return float(lines[-1].split(",")[1]) if len(lines) > 1 else 0.0
+
+    memory = {}
+    try:
+        for mark in (10, 120):
+            while run_seconds() < mark:
+                assert proc.poll() is None, proc.stderr.read()[-2000:]
+                time.sleep(0.5)
+            url = json.loads((run_dir / "cluster.json").read_text())["redis_url"]
+            memory[mark] = redis.Redis.from_url(url).info("memory")["used_memory"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    print(f"Redis used_memory: {memory[10]} bytes after 10 s, {memory[120]} bytes after 120 s")
+    assert memory[120] <= memory[10] + 2 * 1024 * 1024
+    assert_cleaned_up(run_dir, run_id)
