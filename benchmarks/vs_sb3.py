@@ -1,15 +1,18 @@
-"""Wall-clock until CartPole-v1 is solved: rlfarm SYNC PPO vs Stable-Baselines3 PPO, in one run.
+"""Wall-clock until CartPole-v1 is solved: rlfarm against Stable-Baselines3, in one run.
 
     pip install -e ".[bench]"
-    python benchmarks/vs_sb3.py --seeds 1 2 3
+    python benchmarks/vs_sb3.py --algo ppo --seeds 1 2 3
+    python benchmarks/vs_sb3.py --algo dqn --seeds 1 2 3
 
-"Solved": the mean return of the last 20 training episodes reaches 475. Both sides are timed from
-the start of learning (SB3: model.learn(); rlfarm: the trainer loop, after its embedded Redis and
-workers are up) to the episode that crosses the threshold. End-to-end times (process start to
-finish, including rlfarm's cluster start-up) are printed too.
+PPO: "solved" when the mean return of the last 20 training episodes reaches 475; rlfarm SYNC PPO
+(preset cartpole-ppo) against SB3 PPO. DQN: "solved" when a greedy evaluation (10 episodes, every
+5,000 env steps) reaches 475; rlfarm ASYNC DQN (preset cartpole-dqn) against SB3 DQN, whose clock is
+paused while it evaluates (rlfarm evaluates on the workers, off the training path).
 
-SB3 uses rl-baselines3-zoo's tuned CartPole-v1 PPO hyper-parameters; rlfarm uses its cartpole-ppo
-preset with the embedded default and 2 worker processes.
+Both sides are timed from the start of learning (SB3: model.learn(); rlfarm: the trainer loop, after
+its embedded Redis and 2 worker processes are up). End-to-end times (process start to finish,
+including rlfarm's cluster start-up) are printed too. SB3 uses rl-baselines3-zoo's tuned CartPole-v1
+hyper-parameters.
 """
 
 from __future__ import annotations
@@ -73,14 +76,74 @@ def sb3_time_to_solve(seed: int, max_steps: int = 200_000) -> tuple[float, int, 
     return cb.solved_at[0], cb.solved_at[1], time.perf_counter() - t_start
 
 
-def rlfarm_time_to_solve(seed: int, workers: int) -> tuple[float, int, float]:
+def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int = 5_000
+                          ) -> tuple[float, int, float]:
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    torch.set_num_threads(1)
+    t_start = time.perf_counter()
+    # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1
+    model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
+                gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
+                policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu", verbose=0)
+    eval_env = gym.make("CartPole-v1")
+
+    class GreedyEval(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.solved_at: tuple[float, int] | None = None
+            self.paused = 0.0
+            self.next_eval = eval_every
+
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps < self.next_eval:
+                return True
+            self.next_eval += eval_every
+            t = time.perf_counter()
+            returns = []
+            for episode in range(10):
+                obs, _ = eval_env.reset(seed=10_000 + episode)
+                done, total = False, 0.0
+                while not done:
+                    action, _ = self.model.predict(obs, deterministic=True)
+                    obs, r, term, trunc, _ = eval_env.step(action)
+                    total, done = total + r, term or trunc
+                returns.append(total)
+            self.paused += time.perf_counter() - t
+            if np.mean(returns) >= THRESHOLD:
+                self.solved_at = (time.perf_counter() - self.t0 - self.paused, self.num_timesteps)
+                return False
+            return True
+
+    cb = GreedyEval()
+    model.learn(total_timesteps=max_steps, callback=cb)
+    if cb.solved_at is None:
+        return float("nan"), max_steps, time.perf_counter() - t_start
+    return cb.solved_at[0], cb.solved_at[1], time.perf_counter() - t_start
+
+
+def rlfarm_time_to_solve(seed: int, workers: int, algo: str = "ppo") -> tuple[float, int, float]:
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--preset", "cartpole-ppo",
+        subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--preset", f"cartpole-{algo}",
                         "--workers", str(workers), "--seed", str(seed), "--target-return", str(THRESHOLD),
                         "--logdir", tmp, "--run-id", "bench"],
                        check=True, capture_output=True, cwd=ROOT)
         end_to_end = time.perf_counter() - t
+        if algo == "dqn":  # solved at the arrival of the first greedy evaluation >= threshold
+            with open(Path(tmp) / "bench" / "evals.csv") as f:
+                for row in csv.DictReader(f):
+                    if float(row["mean_return"]) >= THRESHOLD:
+                        return float(row["wall_time"]), int(row["global_step"]), end_to_end
+            return float("nan"), -1, end_to_end
         returns: deque[float] = deque(maxlen=WINDOW)
         with open(Path(tmp) / "bench" / "episodes.csv") as f:
             for row in csv.DictReader(f):
@@ -94,13 +157,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--algo", choices=["ppo", "dqn"], default="ppo")
     args = parser.parse_args()
     rows = []
-    print(f"cores: {os.cpu_count()}; threshold: mean of last {WINDOW} training episodes >= {THRESHOLD:g}")
+    what = (f"mean of last {WINDOW} training episodes" if args.algo == "ppo"
+            else "greedy evaluation over 10 episodes")
+    print(f"{args.algo.upper()}, cores: {os.cpu_count()}; threshold: {what} >= {THRESHOLD:g}")
     print(f"{'seed':>4} {'rlfarm s':>9} {'steps':>7} {'e2e s':>7} {'SB3 s':>7} {'steps':>7} {'e2e s':>7} {'ratio':>6}")
     for seed in args.seeds:
-        r = rlfarm_time_to_solve(seed, args.workers)
-        s = sb3_time_to_solve(seed)
+        r = rlfarm_time_to_solve(seed, args.workers, args.algo)
+        s = sb3_time_to_solve(seed) if args.algo == "ppo" else sb3_dqn_time_to_solve(seed)
         rows.append((r, s))
         print(f"{seed:>4} {r[0]:>9.1f} {r[1]:>7} {r[2]:>7.1f} {s[0]:>7.1f} {s[1]:>7} {s[2]:>7.1f} "
               f"{r[0] / s[0]:>6.2f}", flush=True)

@@ -194,6 +194,8 @@ class Trainer:
         summary["dispatched"] = stats.dispatched
         summary["unique_task_ids_accepted"] = len(set(stats.accepted_task_ids))
         summary["accepted_task_ids"] = stats.accepted_task_ids
+        if hasattr(self, "lag_counts"):
+            summary["policy_lag_histogram"] = {str(k): v for k, v in sorted(self.lag_counts.items())}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return result
 
@@ -256,6 +258,7 @@ class AsyncTrainer(Trainer):
         self._task_counter = 0
         self._grad_budget = 0.0
         self._lags: list[int] = []
+        self.lag_counts: dict[int, int] = {}  # whole-run histogram of policy lag, consumed or dropped
         # NaN until learning starts, so every progress.csv row has the same columns.
         self._losses = dict.fromkeys(("losses/td_loss", "losses/q_values", "losses/grad_norm"), math.nan)
         self._last_log = 0.0
@@ -297,6 +300,7 @@ class AsyncTrainer(Trainer):
         cfg = self.config
         lag = self.version - message["version"]
         self._lags.append(lag)
+        self.lag_counts[lag] = self.lag_counts.get(lag, 0) + 1
         if lag > cfg.async_.max_policy_lag:
             self.dropped_stale += 1
             return

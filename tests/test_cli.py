@@ -68,12 +68,18 @@ def test_train_on_external_redis_then_checkpoints_and_eval(farm, tmp_path):
     result = run_cli("train", "--redis", farm.redis_url, "--run-id", "cli-ext", "--total-steps", "4096",
                      "--logdir", str(tmp_path), "--set", "farm.keep_versions=3", "--set", "farm.num_tasks=2",
                      "--set", "env.num_envs=1", "--set", "farm.steps_per_env=512",
-                     "--set", "ppo.num_minibatches=4")  # 4 iterations of 1024 steps: v0..v4
+                     "--set", "ppo.num_minibatches=4",  # 4 iterations of 1024 steps: v0..v4
+                     "--set", "eval.interval=2048", "--set", "eval.episodes=4")
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "cli-ext"
     for name in ("config.json", "progress.csv", "episodes.csv", "final_policy.safetensors", "summary.json"):
         assert (run_dir / name).exists(), name
     assert list(run_dir.glob("events.out.tfevents.*"))
+    # Greedy evaluations ran off the training path, at 2048 and 4096 steps (the last: final policy).
+    evals = (run_dir / "evals.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in evals[1:]] == ["2048", "4096"]
+    assert all(line.split(",")[4] == "4" for line in evals[1:])
+    assert "greedy evaluation" in result.stdout
     header = (run_dir / "progress.csv").read_text().splitlines()[0]
     for key in ("charts/SPS", "charts/episodic_return", "losses/value_loss", "losses/approx_kl"):
         assert key in header
