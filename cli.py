@@ -61,7 +61,7 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
     Writes config.json, progress.csv, episodes.csv, TensorBoard scalars and final_policy.safetensors.
     """
     from rlfarm import config as C
-    from rlfarm.algos import check_mode
+    from rlfarm.algos import check_env, check_mode
     from rlfarm.envs import EnvError, describe
 
     try:
@@ -70,7 +70,7 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
             "target_return": target_return, "seed": seed, "run_id": run_id, "device": device,
             "logdir": logdir})
         check_mode(cfg.algo, cfg.mode)
-        describe(cfg.env.id)
+        check_env(cfg.algo, describe(cfg.env.id).discrete)
         if cfg.device == "cuda":
             from rlfarm.trainer import resolve_device
 

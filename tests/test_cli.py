@@ -52,6 +52,8 @@ def test_presets_lists_each_with_a_line():
     (["--mode", "async"], "algo 'ppo' cannot run in --mode async"),
     (["--redis", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
     (["--set", "ppo.num_minibatches=3"], "must divide the steps per iteration"),
+    (["--preset", "cartpole-dqn", "--mode", "sync"], "algo 'dqn' cannot run in --mode sync"),
+    (["--preset", "cartpole-dqn", "--env", "Pendulum-v1"], "needs a discrete action space"),
 ])
 def test_bad_input_fails_before_dispatch(tmp_path, args, message):
     started = time.monotonic()

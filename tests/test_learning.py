@@ -50,6 +50,19 @@ def test_pendulum_ppo_learns_within_200k_steps(tmp_path):
     assert best >= -700  # random play is about -1200
 
 
+def test_cartpole_dqn_async_greedy_eval_reaches_475_within_100k_steps(tmp_path):
+    run_dir = train_embedded(tmp_path, "cartpole-dqn", "--preset", "cartpole-dqn", "--mode", "async",
+                             "--workers", "2")
+    with open(run_dir / "evals.csv") as f:
+        evals = [r for r in csv.DictReader(f) if int(r["global_step"]) <= 100_000]
+    assert evals and all(int(r["episodes"]) >= 10 for r in evals)
+    best = max(float(r["mean_return"]) for r in evals)
+    print(f"cartpole-dqn: best greedy evaluation within 100k steps = {best:.1f}")
+    assert best >= 475
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["unique_task_ids_accepted"] == summary["task_ids_accepted"]
+
+
 def test_same_seed_same_policy_with_1_and_3_workers(tmp_path):
     digests = []
     for workers in ("1", "3"):

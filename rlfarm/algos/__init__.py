@@ -20,3 +20,8 @@ def check_mode(algo: str, mode: str) -> None:
                           f"{', '.join(ALGOS[algo])})" + (
                               ": it is on-policy, and ASYNC results act with older policy versions"
                               if algo == "ppo" else ""))
+
+
+def check_env(algo: str, discrete_actions: bool) -> None:
+    if algo == "dqn" and not discrete_actions:
+        raise ConfigError("algo 'dqn' needs a discrete action space; use ppo for continuous actions")
