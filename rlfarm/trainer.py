@@ -170,6 +170,8 @@ class Trainer:
             return self._finish(time.perf_counter() - self.start)
         finally:
             self.logger.close()
+            # Results of tasks still in flight are of no use now; those arriving later expire.
+            self.client.delete(self.dispatcher.key)
 
     def train_loop(self) -> None:
         raise NotImplementedError
