@@ -91,7 +91,8 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
         click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
         sys.exit(130)
     evaluated = "" if result.eval_mean_return != result.eval_mean_return else (
-        f", greedy evaluation {result.eval_mean_return:.1f}")
+        f", greedy evaluation of the final policy {result.eval_mean_return:.1f} "
+        f"(best {result.best_eval_mean_return:.1f})")
     click.echo(f"run {result.run_id}: {result.env_steps} env steps in {result.wall_seconds:.1f} s, "
                f"policy v{result.final_version}, mean return of the last 20 episodes "
                f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f}){evaluated}")

@@ -59,7 +59,8 @@ class TrainResult:
     policy_sha256: str
     rolling_return: float
     best_rolling_return: float
-    eval_mean_return: float
+    eval_mean_return: float  # the last evaluation (of the final policy)
+    best_eval_mean_return: float
     wall_seconds: float
     redispatched: int
     duplicates: int
@@ -107,6 +108,7 @@ class Trainer:
         self._evals: dict[int, _Evaluation] = {}
         self._next_eval = config.eval.interval
         self.eval_mean_return = math.nan
+        self.best_eval_mean_return = -math.inf
 
     # ---- shared pieces ---------------------------------------------------------------------------
     def _on_event(self) -> None:
@@ -141,6 +143,7 @@ class Trainer:
         ev.done += 1
         if ev.done == ev.tasks:
             self.eval_mean_return = float(np.mean(ev.returns))
+            self.best_eval_mean_return = max(self.best_eval_mean_return, self.eval_mean_return)
             self.logger.evaluation(ev.env_steps, ev.returns, ev.version)
 
     def drain_evaluations(self) -> None:
@@ -187,7 +190,8 @@ class Trainer:
             run_id=self.config.run_id, run_dir=self.run_dir, env_steps=self.env_steps,
             final_version=self.version, policy_sha256=codec.tensor_digest(state),
             rolling_return=self.logger.rolling_return, best_rolling_return=self.logger.best_rolling,
-            eval_mean_return=self.eval_mean_return, wall_seconds=wall,
+            eval_mean_return=self.eval_mean_return, best_eval_mean_return=self.best_eval_mean_return,
+            wall_seconds=wall,
             redispatched=stats.redispatched, duplicates=stats.duplicates,
             dropped_stale=getattr(self, "dropped_stale", 0),
             task_ids_accepted=len(stats.accepted_task_ids))
