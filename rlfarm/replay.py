@@ -125,12 +125,10 @@ class SumTree:
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         node = np.asarray(idx) + self.leaves
         self.tree[node] = values
-        node = np.unique(node // 2)
-        while node[0] >= 1:
+        # Repeated parents just write the same sum twice, so no de-duplication is needed.
+        for _ in range(self.leaves.bit_length() - 1):
+            node = node // 2
             self.tree[node] = self.tree[2 * node] + self.tree[2 * node + 1]
-            if node[0] == 1:
-                break
-            node = np.unique(node // 2)
 
     def get(self, idx: np.ndarray) -> np.ndarray:
         return self.tree[np.asarray(idx) + self.leaves]
