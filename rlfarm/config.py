@@ -69,6 +69,7 @@ class PPOConfig:
 @dataclass(frozen=True)
 class DQNConfig:
     learning_rate: float = 1e-3
+    anneal_lr: bool = False  # decay the learning rate linearly to 0 over total_steps
     gamma: float = 0.99
     n_step: int = 1  # n-step returns, computed inside each task's transitions
     batch_size: int = 64

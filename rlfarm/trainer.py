@@ -120,14 +120,15 @@ class Trainer:
                            {"env_steps": str(self.env_steps)})
 
     def evaluate(self) -> None:
-        """Send greedy evaluation tasks for the current version; results are logged on arrival."""
+        """Send greedy evaluation tasks acting with the latest version when they start (so a busy
+        farm can never ask for a version already trimmed); results are logged on arrival."""
         cfg = self.config.eval
         number = len(self._evals)
         per_task = math.ceil(cfg.episodes / cfg.tasks)
         self._evals[number] = _Evaluation(self.env_steps, self.version, cfg.tasks)
         for index in range(cfg.tasks):
             self.dispatcher.submit({"kind": "eval", "iteration": number, "index": index,
-                                    "version": self.version, "episodes": per_task,
+                                    "version": "latest", "episodes": per_task,
                                     "seed": self.config.seed + 1_000_003})
 
     def maybe_evaluate(self) -> None:
@@ -139,6 +140,7 @@ class Trainer:
 
     def handle_eval(self, message: dict[str, Any]) -> None:
         ev = self._evals[message["iteration"]]
+        ev.version = min(ev.version, message["version"]) if ev.done else message["version"]
         ev.returns += [float(r) for r in message["returns"]]
         ev.done += 1
         if ev.done == ev.tasks:
@@ -266,7 +268,8 @@ class AsyncTrainer(Trainer):
         self._lags: list[int] = []
         self.lag_counts: dict[int, int] = {}  # whole-run histogram of policy lag, consumed or dropped
         # NaN until learning starts, so every progress.csv row has the same columns.
-        self._losses = dict.fromkeys(("losses/td_loss", "losses/q_values", "losses/grad_norm"), math.nan)
+        self._losses = dict.fromkeys(("losses/td_loss", "losses/q_values", "losses/grad_norm",
+                                      "charts/learning_rate"), math.nan)
         self._last_log = 0.0
 
     def epsilon(self) -> float:
@@ -322,7 +325,7 @@ class AsyncTrainer(Trainer):
         beta = cfg.dqn.per_beta + (1.0 - cfg.dqn.per_beta) * progress
         while self._grad_budget >= 1.0:
             batch = self.replay.sample(cfg.dqn.batch_size, beta=beta)
-            self._losses, td_errors = self.algo.train_step(batch)
+            self._losses, td_errors = self.algo.train_step(batch, progress)
             self.replay.update_priorities(batch.indices, td_errors)
             self._grad_budget -= 1.0
             if self.algo.gradient_steps % cfg.async_.publish_interval == 0:

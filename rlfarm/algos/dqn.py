@@ -42,8 +42,13 @@ class DQN:
         return linear_schedule(c.exploration_initial_eps, c.exploration_final_eps, c.exploration_fraction,
                                progress)
 
-    def train_step(self, batch: Batch) -> tuple[dict[str, float], np.ndarray]:
-        """One gradient step; returns metrics and the absolute TD errors (for priorities)."""
+    def train_step(self, batch: Batch, progress: float = 0.0) -> tuple[dict[str, float], np.ndarray]:
+        """One gradient step; returns metrics and the absolute TD errors (for priorities).
+
+        `progress` (0..1 of total_steps) drives learning-rate annealing when enabled."""
+        if self.config.anneal_lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.config.learning_rate * max(0.0, 1.0 - progress)
         dev = self.device
         obs = torch.as_tensor(batch.obs, device=dev)
         next_obs = torch.as_tensor(batch.next_obs, device=dev)
@@ -68,7 +73,8 @@ class DQN:
         self.gradient_steps += 1
         self._update_target()
         metrics = {"losses/td_loss": loss.item(), "losses/q_values": q.mean().item(),
-                   "losses/grad_norm": float(grad_norm)}
+                   "losses/grad_norm": float(grad_norm),
+                   "charts/learning_rate": self.optimizer.param_groups[0]["lr"]}
         return metrics, td.detach().abs().cpu().numpy()
 
     def _update_target(self) -> None:
