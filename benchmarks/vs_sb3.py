@@ -34,6 +34,14 @@ WINDOW = 20
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _learn_until_solved(model, callback, max_steps: int, t_start: float) -> tuple[float, int, float]:
+    """(seconds of learning until solved or nan, env steps, seconds end to end) of an SB3 model."""
+    model.learn(total_timesteps=max_steps, callback=callback)
+    if callback.solved_at is None:
+        return float("nan"), max_steps, time.perf_counter() - t_start
+    return callback.solved_at[0], callback.solved_at[1], time.perf_counter() - t_start
+
+
 def sb3_time_to_solve(seed: int, max_steps: int = 200_000) -> tuple[float, int, float]:
     import torch
     from stable_baselines3 import PPO
@@ -70,11 +78,7 @@ def sb3_time_to_solve(seed: int, max_steps: int = 200_000) -> tuple[float, int, 
                 return False
             return True
 
-    cb = Solved()
-    model.learn(total_timesteps=max_steps, callback=cb)
-    if cb.solved_at is None:
-        return float("nan"), max_steps, time.perf_counter() - t_start
-    return cb.solved_at[0], cb.solved_at[1], time.perf_counter() - t_start
+    return _learn_until_solved(model, Solved(), max_steps, t_start)
 
 
 def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int = 5_000
@@ -124,11 +128,7 @@ def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int =
                 return False
             return True
 
-    cb = GreedyEval()
-    model.learn(total_timesteps=max_steps, callback=cb)
-    if cb.solved_at is None:
-        return float("nan"), max_steps, time.perf_counter() - t_start
-    return cb.solved_at[0], cb.solved_at[1], time.perf_counter() - t_start
+    return _learn_until_solved(model, GreedyEval(), max_steps, t_start)
 
 
 def rlfarm_time_to_solve(seed: int, workers: int, algo: str = "ppo") -> tuple[float, int, float]:
