@@ -90,3 +90,23 @@ def test_new_transitions_get_max_priority_and_alpha_applies():
     buf.update_priorities(slots, np.array([4.0, 9.0]))
     new = buf.add(_transitions([2]))
     np.testing.assert_allclose(buf.tree.get(np.r_[slots, new]), [2.0, 3.0, 3.0])  # sqrt(9) for the new one
+
+
+def test_dqn_gradient_clip_matches_torch():
+    import torch
+
+    from rlfarm.algos.dqn import clip_grad_norm
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 8), torch.nn.Linear(4, 8)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(16, 4) * 100
+    for max_norm in (0.5, 1e6):  # clipped, and left alone
+        for net in (a, b):
+            net.zero_grad()
+            net(x).pow(2).sum().backward()
+        expected = torch.nn.utils.clip_grad_norm_(a.parameters(), max_norm)
+        got = clip_grad_norm(list(b.parameters()), max_norm)
+        assert torch.allclose(got, expected)
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            assert torch.allclose(pa.grad, pb.grad, rtol=1e-5)
