@@ -184,3 +184,27 @@ def list_runs(client: redis.Redis) -> list[str]:
     for key in client.scan_iter(match="rlfarm:*:meta", count=500):
         runs.add(key.decode().split(":", 2)[1] if isinstance(key, bytes) else key.split(":", 2)[1])
     return sorted(runs)
+
+
+# ---- trainer heartbeat ------------------------------------------------------------------------
+STATUS_TTL = 120  # seconds; a trainer that stops writing drops out of `rlfarm status` by itself
+CELERY_QUEUE = "celery"  # Celery's default queue: a Redis list of waiting task messages
+
+
+def write_status(client: redis.Redis, run_id: str, fields: Mapping[str, Any]) -> None:
+    """The trainer's live state (`rlfarm:<run>:status`), refreshed every log interval with a TTL."""
+    key = f"{run_prefix(run_id)}status"
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+    pipe.expire(key, STATUS_TTL)
+    pipe.execute()
+
+
+def read_status(client: redis.Redis, run_id: str) -> dict[str, str]:
+    raw = client.hgetall(f"{run_prefix(run_id)}status")
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def queue_depth(client: redis.Redis, queue: str = CELERY_QUEUE) -> int:
+    """Task messages waiting in the broker queue (not yet taken by a worker process)."""
+    return int(client.llen(queue))

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +41,7 @@ from rlfarm.metrics import RunLogger
 from rlfarm.policy import build_network
 from rlfarm.replay import PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
 from rlfarm.rollout import Rollout, concat
-from rlfarm.store import PolicyStore, connect
+from rlfarm.store import PolicyStore, connect, queue_depth, write_status
 
 
 def resolve_device(name: str) -> torch.device:
@@ -104,6 +106,7 @@ class Trainer:
         self.env_steps = 0
         self.version = 0
         self.start = 0.0
+        self.wall_start = time.time()
         self._sps = 0.0
         self._evals: dict[int, _Evaluation] = {}
         self._next_eval = config.eval.interval
@@ -114,6 +117,25 @@ class Trainer:
     def _on_event(self) -> None:
         if self.logger:
             self.logger.status(self.env_steps, self._sps, self.version, self.dispatcher.in_flight)
+
+    def farm_scalars(self) -> dict[str, float]:
+        """What the farm looks like from here, logged in both modes (and read by `rlfarm status`)."""
+        stats = self.dispatcher.stats
+        return {"farm/tasks_in_flight": self.dispatcher.in_flight,
+                "farm/queue_depth": queue_depth(self.client),
+                "farm/results_dropped": stats.duplicates,
+                "farm/redispatched": stats.redispatched}
+
+    def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
+        """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone)."""
+        cfg = self.config
+        farm = farm if farm is not None else self.farm_scalars()
+        write_status(self.client, cfg.run_id, {
+            "state": state, "mode": cfg.mode, "algo": cfg.algo, "env": cfg.env.id,
+            "env_steps": self.env_steps, "total_steps": cfg.total_steps, "version": self.version,
+            "sps": f"{self._sps:.1f}", "tasks_in_flight": int(farm["farm/tasks_in_flight"]),
+            "eval_mean_return": f"{self.eval_mean_return:.2f}", "host": socket.gethostname(),
+            "pid": os.getpid(), "started": f"{self.wall_start:.3f}", "updated": f"{time.time():.3f}"})
 
     def publish(self) -> None:
         self.store.publish(self.version, self.algo.state(), self.config.algo,
@@ -165,15 +187,23 @@ class Trainer:
         self.store.set_run_meta({"config": to_dict(cfg), "space": self.space.to_dict()})
         self.logger = RunLogger(self.run_dir, to_dict(cfg), cfg.total_steps, self.console)
         self.start = time.perf_counter()
+        state = "failed"
         try:
             self.publish()
+            self.heartbeat()
             self.train_loop()
             if cfg.eval.interval:
                 if not self._evals or self._evals[len(self._evals) - 1].version != self.version:
                     self.evaluate()  # the final policy always gets an evaluation
                 self.drain_evaluations()
-            return self._finish(time.perf_counter() - self.start)
+            result = self._finish(time.perf_counter() - self.start)
+            state = "finished"
+            return result
         finally:
+            try:
+                self.heartbeat(state)
+            except Exception:  # noqa: BLE001 - Redis may be what failed; the run's own error matters
+                pass
             self.logger.close()
             # Results of tasks still in flight are of no use now; those arriving later expire.
             self.client.delete(self.dispatcher.key)
@@ -230,6 +260,7 @@ class SyncTrainer(Trainer):
             self.version += 1
             self.publish()
             self._sps = self.env_steps / (time.perf_counter() - self.start)
+            farm = self.farm_scalars()
             ep = rollout.episode_returns
             self.logger.scalars(self.env_steps, {
                 "policy_version": self.version,
@@ -239,11 +270,11 @@ class SyncTrainer(Trainer):
                 "charts/episodes": len(ep),
                 "farm/collect_seconds": collect_seconds,
                 "farm/update_seconds": time.perf_counter() - t1,
-                "farm/tasks_in_flight": self.dispatcher.in_flight,
-                "farm/redispatched": self.dispatcher.stats.redispatched,
-                "farm/results_dropped": self.dispatcher.stats.duplicates,
+                "farm/policy_lag": 0,  # SYNC: every task acts with the version being trained
+                **farm,
                 **losses,
             })
+            self.heartbeat(farm=farm)
             self._on_event()
             self.maybe_evaluate()
             if self.target_reached():
@@ -336,26 +367,25 @@ class AsyncTrainer(Trainer):
     def log(self) -> None:
         self._last_log = time.perf_counter()
         lags = np.asarray(self._lags or [0])
-        stats = self.dispatcher.stats
+        farm = self.farm_scalars()
         self.logger.scalars(self.env_steps, {
             "policy_version": self.version,
             "charts/SPS": self._sps,
             "charts/epsilon": self.epsilon(),
             "charts/gradient_steps": self.algo.gradient_steps,
+            "farm/policy_lag": float(lags.mean()),
             "farm/policy_lag_min": int(lags.min()),
-            "farm/policy_lag_mean": float(lags.mean()),
             "farm/policy_lag_max": int(lags.max()),
             "farm/results_dropped_stale": self.dropped_stale,
-            "farm/results_dropped": stats.duplicates,
-            "farm/redispatched": stats.redispatched,
-            "farm/tasks_in_flight": self.dispatcher.in_flight,
+            **farm,
             "farm/replay_size": len(self.replay),
             "eval/mean_return": self.eval_mean_return,
             **self._losses,
         })
         if self._lags:
-            self.logger.histogram("farm/policy_lag", lags, self.env_steps)
+            self.logger.histogram("farm/policy_lag_distribution", lags, self.env_steps)
         self._lags = []
+        self.heartbeat(farm=farm)
         self._on_event()
 
 
