@@ -114,6 +114,10 @@ class RunConfig:
     run_id: str = ""  # empty: generated at start
     logdir: str = "runs"
     torch_threads: int = 1  # trainer threads; small MLPs run fastest (and reproducibly) on one
+    # Trainer checkpoint (for --resume) at most every this many seconds, at a published version, and at
+    # the end; 0: at every published version. The DQN replay buffer is saved with it when checkpoint_replay.
+    checkpoint_interval: float = 10.0
+    checkpoint_replay: bool = True
     env: EnvConfig = field(default_factory=EnvConfig)
     farm: FarmConfig = field(default_factory=FarmConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -243,6 +247,8 @@ def validate(config: RunConfig) -> None:
             raise ConfigError(f"{key} must be at least 1, got {get(config, key)}")
     if config.farm.keep_versions < 2:
         raise ConfigError("farm.keep_versions must be at least 2 (the acting and the newest version)")
+    if config.checkpoint_interval < 0:
+        raise ConfigError("checkpoint_interval cannot be negative")
     if config.farm.task_timeout <= 0:
         raise ConfigError("farm.task_timeout must be positive")
     if config.policy.activation not in ("tanh", "relu"):

@@ -22,25 +22,58 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 ROLLING_EPISODES = 20
 
 
+def _truncate_csv(path: Path, max_step: int) -> list[str] | None:
+    """Keep the header and the rows with global_step <= max_step; returns the header (None: no file)."""
+    if not path.exists():
+        return None
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return None
+    header, body = rows[0], rows[1:]
+    kept = [r for r in body if r and int(float(r[0])) <= max_step]
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([header, *kept])
+    return header
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, config: Mapping[str, Any], total_steps: int,
-                 console: Console | None = None, tensorboard: bool = True):
+                 console: Console | None = None, tensorboard: bool = True,
+                 resume: Mapping[str, Any] | None = None):
+        """`resume`: the `state()` of the logger of a run being resumed; its files are kept up to the
+        checkpoint's env step (later rows will be produced again) and appended to."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         self.console = console or Console()
         self.total_steps = total_steps
-        self.start = time.time()
-        self.recent_returns: deque[float] = deque(maxlen=ROLLING_EPISODES)
-        self.best_rolling = -math.inf
-        self._progress_file = open(self.run_dir / "progress.csv", "w", newline="")
+        self.start = time.time() - (resume["elapsed"] if resume else 0.0)
+        self.recent_returns: deque[float] = deque(resume["recent_returns"] if resume else (),
+                                                  maxlen=ROLLING_EPISODES)
+        self.best_rolling = resume["best_rolling"] if resume else -math.inf
         self._progress_csv: csv.DictWriter | None = None
-        self._episodes_file = open(self.run_dir / "episodes.csv", "w", newline="")
-        self._episodes_csv = csv.writer(self._episodes_file)
         self._evals_file = None
         self._evals_csv: Any = None
-        self._episodes_csv.writerow(["global_step", "wall_time", "episodic_return", "episodic_length",
-                                     "policy_version"])
+        if resume:
+            step = resume["env_steps"]
+            progress_fields = _truncate_csv(self.run_dir / "progress.csv", step)
+            self._progress_file = open(self.run_dir / "progress.csv", "a", newline="")
+            if progress_fields:
+                self._progress_csv = csv.DictWriter(self._progress_file, fieldnames=progress_fields,
+                                                    extrasaction="ignore")
+            _truncate_csv(self.run_dir / "episodes.csv", step)
+            self._episodes_file = open(self.run_dir / "episodes.csv", "a", newline="")
+            self._episodes_csv = csv.writer(self._episodes_file)
+            if _truncate_csv(self.run_dir / "evals.csv", step):
+                self._evals_file = open(self.run_dir / "evals.csv", "a", newline="")
+                self._evals_csv = csv.writer(self._evals_file)
+        else:
+            self._progress_file = open(self.run_dir / "progress.csv", "w", newline="")
+            self._episodes_file = open(self.run_dir / "episodes.csv", "w", newline="")
+            self._episodes_csv = csv.writer(self._episodes_file)
+            self._episodes_csv.writerow(["global_step", "wall_time", "episodic_return", "episodic_length",
+                                         "policy_version"])
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -56,6 +89,11 @@ class RunLogger:
         self.task = self.progress.add_task("env steps", total=total_steps, sps="-", ret="-",
                                            version=0, flight=0)
         self.progress.start()
+
+    def state(self, env_steps: int) -> dict[str, Any]:
+        """What a resumed run needs to carry on this logger (JSON-able)."""
+        return {"env_steps": env_steps, "elapsed": time.time() - self.start,
+                "recent_returns": list(self.recent_returns), "best_rolling": self.best_rolling}
 
     @property
     def rolling_return(self) -> float:

@@ -110,6 +110,22 @@ class ReplayBuffer:
     def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
         """Uniform replay has no priorities."""
 
+    _FIELDS = ("obs", "next_obs", "actions", "rewards", "dones", "discounts")
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """The stored part of the buffer and its position and sampler state (for resuming a run)."""
+        arrays = {f: getattr(self, f)[:self.size] for f in self._FIELDS}
+        return arrays, {"pos": self.pos, "size": self.size, "rng": self.rng.bit_generator.state}
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        size = meta["size"]
+        if size > self.capacity:
+            raise ValueError(f"saved replay holds {size} transitions, more than buffer_size {self.capacity}")
+        for f in self._FIELDS:
+            getattr(self, f)[:size] = arrays[f]
+        self.pos, self.size = meta["pos"] % self.capacity, size
+        self.rng.bit_generator.state = meta["rng"]
+
 
 class SumTree:
     """Binary tree over `capacity` leaves whose nodes hold the sum of their children."""
@@ -170,6 +186,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         probs = self.tree.get(idx) / total
         weights = (self.size * probs) ** (-beta)
         return self._batch(idx, weights / weights.max())
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        arrays, meta = super().state()
+        arrays["priorities"] = self.tree.get(np.arange(self.size))
+        return arrays, {**meta, "max_priority": self.max_priority}
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        super().restore(arrays, meta)
+        self.tree.set(np.arange(meta["size"]), arrays["priorities"])
+        self.max_priority = meta["max_priority"]
 
     def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
         priorities = np.abs(td_errors) + self.eps

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from rlfarm import codec
+from rlfarm import checkpoint, codec
 from rlfarm.algos import check_mode
 from rlfarm.algos.dqn import DQN
 from rlfarm.algos.ppo import PPO
@@ -82,8 +82,15 @@ class _Evaluation:
 class Trainer:
     """What both modes share: store, farm client, network, metrics, evaluation, the final save."""
 
-    def __init__(self, config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None):
+    # Tasks sent by a trainer before it died may still run and report under task numbers after the
+    # checkpoint's; a resumed trainer numbers its ASYNC and evaluation tasks from far beyond them.
+    RESUME_TASK_OFFSET = 1_000_000
+
+    def __init__(self, config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
+                 resume: bool = False):
+        """`resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.checkpoint)."""
         check_mode(config.algo, config.mode)
+        self.resume = resume
         self.config = config
         self.run_dir = Path(run_dir)
         self.console = console or Console()
@@ -109,6 +116,8 @@ class Trainer:
         self.wall_start = time.time()
         self._sps = 0.0
         self._evals: dict[int, _Evaluation] = {}
+        self._eval_counter = 0  # evaluation numbers (task keys) are never reused, across resumes too
+        self._last_checkpoint = -math.inf
         self._next_eval = config.eval.interval
         self.eval_mean_return = math.nan
         self.best_eval_mean_return = -math.inf
@@ -145,7 +154,8 @@ class Trainer:
         """Send greedy evaluation tasks acting with the latest version when they start (so a busy
         farm can never ask for a version already trimmed); results are logged on arrival."""
         cfg = self.config.eval
-        number = len(self._evals)
+        number = self._eval_counter
+        self._eval_counter += 1
         per_task = math.ceil(cfg.episodes / cfg.tasks)
         self._evals[number] = _Evaluation(self.env_steps, self.version, cfg.tasks)
         for index in range(cfg.tasks):
@@ -182,20 +192,74 @@ class Trainer:
         score = self.eval_mean_return if self.config.eval.interval else self.logger.rolling_return
         return score >= self.config.target_return
 
+    # ---- checkpoints (rlfarm train --resume) ------------------------------------------------------
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, algo_state = self.algo.checkpoint()
+        tensors["rng.torch"] = torch.get_rng_state()
+        stats = self.dispatcher.stats
+        return tensors, {
+            "run_id": self.config.run_id, "env_steps": self.env_steps, "version": self.version,
+            "next_eval": self._next_eval, "eval_counter": self._eval_counter,
+            "eval_mean_return": self.eval_mean_return, "best_eval_mean_return": self.best_eval_mean_return,
+            "dispatch": {"dispatched": stats.dispatched, "redispatched": stats.redispatched,
+                         "duplicates": stats.duplicates, "accepted": stats.accepted},
+            "algo": algo_state, "logger": self.logger.state(self.env_steps)}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        self.algo.restore(tensors, state["algo"])
+        torch.set_rng_state(tensors["rng.torch"])
+        self.env_steps, self.version = state["env_steps"], state["version"]
+        self._next_eval = state["next_eval"]
+        self._eval_counter = state["eval_counter"] + self.RESUME_TASK_OFFSET
+        self.eval_mean_return = state["eval_mean_return"]
+        self.best_eval_mean_return = state["best_eval_mean_return"]
+        stats = self.dispatcher.stats
+        for key, value in state["dispatch"].items():
+            setattr(stats, key, value)
+
+    def save_checkpoint(self, force: bool = False) -> None:
+        """At a published version, when `checkpoint_interval` seconds have passed (0: every version)."""
+        now = time.perf_counter()
+        if not force and now - self._last_checkpoint < self.config.checkpoint_interval:
+            return
+        tensors, state = self.checkpoint_state()
+        checkpoint.save(self.run_dir, tensors, state)
+        self._last_checkpoint = time.perf_counter()
+
+    def _resume(self) -> dict[str, Any]:
+        tensors, state = checkpoint.load(self.run_dir)
+        if state["run_id"] != self.config.run_id:
+            raise checkpoint.CheckpointError(f"checkpoint in {self.run_dir} belongs to run {state['run_id']!r}")
+        self.restore(tensors, state)
+        # A Redis that outlived the trainer may hold versions published after the checkpoint: number
+        # on from the newest, so no worker ever sees two different policies under one version number.
+        latest = self.store.latest()
+        if latest is not None and latest >= self.version:
+            self.version = latest + 1
+        self.console.print(f"resuming run {self.config.run_id} from its checkpoint: {self.env_steps} env "
+                           f"steps, policy v{self.version}", highlight=False)
+        return state
+
     def train(self) -> TrainResult:
         cfg = self.config
+        resume_state = self._resume() if self.resume else None
         self.store.set_run_meta({"config": to_dict(cfg), "space": self.space.to_dict()})
-        self.logger = RunLogger(self.run_dir, to_dict(cfg), cfg.total_steps, self.console)
-        self.start = time.perf_counter()
+        self.logger = RunLogger(self.run_dir, to_dict(cfg), cfg.total_steps, self.console,
+                                resume=resume_state["logger"] if resume_state else None)
+        elapsed = resume_state["logger"]["elapsed"] if resume_state else 0.0
+        self.start = time.perf_counter() - elapsed
+        self._sps = self.env_steps / elapsed if elapsed > 0 else 0.0
         state = "failed"
         try:
             self.publish()
+            self.save_checkpoint(force=True)
             self.heartbeat()
             self.train_loop()
             if cfg.eval.interval:
-                if not self._evals or self._evals[len(self._evals) - 1].version != self.version:
+                if not self._evals or self._evals[self._eval_counter - 1].version != self.version:
                     self.evaluate()  # the final policy always gets an evaluation
                 self.drain_evaluations()
+            self.save_checkpoint(force=True)
             result = self._finish(time.perf_counter() - self.start)
             state = "finished"
             return result
@@ -239,6 +303,16 @@ class Trainer:
 
 
 class SyncTrainer(Trainer):
+    iteration = 0  # iterations done; the next one's tasks get seeds from (seed, iteration, index)
+
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, state = super().checkpoint_state()
+        return tensors, {**state, "iteration": self.iteration}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        super().restore(tensors, state)
+        self.iteration = state["iteration"]
+
     def collect_rollouts(self, iteration: int) -> Rollout:
         cfg = self.config
         specs = [{"iteration": iteration, "index": i, "version": self.version,
@@ -248,7 +322,7 @@ class SyncTrainer(Trainer):
 
     def train_loop(self) -> None:
         cfg = self.config
-        for iteration in range(cfg.num_iterations):
+        for iteration in range(self.iteration, cfg.num_iterations):
             t0 = time.perf_counter()
             rollout = self.collect_rollouts(iteration)
             collect_seconds = time.perf_counter() - t0
@@ -258,7 +332,9 @@ class SyncTrainer(Trainer):
             t1 = time.perf_counter()
             losses = self.algo.train(rollout, progress_remaining=1.0 - iteration / cfg.num_iterations)
             self.version += 1
+            self.iteration = iteration + 1
             self.publish()
+            self.save_checkpoint()
             self._sps = self.env_steps / (time.perf_counter() - self.start)
             farm = self.farm_scalars()
             ep = rollout.episode_returns
@@ -362,7 +438,28 @@ class AsyncTrainer(Trainer):
             if self.algo.gradient_steps % cfg.async_.publish_interval == 0:
                 self.version += 1
                 self.publish()
+                self.save_checkpoint()
         self._sps = self.env_steps / (time.perf_counter() - self.start)
+
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, state = super().checkpoint_state()
+        replay_meta = None
+        if self.config.checkpoint_replay:
+            arrays, replay_meta = self.replay.state()
+            tensors.update({f"replay.{k}": torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
+        return tensors, {**state, "task_counter": self._task_counter, "grad_budget": self._grad_budget,
+                         "dropped_stale": self.dropped_stale, "replay": replay_meta,
+                         "lag_counts": {str(k): v for k, v in self.lag_counts.items()}}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        super().restore(tensors, state)
+        self._task_counter = state["task_counter"] + self.RESUME_TASK_OFFSET
+        self._grad_budget, self.dropped_stale = state["grad_budget"], state["dropped_stale"]
+        self.lag_counts = {int(k): v for k, v in state["lag_counts"].items()}
+        if state["replay"] is not None:
+            arrays = {k[len("replay."):]: v.numpy() for k, v in tensors.items() if k.startswith("replay.")}
+            self.replay.restore(arrays, state["replay"])
+        # else: the replay buffer was not saved (checkpoint_replay = false); it refills from new results.
 
     def log(self) -> None:
         self._last_log = time.perf_counter()

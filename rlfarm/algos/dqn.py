@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from rlfarm.checkpoint import load_optimizer_state, optimizer_state, prefixed, unprefixed
 from rlfarm.config import DQNConfig
 from rlfarm.policy import QNetwork
 from rlfarm.replay import Batch
@@ -100,3 +101,16 @@ class DQN:
 
     def state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.q_network.state_dict().items()}
+
+    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Networks, optimizer and step count, for resuming (see rlfarm.checkpoint)."""
+        optim_tensors, optim_meta = optimizer_state(self.optimizer)
+        tensors = {**prefixed("policy", self.q_network.state_dict()),
+                   **prefixed("target", self.target_network.state_dict()), **optim_tensors}
+        return tensors, {"gradient_steps": self.gradient_steps, "optimizer": optim_meta}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+        self.q_network.load_state_dict(unprefixed("policy", tensors))
+        self.target_network.load_state_dict(unprefixed("target", tensors))
+        load_optimizer_state(self.optimizer, tensors, state["optimizer"])
+        self.gradient_steps = state["gradient_steps"]

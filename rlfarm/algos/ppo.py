@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlfarm.checkpoint import load_optimizer_state, optimizer_state, prefixed, unprefixed
 from rlfarm.config import PPOConfig
 from rlfarm.policy import ActorCritic
 from rlfarm.rollout import Rollout
@@ -121,3 +122,15 @@ class PPO:
     def state(self) -> dict[str, torch.Tensor]:
         """Weights the workers act with (CPU tensors)."""
         return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}
+
+    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Policy, optimizer and minibatch generator, for resuming (see rlfarm.checkpoint)."""
+        optim_tensors, optim_meta = optimizer_state(self.optimizer)
+        tensors = {**prefixed("policy", self.policy.state_dict()), **optim_tensors,
+                   "rng.minibatch": self.generator.get_state()}
+        return tensors, {"optimizer": optim_meta}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+        self.policy.load_state_dict(unprefixed("policy", tensors))
+        load_optimizer_state(self.optimizer, tensors, state["optimizer"])
+        self.generator.set_state(tensors["rng.minibatch"])

@@ -1,0 +1,106 @@
+"""Trainer checkpoints, for `rlfarm train --resume`: what it takes to continue a run whose trainer died.
+
+One safetensors file in the run directory. Its tensors: network(s), optimizer moments, torch RNG
+states, the replay buffer; its metadata: one JSON document with everything else (counters, optimizer
+hyper-parameters, numpy generator states, logger state). No pickle: loading it runs no code.
+It is written to a temporary file and renamed, so a trainer killed mid-write leaves the previous
+checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+FILENAME = "checkpoint.safetensors"
+FORMAT = "rlfarm-trainer-checkpoint/1"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def path_in(run_dir: Path) -> Path:
+    return Path(run_dir) / FILENAME
+
+
+def save(run_dir: Path, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> Path:
+    target = path_in(run_dir)
+    tmp = target.with_suffix(".tmp")
+    # safetensors refuses shared or strided storage; copies are cheap at these sizes.
+    plain = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
+    blob = st_save(plain, metadata={"format": FORMAT, "state": json.dumps(state)})
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    return target
+
+
+def load(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    path = path_in(run_dir)
+    if not path.exists():
+        raise CheckpointError(f"{run_dir} has no trainer checkpoint ({FILENAME}); nothing to resume")
+    blob = path.read_bytes()
+    try:
+        header_len = int.from_bytes(blob[:8], "little")
+        metadata = json.loads(blob[8:8 + header_len]).get("__metadata__", {})
+        if metadata.get("format") != FORMAT:
+            raise CheckpointError(f"{path} is not an rlfarm trainer checkpoint ({metadata.get('format')})")
+        return st_load(blob), json.loads(metadata["state"])
+    except (ValueError, KeyError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}") from None
+
+
+# ---- pieces ------------------------------------------------------------------------------------
+def prefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {f"{prefix}.{k}": v for k, v in tensors.items()}
+
+
+def unprefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    head = prefix + "."
+    return {k[len(head):]: v for k, v in tensors.items() if k.startswith(head)}
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, prefix: str = "optim"
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An optimizer's state_dict split into tensors and a JSON-able rest."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for index, entries in sd["state"].items():
+        for name, value in entries.items():
+            if torch.is_tensor(value):
+                tensors[f"{prefix}.{index}.{name}"] = value
+            else:
+                scalars[f"{index}.{name}"] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor],
+                         meta: Mapping[str, Any], prefix: str = "optim") -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in unprefixed(prefix, tensors).items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    for key, value in meta["scalars"].items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in meta["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def numpy_rng_state(rng: np.random.Generator) -> dict[str, Any]:
+    return rng.bit_generator.state  # plain dict of ints and strings: JSON-able
+
+
+def set_numpy_rng_state(rng: np.random.Generator, state: dict[str, Any]) -> None:
+    rng.bit_generator.state = state

@@ -1,0 +1,117 @@
+"""`rlfarm train --resume RUN` after the trainer was SIGKILLed mid-run (embedded default, CLI in subprocesses)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from rlfarm import checkpoint
+
+from .conftest import WORKER_ENV, pid_alive, rlfarm_cmd
+from .test_cli import assert_cleaned_up, run_cli
+
+pytestmark = pytest.mark.farm
+
+
+def start_and_sigkill(tmp_path, run_id: str, args: list[str], kill_after_steps: int) -> dict:
+    """Start a training run, SIGKILL its trainer once a checkpoint with >= kill_after_steps env steps
+    exists, wait until its embedded Redis and workers are gone; returns that checkpoint's state."""
+    proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path), *args),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **WORKER_ENV})
+    run_dir = tmp_path / run_id
+    state: dict = {}
+    while proc.poll() is None:
+        if checkpoint.path_in(run_dir).exists():
+            _, state = checkpoint.load(run_dir)
+            if state["env_steps"] >= kill_after_steps:
+                break
+        time.sleep(0.05)  # polling for the checkpoint to appear, not standing in for a result
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()[-2000:]}"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    # Redis and the workers die with their parent (PR_SET_PDEATHSIG); wait for that to happen.
+    pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
+    deadline = time.monotonic() + 60
+    while [p for p in pids if pid_alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if pid_alive(p)], "a farm process outlived its killed trainer"
+    _, state = checkpoint.load(run_dir)  # the newest one written before the kill
+    return state
+
+
+def read_steps(path) -> list[int]:
+    with open(path) as f:
+        return [int(r["global_step"]) for r in csv.DictReader(f)]
+
+
+def test_sync_ppo_resumed_after_sigkill_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
+    """Optimizer moments, minibatch RNG, iteration counter and policy all come back: the resumed run
+    produces exactly the policy an uninterrupted run with the same seed does."""
+    args = ["--preset", "cartpole-ppo", "--workers", "2", "--seed", "7", "--total-steps", "81920",
+            "--set", "checkpoint_interval=0"]
+    whole = run_cli("train", "--run-id", "whole", "--logdir", str(tmp_path), *args)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = json.loads((tmp_path / "whole" / "summary.json").read_text())
+
+    state = start_and_sigkill(tmp_path, "killed", args, kill_after_steps=16384)
+    assert 16384 <= state["env_steps"] < 81920
+    resumed = run_cli("train", "--resume", "killed", "--logdir", str(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"from its checkpoint: {state['env_steps']} env steps" in resumed.stdout + resumed.stderr
+    run_dir = tmp_path / "killed"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == expected["env_steps"] == 81920
+    assert summary["policy_sha256"] == expected["policy_sha256"]
+    assert summary["final_version"] == expected["final_version"]
+    # The curves read as one run: rows after the checkpoint were dropped and produced again once.
+    steps = read_steps(run_dir / "progress.csv")
+    assert steps == sorted(set(steps)) and steps[-1] == 81920
+    assert steps == read_steps(tmp_path / "whole" / "progress.csv")
+    assert_cleaned_up(run_dir, "killed")
+
+
+def test_async_dqn_resumes_with_its_replay_buffer_and_optimizer(tmp_path):
+    args = ["--preset", "cartpole-dqn", "--mode", "async", "--workers", "2", "--total-steps", "20000",
+            "--target-return", "1e9", "--set", "checkpoint_interval=0.5"]
+    state = start_and_sigkill(tmp_path, "dqn", args, kill_after_steps=6000)
+    killed_at = state["env_steps"]
+    assert state["replay"]["size"] == killed_at  # every consumed transition was stored
+    resumed = run_cli("train", "--resume", str(tmp_path / "dqn"))  # a run directory works too
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"from its checkpoint: {killed_at} env steps" in resumed.stdout + resumed.stderr
+    run_dir = tmp_path / "dqn"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 20000
+    _, final = checkpoint.load(run_dir)
+    assert final["env_steps"] == summary["env_steps"]
+    # Restored, not refilled: the buffer holds the transitions from before the kill as well.
+    assert final["replay"]["size"] == summary["env_steps"]
+    # Gradient steps continue from the checkpoint's count (0.5 per env step after learning_starts).
+    assert final["algo"]["gradient_steps"] > state["algo"]["gradient_steps"]
+    assert final["algo"]["gradient_steps"] >= 0.5 * (summary["env_steps"] - 1000) - 256
+    with open(run_dir / "episodes.csv") as f:
+        steps = [int(r["global_step"]) for r in csv.DictReader(f)]
+    assert steps == sorted(steps) and steps[0] <= killed_at < steps[-1]
+    assert_cleaned_up(run_dir, "dqn")
+
+
+def test_resume_refuses_config_changes_and_missing_checkpoints(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    for args, message in [
+        (["--resume", "nowhere", "--logdir", str(tmp_path)], "no run 'nowhere'"),
+        (["--resume", "empty", "--logdir", str(tmp_path)], "has no trainer checkpoint"),
+        (["--resume", "empty", "--logdir", str(tmp_path), "--seed", "3"], "--seed cannot change it"),
+        (["--resume", "empty", "--logdir", str(tmp_path), "--set", "ppo.gamma=0.9"], "--set cannot"),
+    ]:
+        result = run_cli("train", *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr
