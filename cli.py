@@ -52,23 +52,40 @@ def _sigterm_to_interrupt() -> None:
 @click.option("--run-id", help="Name of the run in Redis and under --logdir (default: generated).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Trainer device (workers: CPU).")
 @click.option("--logdir", type=click.Path(file_okay=False), help="Parent of the run directory [runs].")
-def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[str, ...],
-          redis_url: str | None, workers: int | None, total_steps: int | None,
-          target_return: float | None, seed: int | None,
-          run_id: str | None, device: str | None, logdir: str | None) -> None:
+@click.option("--resume", "resume", metavar="RUN",
+              help="Continue a run whose trainer died, from its checkpoint: a run directory, or a run id "
+                   "under --logdir. Takes the run's own config; --total-steps, --target-return, "
+                   "--workers, --device and --redis may change.")
+@click.pass_context
+def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
+          overrides: tuple[str, ...], redis_url: str | None, workers: int | None,
+          total_steps: int | None, target_return: float | None, seed: int | None,
+          run_id: str | None, device: str | None, logdir: str | None, resume: str | None) -> None:
     """Train a policy on the farm and save it under LOGDIR/RUN_ID.
 
-    Writes config.json, progress.csv, episodes.csv, TensorBoard scalars and final_policy.safetensors.
+    Writes config.json, progress.csv, episodes.csv, TensorBoard scalars, a trainer checkpoint (for
+    --resume) and final_policy.safetensors.
     """
     from rlfarm import config as C
     from rlfarm.algos import check_env, check_mode
     from rlfarm.envs import EnvError, describe
 
     try:
-        cfg = C.build(preset, overrides, **{
-            "env.id": env_id, "mode": mode, "farm.workers": workers, "total_steps": total_steps,
-            "target_return": target_return, "seed": seed, "run_id": run_id, "device": device,
-            "logdir": logdir})
+        if resume:
+            fixed = [name for name in ("preset", "env_id", "mode", "overrides", "seed", "run_id")
+                     if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+            if fixed:
+                opts = ", ".join("--" + n.replace("_id", "").replace("overrides", "set").replace("_", "-")
+                                 for n in fixed)
+                raise C.ConfigError(f"--resume continues a run with its own config; {opts} cannot change it")
+            cfg = _resume_config(resume, logdir, {
+                "farm.workers": workers, "total_steps": total_steps, "target_return": target_return,
+                "device": device})
+        else:
+            cfg = C.build(preset, overrides, **{
+                "env.id": env_id, "mode": mode, "farm.workers": workers, "total_steps": total_steps,
+                "target_return": target_return, "seed": seed, "run_id": run_id, "device": device,
+                "logdir": logdir})
         check_mode(cfg.algo, cfg.mode)
         check_env(cfg.algo, describe(cfg.env.id).discrete)
         if cfg.device == "cuda":
@@ -84,9 +101,9 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
     _sigterm_to_interrupt()
     try:
         if redis_url:
-            result = _train_on(cfg, redis_url, run_dir)
+            result = _train_on(cfg, redis_url, run_dir, resume=bool(resume))
         else:
-            result = _train_embedded(cfg, run_dir)
+            result = _train_embedded(cfg, run_dir, resume=bool(resume))
     except KeyboardInterrupt:
         click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
         sys.exit(130)
@@ -99,6 +116,29 @@ def train(preset: str, env_id: str | None, mode: str | None, overrides: tuple[st
     click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
 
 
+def _resume_config(run: str, logdir: str | None, changes: dict):
+    """The config of the run to resume (from its run directory), with the few allowed changes."""
+    import json
+
+    from rlfarm import checkpoint
+    from rlfarm import config as C
+
+    run_dir = Path(run)
+    if not (run_dir / "config.json").is_file():
+        run_dir = Path(logdir or C.RunConfig.logdir) / run
+    if not (run_dir / "config.json").is_file():
+        raise C.ConfigError(f"no run {run!r}: neither {run} nor {run_dir} is a run directory "
+                            f"(one with config.json)")
+    if not checkpoint.path_in(run_dir).is_file():
+        raise C.ConfigError(f"run directory {run_dir} has no trainer checkpoint "
+                            f"({checkpoint.FILENAME}) to resume from")
+    cfg = C.from_dict(json.loads((run_dir / "config.json").read_text()))
+    if cfg.run_id != run_dir.name:
+        raise C.ConfigError(f"{run_dir} holds run {cfg.run_id!r}; a run directory is named after its run")
+    changes = {k: v for k, v in changes.items() if v is not None}
+    return C.from_flat({**changes, "logdir": str(run_dir.parent)}, cfg)
+
+
 def _online_processes(redis_url: str) -> int:
     """Worker processes currently consuming from this Redis (Celery inspect), 0 if none answer."""
     from rlfarm.celery_app import make_app
@@ -107,34 +147,35 @@ def _online_processes(redis_url: str) -> int:
     return sum(int(s.get("pool", {}).get("max-concurrency", 0)) for s in stats.values())
 
 
-def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None):
+def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None, resume: bool = False):
+    from rlfarm.checkpoint import CheckpointError
     from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
-    from rlfarm.store import connect, redact
+    from rlfarm.store import RedisAuthError, connect, redact
     from rlfarm.trainer import make_trainer
 
     try:
         connect(redis_url).close()
-    except ConnectionError as exc:
-        fail(str(exc), 1)
+    except ConnectionError as exc:  # wrong credentials are a usage error (2), like a bad option
+        fail(str(exc), 2 if isinstance(exc, RedisAuthError) else 1)
     try:
         if cluster is not None:
-            trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=cfg.farm.workers)
+            trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=cfg.farm.workers, resume=resume)
             cluster.wait_ready()  # its workers started while the trainer was being built
         else:
             processes = _online_processes(redis_url)
             if not processes:
                 click.echo(f"rlfarm: no worker answered on {redact(redis_url)}; tasks wait in the queue "
                            f"until one starts (`rlfarm worker --redis URL`)", err=True)
-            trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=max(2, processes))
+            trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=max(2, processes), resume=resume)
         return trainer.train()
-    except ConfigError as exc:
+    except (ConfigError, CheckpointError) as exc:
         fail(str(exc))
     except (RolloutError, TaskLostError) as exc:
         fail(str(exc), 1)
 
 
-def _train_embedded(cfg, run_dir: Path):
+def _train_embedded(cfg, run_dir: Path, resume: bool = False):
     import json
 
     from rlfarm.cluster import LocalCluster
@@ -147,7 +188,7 @@ def _train_embedded(cfg, run_dir: Path):
         cluster.start(wait=False)
         (run_dir / "cluster.json").write_text(json.dumps(
             {"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
-        return _train_on(cfg, cluster.redis_url, run_dir, cluster)
+        return _train_on(cfg, cluster.redis_url, run_dir, cluster, resume=resume)
     finally:
         cluster.stop()
 
@@ -163,12 +204,12 @@ def _train_embedded(cfg, run_dir: Path):
               help="Send task events, for Flower (about 1.5 ms per task).")
 def worker(redis_url: str, concurrency: int, hostname: str | None, loglevel: str, events: bool) -> None:
     """Run a Celery worker with rlfarm's defaults: add this machine's cores to a farm."""
-    from rlfarm.store import connect
+    from rlfarm.store import RedisAuthError, connect
 
     try:
         connect(redis_url).close()
     except ConnectionError as exc:
-        fail(str(exc), 1)
+        fail(str(exc), 2 if isinstance(exc, RedisAuthError) else 1)
     os.environ["RLFARM_REDIS_URL"] = redis_url
     from tasks import app
 
@@ -286,6 +327,94 @@ def checkpoints_export(redis_url: str, run_id: str, version: str, output: str) -
     meta.pop("sha256", None)
     Path(output).write_bytes(codec.encode_policy(state, meta))
     click.echo(f"wrote {run_id} v{meta['version']} to {output}")
+
+
+@main.command()
+@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", default="redis://127.0.0.1:6379/0",
+              show_default=True, help=REDIS_HELP)
+@click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
+@click.option("--interval", type=float, default=2.0, show_default=True,
+              help="Seconds between refreshes with --watch.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the snapshot as one JSON object (one per line with --watch).")
+def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
+    """Runs, policy versions, trainer heartbeats, workers, queue depth and Redis memory of a farm."""
+    import redis as redis_lib
+    from kombu.exceptions import OperationalError
+    from rich.console import Console
+    from rich.text import Text
+
+    from rlfarm import status as S
+    from rlfarm.celery_app import make_app
+    from rlfarm.store import connect, redact
+
+    if not interval > 0:  # also rejects NaN
+        fail(f"--interval must be a positive number of seconds, got {interval}")
+    try:
+        client = connect(redis_url)
+    except ConnectionError as exc:
+        fail(str(exc))
+    app = make_app(redis_url)
+    # Piped or redirected, rich would assume 80 columns and squeeze the tables; COLUMNS still wins.
+    console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS", 120)))
+    lost = (redis_lib.ConnectionError, redis_lib.TimeoutError, OperationalError, ConnectionError)
+
+    def frame() -> object:
+        try:
+            snap = S.gather(client, app, redis_url)
+        except lost as exc:
+            if not watch:
+                fail(f"lost Redis at {redact(redis_url)}: {exc}", 1)
+            # A watcher outlives a Redis restart: say so and try again next interval.
+            return Text(f"cannot reach Redis at {redact(redis_url)}; retrying every {interval:g} s",
+                        style="red")
+        return S.to_json(snap) if as_json else S.render(snap)
+
+    def show(renderable: object) -> None:
+        if isinstance(renderable, str):
+            click.echo(renderable)
+        else:
+            console.print(renderable)
+        sys.stdout.flush()  # piped output is block-buffered; a reader wants each frame now
+
+    if not watch:
+        show(frame())
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+    _sigterm_to_interrupt()
+    try:
+        if console.is_terminal and not as_json:
+            from rich.live import Live
+
+            with Live(console=console, auto_refresh=False) as live:
+                while True:
+                    live.update(frame(), refresh=True)
+                    time.sleep(interval)
+        else:  # a pipe or a file: frames one after another, each starting with its header line
+            while True:
+                show(frame())
+                if not as_json:
+                    click.echo()
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how --watch ends: exit 0, no traceback
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Image to write; the format follows the suffix (.png, .svg, .pdf) [RUN_DIR/curves.png].")
+def plot(run_dir: Path, output: Path | None) -> None:
+    """Plot a run's learning curves: training and evaluation return against env steps and wall time."""
+    from rlfarm.plot import PlotError, plot_run
+
+    try:
+        out = plot_run(run_dir, output)
+    except PlotError as exc:
+        fail(str(exc))
+    except (OSError, ValueError) as exc:  # unwritable path, unknown image format
+        fail(f"cannot write {output or run_dir / 'curves.png'}: {exc}")
+    click.echo(f"wrote {out}")
 
 
 @main.command()
