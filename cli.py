@@ -56,28 +56,42 @@ def _sigterm_to_interrupt() -> None:
               help="Continue a run whose trainer died, from its checkpoint: a run directory, or a run id "
                    "under --logdir. Takes the run's own config; --total-steps, --target-return, "
                    "--workers, --device and --redis may change.")
+@click.option("--if-exists", type=click.Choice(["error", "resume"]), default="error", show_default=True,
+              help="When --run-id names a run that already has a checkpoint under --logdir: refuse, or "
+                   "resume it (what a restarted trainer service wants).")
 @click.pass_context
 def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
           overrides: tuple[str, ...], redis_url: str | None, workers: int | None,
           total_steps: int | None, target_return: float | None, seed: int | None,
-          run_id: str | None, device: str | None, logdir: str | None, resume: str | None) -> None:
+          run_id: str | None, device: str | None, logdir: str | None, resume: str | None,
+          if_exists: str) -> None:
     """Train a policy on the farm and save it under LOGDIR/RUN_ID.
 
     Writes config.json, progress.csv, episodes.csv, TensorBoard scalars, a trainer checkpoint (for
     --resume) and final_policy.safetensors.
     """
+    from rlfarm import checkpoint
     from rlfarm import config as C
     from rlfarm.algos import check_env, check_mode
     from rlfarm.envs import EnvError, describe
 
+    auto_resume = False
+    if not resume and run_id and if_exists == "resume":
+        existing = Path(logdir or C.RunConfig.logdir) / run_id
+        if checkpoint.path_in(existing).is_file():
+            click.echo(f"rlfarm: run {run_id} already exists in {existing.parent}/: resuming it "
+                       f"with its own config (--if-exists resume)", err=True)
+            resume, auto_resume = run_id, True
     try:
-        if resume:
+        if resume and not auto_resume:
             fixed = [name for name in ("preset", "env_id", "mode", "overrides", "seed", "run_id")
                      if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
             if fixed:
-                opts = ", ".join("--" + n.replace("_id", "").replace("overrides", "set").replace("_", "-")
-                                 for n in fixed)
+                flags = {"preset": "--preset", "env_id": "--env", "mode": "--mode", "overrides": "--set",
+                         "seed": "--seed", "run_id": "--run-id"}
+                opts = ", ".join(flags[n] for n in fixed)
                 raise C.ConfigError(f"--resume continues a run with its own config; {opts} cannot change it")
+        if resume:
             cfg = _resume_config(resume, logdir, {
                 "farm.workers": workers, "total_steps": total_steps, "target_return": target_return,
                 "device": device})
@@ -98,6 +112,9 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
         name = cfg.env.id.split(":")[-1].split("/")[-1].lower()
         cfg = C.from_flat({"run_id": f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"}, cfg)
     run_dir = Path(cfg.logdir) / cfg.run_id
+    if not resume and (run_dir / "config.json").exists():
+        fail(f"run {cfg.run_id} already exists in {run_dir.parent}/; continue it with --resume "
+             f"{cfg.run_id}, or choose another --run-id")
     _sigterm_to_interrupt()
     try:
         if redis_url:

@@ -115,3 +115,17 @@ def test_resume_refuses_config_changes_and_missing_checkpoints(tmp_path):
         result = run_cli("train", *args)
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_existing_run_id_is_refused_or_resumed_with_if_exists(tmp_path):
+    args = ["--run-id", "again", "--logdir", str(tmp_path), "--total-steps", "4096", "--workers", "1"]
+    first = run_cli("train", *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    refused = run_cli("train", *args)
+    assert refused.returncode == 2 and "run again already exists" in refused.stderr
+    # A restarted trainer service: same command plus --if-exists resume, here with more steps to go.
+    again = run_cli("train", *args[:-4], "--total-steps", "8192", "--workers", "1", "--if-exists", "resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming it" in again.stderr
+    summary = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert summary["env_steps"] == 8192 and summary["final_version"] == 2
