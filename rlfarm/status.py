@@ -1,0 +1,252 @@
+"""`rlfarm status`: what a farm is doing, seen from its Redis.
+
+`gather` reads one `Snapshot` from a Redis client and a Celery app (all the I/O); `render` turns a
+snapshot into rich tables and `to_json` into JSON (both pure, so a snapshot can be checked as data).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Mapping
+
+from rlfarm import codec
+from rlfarm.store import (PolicyStore, RunNotFound, list_runs, queue_depth, read_status, redact,
+                          run_prefix)
+
+INSPECT_TIMEOUT = 1.0  # seconds Celery waits for workers to answer a broadcast
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The trainer's `rlfarm:<run>:status` hash, typed. None where a field is absent or unparsable."""
+    state: str
+    mode: str | None = None
+    algo: str | None = None
+    env: str | None = None
+    env_steps: int | None = None
+    total_steps: int | None = None
+    version: int | None = None
+    sps: float | None = None
+    tasks_in_flight: int | None = None
+    eval_mean_return: float | None = None  # None until a greedy evaluation has finished
+    host: str | None = None
+    pid: int | None = None
+    started: float | None = None
+    updated: float | None = None
+    age_s: float | None = None  # seconds since `updated`, at the snapshot's time
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run_id: str
+    algo: str | None = None
+    mode: str | None = None
+    env: str | None = None
+    latest_version: int | None = None
+    policy_created: float | None = None
+    policy_age_s: float | None = None
+    heartbeat: Heartbeat | None = None  # None: expired (no trainer wrote it for STATUS_TTL seconds)
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    name: str
+    processes: int  # pool processes of this worker node
+    pids: list[int] = field(default_factory=list)
+    tasks_done: int = 0  # tasks this node has received since it started
+
+
+@dataclass(frozen=True)
+class MemoryStatus:
+    used_bytes: int
+    used_human: str
+    max_bytes: int  # 0: no limit
+    max_human: str
+    policy: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    redis: str  # the URL, password redacted
+    taken: float  # unix time
+    queue_depth: int
+    memory: MemoryStatus
+    workers: list[WorkerStatus]
+    runs: list[RunStatus]
+
+    @property
+    def processes(self) -> int:
+        return sum(w.processes for w in self.workers)
+
+
+# ---- parsing (pure) ------------------------------------------------------------------------------
+def _num(raw: Mapping[str, str], key: str, kind: type) -> Any:
+    try:
+        value = kind(float(raw[key])) if kind is int else kind(raw[key])
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def parse_heartbeat(raw: Mapping[str, str], now: float) -> Heartbeat | None:
+    if not raw:
+        return None
+    updated = _num(raw, "updated", float)
+    return Heartbeat(
+        state=raw.get("state", "?"), mode=raw.get("mode"), algo=raw.get("algo"), env=raw.get("env"),
+        env_steps=_num(raw, "env_steps", int), total_steps=_num(raw, "total_steps", int),
+        version=_num(raw, "version", int), sps=_num(raw, "sps", float),
+        tasks_in_flight=_num(raw, "tasks_in_flight", int),
+        eval_mean_return=_num(raw, "eval_mean_return", float), host=raw.get("host"),
+        pid=_num(raw, "pid", int), started=_num(raw, "started", float), updated=updated,
+        age_s=None if updated is None else max(0.0, now - updated))
+
+
+def parse_workers(stats: Mapping[str, Any] | None) -> list[WorkerStatus]:
+    """Celery `inspect().stats()` replies -> one entry per node, sorted by name."""
+    workers = []
+    for name, s in sorted((stats or {}).items()):
+        pool = s.get("pool") or {}
+        pids = [int(p) for p in pool.get("processes") or []]
+        workers.append(WorkerStatus(name=name, processes=len(pids) or int(pool.get("max-concurrency", 0)),
+                                    pids=pids, tasks_done=sum(int(n) for n in (s.get("total") or {}).values())))
+    return workers
+
+
+def parse_memory(info: Mapping[str, Any]) -> MemoryStatus:
+    """Redis `INFO memory` -> the few fields that matter for a farm."""
+    return MemoryStatus(used_bytes=int(info.get("used_memory", 0)),
+                        used_human=str(info.get("used_memory_human", "?")),
+                        max_bytes=int(info.get("maxmemory", 0)),
+                        max_human=str(info.get("maxmemory_human", "0B")),
+                        policy=str(info.get("maxmemory_policy", "?")))
+
+
+# ---- gathering (I/O) -----------------------------------------------------------------------------
+def _policy_created(client: Any, run_id: str, version: int) -> float | None:
+    """`created` from a version's safetensors header, read with GETRANGE (not the whole blob)."""
+    key = f"{run_prefix(run_id)}policy:{version}"
+    head = client.getrange(key, 0, 7)
+    if len(head) < 8:
+        return None  # trimmed between reading `latest` and here, or not a safetensors blob
+    n = int.from_bytes(head, "little")
+    try:
+        meta = codec.policy_metadata(head + client.getrange(key, 8, 8 + n - 1))
+        return float(meta["created"])
+    except (codec.CodecError, KeyError, ValueError):
+        return None
+
+
+def gather_run(client: Any, run_id: str, now: float) -> RunStatus:
+    store = PolicyStore(client, run_id)
+    try:
+        config = store.run_meta().get("config", {})
+    except (RunNotFound, ValueError):
+        config = {}
+    latest = store.latest()
+    created = None if latest is None else _policy_created(client, run_id, latest)
+    heartbeat = parse_heartbeat(read_status(client, run_id), now)
+    return RunStatus(
+        run_id=run_id,
+        algo=config.get("algo") or (heartbeat.algo if heartbeat else None),
+        mode=config.get("mode") or (heartbeat.mode if heartbeat else None),
+        env=(config.get("env") or {}).get("id") or (heartbeat.env if heartbeat else None),
+        latest_version=latest, policy_created=created,
+        policy_age_s=None if created is None else max(0.0, now - created), heartbeat=heartbeat)
+
+
+def gather(client: Any, app: Any, redis_url: str, inspect_timeout: float = INSPECT_TIMEOUT) -> Snapshot:
+    """One look at the farm: runs, heartbeats, queue, workers (a Celery broadcast) and Redis memory."""
+    stats = app.control.inspect(timeout=inspect_timeout).stats()
+    now = time.time()
+    return Snapshot(redis=redact(redis_url), taken=now, queue_depth=queue_depth(client),
+                    memory=parse_memory(client.info("memory")), workers=parse_workers(stats),
+                    runs=[gather_run(client, run, now) for run in list_runs(client)])
+
+
+# ---- output (pure) -------------------------------------------------------------------------------
+def to_json(snapshot: Snapshot) -> str:
+    data = asdict(snapshot)
+    data["processes"] = snapshot.processes
+    return json.dumps(data, sort_keys=True)
+
+
+def format_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    return f"{hours // 24} d {hours % 24} h"
+
+
+def _progress(hb: Heartbeat) -> str:
+    if hb.env_steps is None:
+        return "-"
+    if not hb.total_steps:
+        return f"{hb.env_steps:,}"
+    return f"{hb.env_steps:,} / {hb.total_steps:,} ({100 * hb.env_steps / hb.total_steps:.0f} %)"
+
+
+def _memory_line(m: MemoryStatus) -> str:
+    if m.max_bytes:
+        return (f"{m.used_human} of {m.max_human} ({100 * m.used_bytes / m.max_bytes:.1f} %), "
+                f"eviction policy {m.policy}")
+    return f"{m.used_human}, no maxmemory limit (policy {m.policy})"
+
+
+STATE_STYLE = {"running": "green", "finished": "cyan", "failed": "red"}
+
+
+def render(s: Snapshot) -> Any:
+    """A rich renderable of the snapshot: a header, the workers and the runs."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    taken = datetime.fromtimestamp(s.taken).strftime("%Y-%m-%d %H:%M:%S")
+    header = Text.assemble(("rlfarm status", "bold"), f"  {s.redis}  {taken}\n",
+                           "broker queue: ", (f"{s.queue_depth}", "bold"), " task messages waiting\n",
+                           "Redis memory: ", _memory_line(s.memory))
+
+    if s.workers:
+        workers: Any = Table("worker", "processes", "pids", "tasks received", title=
+                             f"{len(s.workers)} worker(s) online, {s.processes} process(es)",
+                             title_justify="left")
+        for w in s.workers:
+            workers.add_row(w.name, str(w.processes), " ".join(map(str, w.pids)) or "-", str(w.tasks_done))
+    else:
+        workers = Text(f"no worker answered within {INSPECT_TIMEOUT:g} s", style="yellow")
+
+    if not s.runs:
+        return Group(header, workers, Text("no runs in this Redis", style="yellow"))
+    runs = Table(title=f"{len(s.runs)} run(s)", title_justify="left", show_lines=True)
+    runs.add_column("run", no_wrap=True)  # ids are what a user copies: never truncate them
+    for name in ("policy", "trainer", "env steps", "in flight", "last eval"):
+        runs.add_column(name)
+    for r in s.runs:
+        run = Text(r.run_id)
+        run.append(f"\n{(r.algo or '?').upper()} {r.mode or ''} · {r.env or '?'}", style="dim")
+        policy = "-" if r.latest_version is None else f"v{r.latest_version}\n{format_age(r.policy_age_s)} ago"
+        hb = r.heartbeat
+        if hb is None:
+            runs.add_row(run, policy, Text("no trainer heartbeat", style="dim"), "-", "-", "-")
+            continue
+        trainer = Text(hb.state, style=STATE_STYLE.get(hb.state, ""))
+        trainer.append(f"\n{hb.host or '?'}:{hb.pid or '?'}, {format_age(hb.age_s)} ago", style="dim")
+        steps = _progress(hb) + ("" if hb.sps is None else f"\n{hb.sps:,.0f} SPS")
+        runs.add_row(run, policy, trainer, steps,
+                     "-" if hb.tasks_in_flight is None else str(hb.tasks_in_flight),
+                     "-" if hb.eval_mean_return is None else f"{hb.eval_mean_return:.1f}")
+    return Group(header, workers, runs)

@@ -1,0 +1,235 @@
+"""`rlfarm status` against real Redis and Celery workers: JSON, tables, --watch, a live training run."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import signal
+import struct
+import subprocess
+import termios
+import time
+
+import pytest
+from rich.console import Console
+
+from rlfarm.cluster import LocalCluster
+from rlfarm.status import (MemoryStatus, Snapshot, format_age, parse_heartbeat, parse_workers, render,
+                           to_json)
+from rlfarm.store import connect, write_status
+
+from .conftest import WORKER_ENV, make_run, pid_alive, rlfarm_cmd
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True,
+                          env={**os.environ, **WORKER_ENV})
+
+
+def status_json(url: str) -> dict:
+    result = run_cli("status", "--json", "--redis", url)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def run_entry(snapshot: dict, run_id: str) -> dict:
+    [entry] = [r for r in snapshot["runs"] if r["run_id"] == run_id]
+    return entry
+
+
+HEARTBEAT = {"state": "running", "mode": "sync", "algo": "ppo", "env": "CartPole-v1", "env_steps": 12288,
+             "total_steps": 100000, "version": 3, "sps": "9876.5", "tasks_in_flight": 2,
+             "eval_mean_return": "327.40", "host": "trainer-host", "pid": 4242}
+
+
+# ---- pure parts ----------------------------------------------------------------------------------
+def test_parsing_and_rendering_without_io():
+    hb = parse_heartbeat({"state": "running", "env_steps": "10", "eval_mean_return": "nan",
+                          "sps": "oops", "updated": "100.0"}, now=103.5)
+    assert (hb.state, hb.env_steps, hb.eval_mean_return, hb.sps, hb.age_s) == ("running", 10, None, None, 3.5)
+    assert parse_heartbeat({}, now=0) is None
+    workers = parse_workers({"b@h": {"pool": {"max-concurrency": 3, "processes": [7, 8, 9]},
+                                     "total": {"rlfarm.rollout": 5, "rlfarm.eval": 2}},
+                             "a@h": {"pool": {"max-concurrency": 4}}})
+    assert [(w.name, w.processes, w.pids, w.tasks_done) for w in workers] == [
+        ("a@h", 4, [], 0), ("b@h", 3, [7, 8, 9], 7)]
+    assert parse_workers(None) == []
+    assert [format_age(a) for a in (None, 2.25, 42, 125, 7300, 200000)] == [
+        "-", "2.2 s", "42 s", "2 min 5 s", "2 h 1 min", "2 d 7 h"]
+
+    empty = Snapshot(redis="redis://h:1/0", taken=0.0, queue_depth=4,
+                     memory=MemoryStatus(2048, "2.00K", 1 << 20, "1.00M", "allkeys-lru"), workers=[], runs=[])
+    console = Console(record=True, width=120)
+    console.print(render(empty))
+    text = console.export_text()
+    for expected in ("no worker answered", "no runs in this Redis", "4 task messages waiting",
+                     "2.00K of 1.00M (0.2 %)", "allkeys-lru"):
+        assert expected in text
+    assert json.loads(to_json(empty))["processes"] == 0
+
+
+# ---- against the farm fixture ----------------------------------------------------------------------
+@pytest.mark.farm
+def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
+    make_run(farm.redis_url, "status-live-hb", versions=3)
+    make_run(farm.redis_url, "status-no-hb")
+    write_status(connect(farm.redis_url), "status-live-hb", {**HEARTBEAT, "updated": f"{time.time():.3f}"})
+
+    snap = status_json(farm.redis_url)
+    assert snap["redis"] == farm.redis_url
+    live = run_entry(snap, "status-live-hb")
+    assert (live["latest_version"], live["algo"], live["mode"], live["env"]) == (2, "ppo", "sync", "CartPole-v1")
+    assert 0 <= live["policy_age_s"] < 3600 and live["policy_created"] <= snap["taken"]
+    hb = live["heartbeat"]
+    assert {k: hb[k] for k in HEARTBEAT} == {
+        **HEARTBEAT, "sps": 9876.5, "eval_mean_return": 327.4}
+    assert 0 <= hb["age_s"] < 3600
+    assert run_entry(snap, "status-no-hb")["heartbeat"] is None
+    assert run_entry(snap, "status-no-hb")["latest_version"] == 0
+
+    assert len(snap["workers"]) >= 1 and snap["processes"] >= 2
+    for worker in snap["workers"]:
+        assert worker["processes"] == len(worker["pids"]) >= 1
+        assert all(pid_alive(pid) for pid in worker["pids"])
+    assert snap["queue_depth"] == connect(farm.redis_url).llen("celery")
+    assert snap["memory"]["used_bytes"] > 0 and snap["memory"]["used_human"].endswith(("K", "M", "G"))
+    assert snap["memory"]["policy"] == "noeviction"
+
+    table = run_cli("status", "--redis", farm.redis_url)
+    assert table.returncode == 0, table.stderr
+    out = table.stdout
+    for expected in ("status-live-hb", "status-no-hb", "no trainer heartbeat", "running",
+                     "12,288 / 100,000 (12 %)", "9,876 SPS", "327.4", "trainer-host:4242",
+                     "worker(s) online", "task messages waiting", "Redis memory"):
+        assert expected in out, expected
+
+
+def read_until_frames(read, frames: int) -> bytes:
+    """Read the output of `status --watch` until `frames` headers have appeared (or it ends)."""
+    seen = b""
+    while seen.count(b"rlfarm status") < frames:
+        chunk = read()
+        if not chunk:
+            break
+        seen += chunk
+    return seen
+
+
+@pytest.mark.farm
+@pytest.mark.parametrize("output", ["pipe", "tty"])
+def test_watch_refreshes_until_ctrl_c(farm, output):
+    make_run(farm.redis_url, f"status-watch-{output}")
+    cmd = rlfarm_cmd("status", "--watch", "--interval", "0.2", "--redis", farm.redis_url)
+    env = {**os.environ, **WORKER_ENV}
+    if output == "pipe":
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        read = lambda: proc.stdout.read1(65536)  # noqa: E731
+    else:  # a terminal: rich Live redraws the frame in place
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 140, 0, 0))
+        proc = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+        os.close(slave)
+
+        def read() -> bytes:
+            try:
+                return os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other side is closed
+                return b""
+    try:
+        seen = read_until_frames(read, 2)
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert seen.count(b"rlfarm status") >= 2 and f"status-watch-{output}".encode() in seen
+        # A terminal gets frames redrawn in place (cursor-up codes); a pipe gets plain frames.
+        assert (b"\x1b[1A" in seen) == (output == "tty")
+        proc.send_signal(signal.SIGINT)
+        while read():  # drain, so the last redraw cannot block on a full pipe
+            pass
+        assert proc.wait() == 0
+        stderr = proc.stderr.read().decode()
+        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if output == "tty":
+            os.close(master)
+
+
+# ---- own Redis: errors, passwords, a live training run -----------------------------------------------
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rlfarm: error:"), result.stderr
+    return lines[0]
+
+
+def test_unreachable_redis_and_bad_interval_are_one_clear_line():
+    line = one_error_line(run_cli("status", "--redis", "redis://:hunter2@127.0.0.1:1/0"))
+    assert "cannot reach Redis at redis://:***@127.0.0.1:1/0" in line and "hunter2" not in line
+    line = one_error_line(run_cli("status", "--watch", "--interval", "0", "--redis", "redis://127.0.0.1:1/0"))
+    assert "--interval must be a positive number" in line
+
+
+@pytest.mark.farm
+def test_password_is_never_shown(tmp_path):
+    with LocalCluster(workers=0, name="rlfarm-test-status-pw", log_dir=tmp_path) as cluster:
+        connect(cluster.redis_url).config_set("maxmemory", "64mb")
+        make_run(cluster.redis_url, "status-pw")
+        connect(cluster.redis_url).config_set("requirepass", "s3cret-pw")
+        url = f"redis://:s3cret-pw@127.0.0.1:{cluster.port}/0"
+
+        snap = status_json(url)
+        assert snap["redis"] == f"redis://:***@127.0.0.1:{cluster.port}/0"
+        assert snap["memory"]["max_bytes"] == 64 << 20 and snap["workers"] == []
+        table = run_cli("status", "--redis", url)
+        assert table.returncode == 0, table.stderr
+        assert "status-pw" in table.stdout and "of 64.00M" in table.stdout
+        assert "no worker answered" in table.stdout
+        assert "s3cret-pw" not in table.stdout + table.stderr
+
+        wrong = run_cli("status", "--redis", f"redis://:wrong-pw@127.0.0.1:{cluster.port}/0")
+        line = one_error_line(wrong)
+        assert "refused the credentials" in line and "wrong-pw" not in wrong.stderr
+
+
+@pytest.mark.farm
+def test_status_follows_a_live_training_run(tmp_path):
+    """The trainer starts with no worker online, so its tasks wait in the queue: status sees a running
+    heartbeat and the queued tasks, deterministically. A worker then joins and the run finishes."""
+    with LocalCluster(workers=0, name="rlfarm-test-status-live", log_dir=tmp_path,
+                      extra_env=WORKER_ENV) as cluster:
+        url = cluster.redis_url
+        train = subprocess.Popen(
+            rlfarm_cmd("train", "--redis", url, "--run-id", "status-train", "--total-steps", "8192",
+                       "--logdir", str(tmp_path / "runs")),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **WORKER_ENV})
+        try:
+            deadline = time.monotonic() + 600  # generous: only a broken trainer gets near it
+            while True:
+                assert train.poll() is None, train.communicate()[1]
+                snap = status_json(url)
+                runs = {r["run_id"]: r for r in snap["runs"]}
+                hb = runs.get("status-train", {}).get("heartbeat")
+                if hb and snap["queue_depth"] == 2:  # cartpole-ppo: 2 tasks per iteration
+                    break
+                assert time.monotonic() < deadline, snap
+            assert (hb["state"], hb["env_steps"], hb["total_steps"], hb["algo"]) == ("running", 0, 8192, "ppo")
+            assert hb["pid"] == train.pid and runs["status-train"]["latest_version"] == 0
+            assert snap["workers"] == []
+
+            cluster.add_worker(1)
+            _, stderr = train.communicate()
+            assert train.returncode == 0, stderr
+        finally:
+            if train.poll() is None:
+                train.send_signal(signal.SIGINT)
+                train.wait()
+
+        snap = status_json(url)
+        hb = run_entry(snap, "status-train")["heartbeat"]
+        assert (hb["state"], hb["env_steps"], hb["version"]) == ("finished", 8192, 2)
+        assert run_entry(snap, "status-train")["latest_version"] == 2
+        assert snap["queue_depth"] == 0
+        assert [w["processes"] for w in snap["workers"]] == [1]
