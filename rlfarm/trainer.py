@@ -243,6 +243,10 @@ class Trainer:
     def train(self) -> TrainResult:
         cfg = self.config
         resume_state = self._resume() if self.resume else None
+        if resume_state is None and self.store.latest() is not None:
+            raise ConfigError(f"run {cfg.run_id!r} already has policies in this Redis (latest "
+                              f"v{self.store.latest()}); choose another --run-id, or --resume it from "
+                              f"its run directory")
         self.store.set_run_meta({"config": to_dict(cfg), "space": self.space.to_dict()})
         self.logger = RunLogger(self.run_dir, to_dict(cfg), cfg.total_steps, self.console,
                                 resume=resume_state["logger"] if resume_state else None)

@@ -129,3 +129,13 @@ def test_an_existing_run_id_is_refused_or_resumed_with_if_exists(tmp_path):
     assert "resuming it" in again.stderr
     summary = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert summary["env_steps"] == 8192 and summary["final_version"] == 2
+
+
+def test_a_fresh_run_never_overwrites_policies_of_a_run_in_redis(redis_only, tmp_path):
+    """The runs directory was lost but Redis kept the run: a clear error, not a crash loop."""
+    from .conftest import make_run
+
+    make_run(redis_only.redis_url, "kept", versions=3)
+    result = run_cli("train", "--redis", redis_only.redis_url, "--run-id", "kept", "--logdir", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "run 'kept' already has policies in this Redis (latest v2)" in result.stderr
