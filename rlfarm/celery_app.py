@@ -2,22 +2,74 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from celery import Celery
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# Two task names, one implementation (tasks/__init__.py): Flower and `celery inspect` then tell
+# training rollouts from greedy evaluations at a glance.
 ROLLOUT_TASK = "rlfarm.rollout"
+EVAL_TASK = "rlfarm.evaluate"
+
+# What a task's label shows, in this order and under these short names: Flower cuts a kwargs cell at
+# about 50 characters, so what varies from task to task comes before the env, which the run implies.
+LABEL_FIELDS = (("run", "run"), ("version", "v"), ("iteration", "it"), ("index", "idx"), ("steps", "steps"),
+                ("episodes", "episodes"), ("seed", "seed"), ("epsilon", "eps"), ("env", "env"))
 
 # Rollouts are short next to this; a message unacked for longer is presumed lost and redelivered.
 # Set identically wherever kombu reads it, or the shortest one wins.
 VISIBILITY_TIMEOUT = 3600
 
 
+def task_name(kind: str) -> str:
+    return EVAL_TASK if kind == "eval" else ROLLOUT_TASK
+
+
+def task_label(kwargs: dict[str, Any]) -> str:
+    """A short kwargsrepr for Flower and worker events, never a data blob:
+    `run=cartpole-1 v=latest it=12 idx=1 steps=256 seed=1 eps=0.05 env=CartPole-v1`.
+
+    Only the fields that identify a task; unset ones (None, 0 steps/episodes) are left out.
+    """
+    parts = [f"{short}={kwargs[k]}" for k, short in LABEL_FIELDS
+             if kwargs.get(k) is not None and not (k in ("steps", "episodes") and not kwargs[k])]
+    return " ".join(parts)
+
+
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+
+
+def broker_ssl(redis_url: str) -> dict[str, Any] | None:
+    """TLS options for the broker from a rediss:// URL's ssl_* query parameters.
+
+    kombu alone would fall back to CERT_NONE on a rediss:// URL without ssl_cert_reqs, while
+    redis-py (policy store, results) verifies by default; deriving them here makes the broker
+    verify the server certificate exactly as the other clients do.
+    """
+    parts = urlsplit(redis_url)
+    if parts.scheme != "rediss":
+        return None
+    query = {k: v for k, v in parse_qsl(parts.query) if k.startswith("ssl_")}
+    reqs = query.get("ssl_cert_reqs", "required")
+    options: dict[str, Any] = {"ssl_cert_reqs": _CERT_REQS.get(reqs.lower().removeprefix("cert_"))}
+    if options["ssl_cert_reqs"] is None:
+        raise ValueError(f"ssl_cert_reqs must be one of required, optional, none (got {reqs!r})")
+    for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        if key in query:
+            options[key] = query[key]
+    if "ssl_check_hostname" in query:
+        options["ssl_check_hostname"] = query["ssl_check_hostname"].lower() not in ("false", "0", "no")
+    return options
+
+
 def celery_settings(redis_url: str) -> dict[str, Any]:
     transport = {"visibility_timeout": VISIBILITY_TIMEOUT}
     return {
         "broker_url": redis_url,
+        "broker_use_ssl": broker_ssl(redis_url),
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         # No pickle anywhere: a broker writer must not be able to run code on workers.

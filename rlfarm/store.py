@@ -44,17 +44,36 @@ def run_prefix(run_id: str) -> str:
     return f"rlfarm:{run_id}:"
 
 
+class RedisAuthError(ConnectionError):
+    """Redis answered but refused the URL's credentials (or wanted some): a configuration error."""
+
+
 def connect(url: str, timeout: float = 5.0) -> redis.Redis:
     """A client that fails fast and clearly when Redis is not there."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_keepalive=True,
-                                  health_check_interval=30)
     try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_keepalive=True,
+                                      health_check_interval=30)
         client.ping()
     except redis.AuthenticationError as exc:
-        raise ConnectionError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        raise ConnectionError(f"cannot reach Redis at {redact(url)}: {exc}") from None
+        raise RedisAuthError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
+    except redis.ResponseError as exc:  # e.g. NOAUTH: a password is required and the URL has none
+        raise RedisAuthError(f"Redis at {redact(url)} refused the connection: {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
+        raise ConnectionError(f"cannot reach Redis at {redact(url)}: {exc}{_tls_hint(url, exc)}") from None
     return client
+
+
+def _tls_hint(url: str, exc: Exception) -> str:
+    """A plain client on a TLS port sees its connection reset; a TLS client on a plain one waits
+    for a handshake that never comes. Say so, since neither message mentions TLS."""
+    from urllib.parse import urlsplit
+
+    scheme, text = urlsplit(url).scheme, str(exc)
+    if scheme == "redis" and ("reading from" in text or "Connection closed" in text):
+        return " (is it a TLS port? then use a rediss:// URL)"
+    if scheme == "rediss" and ("WRONG_VERSION_NUMBER" in text.upper() or "Timeout connecting" in text):
+        return " (does that port speak TLS? a plain one needs a redis:// URL)"
+    return ""
 
 
 def redact(url: str) -> str:
