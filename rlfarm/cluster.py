@@ -86,8 +86,9 @@ class LocalCluster:
 
     def __init__(self, workers: int = 2, name: str = "rlfarm", log_dir: Path | None = None,
                  extra_env: dict[str, str] | None = None, start_workers: bool = True,
-                 redis_args: list[str] | None = None):
+                 redis_args: list[str] | None = None, events: bool = False):
         self.workers = workers
+        self.events = events  # workers send task events (-E), for Flower
         self.name = name
         self._tmp = tempfile.TemporaryDirectory(prefix="rlfarm-redis-")
         self.log_dir = Path(log_dir) if log_dir else Path(self._tmp.name)
@@ -158,7 +159,8 @@ class LocalCluster:
     def worker_command(self, concurrency: int, node: str) -> list[str]:
         return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "prefork",
                 "--concurrency", str(concurrency), "--prefetch-multiplier", "1", "-O", "fair",
-                "--hostname", node, "--loglevel", "WARNING", "--without-gossip", "--without-mingle"]
+                "--hostname", node, "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
+                *(["-E"] if self.events else [])]
 
     def add_worker(self, concurrency: int, timeout: float = 90.0, wait: bool = True) -> subprocess.Popen:
         """Start one Celery worker (main process + `concurrency` pool processes); wait until it answers."""

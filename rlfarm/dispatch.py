@@ -17,7 +17,7 @@ import redis
 from celery import Celery
 
 from rlfarm import codec
-from rlfarm.celery_app import ROLLOUT_TASK
+from rlfarm.celery_app import task_label, task_name
 from rlfarm.worker import results_key
 
 Key = tuple[str, int, int]
@@ -57,8 +57,9 @@ class DispatchStats:
 
 class Dispatcher:
     def __init__(self, app: Celery, client: redis.Redis, run_id: str, task_timeout: float,
-                 max_redispatch: int, on_event: Callable[[], None] | None = None):
+                 max_redispatch: int, on_event: Callable[[], None] | None = None, env: str | None = None):
         self.app = app
+        self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
         self.client = client
         self.run_id = run_id
         self.key = results_key(run_id)
@@ -73,7 +74,12 @@ class Dispatcher:
         return len(self.pending)
 
     def _send(self, spec: dict[str, Any]) -> str:
-        result = self.app.send_task(ROLLOUT_TASK, kwargs={"run": self.run_id, **spec})
+        kwargs = {"run": self.run_id, **spec}
+        if self.env is not None:
+            kwargs["env"] = self.env
+        # kwargsrepr is what Flower and worker events show: a short label instead of the dict repr.
+        result = self.app.send_task(task_name(spec.get("kind", "rollout")), kwargs=kwargs,
+                                    kwargsrepr=task_label(kwargs))
         self.stats.dispatched += 1
         self.stats.task_ids.setdefault(task_key(spec), []).append(result.id)
         return result.id

@@ -1,0 +1,134 @@
+"""Flower on a real farm: readable task names and arguments, and its API closed without credentials."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rlfarm.celery_app import EVAL_TASK, ROLLOUT_TASK, make_app
+from rlfarm.cluster import LOOPBACK, LocalCluster, free_port, stop_process_group
+from rlfarm.dispatch import Dispatcher
+from rlfarm.store import connect
+
+from .conftest import ROOT, WORKER_ENV, make_run
+
+pytestmark = pytest.mark.farm
+
+DEADLINE = 120.0  # generous: Flower, workers and events all start on a loaded 2-core machine
+
+
+def _request(url: str, auth: str | None, method: str = "GET") -> tuple[int, bytes]:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, ConnectionError):
+        return 0, b""  # not listening yet
+
+
+def _poll(what: str, check, proc: subprocess.Popen, log: Path):
+    """check() until it returns something truthy; fails with `what` if Flower dies or time runs out."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        value = check()
+        if value:
+            return value
+        assert proc.poll() is None, (f"flower exited (code {proc.returncode}) while waiting for {what}:\n"
+                                     f"{log.read_text(errors='replace')[-3000:]}")
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.2)  # polling interval, not synchronisation
+
+
+@pytest.fixture
+def events_farm(tmp_path):
+    with LocalCluster(workers=2, name="rlfarm-test-flower", log_dir=tmp_path, extra_env=WORKER_ENV,
+                      events=True) as cluster:
+        yield cluster
+
+
+def test_flower_shows_rollouts_and_evaluations_and_refuses_anonymous_control(events_farm, tmp_path):
+    farm = events_farm
+    auth = f"rlfarm:{secrets.token_urlsafe(12)}"
+    port = free_port()
+    base = f"http://{LOOPBACK}:{port}"
+    env = {**os.environ, **WORKER_ENV, "RLFARM_REDIS_URL": farm.redis_url, "FLOWER_BASIC_AUTH": auth}
+    env.pop("FLOWER_UNAUTHENTICATED_API", None)
+    log = open(tmp_path / "flower.log", "wb")
+    # Flower's own options are tornado options: --name=value, one word each.
+    flower = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
+                               f"--address={LOOPBACK}"], cwd=ROOT, env=env, stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # Flower's event stream is live once a worker heartbeat (sent with -E) reached it.
+        def live_workers():
+            status, body = _request(f"{base}/workers?json=1", auth)
+            return status == 200 and [w["hostname"] for w in json.loads(body)["data"] if w.get("status")]
+        _poll("worker heartbeats in flower", live_workers, flower, tmp_path / "flower.log")
+
+        make_run(farm.redis_url, "flower")
+        d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "flower", 60.0, 3,
+                       env="CartPole-v1")
+        d.gather_group([{"iteration": 0, "index": i, "version": 0, "steps": 32, "seed": 5}
+                        for i in range(3)])
+        for i in range(2):
+            d.submit({"kind": "eval", "iteration": 0, "index": i, "version": "latest", "episodes": 1,
+                      "seed": 7})
+        evals = []
+        while len(evals) < 2:
+            message = d.next_result(timeout=1.0)
+            if message is not None:
+                evals.append(message)
+        assert sorted(m["kind"] for m in evals) == ["eval", "eval"]
+        sent = {tid for ids in d.stats.task_ids.values() for tid in ids}
+
+        # Every task, by name and state, with its short label instead of a dict repr.
+        def flower_tasks():
+            status, body = _request(f"{base}/api/tasks", auth)
+            tasks = json.loads(body) if status == 200 else {}
+            done = {tid: t for tid, t in tasks.items() if tid in sent and t.get("state") == "SUCCESS"}
+            return done if len(done) == len(sent) else None
+        tasks = _poll("all 5 tasks as SUCCESS in flower's /api/tasks", flower_tasks, flower,
+                      tmp_path / "flower.log")
+        by_name = {}
+        for t in tasks.values():
+            by_name.setdefault(t["name"], []).append(t)
+        assert set(by_name) == {ROLLOUT_TASK, EVAL_TASK}
+        assert len(by_name[ROLLOUT_TASK]) == 3 and len(by_name[EVAL_TASK]) == 2
+        labels = sorted(t["kwargs"] for t in by_name[ROLLOUT_TASK])
+        assert labels == [f"run=flower v=0 it=0 idx={i} steps=32 seed=5 env=CartPole-v1" for i in range(3)]
+        assert sorted(t["kwargs"] for t in by_name[EVAL_TASK]) == [
+            f"run=flower v=latest it=0 idx={i} episodes=1 seed=7 env=CartPole-v1" for i in range(2)]
+        assert all(t["args"] == "()" and t["worker"] in farm._nodes for t in tasks.values())
+
+        status, body = _request(f"{base}/api/workers", auth)
+        assert status == 200 and set(json.loads(body)) == set(farm._nodes)
+
+        # Without credentials: reads and remote control are refused, and the worker is untouched.
+        node = farm._nodes[0]
+        assert _request(f"{base}/api/workers", None)[0] == 401
+        assert _request(f"{base}/api/tasks", None)[0] == 401
+        assert _request(f"{base}/tasks", None)[0] == 401
+        assert _request(f"{base}/api/worker/pool/restart/{node}", None, "POST")[0] == 401
+        assert _request(f"{base}/api/task/revoke/{next(iter(sent))}", None, "POST")[0] == 401
+        assert _request(f"{base}/api/worker/shutdown/{node}", f"rlfarm:{secrets.token_urlsafe(12)}",
+                        "POST")[0] == 401
+        assert farm.worker_procs[0].poll() is None
+        assert make_app(farm.redis_url).control.ping(destination=[node], timeout=5.0)
+    finally:
+        stop_process_group(flower, grace=10.0)
+        log.close()
+    assert auth.split(":")[1] not in (tmp_path / "flower.log").read_text(errors="replace")
