@@ -109,7 +109,8 @@ class Trainer:
             self.algo = PPO(network, config.ppo, config.seed, self.device)
         self.logger: RunLogger | None = None
         self.dispatcher = Dispatcher(self.app, self.client, config.run_id, config.farm.task_timeout,
-                                     config.farm.max_redispatch, on_event=self._on_event)
+                                     config.farm.max_redispatch, on_event=self._on_event,
+                                     env=config.env.id)  # shown in Flower's task labels
         self.env_steps = 0
         self.version = 0
         self.start = 0.0
