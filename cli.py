@@ -373,7 +373,7 @@ def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
         fail(str(exc))
     app = make_app(redis_url)
     # Piped or redirected, rich would assume 80 columns and squeeze the tables; COLUMNS still wins.
-    console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS", 120)))
+    console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS", 200)))
     lost = (redis_lib.ConnectionError, redis_lib.TimeoutError, OperationalError, ConnectionError)
 
     def frame() -> object:
