@@ -50,10 +50,6 @@ def test_pendulum_ppo_learns_within_200k_steps(tmp_path):
     assert best >= -700  # random play is about -1200
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 4 is open: ASYNC DQN on CartPole reached a greedy mean >= 475 within 100k steps in about "
-    "3 of 4 runs of seed 1 (DQN oscillates on CartPole and ASYNC runs depend on timing); the "
-    "assertion stays as the issue states it until the recipe is reliable"))
 def test_cartpole_dqn_async_greedy_eval_reaches_475_within_100k_steps(tmp_path):
     run_dir = train_embedded(tmp_path, "cartpole-dqn", "--preset", "cartpole-dqn", "--mode", "async",
                              "--workers", "2")
