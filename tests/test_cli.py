@@ -108,10 +108,13 @@ def test_train_on_external_redis_then_checkpoints_and_eval(farm, tmp_path):
 def test_ctrl_c_stops_everything(tmp_path):
     import os
 
+    # Started with SIGINT ignored, as a background job of a non-interactive shell is (and as this
+    # test's own process may be): Ctrl-C / kill -INT must still stop the run.
     proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", "ctrlc", "--logdir", str(tmp_path),
                                        "--total-steps", "10000000"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **WORKER_ENV})
+                            env={**os.environ, **WORKER_ENV},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     progress = tmp_path / "ctrlc" / "progress.csv"
     while proc.poll() is None and len(progress.read_text().splitlines() if progress.exists() else []) < 3:
         time.sleep(0.1)  # waiting for training to be under way, not standing in for a result
