@@ -159,13 +159,24 @@ def gather_run(client: Any, run_id: str, now: float) -> RunStatus:
         policy_age_s=None if created is None else max(0.0, now - created), heartbeat=heartbeat)
 
 
+def most_recent_first(runs: list[RunStatus]) -> list[RunStatus]:
+    """Runs with a live trainer first, then by their newest policy: a Redis that has kept many runs
+    still shows the ones that matter at the top of a terminal-sized `--watch`."""
+    def key(run: RunStatus) -> tuple[int, float, str]:
+        live = run.heartbeat is not None and run.heartbeat.state == "running"
+        latest = max(filter(None, [run.policy_created, run.heartbeat.updated if run.heartbeat else None]),
+                     default=0.0)
+        return (0 if live else 1, -latest, run.run_id)
+    return sorted(runs, key=key)
+
+
 def gather(client: Any, app: Any, redis_url: str, inspect_timeout: float = INSPECT_TIMEOUT) -> Snapshot:
     """One look at the farm: runs, heartbeats, queue, workers (a Celery broadcast) and Redis memory."""
     stats = app.control.inspect(timeout=inspect_timeout).stats()
     now = time.time()
     return Snapshot(redis=redact(redis_url), taken=now, queue_depth=queue_depth(client),
                     memory=parse_memory(client.info("memory")), workers=parse_workers(stats),
-                    runs=[gather_run(client, run, now) for run in list_runs(client)])
+                    runs=most_recent_first([gather_run(client, run, now) for run in list_runs(client)]))
 
 
 # ---- output (pure) -------------------------------------------------------------------------------

@@ -233,3 +233,17 @@ def test_status_follows_a_live_training_run(tmp_path):
         assert run_entry(snap, "status-train")["latest_version"] == 2
         assert snap["queue_depth"] == 0
         assert [w["processes"] for w in snap["workers"]] == [1]
+
+
+def test_runs_with_a_live_trainer_then_the_newest_come_first():
+    from rlfarm.status import RunStatus, most_recent_first
+
+    def run(name, created, state=None, updated=None):
+        hb = parse_heartbeat({"state": state, "updated": str(updated)}, now=2000.0) if state else None
+        return RunStatus(run_id=name, algo="ppo", mode="sync", env="CartPole-v1", latest_version=1,
+                         policy_created=created, policy_age_s=None, heartbeat=hb)
+
+    runs = [run("old", 100.0), run("never-published", None), run("live", 50.0, "running", 1990.0),
+            run("finished", 500.0, "finished", 600.0), run("new", 900.0)]
+    assert [r.run_id for r in most_recent_first(runs)] == ["live", "new", "finished", "old",
+                                                            "never-published"]
