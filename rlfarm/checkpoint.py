@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -96,11 +95,3 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: Mapping[str,
         state.setdefault(int(index), {})[name] = value
     groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in meta["param_groups"]]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
-
-
-def numpy_rng_state(rng: np.random.Generator) -> dict[str, Any]:
-    return rng.bit_generator.state  # plain dict of ints and strings: JSON-able
-
-
-def set_numpy_rng_state(rng: np.random.Generator, state: dict[str, Any]) -> None:
-    rng.bit_generator.state = state
