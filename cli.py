@@ -19,6 +19,27 @@ def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
     sys.exit(code)
 
 
+class PolicyVersion(click.ParamType):
+    """A stored policy version: a non-negative integer, or 'latest'. Anything else is a usage error
+    (one `rlfarm: error:` line, exit 2), before Redis is contacted."""
+
+    name = "version"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "N|latest"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        text = str(value).strip()
+        if text == "latest":
+            return text
+        if text.isascii() and text.isdigit():
+            return int(text)
+        flag = param.opts[0] if param is not None and param.opts else "version"
+        fail(f"{flag} must be a non-negative integer or 'latest', got {value!r}")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="rlfarm")
 def main() -> None:
@@ -127,7 +148,10 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
         else:
             result = _train_embedded(cfg, run_dir, resume=bool(resume))
     except KeyboardInterrupt:
-        click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
+        if not redis_url:  # only the embedded default owns (and has now stopped) its workers and Redis
+            click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
+        else:
+            click.echo(_interrupted_on_redis(ctx, cfg, run_dir, redis_url), err=True)
         sys.exit(130)
     evaluated = "" if result.eval_mean_return != result.eval_mean_return else (
         f", greedy evaluation of the final policy {result.eval_mean_return:.1f} "
@@ -136,6 +160,27 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
                f"policy v{result.final_version}, mean return of the last 20 episodes "
                f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f}){evaluated}")
     click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
+
+
+def _interrupted_on_redis(ctx: click.Context, cfg, run_dir: Path, redis_url: str) -> str:
+    """The line for a run on a farm (--redis) stopped by Ctrl-C: its workers and Redis are not this
+    process's and keep running; say how to continue the run from its checkpoint."""
+    import shlex
+
+    from rlfarm import checkpoint
+    from rlfarm.config import RunConfig
+    from rlfarm.store import redact
+
+    if not checkpoint.path_in(run_dir).is_file():
+        return (f"rlfarm: interrupted before run {cfg.run_id} saved its first checkpoint, nothing to "
+                f"resume; to start it again under that id, remove {run_dir}/ and run "
+                f"`rlfarm checkpoints delete {cfg.run_id}`")
+    command = f"rlfarm train --resume {cfg.run_id}"
+    if Path(cfg.logdir) != Path(RunConfig.logdir):
+        command += f" --logdir {shlex.quote(cfg.logdir)}"
+    if ctx.get_parameter_source("redis_url") is not click.core.ParameterSource.ENVIRONMENT:
+        command += f" --redis {shlex.quote(redact(redis_url))}"  # password masked: retype it
+    return f"rlfarm: interrupted; run {cfg.run_id} can continue with: {command}"
 
 
 def _resume_config(run: str, logdir: str | None, changes: dict):
@@ -173,6 +218,7 @@ def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None, resume: bool = F
     from rlfarm.checkpoint import CheckpointError
     from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
+    from rlfarm.outage import RedisUnavailable, is_oom
     from rlfarm.store import RedisAuthError, connect, redact
     from rlfarm.trainer import make_trainer
 
@@ -195,17 +241,28 @@ def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None, resume: bool = F
         fail(str(exc))
     except (RolloutError, TaskLostError) as exc:
         fail(str(exc), 1)
+    except RedisUnavailable as exc:
+        fail(f"{exc}; the run can continue once Redis is back: rlfarm train --resume {cfg.run_id}", 1)
+    except Exception as exc:  # noqa: BLE001 - only Redis refusing writes is turned into one line here
+        if not is_oom(exc):
+            raise
+        fail(f"Redis at {redact(redis_url)} is full (maxmemory reached, it refuses writes): free memory "
+             f"(e.g. `rlfarm checkpoints delete` old runs) or raise its maxmemory; then "
+             f"rlfarm train --resume {cfg.run_id}", 1)
 
 
 def _train_embedded(cfg, run_dir: Path, resume: bool = False):
     import json
 
     from rlfarm.cluster import LocalCluster
+    from rlfarm.envs import allowed_modules_env
 
     run_dir.mkdir(parents=True, exist_ok=True)
     click.echo(f"rlfarm: no --redis given: starting an embedded Redis and {cfg.farm.workers} local "
                f"worker processes (logs in {run_dir}/)", err=True)
-    cluster = LocalCluster(workers=cfg.farm.workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir)
+    # The user's own `--env module:callable` is trusted on the user's own local workers.
+    cluster = LocalCluster(workers=cfg.farm.workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir,
+                           extra_env=allowed_modules_env(cfg.env.id))
     try:
         cluster.start(wait=False)
         (run_dir / "cluster.json").write_text(json.dumps(
@@ -213,6 +270,18 @@ def _train_embedded(cfg, run_dir: Path, resume: bool = False):
         return _train_on(cfg, cluster.redis_url, run_dir, cluster, resume=resume)
     finally:
         cluster.stop()
+
+
+def _allow_env_modules(modules: tuple[str, ...]) -> None:
+    """`rlfarm worker --allow-env-module`: append to RLFARM_ALLOWED_ENV_MODULES before Celery starts,
+    so the worker's pool processes inherit it (rlfarm.envs reads it when it builds an env)."""
+    from rlfarm.envs import ALLOWED_MODULES_VAR, allowed_env_modules, valid_module_name
+
+    bad = [m for m in modules if not valid_module_name(m)]
+    if bad:
+        fail(f"--allow-env-module {bad[0]!r} is not a module name (like mypkg or mypkg.envs)")
+    if modules:
+        os.environ[ALLOWED_MODULES_VAR] = ",".join(dict.fromkeys([*allowed_env_modules(), *modules]))
 
 
 @main.command()
@@ -224,8 +293,24 @@ def _train_embedded(cfg, run_dir: Path, resume: bool = False):
 @click.option("-l", "--loglevel", default="INFO", show_default=True, help="Celery log level.")
 @click.option("-E", "--events/--no-events", default=False, show_default=True,
               help="Send task events, for Flower (about 1.5 ms per task).")
-def worker(redis_url: str, concurrency: int, hostname: str | None, loglevel: str, events: bool) -> None:
-    """Run a Celery worker with rlfarm's defaults: add this machine's cores to a farm."""
+@click.option("--allow-env-module", "allow_env_module", multiple=True, metavar="MODULE", expose_value=False,
+              callback=lambda ctx, param, value: _allow_env_modules(value),
+              help="Let this worker build 'MODULE:callable' envs (and MODULE's submodules') named by a "
+                   "run's metadata in Redis; repeatable; added to env RLFARM_ALLOWED_ENV_MODULES. "
+                   "Registered gymnasium ids need no permission.")
+@click.option("--time-limit", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="Hard limit in seconds on any task's run time here, whatever the run asks (0: the "
+                   "run's own, farm.task_time_limit): a stuck process is killed and replaced.")
+@click.option("--redis-outage-timeout", type=click.FloatRange(min=0, min_open=True), default=300,
+              show_default=True, help="Seconds a task waits out a Redis outage before it gives up.")
+def worker(redis_url: str, concurrency: int, hostname: str | None, loglevel: str, events: bool,
+           time_limit: float, redis_outage_timeout: float) -> None:
+    """Run a Celery worker with rlfarm's defaults: add this machine's cores to a farm.
+
+    Tasks hold a lease in Redis while they run, so a trainer notices within seconds when this worker
+    dies; a task past its hard time limit (a hung env) is killed, its process replaced, and the
+    trainer told. A Redis restart is waited out. Warm shutdown on SIGTERM finishes running tasks.
+    """
     from rlfarm.store import RedisAuthError, connect
 
     try:
@@ -233,11 +318,17 @@ def worker(redis_url: str, concurrency: int, hostname: str | None, loglevel: str
     except ConnectionError as exc:
         fail(str(exc), 2 if isinstance(exc, RedisAuthError) else 1)
     os.environ["RLFARM_REDIS_URL"] = redis_url
+    os.environ["RLFARM_REDIS_OUTAGE_TIMEOUT"] = str(redis_outage_timeout)
+    if time_limit:
+        os.environ["RLFARM_TASK_TIME_LIMIT"] = str(time_limit)
     from tasks import app
 
     app.conf.broker_url = redis_url
+    # Without gossip and mingle: rlfarm needs neither, and kombu's gossip teardown during a Redis
+    # restart can kill the worker's main process ('NoneType' object has no attribute 'hostname').
     app.worker_main(["worker", "--pool", "prefork", "--concurrency", str(concurrency),
                      "--prefetch-multiplier", "1", "-O", "fair", "--loglevel", loglevel,
+                     "--without-gossip", "--without-mingle",
                      "--hostname", hostname or f"rlfarm-{os.getpid()}@%h", *(["-E"] if events else [])])
 
 
@@ -245,28 +336,31 @@ def worker(redis_url: str, concurrency: int, hostname: str | None, loglevel: str
 @click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
               help="A saved policy (e.g. RUN_DIR/final_policy.safetensors).")
 @click.option("--run", "run_id", help="A run in Redis (with --redis).")
-@click.option("--version", "version", default="latest", show_default=True, help="Policy version of --run.")
+@click.option("--version", "version", type=PolicyVersion(), default="latest", show_default=True,
+              help="Policy version of --run: a number or 'latest'.")
 @click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", help=REDIS_HELP)
 @click.option("--env", "env_id", help="Env id [the one the policy was trained on].")
 @click.option("--episodes", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first episode.")
-def eval_(policy_file: str | None, run_id: str | None, version: str, redis_url: str | None,
+def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis_url: str | None,
           env_id: str | None, episodes: int, seed: int) -> None:
     """Run greedy episodes with a stored version or a saved policy file; print mean ± std."""
     import json
 
     from rlfarm import codec
     from rlfarm.config import ConfigError, policy_config
-    from rlfarm.envs import EnvError, describe, make_env
+    from rlfarm.envs import EnvError, check_env_allowed, describe, env_module, make_env
     from rlfarm.policy import build_policy
     from rlfarm.rollout import run_episodes
+    from rlfarm.signing import SignatureError, secret_from_env
     from rlfarm.store import PolicyError, PolicyStore, RunNotFound, connect
 
     if bool(policy_file) == bool(run_id):
         fail("give exactly one of --policy FILE or --run RUN (with --redis URL)")
     try:
         if policy_file:
-            state, meta = codec.decode_policy(Path(policy_file).read_bytes())
+            # With RLFARM_SECRET set, the file's hmac must verify (CodecError otherwise).
+            state, meta = codec.decode_policy(Path(policy_file).read_bytes(), secret_from_env())
             policy_cfg = json.loads(meta.get("policy", "{}"))
         else:
             if not redis_url:
@@ -275,14 +369,18 @@ def eval_(policy_file: str | None, run_id: str | None, version: str, redis_url: 
             state, meta = store.get(version)
             run_cfg = store.run_meta()["config"]
             policy_cfg, meta["env"] = run_cfg["policy"], run_cfg["env"]["id"]
+        env_given = bool(env_id)
         env_id = env_id or meta.get("env")
         if not env_id:
             fail("the policy does not name its env: pass --env")
+        if not env_given:  # named by a file or by Redis: the allowlist, as on a worker
+            check_env_allowed(env_id, where="here", hint=f"pass --env {env_id} if you trust it, or set "
+                                                         f"RLFARM_ALLOWED_ENV_MODULES={env_module(env_id)}")
         spec = describe(env_id)
         policy = build_policy(spec, policy_config(policy_cfg))
         policy.load_state_dict(state)
     except (codec.CodecError, ConfigError, PolicyError, RunNotFound, EnvError, ConnectionError,
-            OSError) as exc:
+            OSError, SignatureError) as exc:
         fail(str(exc), 1)
     env = make_env(env_id)
     returns = run_episodes(policy.actor_snapshot(), env, episodes, seed)
@@ -292,7 +390,7 @@ def eval_(policy_file: str | None, run_id: str | None, version: str, redis_url: 
 
 @main.group()
 def checkpoints() -> None:
-    """List and export policy versions stored in Redis."""
+    """List, export and delete runs and their policy versions stored in Redis."""
 
 
 @checkpoints.command(name="list")
@@ -305,12 +403,14 @@ def checkpoints_list(redis_url: str, run_id: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rlfarm.store import PolicyStore, connect, list_runs
+    from rlfarm.store import PolicyStore, connect, list_runs, redact, run_exists
 
     try:
         client = connect(redis_url)
     except ConnectionError as exc:
         fail(str(exc), 1)
+    if run_id and not run_exists(client, run_id):
+        fail(f"no run {run_id!r} in Redis at {redact(redis_url)}", 1)
     if not run_id:
         table = Table("run", "latest version")
         for run in list_runs(client):
@@ -329,26 +429,59 @@ def checkpoints_list(redis_url: str, run_id: str | None) -> None:
 @checkpoints.command(name="export")
 @click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", required=True, help=REDIS_HELP)
 @click.option("--run", "run_id", required=True, help="Run to export from.")
-@click.option("--version", default="latest", show_default=True, help="Version number or 'latest'.")
+@click.option("--version", type=PolicyVersion(), default="latest", show_default=True,
+              help="Version number or 'latest'.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="File to write (safetensors).")
-def checkpoints_export(redis_url: str, run_id: str, version: str, output: str) -> None:
+def checkpoints_export(redis_url: str, run_id: str, version: int | str, output: str) -> None:
     """Write a stored version to a safetensors file (checksum verified), usable with `rlfarm eval`."""
     import json
 
     from rlfarm import codec
+    from rlfarm.signing import SignatureError
     from rlfarm.store import PolicyError, PolicyStore, RunNotFound, connect
 
     try:
         store = PolicyStore(connect(redis_url), run_id)
         state, meta = store.get(version)
         run_cfg = store.run_meta()["config"]
-    except (PolicyError, RunNotFound, ConnectionError) as exc:
+    except (PolicyError, RunNotFound, ConnectionError, SignatureError) as exc:
         fail(str(exc), 1)
     meta = {**meta, "env": run_cfg["env"]["id"], "policy": json.dumps(run_cfg["policy"])}
     meta.pop("sha256", None)
-    Path(output).write_bytes(codec.encode_policy(state, meta))
+    # The hmac covers env and policy too: re-signed with RLFARM_SECRET (verified above), else dropped.
+    meta.pop("hmac", None)
+    Path(output).write_bytes(codec.encode_policy(state, meta, store.secret))
     click.echo(f"wrote {run_id} v{meta['version']} to {output}")
+
+
+@checkpoints.command(name="delete", short_help="Remove a run and all its keys from Redis.")
+@click.argument("run_id", metavar="RUN")
+@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", required=True, help=REDIS_HELP)
+@click.option("--force", is_flag=True,
+              help="Delete even while the run's trainer heartbeat says it is running.")
+def checkpoints_delete(run_id: str, redis_url: str, force: bool) -> None:
+    """Remove a run from Redis: every key under rlfarm:RUN: (policy versions, metadata, trainer
+    status, pending results). Its run directory on disk is left alone, so `rlfarm train --resume`
+    still works (it publishes its checkpoint's policy again).
+
+    Refused while the run's trainer heartbeat is live (state running; it expires 120 s after a
+    trainer dies) unless --force.
+    """
+    from rlfarm.store import connect, delete_run, read_status, redact
+
+    try:
+        client = connect(redis_url)
+    except ConnectionError as exc:
+        fail(str(exc), 1)
+    status = read_status(client, run_id)
+    if status.get("state") == "running" and not force:
+        where = f" on {status['host']} (pid {status['pid']})" if "host" in status and "pid" in status else ""
+        fail(f"run {run_id!r} has a live trainer{where}; stop it first, or pass --force", 1)
+    removed = delete_run(client, run_id)
+    if not removed:
+        fail(f"no run {run_id!r} in Redis at {redact(redis_url)}", 1)
+    click.echo(f"deleted run {run_id}: {removed} keys removed from Redis at {redact(redis_url)}")
 
 
 @main.command()

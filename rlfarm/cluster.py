@@ -131,8 +131,10 @@ class LocalCluster:
         for i, proc in enumerate(self.worker_procs):
             self.wait_for_worker(proc, self._nodes[i], timeout)
 
-    def start_redis(self, timeout: float = 20.0) -> None:
-        self.port = free_port()
+    def start_redis(self, timeout: float = 20.0, same_port: bool = False) -> None:
+        """Start the redis-server (`same_port`: again on the port it had, e.g. after `stop_redis`)."""
+        if not (same_port and self.port):
+            self.port = free_port()
         cmd = [find_redis_server(), "--port", str(self.port), "--bind", LOOPBACK,
                "--protected-mode", "yes", "--save", "", "--appendonly", "no",
                "--dir", self._tmp.name, "--daemonize", "no", "--loglevel", "warning",
@@ -156,19 +158,31 @@ class LocalCluster:
             finally:
                 client.close()
 
+    def stop_redis(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the redis-server only (SIGTERM: it writes its append-only file and exits; SIGKILL:
+        a crash). Its data directory stays, so `start_redis(same_port=True)` brings it back."""
+        if self.redis_proc is not None:
+            stop_process_group(self.redis_proc, grace=10.0, sig=sig)
+            self.redis_proc = None
+
     def worker_command(self, concurrency: int, node: str) -> list[str]:
         return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "prefork",
                 "--concurrency", str(concurrency), "--prefetch-multiplier", "1", "-O", "fair",
                 "--hostname", node, "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
                 *(["-E"] if self.events else [])]
 
-    def add_worker(self, concurrency: int, timeout: float = 90.0, wait: bool = True) -> subprocess.Popen:
-        """Start one Celery worker (main process + `concurrency` pool processes); wait until it answers."""
+    def add_worker(self, concurrency: int, timeout: float = 90.0, wait: bool = True,
+                   extra_args: list[str] | None = None, command: list[str] | None = None) -> subprocess.Popen:
+        """Start one Celery worker (main process + `concurrency` pool processes); wait until it answers.
+
+        `command`: another worker command line, e.g. `rlfarm worker`, to which `-c N -n NODE` is added."""
         node = f"{self.name}-{len(self.worker_procs)}@{socket.gethostname()}"
         self._nodes.append(node)
         env = {**os.environ, **self.extra_env, "RLFARM_REDIS_URL": self.redis_url}
         log = open(self.log_dir / f"worker-{len(self.worker_procs)}.log", "ab")
-        proc = subprocess.Popen(self.worker_command(concurrency, node), env=env, stdout=log,
+        cmd = ([*command, "-c", str(concurrency), "-n", node] if command
+               else self.worker_command(concurrency, node)) + list(extra_args or [])
+        proc = subprocess.Popen(cmd, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=_die_with_parent)
         self.worker_procs.append(proc)

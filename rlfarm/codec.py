@@ -3,7 +3,8 @@
 - Task results: msgpack maps whose numpy arrays travel as raw buffers (dtype, shape, bytes) in a
   msgpack extension type, decoded zero-copy with `np.frombuffer`.
 - Policies: safetensors bytes whose str->str metadata carries version, algo, created and a sha256 of
-  the tensors, so a corrupted blob is detected before a worker acts with it.
+  the tensors, so a corrupted blob is detected before a worker acts with it; with RLFARM_SECRET set
+  also an `hmac` (rlfarm.signing), so a forged one is too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from rlfarm import signing
 
 _NDARRAY = 42  # msgpack extension code for numpy arrays
 
@@ -41,7 +44,9 @@ def _default(obj: Any) -> Any:
 def _ext_hook(code: int, data: bytes) -> Any:
     if code != _NDARRAY:
         raise CodecError(f"unknown msgpack extension {code}")
-    unpacker = msgpack.Unpacker()
+    # Only the small header is read here, but msgpack's Unpacker refuses to take in more than its
+    # buffer limit (100 MiB by default): size it to the data so any result under the run's limit decodes.
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
     dtype, shape = unpacker.unpack()
     offset = unpacker.tell()
@@ -61,7 +66,8 @@ def unpack(data: bytes) -> dict[str, Any]:
     try:
         return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException) as exc:
-        raise CodecError(f"undecodable payload: {exc}") from None
+        # Some msgpack errors (BufferFull) carry no text: name the type and the size at least.
+        raise CodecError(f"undecodable payload of {len(data)} bytes: {type(exc).__name__}: {exc}") from None
 
 
 # ---- policies ------------------------------------------------------------------------------------
@@ -78,10 +84,15 @@ def tensor_digest(state: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def encode_policy(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> bytes:
+def encode_policy(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
+                  secret: bytes | str | None = None) -> bytes:
+    """Safetensors bytes with `metadata` plus the tensors' sha256; with `secret` (rlfarm.signing),
+    also `hmac` over the signed fields, the sha256 among them (any `hmac` given is replaced)."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     meta = {str(k): str(v) for k, v in metadata.items()}
     meta["sha256"] = tensor_digest(tensors)
+    if secret is not None:
+        meta["hmac"] = signing.policy_hmac(meta, secret)
     return st_save(tensors, metadata=meta)
 
 
@@ -95,9 +106,17 @@ def policy_metadata(blob: bytes) -> dict[str, str]:
     return dict(header.get("__metadata__", {}))
 
 
-def decode_policy(blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and metadata; raises CodecError when the checksum does not match the tensors."""
+def decode_policy(blob: bytes, secret: bytes | str | None = None
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata; raises CodecError when the checksum does not match the tensors, and,
+    given a `secret`, when the blob's `hmac` is missing or does not verify (checked before the
+    tensors are even parsed: a forged blob with a recomputed sha256 fails here)."""
     meta = policy_metadata(blob)
+    if secret is not None:
+        try:
+            signing.verify_policy(meta, secret, "policy blob")
+        except signing.SignatureError as exc:
+            raise CodecError(str(exc)) from None
     try:
         state = st_load(blob)
     except Exception as exc:  # safetensors raises its own error types

@@ -37,9 +37,15 @@ class FarmConfig:
     num_tasks: int = 4  # rollout tasks per SYNC iteration: fixed by the run, never by the worker count
     steps_per_env: int = 256  # env steps each sub-env takes in one task
     workers: int = 2  # worker processes the embedded default starts
-    task_timeout: float = 120.0  # seconds without a result before a task is dispatched again
-    max_redispatch: int = 3  # copies of one task after which the run fails instead of retrying
+    # A running task (one whose worker holds its lease) without a result this many seconds after it
+    # started gets one backup copy; queued tasks are never late (see rlfarm.dispatch).
+    task_timeout: float = 120.0
+    max_redispatch: int = 3  # re-sends of one lost task after which the run fails instead of retrying
     keep_versions: int = 5  # policy versions retained in Redis
+    lease_seconds: float = 10.0  # a running task's lease expiry: how soon a lost worker is noticed
+    task_time_limit: float = 0.0  # hard limit on a task's run time on its worker; 0: 10x the longest seen
+    redis_outage_timeout: float = 120.0  # seconds of Redis outage the trainer rides out before it stops
+    max_result_bytes: int = 256 * 2**20  # a worker refuses to send a larger result (Redis caps at 512 MiB)
 
 
 @dataclass(frozen=True)
@@ -247,10 +253,17 @@ def validate(config: RunConfig) -> None:
             raise ConfigError(f"{key} must be at least 1, got {get(config, key)}")
     if config.farm.keep_versions < 2:
         raise ConfigError("farm.keep_versions must be at least 2 (the acting and the newest version)")
+    if config.seed < 0:  # numpy seeds must be >= 0: a negative one would fail only on the workers
+        raise ConfigError(f"seed must be a non-negative integer, got {config.seed}")
     if config.checkpoint_interval < 0:
         raise ConfigError("checkpoint_interval cannot be negative")
-    if config.farm.task_timeout <= 0:
-        raise ConfigError("farm.task_timeout must be positive")
+    for key in ("farm.task_timeout", "farm.lease_seconds", "farm.redis_outage_timeout", "farm.max_result_bytes"):
+        if not get(config, key) > 0:
+            raise ConfigError(f"{key} must be positive, got {get(config, key)}")
+    if config.farm.task_time_limit < 0:
+        raise ConfigError("farm.task_time_limit cannot be negative (0: derived from the task durations)")
+    if config.farm.max_redispatch < 0:
+        raise ConfigError("farm.max_redispatch cannot be negative")
     if config.policy.activation not in ("tanh", "relu"):
         raise ConfigError(f"policy.activation must be tanh or relu, got {config.policy.activation!r}")
     if not config.policy.hidden_sizes or min(config.policy.hidden_sizes) < 1:
@@ -288,7 +301,24 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
 
 
 def from_dict(tree: dict[str, Any]) -> RunConfig:
-    return from_flat(flatten(tree))
+    """The inverse of `to_dict`, also of its JSON as `json_safe` wrote it: `target_return: null`
+    (strict JSON has no Infinity) is the default, never stop early."""
+    flat = flatten(tree)
+    if "target_return" in flat and flat["target_return"] is None:
+        del flat["target_return"]
+    return from_flat(flat)
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` with every non-finite float (NaN, Infinity, -Infinity) replaced by None, recursively
+    through dicts, lists and tuples: what `json.dumps(..., allow_nan=False)` accepts (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def policy_config(d: dict[str, Any]) -> PolicyConfig:

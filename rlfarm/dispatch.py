@@ -1,26 +1,47 @@
 """Sending task specs to the farm and taking in their results.
 
-Results arrive on the run's Redis list (see rlfarm.worker); BLPOP wakes the trainer the moment one
-lands, without polling each pending task. Every task sent stays pending under its key
-(kind, iteration, index) until its first result is accepted. A task whose result has not come back
-by its deadline is sent again with the same spec (tasks are deterministic, so any copy is as good as
-another); the first copy counts and later copies are dropped and counted.
+Results arrive on the run's Redis list; BLPOP wakes the trainer the moment one lands, without polling
+each pending task. Every task sent stays pending under its key (kind, iteration, index) until its
+first result is accepted, and is listed in the run's `wanted` set, which workers check before they
+start: a copy whose result already counted (the worker that pushed it took the key out of the set) or
+whose run has ended is skipped unrun.
+
+Whether a pending task is still alive is judged once a second (`check`), never by how long it has
+waited in the queue:
+- running: its worker holds a lease (`rlfarm:<run>:lease:<task>`, a few seconds' expiry, renewed
+  while it runs). A lease that expires means the worker died: the task is sent again at once.
+- queued: its message is in the broker queue. One found neither queued nor leased for a lease period
+  was lost (a worker killed between taking it and starting it, a Redis that lost data): sent again.
+- straggling: running for more than `task_timeout` seconds: one backup copy is sent (tasks are
+  deterministic, so any copy is as good as another); the first copy to finish counts.
+- timed out: a worker reports that the task ran past its hard time limit (a hung env): sent again.
+A task re-sent more than `max_redispatch` times fails the run with the reason. Later copies of a
+task that already counted are dropped and counted as duplicates.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import redis
 from celery import Celery
+from kombu.exceptions import OperationalError
 
-from rlfarm import codec
+from rlfarm import codec, signing
 from rlfarm.celery_app import task_label, task_name
-from rlfarm.worker import results_key
+from rlfarm.outage import OutageRetry
+from rlfarm.store import LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
 
 Key = tuple[str, int, int]
+
+CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
+IDLE_WARNING_SECONDS = 60.0  # pending tasks, none running: say so on the console this often
+AUTO_TIME_LIMIT_FIRST = 600.0  # hard time limit before any task of a kind has reported its duration
+AUTO_TIME_LIMIT_MIN = 60.0
+AUTO_TIME_LIMIT_FACTOR = 10.0  # times the longest duration seen so far
 
 
 class RolloutError(RuntimeError):
@@ -28,7 +49,7 @@ class RolloutError(RuntimeError):
 
 
 class TaskLostError(RuntimeError):
-    """A task was dispatched max_redispatch + 1 times without a result."""
+    """A task was re-sent max_redispatch times and still produced no result."""
 
 
 def task_key(spec_or_message: dict[str, Any]) -> Key:
@@ -36,11 +57,19 @@ def task_key(spec_or_message: dict[str, Any]) -> Key:
     return (m.get("kind", "rollout"), m.get("iteration"), m.get("index"))
 
 
+def describe_key(key: Key) -> str:
+    return f"task {key[0]} (iteration {key[1]}, index {key[2]})"
+
+
 @dataclass
 class Pending:
     spec: dict[str, Any]
-    deadline: float
+    task_id: str  # the newest copy's Celery task id
+    last_seen: float  # when it was last known alive: sent, seen queued, or leased
     copies: int = 1
+    started: float | None = None  # when a lease was first seen for it (None: not started yet)
+    backups: int = 0  # straggler copies sent
+    reason: str = ""  # why it was last re-sent
 
 
 @dataclass
@@ -48,8 +77,15 @@ class DispatchStats:
     dispatched: int = 0
     redispatched: int = 0
     duplicates: int = 0  # results dropped because their key had already counted
+    skipped: int = 0  # of the duplicates, copies that workers skipped unrun
     received: int = 0
     accepted: int = 0
+    leases_expired: int = 0  # re-sent because the worker running them was lost
+    messages_lost: int = 0  # re-sent because their message was neither queued nor running
+    time_limits: int = 0  # re-sent because they ran past their hard time limit
+    stragglers: int = 0  # backup copies of tasks running longer than task_timeout
+    forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
+    state_restored: int = 0  # times the run's state was found lost in Redis and written back
     receive_seconds: float = 0.0  # trainer CPU time spent decoding results
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
     accepted_task_ids: list[str] = field(default_factory=list)
@@ -57,29 +93,60 @@ class DispatchStats:
 
 class Dispatcher:
     def __init__(self, app: Celery, client: redis.Redis, run_id: str, task_timeout: float,
-                 max_redispatch: int, on_event: Callable[[], None] | None = None, env: str | None = None):
+                 max_redispatch: int, on_event: Callable[[], None] | None = None, env: str | None = None,
+                 lease_seconds: float = 10.0, time_limit: float = 0.0, retry: OutageRetry | None = None,
+                 on_state_lost: Callable[[], None] | None = None, notify: Callable[[str], None] | None = None):
+        """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
+        durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
+        `on_state_lost`: called when the run's metadata vanished from Redis (FLUSHALL, a Redis
+        restarted without its data), after the dispatcher has written back its own state."""
         self.app = app
         self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
         self.client = client
         self.run_id = run_id
         self.key = results_key(run_id)
+        self.wanted = wanted_key(run_id)
         self.task_timeout = task_timeout
         self.max_redispatch = max_redispatch
+        self.lease_seconds = lease_seconds
+        self.time_limit = time_limit
+        self.retry = retry or OutageRetry()
         self.on_event = on_event or (lambda: None)
+        self.on_state_lost = on_state_lost
+        self.notify = notify or (lambda text: None)
         self.stats = DispatchStats()
         self.pending: dict[Key, Pending] = {}
+        self.longest: dict[str, float] = {}  # longest task duration seen, per kind
+        self._next_check = 0.0
+        self._grace_until = 0.0
+        self._last_progress = time.monotonic()
+        self._outages_seen = self.retry.outages
+        self._queue = app.conf.task_default_queue
+        self.secret = signing.secret_from_env()
 
     @property
     def in_flight(self) -> int:
         return len(self.pending)
 
+    # ---- sending ---------------------------------------------------------------------------------
+    def time_limit_for(self, kind: str) -> float:
+        if self.time_limit > 0:
+            return self.time_limit
+        if kind not in self.longest:
+            return AUTO_TIME_LIMIT_FIRST
+        return max(AUTO_TIME_LIMIT_MIN, AUTO_TIME_LIMIT_FACTOR * self.longest[kind])
+
     def _send(self, spec: dict[str, Any]) -> str:
         kwargs = {"run": self.run_id, **spec}
         if self.env is not None:
             kwargs["env"] = self.env
+        kwargs = signing.sign_spec(kwargs, self.secret)  # with RLFARM_SECRET: workers verify it
+        limit = self.time_limit_for(spec.get("kind", "rollout"))
         # kwargsrepr is what Flower and worker events show: a short label instead of the dict repr.
-        result = self.app.send_task(task_name(spec.get("kind", "rollout")), kwargs=kwargs,
-                                    kwargsrepr=task_label(kwargs))
+        # Celery's publisher gives up after ~1 s of a Redis outage; the outage clock waits longer.
+        result = self.retry.run(lambda: self.app.send_task(
+            task_name(spec.get("kind", "rollout")), kwargs=kwargs, kwargsrepr=task_label(kwargs),
+            time_limit=limit), errors=(OperationalError,))
         self.stats.dispatched += 1
         self.stats.task_ids.setdefault(task_key(spec), []).append(result.id)
         return result.id
@@ -88,61 +155,185 @@ class Dispatcher:
         key = task_key(spec)
         if key in self.pending:
             raise ValueError(f"task {key} is already in flight")
-        self._send(spec)
-        self.pending[key] = Pending(spec, time.monotonic() + self.task_timeout)
+        self.client.sadd(self.wanted, LIVE, task_key_text(*key))
+        task_id = self._send(spec)
+        self.pending[key] = Pending(spec, task_id, time.monotonic())
         self.on_event()
         return key
 
+    def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False) -> None:
+        if not backup and p.copies > self.max_redispatch:
+            raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; "
+                                f"last: {reason}")
+        self.client.sadd(self.wanted, LIVE, task_key_text(*key))  # a timed-out copy may have left it
+        p.task_id = self._send(p.spec)
+        p.copies += 1
+        p.reason = reason
+        p.last_seen = time.monotonic()
+        if backup:
+            p.backups += 1
+            p.started = time.monotonic()  # the next backup, if any, only another task_timeout later
+        else:
+            p.started = None
+        self.stats.redispatched += 1
+
+    # ---- receiving -------------------------------------------------------------------------------
     def receive(self, timeout: float) -> dict[str, Any] | None:
         """One decoded message of any kind, or None when none arrived within `timeout` seconds."""
         item = self.client.blpop([self.key], timeout=max(timeout, 0.001))
         if item is None:
             return None
         t0 = time.process_time()
-        message = codec.unpack(item[1])
+        try:
+            message = codec.unpack(signing.open_result(self.run_id, item[1], self.secret))
+        except signing.SignatureError as exc:  # not from a worker holding the farm's secret
+            self.stats.forged += 1
+            self.notify(f"dropped {exc}")
+            return None
         self.stats.receive_seconds += time.process_time() - t0
         self.stats.received += 1
         return message
 
     def next_result(self, timeout: float) -> dict[str, Any] | None:
-        """The next first-copy result of a pending task, or None (nothing came, or a duplicate).
-
-        Waits at most `timeout` (less if a deadline falls sooner) and re-sends overdue tasks.
-        """
+        """The next first-copy result of a pending task, or None (nothing came, a duplicate, a
+        skipped copy, or a copy re-sent after a time limit). Waits at most `timeout` seconds and
+        judges pending tasks' liveness once a second."""
         if self.pending:
-            timeout = min(timeout, max(min(p.deadline for p in self.pending.values()) - time.monotonic(),
-                                       0.01))
+            timeout = min(timeout, max(self._next_check - time.monotonic(), 0.01))
         message = self.receive(timeout)
-        self._resend_overdue()
+        self.check()
         if message is None:
             return None
         key = task_key(message)
-        if key not in self.pending:
+        if message.get("skipped"):  # a copy that found its task already counted: a free duplicate
+            self.stats.skipped += 1
+            self.stats.duplicates += 1
+            return None
+        p = self.pending.get(key)
+        if p is None:
             self.stats.duplicates += 1  # a late copy of a task that already counted
             return None
         if "error" in message:
-            raise RolloutError(f"task {key[0]} (iteration {key[1]}, index {key[2]}) failed on "
-                               f"{message.get('worker')}: {message['error']}")
+            where = f"{describe_key(key)} failed on {message.get('worker')}: {message['error']}"
+            if not message.get("retryable"):
+                raise RolloutError(where)
+            if message.get("task_id") == p.task_id:  # else a newer copy is already on its way
+                self.stats.time_limits += 1
+                self.notify(f"{where}; sending it again")
+                self._resend(key, p, where)
+            return None
         del self.pending[key]
+        kind = message.get("kind", "rollout")
+        if "duration" in message:
+            self.longest[kind] = max(self.longest.get(kind, 0.0), float(message["duration"]))
         self.stats.accepted += 1
         self.stats.accepted_task_ids.append(message["task_id"])
         self.on_event()
         return message
 
-    def _resend_overdue(self) -> None:
+    # ---- liveness --------------------------------------------------------------------------------
+    def check(self, force: bool = False) -> None:
+        """Once a second: is the run's state still in Redis, and is every pending task queued,
+        running or finished? Lost ones are sent again (see the module docstring)."""
         now = time.monotonic()
-        for key, p in self.pending.items():
-            if p.deadline > now:
-                continue
-            if p.copies > self.max_redispatch:
-                raise TaskLostError(
-                    f"task {key[0]} (iteration {key[1]}, index {key[2]}) sent {p.copies} times without a "
-                    f"result within {self.task_timeout:g} s each: are workers running and connected "
-                    f"to the same Redis?")
-            self._send(p.spec)
-            self.stats.redispatched += 1
-            p.copies += 1
-            p.deadline = now + self.task_timeout
+        if not force and now < self._next_check:
+            return
+        self._next_check = now + min(CHECK_SECONDS, self.task_timeout / 4, self.lease_seconds / 4)
+        if self.retry.outages != self._outages_seen:  # Redis was away: give workers time to renew
+            self._outages_seen = self.retry.outages
+            self._grace(now)
+        if not self.pending:
+            return
+        keys = list(self.pending)
+        texts = [task_key_text(*k) for k in keys]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.exists(f"{run_prefix(self.run_id)}meta")
+        pipe.smismember(self.wanted, texts)
+        for text in texts:
+            pipe.exists(lease_key(self.run_id, text))
+        meta_exists, wanted, *leases = pipe.execute()
+        if not meta_exists:
+            self._state_lost(now)
+            return
+        if now < self._grace_until:
+            return
+        unseen: list[Key] = []
+        for key, is_wanted, leased in zip(keys, wanted, leases):
+            p = self.pending[key]
+            if not is_wanted:
+                continue  # its result has been pushed and waits in the results list
+            if leased:
+                p.last_seen = now
+                if p.started is None:
+                    p.started = now
+                elif (now - p.started > self.task_timeout and p.backups < self.max_redispatch):
+                    self.stats.stragglers += 1
+                    self._resend(key, p, f"still running {now - p.started:.0f} s after it started "
+                                         f"(farm.task_timeout {self.task_timeout:g} s)", backup=True)
+            elif p.started is not None:
+                self.stats.leases_expired += 1
+                reason = (f"the worker running {describe_key(key)} was lost (its lease expired "
+                          f"{self.lease_seconds:g} s after its last renewal)")
+                self.notify(f"{reason}; sending it again")
+                self._resend(key, p, reason)
+            elif now - p.last_seen > self.lease_seconds:
+                unseen.append(key)
+        if any(leases) or not any(wanted):
+            self._last_progress = now
+        elif now - self._last_progress > IDLE_WARNING_SECONDS:
+            self._last_progress = now  # again in another IDLE_WARNING_SECONDS if nothing changes
+            self.notify(f"{len(self.pending)} tasks waiting and none started for "
+                        f"{IDLE_WARNING_SECONDS:.0f} s: are workers running, connected to the same Redis "
+                        f"(`rlfarm worker --redis URL`)?")
+        if unseen:
+            queued = self.queued_task_ids()
+            for key in unseen:
+                p = self.pending[key]
+                if p.task_id in queued:
+                    p.last_seen = now
+                else:
+                    self.stats.messages_lost += 1
+                    reason = f"the message of {describe_key(key)} was lost (neither queued nor running)"
+                    self.notify(f"{reason}; sending it again")
+                    self._resend(key, p, reason)
+
+    def queued_task_ids(self) -> set[str]:
+        """Ids of the task messages waiting in the broker queue (kombu keeps them as JSON in a list)."""
+        ids = set()
+        for raw in self.client.lrange(self._queue, 0, -1):
+            try:
+                ids.add(json.loads(raw)["headers"]["id"])
+            except (ValueError, KeyError, TypeError):
+                continue  # not a Celery message: not ours to judge
+        return ids
+
+    def _grace(self, now: float) -> None:
+        self._grace_until = now + self.lease_seconds
+        for p in self.pending.values():
+            p.last_seen = now
+
+    def _state_lost(self, now: float) -> None:
+        """The run's keys are gone (FLUSHALL, or a Redis restarted without its data): write back what
+        this side owns, then let workers renew their leases before judging any task."""
+        self.stats.state_restored += 1
+        self.declare_queue()
+        self.client.sadd(self.wanted, LIVE, *[task_key_text(*k) for k in self.pending])
+        if self.on_state_lost is not None:
+            self.on_state_lost()
+        self._grace(now)
+
+    def declare_queue(self) -> None:
+        """(Re)create the broker's routing of task messages to the task queue. kombu keeps that
+        binding in Redis and declares it once per connection: after a FLUSHALL every task sent would
+        otherwise be routed nowhere, silently."""
+        def declare() -> None:
+            with self.app.connection_for_write() as conn:
+                self.app.amqp.queues[self._queue](conn.default_channel).declare()
+        self.retry.run(declare, errors=(OperationalError,))
+
+    def finish(self) -> None:
+        """The run is over: workers skip whatever of it is still queued."""
+        self.client.delete(self.wanted, self.key)
 
     def gather_group(self, specs: list[dict[str, Any]],
                      on_other: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:

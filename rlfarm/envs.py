@@ -1,9 +1,17 @@
-"""Environment construction: gymnasium ids or "module:callable", vector envs, space descriptions."""
+"""Environment construction: gymnasium ids or "module:callable", vector envs, space descriptions.
+
+Env ids that come from Redis or from a file (a worker building a run's env, `rlfarm eval` of a
+policy that names its env) are untrusted: `make_env(..., trusted=False)` builds only ids registered
+with gymnasium (by installed packages) and "module:callable" / "module:EnvId" whose module is in
+RLFARM_ALLOWED_ENV_MODULES (comma-separated; a name also allows its submodules), and refuses the
+rest before anything is imported. The trainer builds the env the user typed: trusted.
+"""
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,7 +24,64 @@ class EnvError(ValueError):
     """An env id that cannot be made, or spaces rlfarm cannot act in."""
 
 
-def _factory(env_id: str) -> Callable[[], gym.Env]:
+ALLOWED_MODULES_VAR = "RLFARM_ALLOWED_ENV_MODULES"
+
+
+def allowed_env_modules(environ: Any = None) -> tuple[str, ...]:
+    """The module names in RLFARM_ALLOWED_ENV_MODULES (comma-separated, blanks ignored)."""
+    raw = (os.environ if environ is None else environ).get(ALLOWED_MODULES_VAR, "")
+    return tuple(name.strip() for name in raw.split(",") if name.strip())
+
+
+def valid_module_name(name: str) -> bool:
+    """An absolute dotted module name (`a.b_c`), nothing relative, no path."""
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def env_module(env_id: str) -> str | None:
+    """The module that a "module:callable" (or "module:EnvId") env id imports; None for a plain id."""
+    module, sep, _ = env_id.partition(":")
+    return module if sep and module else None
+
+
+def allowed_modules_env(env_id: str, environ: Any = None) -> dict[str, str]:
+    """{RLFARM_ALLOWED_ENV_MODULES: the current list plus the module of `env_id`}, for the environment
+    of workers started for the user's own env (the embedded default); {} for a plain gymnasium id."""
+    module = env_module(env_id)
+    if module is None:
+        return {}
+    current = allowed_env_modules(environ)
+    return {ALLOWED_MODULES_VAR: ",".join(current if module in current else (*current, module))}
+
+
+def module_allowed(module_name: str, allowed: tuple[str, ...] | None = None) -> bool:
+    allowed = allowed_env_modules() if allowed is None else allowed
+    return valid_module_name(module_name) and any(
+        module_name == name or module_name.startswith(name + ".") for name in allowed)
+
+
+def check_env_allowed(env_id: str, where: str = "on this worker", hint: str | None = None) -> None:
+    """Raise EnvError unless an untrusted env id is a registered gymnasium id or names an allowed
+    module. Imports nothing. A plain id that is not registered passes: making it fails ("unknown env")
+    without importing anything."""
+    if env_id in gym.registry:
+        return
+    module = env_module(env_id)
+    if module is None or module_allowed(module):
+        return
+    hint = hint or f"start the worker with --allow-env-module {module}"
+    raise EnvError(f"env {env_id!r} is not allowed {where}: not a registered gymnasium id, and module "
+                   f"{module!r} is not in {ALLOWED_MODULES_VAR} ({hint})")
+
+
+def _factory(env_id: str, trusted: bool = True) -> Callable[[], gym.Env]:
+    """A constructor for `env_id`. `trusted=False` (an id read from Redis or a file): allowlist first
+    (check_env_allowed), and never a "module:..." string to gym.make, which would import the module."""
+    if not trusted:
+        check_env_allowed(env_id)
+        if env_id in gym.registry:
+            spec = gym.registry[env_id]  # the spec, not the id: no import of an id's "module:" part
+            return lambda: gym.make(spec)
     if env_id in gym.registry:
         return lambda: gym.make(env_id)
     if ":" in env_id:
@@ -30,6 +95,13 @@ def _factory(env_id: str) -> Callable[[], gym.Env]:
         target = getattr(module, attr, None)
         if target is None:
             raise EnvError(f"env {env_id!r}: module {module_name!r} has no attribute {attr!r}")
+        if not trusted:  # only the allowed modules' own code, not what they import (os.fork, ...)
+            origin = getattr(target, "__module__", None) or type(target).__module__
+            if attr.startswith("_"):
+                raise EnvError(f"env {env_id!r} is not allowed on this worker: {attr!r} is private")
+            if not module_allowed(str(origin)):
+                raise EnvError(f"env {env_id!r} is not allowed on this worker: {attr!r} comes from "
+                               f"module {origin!r}, which is not in {ALLOWED_MODULES_VAR}")
         if callable(target):  # an Env class or a factory function
             return target
         raise EnvError(f"env {env_id!r}: {attr!r} is not callable")
@@ -38,18 +110,26 @@ def _factory(env_id: str) -> Callable[[], gym.Env]:
     raise EnvError(f"unknown env {env_id!r}{hint} (give a gymnasium id or 'module:callable')")
 
 
-def make_env(env_id: str) -> gym.Env:
-    return _factory(env_id)()
+def make_env(env_id: str, trusted: bool = True) -> gym.Env:
+    """One env; a constructor that raises is an EnvError naming the env and what it raised.
+    `trusted=False` for an id read from Redis or a file (see _factory)."""
+    factory = _factory(env_id, trusted)
+    try:
+        return factory()
+    except EnvError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any user constructor: gym.make, a class, a factory function
+        raise EnvError(f"env {env_id!r} could not be constructed: {type(exc).__name__}: {exc}") from exc
 
 
-def make_vector_env(env_id: str, num_envs: int) -> SyncVectorEnv:
+def make_vector_env(env_id: str, num_envs: int, trusted: bool = True) -> SyncVectorEnv:
     """Sub-envs in this process, with SAME_STEP autoreset.
 
     gymnasium >= 1.0 defaults to NEXT_STEP autoreset: the step after an episode ends is a reset whose
     action is ignored. SAME_STEP instead resets inside the ending step and hands the real final
     observation over in info["final_obs"], which is what truncation bootstrapping needs.
     """
-    factory = _factory(env_id)
+    factory = _factory(env_id, trusted)
     return SyncVectorEnv([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
 
 

@@ -19,6 +19,8 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlfarm.config import json_safe
+
 ROLLING_EPISODES = 20
 
 
@@ -45,7 +47,9 @@ class RunLogger:
         checkpoint's env step (later rows will be produced again) and appended to."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        # Strict JSON: target_return inf is written as null (rlfarm.config.from_dict reads it back).
+        (self.run_dir / "config.json").write_text(
+            json.dumps(json_safe(config), indent=2, allow_nan=False) + "\n")
         self.console = console or Console()
         self.total_steps = total_steps
         self.start = time.time() - (resume["elapsed"] if resume else 0.0)

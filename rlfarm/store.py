@@ -5,6 +5,9 @@ Keys (DESIGN.md decision 2), all under `rlfarm:<run>:`
   policy:latest   the newest published version
   versions        sorted set of retained versions
   meta            the run's config as JSON, so a worker can build env and network
+
+With RLFARM_SECRET set (rlfarm.signing), `meta` holds {"signed": <that JSON>, "hmac": ...} and each
+policy blob's metadata an `hmac`; a store with a secret refuses unsigned or forged ones.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Mapping
 import redis
 import torch
 
-from rlfarm import codec
+from rlfarm import codec, signing
 
 
 class PolicyError(LookupError):
@@ -60,6 +63,9 @@ def connect(url: str, timeout: float = 5.0) -> redis.Redis:
         raise RedisAuthError(f"Redis at {redact(url)} refused the connection: {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
         raise ConnectionError(f"cannot reach Redis at {redact(url)}: {exc}{_tls_hint(url, exc)}") from None
+    except redis.RedisError as exc:  # e.g. InvalidResponse: something else listens on that port
+        raise ConnectionError(f"Redis at {redact(url)} did not answer like a Redis server: "
+                              f"{type(exc).__name__}: {exc}") from None
     return client
 
 
@@ -90,27 +96,33 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
+FROM_ENV: Any = object()  # PolicyStore's default secret: RLFARM_SECRET, read when the store is made
+
+
 class PolicyStore:
-    def __init__(self, client: redis.Redis, run_id: str, keep: int = 5):
+    def __init__(self, client: redis.Redis, run_id: str, keep: int = 5,
+                 secret: bytes | str | None = FROM_ENV):
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.client = client
         self.run_id = run_id
         self.keep = keep
         self.prefix = run_prefix(run_id)
+        # Signs what it writes and verifies what it reads (run meta, policies); None: neither.
+        self.secret = signing.secret_from_env() if secret is FROM_ENV else secret
 
     def _key(self, version: int) -> str:
         return f"{self.prefix}policy:{version}"
 
     # ---- run metadata --------------------------------------------------------------------------
     def set_run_meta(self, meta: Mapping[str, Any]) -> None:
-        self.client.set(f"{self.prefix}meta", json.dumps(meta))
+        self.client.set(f"{self.prefix}meta", signing.seal_run_meta(self.run_id, meta, self.secret))
 
     def run_meta(self) -> dict[str, Any]:
         raw = self.client.get(f"{self.prefix}meta")
         if raw is None:
             raise RunNotFound(f"run {self.run_id!r} has no metadata in Redis (unknown run?)")
-        return json.loads(raw)
+        return signing.open_run_meta(self.run_id, raw, self.secret)  # SignatureError if forged
 
     # ---- versions ------------------------------------------------------------------------------
     def publish(self, version: int, state: Mapping[str, torch.Tensor], algo: str,
@@ -121,7 +133,7 @@ class PolicyStore:
             raise ValueError(f"version {version} is not newer than the latest ({latest})")
         meta = {"version": str(version), "algo": algo, "run": self.run_id,
                 "created": f"{time.time():.6f}", **(extra or {})}
-        blob = codec.encode_policy(state, meta)
+        blob = codec.encode_policy(state, meta, self.secret)
         old = [int(v) for v in self.client.zrangebyscore(f"{self.prefix}versions", "-inf",
                                                          version - self.keep)]
         pipe = self.client.pipeline(transaction=True)
@@ -163,11 +175,24 @@ class PolicyStore:
         return blob
 
     def get(self, version: int | str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """Tensors and metadata of a version ('latest' allowed), checked: sha256, the hmac when the
+        store has a secret, and that the blob is the version (and run) of the key it was read from."""
+        if version == "latest":
+            latest = self.latest()
+            version = "latest" if latest is None else latest  # None: get_blob raises a clear error
         blob = self.get_blob(version)
         try:
-            return codec.decode_policy(blob)
+            state, meta = codec.decode_policy(blob, self.secret)
         except codec.CodecError as exc:
             raise PolicyCorrupt(f"run {self.run_id!r}: policy version {version} is corrupt: {exc}") from None
+        claimed, run = meta.get("version"), meta.get("run")
+        if claimed != str(int(version)):
+            raise PolicyCorrupt(f"run {self.run_id!r}: policy stored as v{int(version)} but claims "
+                                f"v{claimed}: refusing it")
+        if run is not None and run != self.run_id:
+            raise PolicyCorrupt(f"run {self.run_id!r}: policy version {version} belongs to run {run!r}: "
+                                f"refusing it")
+        return state, meta
 
     def info(self, version: int) -> dict[str, str]:
         meta = codec.policy_metadata(self.get_blob(version))
@@ -205,6 +230,32 @@ def list_runs(client: redis.Redis) -> list[str]:
     return sorted(runs)
 
 
+def run_exists(client: redis.Redis, run_id: str) -> bool:
+    """A run is known to this Redis when it has metadata or retained policy versions."""
+    prefix = run_prefix(run_id)
+    return bool(client.exists(f"{prefix}meta") or client.zcard(f"{prefix}versions"))
+
+
+def _glob_escape(text: str) -> str:
+    """`text` as a literal inside a SCAN MATCH pattern (a run id '*' must not match every run)."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def delete_run(client: redis.Redis, run_id: str, batch: int = 500) -> int:
+    """Remove every key under `rlfarm:<run>:` (policies, versions, meta, status, pending results);
+    returns how many were removed. SCAN + UNLINK in batches: Redis never blocks on one big call."""
+    removed = 0
+    keys: list[bytes] = []
+    for key in client.scan_iter(match=_glob_escape(run_prefix(run_id)) + "*", count=batch):
+        keys.append(key)
+        if len(keys) >= batch:
+            removed += int(client.unlink(*keys))
+            keys.clear()
+    if keys:
+        removed += int(client.unlink(*keys))
+    return removed
+
+
 # ---- trainer heartbeat ------------------------------------------------------------------------
 STATUS_TTL = 120  # seconds; a trainer that stops writing drops out of `rlfarm status` by itself
 CELERY_QUEUE = "celery"  # Celery's default queue: a Redis list of waiting task messages
@@ -227,3 +278,28 @@ def read_status(client: redis.Redis, run_id: str) -> dict[str, str]:
 def queue_depth(client: redis.Redis, queue: str = CELERY_QUEUE) -> int:
     """Task messages waiting in the broker queue (not yet taken by a worker process)."""
     return int(client.llen(queue))
+
+
+# ---- task bookkeeping shared by the dispatcher (trainer) and the workers ----------------------------
+# rlfarm:<run>:results          list of result messages (msgpack); the trainer BLPOPs it
+# rlfarm:<run>:wanted           set of the task keys whose result the trainer still wants, plus LIVE
+#                               while the run's trainer lives; a worker skips any other task unrun
+# rlfarm:<run>:lease:<task key> the worker identity running a copy of that task; a short expiry its
+#                               worker keeps renewing, so an expired lease means a lost worker
+LIVE = "*"
+
+
+def results_key(run_id: str) -> str:
+    return f"{run_prefix(run_id)}results"
+
+
+def wanted_key(run_id: str) -> str:
+    return f"{run_prefix(run_id)}wanted"
+
+
+def task_key_text(kind: str, iteration: int, index: int) -> str:
+    return f"{kind}:{iteration}:{index}"
+
+
+def lease_key(run_id: str, key_text: str) -> str:
+    return f"{run_prefix(run_id)}lease:{key_text}"

@@ -17,6 +17,7 @@ Both send greedy evaluation tasks every `eval.interval` env steps, off the train
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import socket
@@ -41,7 +42,8 @@ from rlfarm.metrics import RunLogger
 from rlfarm.policy import build_network
 from rlfarm.replay import PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
 from rlfarm.rollout import Rollout, concat
-from rlfarm.store import PolicyStore, connect, queue_depth, write_status
+from rlfarm.outage import OutageRetry, resilient_client
+from rlfarm.store import PolicyStore, connect, queue_depth, redact, write_status
 
 
 def resolve_device(name: str) -> torch.device:
@@ -94,11 +96,18 @@ class Trainer:
         self.config = config
         self.run_dir = Path(run_dir)
         self.console = console or Console()
+        self._stderr = Console(stderr=True)
         self.device = resolve_device(config.device)
         self.space = describe(config.env.id)
-        self.client = connect(redis_url)
+        connect(redis_url).close()  # fails fast and clearly when Redis is not there at the start
+        # From here on, every Redis command waits out an outage of up to farm.redis_outage_timeout.
+        self.retry = OutageRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}",
+                                 notify=self.warn)
+        self.client = resilient_client(redis_url, self.retry)
         self.store = PolicyStore(self.client, config.run_id, keep=config.farm.keep_versions)
         self.app = make_app(redis_url)
+        self._log = logging.getLogger("rlfarm.trainer")
+        self._log_file: logging.Handler | None = None
 
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
@@ -108,9 +117,13 @@ class Trainer:
         else:
             self.algo = PPO(network, config.ppo, config.seed, self.device)
         self.logger: RunLogger | None = None
-        self.dispatcher = Dispatcher(self.app, self.client, config.run_id, config.farm.task_timeout,
-                                     config.farm.max_redispatch, on_event=self._on_event,
-                                     env=config.env.id)  # shown in Flower's task labels
+        farm = config.farm
+        self.dispatcher = Dispatcher(self.app, self.client, config.run_id, farm.task_timeout,
+                                     farm.max_redispatch, on_event=self._on_event,
+                                     env=config.env.id,  # shown in Flower's task labels
+                                     lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
+                                     retry=self.retry, on_state_lost=self.restore_run_state,
+                                     notify=self.warn)
         self.env_steps = 0
         self.version = 0
         self.start = 0.0
@@ -124,6 +137,22 @@ class Trainer:
         self.best_eval_mean_return = -math.inf
 
     # ---- shared pieces ---------------------------------------------------------------------------
+    def warn(self, text: str) -> None:
+        """A fault the run rides out: one line on the console and in the run's trainer.log."""
+        self._stderr.print(f"[yellow]rlfarm: warning:[/] {text}", highlight=False, soft_wrap=True)
+        self._log.warning(text)
+
+    def restore_run_state(self) -> None:
+        """The run's metadata vanished from Redis (FLUSHALL, a restart without its data): write back
+        what the trainer owns, so workers can go on building the env and fetching the policy."""
+        self.warn(f"run {self.config.run_id}'s state is gone from Redis (flushed, or restarted without "
+                  f"its data): writing back its metadata and policy v{self.version}, re-sending lost tasks")
+        self.store.set_run_meta({"config": to_dict(self.config), "space": self.space.to_dict()})
+        latest = self.store.latest()
+        if latest is None or latest < self.version:
+            self.publish()
+        self.heartbeat()
+
     def _on_event(self) -> None:
         if self.logger:
             self.logger.status(self.env_steps, self._sps, self.version, self.dispatcher.in_flight)
@@ -134,7 +163,10 @@ class Trainer:
         return {"farm/tasks_in_flight": self.dispatcher.in_flight,
                 "farm/queue_depth": queue_depth(self.client),
                 "farm/results_dropped": stats.duplicates,
-                "farm/redispatched": stats.redispatched}
+                "farm/redispatched": stats.redispatched,
+                "farm/leases_expired": stats.leases_expired,
+                "farm/time_limits": stats.time_limits,
+                "farm/redis_outages": self.retry.outages}
 
     def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
         """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone)."""
@@ -254,8 +286,12 @@ class Trainer:
         elapsed = resume_state["logger"]["elapsed"] if resume_state else 0.0
         self.start = time.perf_counter() - elapsed
         self._sps = self.env_steps / elapsed if elapsed > 0 else 0.0
+        self._log_file = logging.FileHandler(self.run_dir / "trainer.log")
+        self._log_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        self._log.addHandler(self._log_file)
         state = "failed"
         try:
+            self.dispatcher.declare_queue()
             self.publish()
             self.save_checkpoint(force=True)
             self.heartbeat()
@@ -269,13 +305,17 @@ class Trainer:
             state = "finished"
             return result
         finally:
+            if state == "failed":
+                self.retry.enabled = False  # Redis may be what failed: one attempt at the cleanup
             try:
                 self.heartbeat(state)
+                # Tasks still queued are skipped by workers; results still in flight are of no use now.
+                self.dispatcher.finish()
             except Exception:  # noqa: BLE001 - Redis may be what failed; the run's own error matters
                 pass
             self.logger.close()
-            # Results of tasks still in flight are of no use now; those arriving later expire.
-            self.client.delete(self.dispatcher.key)
+            self._log.removeHandler(self._log_file)
+            self._log_file.close()
 
     def train_loop(self) -> None:
         raise NotImplementedError
@@ -284,7 +324,8 @@ class Trainer:
         state = self.algo.state()
         blob = codec.encode_policy(state, {"version": str(self.version), "algo": self.config.algo,
                                            "run": self.config.run_id, "env": self.config.env.id,
-                                           "policy": json.dumps(to_dict(self.config)["policy"])})
+                                           "policy": json.dumps(to_dict(self.config)["policy"])},
+                                   self.store.secret)
         (self.run_dir / "final_policy.safetensors").write_bytes(blob)
         stats = self.dispatcher.stats
         result = TrainResult(
@@ -300,10 +341,18 @@ class Trainer:
         summary["receive_cpu_seconds"] = stats.receive_seconds
         summary["dispatched"] = stats.dispatched
         summary["unique_task_ids_accepted"] = len(set(stats.accepted_task_ids))
+        summary["faults"] = {"leases_expired": stats.leases_expired, "messages_lost": stats.messages_lost,
+                             "time_limits": stats.time_limits, "stragglers": stats.stragglers,
+                             "skipped_copies": stats.skipped, "state_restored": stats.state_restored,
+                             "redis_outages": self.retry.outages,
+                             "redis_outage_seconds": round(self.retry.outage_seconds, 3)}
         summary["accepted_task_ids"] = stats.accepted_task_ids
         if hasattr(self, "lag_counts"):
             summary["policy_lag_histogram"] = {str(k): v for k, v in sorted(self.lag_counts.items())}
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        from rlfarm.config import json_safe  # strict JSON: no evaluation (NaN), best -inf -> null
+
+        (self.run_dir / "summary.json").write_text(
+            json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n")
         return result
 
 

@@ -8,33 +8,73 @@ results never pass through Celery's pub/sub result path.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import time
 import traceback
 from typing import Any
 
 import redis
 
-from rlfarm import codec
+from rlfarm import codec, signing
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
 from rlfarm.policy import build_network
 from rlfarm.rollout import collect, run_episodes, task_seeds
-from rlfarm.store import PolicyCache, PolicyStore, run_prefix
+from rlfarm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
+from rlfarm.outage import OutageRetry, is_oom, resilient_client
+from rlfarm.store import (LIVE, PolicyCache, PolicyStore, lease_key, redact, results_key, run_prefix,  # noqa: F401
+                          task_key_text, wanted_key)
 
 RESULT_TTL = 3600  # backstop only: the trainer pops results as they come
 MAX_ATTEMPTS = 4  # deliveries of one task id before it is refused (a task that kills its worker)
 
 
-def results_key(run_id: str) -> str:
-    return f"{run_prefix(run_id)}results"
+log = logging.getLogger("rlfarm.worker")
+
+
+class _Lease:
+    """Holds `rlfarm:<run>:lease:<task>` while a task runs: set with a short expiry and renewed from a
+    thread, so the trainer can tell a task that is running (however long) from one whose worker died
+    (the lease expires within `seconds`). A hung env keeps renewing; the task's time limit ends it."""
+
+    def __init__(self, client: redis.Redis, key: str, holder: str, seconds: float):
+        self.client, self.key, self.holder = client, key, holder
+        self.ms = max(int(seconds * 1000), 100)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="rlfarm-lease", daemon=True)
+
+    def __enter__(self) -> "_Lease":
+        self.client.set(self.key, self.holder, px=self.ms)
+        self._thread.start()
+        return self
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ms / 4000):
+            try:
+                self.client.set(self.key, self.holder, px=self.ms)
+            except Exception as exc:  # noqa: BLE001 - the task goes on; an outage may outlast the lease
+                log.warning("cannot renew lease %s: %s", self.key, exc)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()  # the key itself is deleted with the result (RolloutWorker._push)
+
+
+class ResultTooLarge(ValueError):
+    """A result over the run's `farm.max_result_bytes`: refused before it is sent."""
 
 
 class RolloutWorker:
     def __init__(self, redis_url: str):
-        self.client = redis.Redis.from_url(redis_url, socket_connect_timeout=10, socket_keepalive=True,
-                                           health_check_interval=30)
+        # Commands wait out a Redis restart (back-off, up to RLFARM_REDIS_OUTAGE_TIMEOUT seconds) instead of
+        # failing the task whose result is being pushed.
+        limit = float(os.environ.get("RLFARM_REDIS_OUTAGE_TIMEOUT", DEFAULT_OUTAGE_LIMIT))
+        self.retry = OutageRetry(limit, where=f"Redis at {redact(redis_url)}", notify=log.warning)
+        self.client = resilient_client(redis_url, self.retry, connect_timeout=10)
+        self.secret = signing.secret_from_env()  # RLFARM_SECRET: task specs must carry its signature
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
         self.policies = PolicyCache(size=4)
         self.envs: dict[tuple[str, int], Any] = {}
@@ -51,22 +91,26 @@ class RolloutWorker:
         if version == "latest":
             latest = store.latest()
             version = latest if latest is not None else "latest"  # get() raises a clear error
+        if version != "latest":
+            version = int(version)
         cached = self.policies.get((run, version))  # type: ignore[arg-type]
         if cached is not None:
             return cached, int(version), False
-        state, meta = store.get(version)
+        # get() checks sha256, the hmac (RLFARM_SECRET) and that the blob is the version of its key;
+        # the cache is keyed by the version fetched, never by what the blob says about itself.
+        state, _ = store.get(version)
         run_meta = self._run_meta(run)
         policy = build_network(run_meta["config"]["algo"], SpaceSpec.from_dict(run_meta["space"]),
                                policy_config(run_meta["config"]["policy"]))
         policy.load_state_dict(state)
         actor = policy.actor_snapshot()
-        self.policies.put((run, int(meta["version"])), actor)
-        return actor, int(meta["version"]), True
+        self.policies.put((run, int(version)), actor)
+        return actor, int(version), True
 
     def _vector_env(self, env_id: str, num_envs: int) -> Any:
         key = (env_id, num_envs)
         if key not in self.envs:
-            self.envs[key] = make_vector_env(env_id, num_envs)
+            self.envs[key] = make_vector_env(env_id, num_envs, trusted=False)  # env id from Redis
         return self.envs[key]
 
     def rollout(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -101,30 +145,85 @@ class RolloutWorker:
     def _single_env(self, env_id: str) -> Any:
         key = (env_id, 0)
         if key not in self.envs:
-            self.envs[key] = make_env(env_id)
+            self.envs[key] = make_env(env_id, trusted=False)  # env id from Redis: allowlist
         return self.envs[key]
 
     def handle(self, spec: dict[str, Any], task_id: str) -> None:
-        """Run a task and push its result, or its error, to the run's results list."""
-        key = results_key(spec["run"])
-        attempts_key = f"{run_prefix(spec['run'])}attempts:{task_id}"
+        """Run a task and push its result, or its error, to the run's results list.
+
+        A task the trainer no longer wants (its result already counted, a superseded copy) is skipped
+        without running and answered with a one-line note; one of a run whose trainer is gone is
+        dropped silently.
+        """
+        run = spec["run"]
+        key_text = task_key_text(spec.get("kind", "rollout"), spec.get("iteration"), spec.get("index"))
+        attempts_key = f"{run_prefix(run)}attempts:{task_id}"
         pipe = self.client.pipeline()
         pipe.incr(attempts_key)
         pipe.expire(attempts_key, RESULT_TTL)
-        attempts = pipe.execute()[0]
+        pipe.smismember(wanted_key(run), [LIVE, key_text])
+        attempts, _, (live, wanted) = pipe.execute()
+        base = {"kind": spec.get("kind", "rollout"), "iteration": spec.get("iteration"),
+                "index": spec.get("index"), "worker": self.identity, "task_id": task_id}
+        if not live:
+            log.info("skipped task %s of run %s: the run has no live trainer", key_text, run)
+            self.client.delete(attempts_key)
+            return
+        if not wanted:
+            self._push(run, {**base, "skipped": True}, attempts_key)
+            return
+        lease = None
         try:
+            spec = signing.verify_spec(spec, self.secret)
             if attempts > MAX_ATTEMPTS:
                 raise RuntimeError(f"task {task_id} was delivered {attempts} times; each delivery "
                                    f"lost its worker, so it is refused")
+            farm = self._run_meta(run)["config"]["farm"]
+            lease = _Lease(self.client, lease_key(run, key_text), self.identity,
+                           farm.get("lease_seconds", 10.0)).__enter__()
             message = self.rollout(spec)
+            message.update(task_id=task_id)
+            payload = codec.pack(message)
+            limit = int(farm.get("max_result_bytes", 0))
+            if limit and len(payload) > limit:
+                raise ResultTooLarge(
+                    f"the result is {_mib(len(payload))}, over farm.max_result_bytes ({_mib(limit)}); "
+                    f"make tasks smaller (fewer env.num_envs or farm.steps_per_env) or raise the limit")
+            done = key_text
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
-            message = {"kind": spec.get("kind", "rollout"), "iteration": spec.get("iteration"),
-                       "index": spec.get("index"),
-                       "worker": self.identity, "error": f"{type(exc).__name__}: {exc}",
-                       "traceback": traceback.format_exc(limit=8)}
-        message["task_id"] = task_id
-        pipe = self.client.pipeline()
-        pipe.rpush(key, codec.pack(message))
+            payload = codec.pack({**base, "error": f"{type(exc).__name__}: {exc}",
+                                  "traceback": traceback.format_exc(limit=8)})
+            done = None
+        try:
+            self._push(run, payload, attempts_key, lease.key if lease else None, done)
+        finally:
+            if lease is not None:
+                lease.__exit__()
+
+    def _push(self, run: str, message: dict[str, Any] | bytes, attempts_key: str,
+              lease: str | None = None, done: str | None = None) -> None:
+        """Result, attempts counter, lease and `wanted` entry in one transaction: the trainer never
+        sees a lease gone before its result is there, and from now on every other copy of the
+        task (`done`) is skipped unrun."""
+        payload = signing.seal_result(run, message if isinstance(message, bytes) else codec.pack(message),
+                                      self.secret)
+        key = results_key(run)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.rpush(key, payload)
         pipe.expire(key, RESULT_TTL)
-        pipe.delete(attempts_key)
-        pipe.execute()
+        pipe.delete(attempts_key, *([lease] if lease else []))
+        if done is not None:
+            pipe.srem(wanted_key(run), done)
+        try:
+            pipe.execute()
+        except redis.ResponseError as exc:
+            if not is_oom(exc):
+                raise
+            # Nothing smaller would fit either (noeviction refuses every write past maxmemory); the
+            # trainer's own writes fail the same way and it says so in one line.
+            log.error("cannot push the result of %s to run %s: Redis is out of memory (%s); free memory "
+                      "or raise its maxmemory", attempts_key.rsplit(":", 1)[-1], run, exc)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"

@@ -7,14 +7,59 @@ The broker comes from RLFARM_REDIS_URL (default redis://127.0.0.1:6379/0).
 from __future__ import annotations
 
 import os
+import socket
 
-from celery.signals import worker_process_init
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import task_failure, worker_process_init
+from celery.worker.request import Request
 
 from rlfarm.celery_app import DEFAULT_REDIS_URL, EVAL_TASK, ROLLOUT_TASK, make_app
 
 app = make_app(os.environ.get("RLFARM_REDIS_URL", DEFAULT_REDIS_URL), main="tasks")
 
 _worker = None
+_main_client = None  # the worker main process's own Redis client (time-limit reports)
+
+
+class RolloutRequest(Request):
+    """Caps a message's hard time limit at the worker's own (`rlfarm worker --time-limit`,
+    RLFARM_TASK_TIME_LIMIT): a worker owner bounds what any trainer may ask of its processes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cap = float(os.environ.get("RLFARM_TASK_TIME_LIMIT") or 0)
+        hard, soft = self.time_limits
+        if cap > 0 and not (hard and hard <= cap):
+            self.time_limits = (cap, soft)
+
+
+@task_failure.connect
+def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, **_: object) -> None:
+    """A hard time limit kills the pool process mid-task, so the task itself cannot report; the worker's
+    main process tells the trainer instead, which re-sends the task or fails with this as the cause."""
+    global _main_client
+    if not isinstance(exception, TimeLimitExceeded) or not kwargs or "run" not in kwargs:
+        return
+    from rlfarm import codec, signing
+    from rlfarm.store import lease_key, results_key, task_key_text
+
+    if _main_client is None:
+        from rlfarm.outage import OutageRetry, resilient_client
+
+        _main_client = resilient_client(app.conf.broker_url, OutageRetry(60.0))
+    limit = exception.args[0] if exception.args else "?"
+    message = {"kind": kwargs.get("kind", "rollout"), "iteration": kwargs.get("iteration"),
+               "index": kwargs.get("index"), "task_id": task_id, "retryable": True,
+               "worker": f"{socket.gethostname()} (worker main process {os.getpid()})",
+               "error": f"TimeLimitExceeded: the task ran past its time limit of {limit} s and its "
+                        f"process was killed and replaced (a hung env?)"}
+    key = results_key(kwargs["run"])
+    pipe = _main_client.pipeline(transaction=True)
+    pipe.rpush(key, signing.seal_result(kwargs["run"], codec.pack(message), signing.secret_from_env()))
+    pipe.expire(key, 3600)
+    # The killed process can no longer renew its lease; drop it so it is not also taken for a lost worker.
+    pipe.delete(lease_key(kwargs["run"], task_key_text(message["kind"], message["iteration"], message["index"])))
+    pipe.execute()
 
 
 @worker_process_init.connect
@@ -36,26 +81,27 @@ def _rollout_worker():
     return _worker
 
 
-def _run(request_id: str, run: str, iteration: int, index: int, version: int | str, seed: int, steps: int,
-         kind: str, epsilon: float | None, episodes: int) -> None:
-    spec = {"run": run, "iteration": iteration, "index": index, "version": version, "steps": steps,
-            "seed": seed, "kind": kind, "epsilon": epsilon, "episodes": episodes}
-    _rollout_worker().handle(spec, request_id)
+def _run(request) -> None:
+    # Exactly the kwargs the trainer sent (signed with RLFARM_SECRET when it is set), not the
+    # signature's defaults: the worker verifies the signature over them before anything runs.
+    _rollout_worker().handle(dict(request.kwargs), request.id)
 
 
 # `env` in both signatures is a label for Flower only: the worker takes the env from the run's
 # metadata in Redis, so a message can never make it build a different env than the run's.
-@app.task(name=ROLLOUT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@app.task(name=ROLLOUT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+          Request=RolloutRequest)
 def rollout(self, run: str, iteration: int, index: int, version: int | str, seed: int, steps: int = 0,
             kind: str = "rollout", epsilon: float | None = None, episodes: int = 0,
-            env: str | None = None) -> None:
+            env: str | None = None, sig: str | None = None) -> None:
     """Collect `steps` env steps per sub-env (or `episodes` greedy episodes when kind is "eval")
     with policy `version` ("latest": the newest when the task starts) of `run`; result to Redis."""
-    _run(self.request.id, run, iteration, index, version, seed, steps, kind, epsilon, episodes)
+    _run(self.request)
 
 
-@app.task(name=EVAL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@app.task(name=EVAL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+          Request=RolloutRequest)
 def evaluate(self, run: str, iteration: int, index: int, version: int | str, seed: int, episodes: int,
-             kind: str = "eval", env: str | None = None) -> None:
+             kind: str = "eval", env: str | None = None, sig: str | None = None) -> None:
     """Play `episodes` greedy episodes with policy `version` of `run`; returns to Redis."""
-    _run(self.request.id, run, iteration, index, version, seed, 0, "eval", None, episodes)
+    _run(self.request)

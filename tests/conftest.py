@@ -17,7 +17,9 @@ import pytest
 from rlfarm.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+WORKER_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+              # workers build "module:callable" envs from Redis only from allowed modules (rlfarm.envs)
+              "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs"}
 
 
 @pytest.fixture(scope="session")
@@ -74,3 +76,10 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
     for v in range(versions):
         store.publish(v, policy.state_dict(), "ppo")
     return cfg, store
+
+
+def one_error_line(stderr: str) -> str:
+    """The single `rlfarm: error: ...` line a failing command must print (no traceback, nothing else)."""
+    lines = [line for line in stderr.splitlines() if line.strip() and "rlfarm: warning:" not in line]
+    assert len(lines) == 1 and lines[0].startswith("rlfarm: error:"), stderr[-3000:]
+    return lines[0]

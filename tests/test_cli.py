@@ -29,7 +29,8 @@ def assert_cleaned_up(run_dir, run_id):
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["worker"], ["eval"], ["checkpoints"],
-                                     ["checkpoints", "list"], ["checkpoints", "export"], ["presets"],
+                                     ["checkpoints", "list"], ["checkpoints", "export"],
+                                     ["checkpoints", "delete"], ["presets"],
                                      ["status"], ["plot"]])
 def test_help_on_every_command(command):
     result = CliRunner().invoke(main, [*command, "--help"])

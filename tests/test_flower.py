@@ -114,7 +114,7 @@ def test_flower_shows_rollouts_and_evaluations_and_refuses_anonymous_control(eve
             f"run=flower v=latest it=0 idx={i} episodes=1 seed=7 env=CartPole-v1" for i in range(2)]
         assert all(t["args"] == "()" and t["worker"] in farm._nodes for t in tasks.values())
 
-        status, body = _request(f"{base}/api/workers", auth)
+        status, body = _request(f"{base}/api/workers?refresh=1", auth)
         assert status == 200 and set(json.loads(body)) == set(farm._nodes)
 
         # Without credentials: reads and remote control are refused, and the worker is untouched.

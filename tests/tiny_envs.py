@@ -59,3 +59,57 @@ class SlowEnv(gym.Env):
 
 def slow() -> gym.Env:
     return SlowEnv()
+
+
+def broken() -> gym.Env:
+    """An env constructor that fails, as one missing a licence or a simulator binary does."""
+    raise RuntimeError("simulator licence not found")
+
+
+class HangingEnv(SlowEnv):
+    """Blocks forever in step() (a simulator that deadlocked), in every episode or only the first
+    time any process of the machine gets there (`once`: a marker file named by RLFARM_TEST_HANG_MARKER)."""
+
+    def __init__(self, once: bool = False):
+        super().__init__(step_seconds=0.0005)
+        self.once = once
+
+    def step(self, action):
+        import os
+        import time
+
+        marker = os.environ.get("RLFARM_TEST_HANG_MARKER", "")
+        if not self.once or (marker and not os.path.exists(marker)):
+            if marker:
+                open(marker, "w").close()
+            while True:
+                time.sleep(3600)
+        return super().step(action)
+
+
+def hang() -> gym.Env:
+    return HangingEnv()
+
+
+def hang_once() -> gym.Env:
+    return HangingEnv(once=True)
+
+
+class WideEnv(SlowEnv):
+    """CartPole-shaped actions, 30,000 float32 observations: 120 KB per step, for huge results."""
+
+    def __init__(self, width: int = 30_000):
+        super().__init__(step_seconds=0.0)
+        self.observation_space = gym.spaces.Box(-1, 1, (width,), np.float32)
+        self._obs = np.zeros(width, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        gym.Env.reset(self, seed=seed)
+        return self._obs, {}
+
+    def step(self, action):
+        return self._obs, 1.0, False, False, {}
+
+
+def wide() -> gym.Env:
+    return WideEnv()

@@ -1,0 +1,141 @@
+"""Riding out a Redis outage: every command is retried with back-off until Redis answers again or
+the outage has lasted longer than a limit.
+
+A farm's Redis gets restarted (upgrades, a container moved, a crash with an append-only file); that
+must cost the run a pause, not the run. `OutageRetry` plugs into redis-py's retry hook, so every
+command and pipeline of a client waits out the outage transparently, with one clock per client:
+the outage starts at the first failure of any command and ends at the first success. Past `limit`
+seconds it raises `RedisUnavailable`, which the CLI turns into one line and a non-zero exit (the run
+stays resumable from its checkpoint). `run()` applies the same clock to calls outside redis-py
+(Celery's publisher, which has its own short retry policy and then gives up).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Callable, TypeVar
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+T = TypeVar("T")
+
+# What an outage looks like to a client: refused or reset connections, timeouts, a Redis still
+# loading its append-only file (BusyLoadingError is a ConnectionError).
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, socket.timeout,
+                                                  ConnectionError)
+# Answers, not outages: a wrong password stays wrong however long we wait.
+NOT_OUTAGES: tuple[type[BaseException], ...] = (redis.AuthenticationError,)
+NOTICE_SECONDS = 10.0  # while an outage lasts, say so this often
+DEFAULT_LIMIT = 120.0  # seconds; `farm.redis_outage_timeout` for trainers, RLFARM_REDIS_OUTAGE_TIMEOUT for workers
+
+
+class RedisUnavailable(RuntimeError):
+    """Redis stayed unreachable for longer than the outage limit."""
+
+
+class OutageRetry(Retry):
+    """redis-py Retry that retries for up to `limit` seconds of outage instead of a number of times.
+
+    `notify(text)` is called once when an outage starts and once when it ends (console or log).
+    Copies share one state: redis-py deep-copies its Retry into every connection, and an outage is a
+    property of the server, not of one connection.
+    """
+
+    def __init__(self, limit: float = DEFAULT_LIMIT, where: str = "Redis",
+                 notify: Callable[[str], None] | None = None, max_backoff: float = 2.0):
+        super().__init__(ExponentialBackoff(cap=max_backoff, base=0.05), retries=-1,
+                         supported_errors=OUTAGE_ERRORS)
+        self.limit = limit
+        self.where = where
+        self.notify = notify or (lambda text: None)
+        self.enabled = True
+        self.outage_started: float | None = None
+        self._last_notice = 0.0
+        self.outages = 0  # outages ridden out so far (a trainer re-checks its run state after each)
+        self.outage_seconds = 0.0
+
+    def __deepcopy__(self, memo: dict) -> "OutageRetry":
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def _failed(self, error: BaseException, failures: int) -> None:
+        if "OOM command not allowed" in str(error):  # kombu may wrap Redis's answer: it is no outage
+            raise error
+        now = time.monotonic()
+        if self.outage_started is None:
+            self.outage_started = self._last_notice = now
+            self.notify(f"lost {self.where} ({type(error).__name__}: {error}); retrying for up to "
+                        f"{self.limit:g} s")
+        elif now - self._last_notice >= NOTICE_SECONDS and now - self.outage_started <= self.limit:
+            self._last_notice = now
+            self.notify(f"still waiting for {self.where}: {now - self.outage_started:.0f} s of "
+                        f"{self.limit:g} s")
+        if now - self.outage_started > self.limit:
+            self.outage_started = None
+            raise RedisUnavailable(
+                f"{self.where} unreachable for more than {self.limit:g} s (last error: "
+                f"{type(error).__name__}: {error})") from None
+        time.sleep(self._backoff.compute(failures))
+
+    def _recovered(self) -> None:
+        if self.outage_started is not None:
+            seconds = time.monotonic() - self.outage_started
+            self.outage_started = None
+            self.outages += 1
+            self.outage_seconds += seconds
+            self.notify(f"{self.where} is back after {seconds:.1f} s")
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[override]
+        if not self.enabled:  # one attempt (e.g. best-effort cleanup after the outage limit)
+            return do()
+        failures = 0
+        while True:
+            try:
+                result = do()
+            except self._supported_errors as error:
+                if isinstance(error, NOT_OUTAGES) or (is_retryable and not is_retryable(error)):
+                    raise
+                failures += 1
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)
+                self._failed(error, failures)
+                continue
+            self._recovered()
+            return result
+
+    def run(self, fn: Callable[[], T], errors: tuple[type[BaseException], ...] = ()) -> T:
+        """Call `fn` under the same outage clock, also retrying on `errors` (e.g. kombu's)."""
+        if not self.enabled:
+            return fn()
+        failures = 0
+        while True:
+            try:
+                result = fn()
+            except (*OUTAGE_ERRORS, *errors) as error:
+                if isinstance(error, NOT_OUTAGES):
+                    raise
+                failures += 1
+                self._failed(error, failures)
+                continue
+            self._recovered()
+            return result
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Redis refused a write because it is at `maxmemory` (with noeviction: it never drops data)."""
+    return "OOM command not allowed" in str(exc) or (isinstance(exc, redis.ResponseError) and "OOM" in str(exc))
+
+
+def resilient_client(url: str, retry: OutageRetry, connect_timeout: float = 5.0) -> redis.Redis:
+    """A client whose commands and pipelines wait out outages under `retry`'s clock."""
+    return redis.Redis.from_url(url, retry=retry, socket_connect_timeout=connect_timeout,
+                                socket_keepalive=True, health_check_interval=30)

@@ -1,0 +1,397 @@
+"""Faults a farm meets, done for real against real processes: Redis restarted or flushed mid-run,
+a worker's whole process group SIGKILLed, an env that hangs, results larger than a limit, a full Redis.
+
+Each test starts its own redis-server (with an append-only file where a restart must keep the data)
+and its own workers of both kinds, `rlfarm worker` and plain `celery -A tasks worker`, and drives the
+real `rlfarm train` command.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from kombu.exceptions import OperationalError
+
+from rlfarm.celery_app import make_app
+from rlfarm.cluster import LocalCluster
+
+from .conftest import ROOT, WORKER_ENV, one_error_line, pid_alive, rlfarm_cmd
+
+pytestmark = pytest.mark.farm
+
+RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING"]
+SLOW_PPO = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
+            "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=250", "--set", "ppo.num_minibatches=2",
+            "--set", "policy.hidden_sizes=[16]"]
+SLOW_DQN = ["--preset", "cartpole-dqn", "--mode", "async", "--env", "tests.tiny_envs:slow",
+            "--set", "env.num_envs=1", "--set", "farm.steps_per_env=250", "--set", "policy.hidden_sizes=[16]",
+            "--set", "dqn.learning_starts=256", "--set", "dqn.replay_ratio=0.1", "--set", "eval.interval=0",
+            "--set", "target_return=inf"]
+
+
+class Farm:
+    """A redis-server with an append-only file plus one `rlfarm worker` and one `celery -A tasks
+    worker` (one pool process each), all on 127.0.0.1, stopped by pid at the end."""
+
+    def __init__(self, tmp_path: Path, concurrency: int = 1, worker_env: dict | None = None,
+                 redis_args: list[str] | None = None):
+        self.cluster = LocalCluster(workers=0, name=f"rlfarm-faults-{os.getpid()}", log_dir=tmp_path,
+                                    extra_env={**WORKER_ENV, **(worker_env or {})},
+                                    redis_args=["--appendonly", "yes", "--appendfsync", "always",
+                                                *(redis_args or [])])
+        self.tmp_path = tmp_path
+        self.cluster.start()
+        self.rlfarm_worker = self.cluster.add_worker(concurrency, command=RLFARM_WORKER)
+        self.celery_worker = self.cluster.add_worker(concurrency)
+
+    @property
+    def url(self) -> str:
+        return self.cluster.redis_url
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+    def train(self, run_id: str, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(rlfarm_cmd("train", "--redis", self.url, "--run-id", run_id,
+                                           "--logdir", str(self.tmp_path), *args),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **WORKER_ENV})
+
+    def workers_alive(self) -> bool:
+        """Both worker main processes still run and answer a broadcast ping."""
+        if not all(p.poll() is None for p in (self.rlfarm_worker, self.celery_worker)):
+            return False
+        app = make_app(self.url)
+        try:
+            for _ in range(20):  # a restarted consumer may take a few pings to answer again
+                try:
+                    answers = app.control.ping(timeout=1.0)
+                except (redis.ConnectionError, OperationalError):  # this process's pooled connection
+                    continue  # from before the restart fails once, then reconnects
+                if len(answers) == 2:
+                    return True
+            return False
+        finally:
+            app.close()
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def progress_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "progress.csv"
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def wait_for_rows(proc: subprocess.Popen, run_dir: Path, rows: int = 1) -> None:
+    """Until the trainer has logged `rows` rows (it is training), or fail if it died."""
+    while len(progress_rows(run_dir)) < rows:
+        if proc.poll() is not None:
+            pytest.fail(f"trainer exited early ({proc.returncode}):\n{proc.stderr.read()[-3000:]}")
+        time.sleep(0.1)  # polling interval
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def assert_nothing_lost_or_double_counted(s: dict, steps_per_result: int) -> None:
+    ids = s["accepted_task_ids"]
+    assert len(ids) == len(set(ids)) == s["unique_task_ids_accepted"]
+    # every env step counted comes from exactly one accepted (and not stale-dropped) result
+    assert s["env_steps"] == (len(ids) - s.get("dropped_stale", 0)) * steps_per_result
+
+
+@pytest.fixture
+def fault_farm(tmp_path):
+    farm = Farm(tmp_path)
+    yield farm
+    farm.stop()
+
+
+@pytest.mark.parametrize("mode, outage", [("sync", 1.0), ("sync", 10.0), ("async", 1.0), ("async", 10.0)])
+def test_redis_restart_mid_run_is_ridden_out(fault_farm, tmp_path, mode, outage):
+    """SIGTERM the redis-server mid-run, start it again from its append-only file `outage` s later:
+    the trainer and both kinds of worker wait, say so, and finish the run with nothing lost."""
+    run_id = f"restart-{mode}-{int(outage)}"
+    args = SLOW_PPO + ["--total-steps", "4000"] if mode == "sync" else SLOW_DQN + ["--total-steps", "3000"]
+    proc = fault_farm.train(run_id, *args)
+    wait_for_rows(proc, tmp_path / run_id)
+    fault_farm.cluster.stop_redis(signal.SIGTERM)
+    time.sleep(outage)  # the outage itself
+    fault_farm.cluster.start_redis(same_port=True)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "rlfarm: warning: lost Redis at" in stderr and "is back after" in stderr
+    assert "Traceback" not in stderr
+    s = summary(tmp_path / run_id)
+    assert s["faults"]["redis_outages"] >= 1
+    assert s["env_steps"] >= (4000 if mode == "sync" else 3000)
+    assert_nothing_lost_or_double_counted(s, 250)
+    assert fault_farm.workers_alive()
+
+
+def test_outage_past_the_limit_is_one_line_and_the_run_resumes(fault_farm, tmp_path):
+    run_id = "outage-limit"
+    proc = fault_farm.train(run_id, *SLOW_PPO, "--total-steps", "3000", "--set", "farm.redis_outage_timeout=3")
+    wait_for_rows(proc, tmp_path / run_id)
+    fault_farm.cluster.stop_redis(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=600)
+    fault_farm.cluster.start_redis(same_port=True)
+    assert proc.returncode == 1
+    line = one_error_line(stderr)
+    assert "unreachable for more than 3 s" in line and f"rlfarm train --resume {run_id}" in line
+    resumed = subprocess.run(rlfarm_cmd("train", "--redis", fault_farm.url, "--resume", run_id,
+                                        "--logdir", str(tmp_path)),
+                             capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(tmp_path / run_id)["env_steps"] >= 3000
+    assert fault_farm.workers_alive()
+
+
+def _pool_pids(url: str) -> set[int]:
+    app = make_app(url)
+    try:
+        stats = app.control.inspect(timeout=2.0).stats() or {}
+    finally:
+        app.close()
+    return {pid for s in stats.values() for pid in s["pool"]["processes"]}
+
+
+def _stop_cleanly(proc: subprocess.Popen) -> int:
+    """SIGTERM a worker's main process (warm shutdown) and return its exit code."""
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=120)  # a guard against a hang, not a measurement
+
+
+def test_hung_env_hits_the_run_time_limit_and_the_stuck_process_is_replaced(tmp_path):
+    """An env whose step() never returns: the task is killed at farm.task_time_limit, its pool
+    process replaced, the task re-sent, and the run fails with the time limit as the cause."""
+    farm = Farm(tmp_path)
+    try:
+        before = _pool_pids(farm.url)
+        assert len(before) == 2
+        proc = farm.train("hang", *SLOW_PPO, "--env", "tests.tiny_envs:hang", "--total-steps", "2000",
+                          "--set", "farm.task_time_limit=3", "--set", "farm.max_redispatch=1")
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 1
+        line = one_error_line(stderr)
+        assert "TimeLimitExceeded" in line and "time limit of 3" in line and "hung env" in line, line
+        assert "sent 2 times" in line
+        after = _pool_pids(farm.url)
+        assert len(after) == 2 and not (after & before)  # both stuck processes were replaced
+        # Nothing is left stuck: both kinds of worker stop on SIGTERM by themselves.
+        assert _stop_cleanly(farm.rlfarm_worker) == 0
+        assert _stop_cleanly(farm.celery_worker) == 0
+    finally:
+        farm.stop()
+
+
+def test_a_task_that_hangs_once_is_replaced_and_the_run_goes_on(tmp_path):
+    """Only the first task to get there hangs; the workers' own time limit (`rlfarm worker
+    --time-limit`, RLFARM_TASK_TIME_LIMIT for plain Celery) kills it, and the run finishes."""
+    marker = tmp_path / "hung-once"
+    farm = Farm(tmp_path, worker_env={"RLFARM_TASK_TIME_LIMIT": "3", "RLFARM_TEST_HANG_MARKER": str(marker)})
+    try:
+        proc = farm.train("hang-once", *SLOW_PPO, "--env", "tests.tiny_envs:hang_once", "--total-steps", "2000")
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert marker.exists()
+        s = summary(tmp_path / "hang-once")
+        assert s["faults"]["time_limits"] == 1
+        assert "exceeded its time limit" in stderr or "TimeLimitExceeded" in stderr  # said on the console
+        assert_nothing_lost_or_double_counted(s, 250)
+    finally:
+        farm.stop()
+
+
+def _running_on(app, run_id: str) -> set[str]:
+    """Nodes running a task of `run_id` right now."""
+    active = app.control.inspect(timeout=0.5).active() or {}
+    return {node for node, tasks in active.items() if any(t["kwargs"].get("run") == run_id for t in tasks)}
+
+
+def test_a_lost_whole_worker_is_noticed_by_its_lease_not_a_timeout(tmp_path):
+    """SIGKILL a worker's whole process group (main and pool) mid SYNC iteration: its message is
+    stuck unacked in kombu for the visibility timeout and no result will come, yet the iteration
+    completes because the task's lease expires and the task is re-sent. task_timeout is an hour, so
+    nothing else could have re-sent it before the test's own guard."""
+    farm = Farm(tmp_path)
+    try:
+        proc = farm.train("lost-worker", *SLOW_PPO, "--set", "farm.steps_per_env=1000", "--total-steps", "6000",
+                          "--set", "farm.task_timeout=3600", "--set", "farm.lease_seconds=3")
+        app = make_app(farm.url)
+        celery_node = farm.cluster._nodes[1]
+        while celery_node not in _running_on(app, "lost-worker"):
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+        os.killpg(farm.celery_worker.pid, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert "was lost (its lease expired" in stderr
+        s = summary(tmp_path / "lost-worker")
+        assert s["faults"]["leases_expired"] >= 1
+        assert s["env_steps"] >= 6000
+        assert_nothing_lost_or_double_counted(s, 1000)
+        collect = [float(r["farm/collect_seconds"]) for r in progress_rows(tmp_path / "lost-worker")]
+        print(f"iteration collect seconds: {collect}")  # the killed iteration: lease (3 s) + one task
+    finally:
+        farm.stop()
+
+
+def test_flushall_mid_run_is_noticed_written_back_and_the_run_goes_on(fault_farm, tmp_path):
+    run_id = "flushed"
+    proc = fault_farm.train(run_id, *SLOW_DQN, "--total-steps", "3000", "--set", "farm.lease_seconds=3")
+    wait_for_rows(proc, tmp_path / run_id)
+    fault_farm.client().flushall()
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert stderr.count("state is gone from Redis") == 1  # warned once, on the console
+    assert "state is gone from Redis" in (tmp_path / run_id / "trainer.log").read_text()  # and in the log
+    s = summary(tmp_path / run_id)
+    assert s["faults"]["state_restored"] == 1
+    assert s["env_steps"] >= 3000
+    assert_nothing_lost_or_double_counted(s, 250)
+    # The run's metadata and policy are back: listed, and evaluable from Redis.
+    listed = subprocess.run(rlfarm_cmd("checkpoints", "list", "--redis", fault_farm.url),
+                            capture_output=True, text=True)
+    assert run_id in listed.stdout
+    assert fault_farm.client().exists(f"rlfarm:{run_id}:meta")
+    assert fault_farm.rlfarm_worker.poll() is None and fault_farm.celery_worker.poll() is None
+
+
+def test_full_redis_is_one_clear_line(fault_farm, tmp_path):
+    run_id = "full"
+    proc = fault_farm.train(run_id, *SLOW_DQN, "--total-steps", "100000")
+    wait_for_rows(proc, tmp_path / run_id)
+    client = fault_farm.client()
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")  # every write is refused from now on
+    try:
+        _, stderr = proc.communicate(timeout=600)
+    finally:
+        client.config_set("maxmemory", "0")
+    assert proc.returncode == 1
+    line = one_error_line(stderr)
+    assert "is full (maxmemory reached" in line and f"--resume {run_id}" in line
+
+
+WIDE = ["--env", "tests.tiny_envs:wide", "--set", "env.num_envs=1", "--set", "farm.num_tasks=1",
+        "--set", "farm.steps_per_env=1000", "--set", "policy.hidden_sizes=[8]", "--total-steps", "1000"]
+
+
+def test_results_over_100_mib_decode_and_over_the_limit_are_refused_by_the_worker(farm, tmp_path):
+    """One task of 1,000 steps of 30,000 float32 observations is a ~115 MiB result: it travels and
+    decodes (msgpack's default buffer limit of 100 MiB once ended such a run with an empty error);
+    with farm.max_result_bytes below that, the worker refuses to send it and the run fails in one line."""
+    ok = subprocess.run(rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", "wide-ok",
+                                   "--logdir", str(tmp_path), *WIDE),
+                        capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=600)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert summary(tmp_path / "wide-ok")["env_steps"] == 1000
+    big = subprocess.run(rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", "wide-big",
+                                    "--logdir", str(tmp_path), *WIDE, "--set", "farm.max_result_bytes=52428800"),
+                         capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=600)
+    assert big.returncode == 1
+    line = one_error_line(big.stderr)
+    assert "ResultTooLarge" in line and "over farm.max_result_bytes (50.0 MiB)" in line
+    assert "make tasks smaller" in line
+    size = float(line.split("the result is ")[1].split(" MiB")[0])
+    assert 110 < size < 120
+
+
+def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
+    """The check a worker makes before it starts a task, on a real Redis, in-process."""
+    from rlfarm import codec
+    from rlfarm.store import LIVE, results_key, wanted_key
+    from rlfarm.worker import RolloutWorker
+
+    from .conftest import make_run
+
+    make_run(redis_only.redis_url, "skips", ["env.num_envs=1"])
+    client = redis.Redis.from_url(redis_only.redis_url)
+    worker = RolloutWorker(redis_only.redis_url)
+    spec = {"run": "skips", "iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1}
+    worker.handle(spec, "ended-run")  # no live trainer: dropped, nothing pushed
+    assert client.llen(results_key("skips")) == 0
+    client.sadd(wanted_key("skips"), LIVE, "rollout:0:0")
+    worker.handle(spec, "first")  # wanted: runs, and takes its key out of the wanted set
+    worker.handle(spec, "copy")  # already counted: skipped unrun, with a note
+    first, copy = [codec.unpack(m) for m in client.lrange(results_key("skips"), 0, -1)]
+    assert first["task_id"] == "first" and first["rollout"]["rewards"].size == 8
+    assert copy == {"kind": "rollout", "iteration": 0, "index": 0, "worker": worker.identity,
+                    "task_id": "copy", "skipped": True}
+    assert client.smembers(wanted_key("skips")) == {LIVE.encode()}
+    assert not client.keys("rlfarm:skips:lease:*") and not client.keys("rlfarm:skips:attempts:*")
+
+
+def test_queued_tasks_are_not_late(farm):
+    """Six 1-second tasks on two processes with task_timeout 2 s: the last ones wait ~2 s in the
+    queue, which once made them 'late' and re-sent. Now only time since a task started counts."""
+    from rlfarm.dispatch import Dispatcher
+    from rlfarm.store import connect
+
+    from .conftest import make_run
+
+    make_run(farm.redis_url, "queued", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
+    d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "queued", task_timeout=2.0,
+                   max_redispatch=3)
+    specs = [{"iteration": 0, "index": i, "version": 0, "steps": 500, "seed": 1} for i in range(6)]
+    results = d.gather_group(specs)
+    assert [r["index"] for r in results] == list(range(6))
+    assert d.stats.redispatched == 0 and d.stats.dispatched == 6
+
+
+def test_chaos_two_minutes_of_kills_and_a_redis_restart(tmp_path):
+    """An ASYNC run of about two minutes on both kinds of worker, during which a random pool process
+    is SIGKILLed every 10 s and the redis-server is restarted once (SIGTERM, 2 s down, restarted
+    from its append-only file): the run finishes and every env step counted comes from exactly one
+    accepted result. (Throughput against a fault-free run: benchmarks/chaos.py.)"""
+    import random
+
+    farm = Farm(tmp_path)
+    rng = random.Random(0)
+    run_id = "chaos"
+    kills = 0
+    try:
+        proc = farm.train(run_id, *SLOW_DQN, "--total-steps", "90000", "--set", "farm.lease_seconds=3")
+        wait_for_rows(proc, tmp_path / run_id)
+        started = time.monotonic()
+        restarted = False
+        while proc.poll() is None and time.monotonic() - started < 150:
+            time.sleep(10)  # the fault schedule: one kill every 10 s
+            if not restarted and time.monotonic() - started > 45:
+                farm.cluster.stop_redis(signal.SIGTERM)
+                time.sleep(2)  # the outage
+                farm.cluster.start_redis(same_port=True)
+                restarted = True
+                continue
+            try:
+                victim = rng.choice(sorted(_pool_pids(farm.url)))
+            except (IndexError, redis.ConnectionError, OperationalError):
+                continue  # no answer this round (a pool restarting): try at the next one
+            os.kill(victim, signal.SIGKILL)
+            kills += 1
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert restarted and kills >= 5, (restarted, kills)
+        s = summary(tmp_path / run_id)
+        print(f"chaos: {kills} kills, {s['faults']}, {s['env_steps']} env steps in {s['wall_seconds']:.0f} s, "
+              f"redispatched {s['redispatched']}, duplicates {s['duplicates']}")
+        assert s["env_steps"] >= 90000
+        assert s["faults"]["redis_outages"] >= 1
+        assert_nothing_lost_or_double_counted(s, 250)
+        assert farm.workers_alive()
+    finally:
+        farm.stop()
