@@ -66,6 +66,7 @@ class Pending:
     spec: dict[str, Any]
     task_id: str  # the newest copy's Celery task id
     last_seen: float  # when it was last known alive: sent, seen queued, or leased
+    sent: float = 0.0  # when the newest copy was sent
     copies: int = 1
     started: float | None = None  # when a lease was first seen for it (None: not started yet)
     backups: int = 0  # straggler copies sent
@@ -119,6 +120,7 @@ class Dispatcher:
         self.longest: dict[str, float] = {}  # longest task duration seen, per kind
         self._next_check = 0.0
         self._grace_until = 0.0
+        self._restored_at = -1.0
         self._last_progress = time.monotonic()
         self._outages_seen = self.retry.outages
         self._queue = app.conf.task_default_queue
@@ -157,7 +159,8 @@ class Dispatcher:
             raise ValueError(f"task {key} is already in flight")
         self.client.sadd(self.wanted, LIVE, task_key_text(*key))
         task_id = self._send(spec)
-        self.pending[key] = Pending(spec, task_id, time.monotonic())
+        now = time.monotonic()
+        self.pending[key] = Pending(spec, task_id, now, sent=now)
         self.on_event()
         return key
 
@@ -169,7 +172,7 @@ class Dispatcher:
         p.task_id = self._send(p.spec)
         p.copies += 1
         p.reason = reason
-        p.last_seen = time.monotonic()
+        p.last_seen = p.sent = time.monotonic()
         if backup:
             p.backups += 1
             p.started = time.monotonic()  # the next backup, if any, only another task_timeout later
@@ -215,10 +218,12 @@ class Dispatcher:
             return None
         if "error" in message:
             where = f"{describe_key(key)} failed on {message.get('worker')}: {message['error']}"
-            if not message.get("retryable"):
+            self.check(force=True)  # a task that found no policy or metadata: was the run's state lost?
+            if not message.get("retryable") and self._restored_at < p.sent:
                 raise RolloutError(where)
             if message.get("task_id") == p.task_id:  # else a newer copy is already on its way
-                self.stats.time_limits += 1
+                if message.get("retryable"):
+                    self.stats.time_limits += 1
                 self.notify(f"{where}; sending it again")
                 self._resend(key, p, where)
             return None
@@ -316,6 +321,7 @@ class Dispatcher:
         """The run's keys are gone (FLUSHALL, or a Redis restarted without its data): write back what
         this side owns, then let workers renew their leases before judging any task."""
         self.stats.state_restored += 1
+        self._restored_at = now  # errors of copies sent before now (no policy, no meta) are retried
         self.declare_queue()
         self.client.sadd(self.wanted, LIVE, *[task_key_text(*k) for k in self.pending])
         if self.on_state_lost is not None:

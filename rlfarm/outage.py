@@ -66,7 +66,7 @@ class OutageRetry(Retry):
     __hash__ = object.__hash__
 
     def _failed(self, error: BaseException, failures: int) -> None:
-        if "OOM command not allowed" in str(error):  # kombu may wrap Redis's answer: it is no outage
+        if is_oom(error):  # kombu may wrap Redis's answer in its own error: it is no outage
             raise error
         now = time.monotonic()
         if self.outage_started is None:
@@ -132,7 +132,9 @@ class OutageRetry(Retry):
 
 def is_oom(exc: BaseException) -> bool:
     """Redis refused a write because it is at `maxmemory` (with noeviction: it never drops data)."""
-    return "OOM command not allowed" in str(exc) or (isinstance(exc, redis.ResponseError) and "OOM" in str(exc))
+    text = str(exc)
+    return (isinstance(exc, redis.OutOfMemoryError) or "OOM command not allowed" in text
+            or "used memory > 'maxmemory'" in text)
 
 
 def resilient_client(url: str, retry: OutageRetry, connect_timeout: float = 5.0) -> redis.Redis:
