@@ -29,6 +29,8 @@ from .conftest import ROOT, WORKER_ENV, one_error_line, pid_alive, rlfarm_cmd
 pytestmark = pytest.mark.farm
 
 RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING"]
+# The plain Celery way from the README, with Celery's defaults (gossip and mingle on).
+CELERY_WORKER = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-O", "fair", "-l", "WARNING"]
 SLOW_PPO = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
             "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=250", "--set", "ppo.num_minibatches=2",
             "--set", "policy.hidden_sizes=[16]"]
@@ -51,7 +53,7 @@ class Farm:
         self.tmp_path = tmp_path
         self.cluster.start()
         self.rlfarm_worker = self.cluster.add_worker(concurrency, command=RLFARM_WORKER)
-        self.celery_worker = self.cluster.add_worker(concurrency)
+        self.celery_worker = self.cluster.add_worker(concurrency, command=CELERY_WORKER)
 
     @property
     def url(self) -> str:
