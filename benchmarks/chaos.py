@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 from rlfarm.celery_app import make_app  # noqa: E402
 from rlfarm.cluster import LocalCluster  # noqa: E402
 
-ENV = {"PYTHONPATH": str(ROOT), "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs"}
+ENV = {"PYTHONPATH": str(ROOT), "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs",
+       "RLFARM_REDIS_OUTAGE_TIMEOUT": "300"}  # workers wait out the restart, as on a real farm
 ARGS = ["--preset", "cartpole-dqn", "--mode", "async", "--env", "tests.tiny_envs:slow",
         "--set", "env.num_envs=1", "--set", "farm.steps_per_env=250", "--set", "policy.hidden_sizes=[16]",
         "--set", "dqn.learning_starts=256", "--set", "dqn.replay_ratio=0.1", "--set", "eval.interval=0",

@@ -70,6 +70,7 @@ class Pending:
     copies: int = 1
     started: float | None = None  # when a lease was first seen for it (None: not started yet)
     backups: int = 0  # straggler copies sent
+    lease_gone: float | None = None  # when its lease was first seen gone while results waited
     reason: str = ""  # why it was last re-sent
 
 
@@ -173,6 +174,7 @@ class Dispatcher:
         p.copies += 1
         p.reason = reason
         p.last_seen = p.sent = time.monotonic()
+        p.lease_gone = None
         if backup:
             p.backups += 1
             p.started = time.monotonic()  # the next backup, if any, only another task_timeout later
@@ -201,10 +203,11 @@ class Dispatcher:
         """The next first-copy result of a pending task, or None (nothing came, a duplicate, a
         skipped copy, or a copy re-sent after a time limit). Waits at most `timeout` seconds and
         judges pending tasks' liveness once a second."""
+        # Judged before a message is taken, so that one in the results list is still counted there.
+        self.check()
         if self.pending:
             timeout = min(timeout, max(self._next_check - time.monotonic(), 0.01))
         message = self.receive(timeout)
-        self.check()
         if message is None:
             return None
         key = task_key(message)
@@ -218,7 +221,7 @@ class Dispatcher:
             return None
         if "error" in message:
             where = f"{describe_key(key)} failed on {message.get('worker')}: {message['error']}"
-            self.check(force=True)  # a task that found no policy or metadata: was the run's state lost?
+            self.check_state()  # a task that found no policy or metadata: was the run's state lost?
             if not message.get("retryable") and self._restored_at < p.sent:
                 raise RolloutError(where)
             if message.get("task_id") == p.task_id:  # else a newer copy is already on its way
@@ -253,10 +256,11 @@ class Dispatcher:
         texts = [task_key_text(*k) for k in keys]
         pipe = self.client.pipeline(transaction=False)
         pipe.exists(f"{run_prefix(self.run_id)}meta")
+        pipe.llen(self.key)
         pipe.smismember(self.wanted, texts)
         for text in texts:
             pipe.exists(lease_key(self.run_id, text))
-        meta_exists, wanted, *leases = pipe.execute()
+        meta_exists, backlog, wanted, *leases = pipe.execute()
         if not meta_exists:
             self._state_lost(now)
             return
@@ -268,7 +272,7 @@ class Dispatcher:
             if not is_wanted:
                 continue  # its result has been pushed and waits in the results list
             if leased:
-                p.last_seen = now
+                p.last_seen, p.lease_gone = now, None
                 if p.started is None:
                     p.started = now
                 elif (now - p.started > self.task_timeout and p.backups < self.max_redispatch):
@@ -276,6 +280,11 @@ class Dispatcher:
                     self._resend(key, p, f"still running {now - p.started:.0f} s after it started "
                                          f"(farm.task_timeout {self.task_timeout:g} s)", backup=True)
             elif p.started is not None:
+                # A worker's last word (a time-limit report, an error) deletes the lease as it lands in
+                # the results list: while results wait to be read, give the lease one more look.
+                if backlog and (p.lease_gone is None or now - p.lease_gone < self.lease_seconds):
+                    p.lease_gone = p.lease_gone or now
+                    continue
                 self.stats.leases_expired += 1
                 reason = (f"the worker running {describe_key(key)} was lost (its lease expired "
                           f"{self.lease_seconds:g} s after its last renewal)")
@@ -301,6 +310,11 @@ class Dispatcher:
                     reason = f"the message of {describe_key(key)} was lost (neither queued nor running)"
                     self.notify(f"{reason}; sending it again")
                     self._resend(key, p, reason)
+
+    def check_state(self) -> None:
+        """Only the first part of `check`: is the run's metadata still in Redis?"""
+        if not self.client.exists(f"{run_prefix(self.run_id)}meta"):
+            self._state_lost(time.monotonic())
 
     def queued_task_ids(self) -> set[str]:
         """Ids of the task messages waiting in the broker queue (kombu keeps them as JSON in a list)."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import socket
+from collections import deque
 
 from celery.exceptions import TimeLimitExceeded
-from celery.signals import task_failure, worker_process_init
+from celery.signals import task_failure, worker_init, worker_process_init
 from celery.worker.request import Request
 
 from rlfarm.celery_app import DEFAULT_REDIS_URL, EVAL_TASK, ROLLOUT_TASK, make_app
@@ -19,6 +20,7 @@ app = make_app(os.environ.get("RLFARM_REDIS_URL", DEFAULT_REDIS_URL), main="task
 
 _worker = None
 _main_client = None  # the worker main process's own Redis client (time-limit reports)
+_reported: deque[str] = deque(maxlen=1000)  # task ids whose time limit was reported already
 
 
 class RolloutRequest(Request):
@@ -40,6 +42,9 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     global _main_client
     if not isinstance(exception, TimeLimitExceeded) or not kwargs or "run" not in kwargs:
         return
+    if task_id in _reported:  # Celery signals a hard time limit twice (timeout and pool error paths)
+        return
+    _reported.append(task_id)
     from rlfarm import codec, signing
     from rlfarm.store import lease_key, results_key, task_key_text
 
@@ -60,6 +65,14 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     # The killed process can no longer renew its lease; drop it so it is not also taken for a lost worker.
     pipe.delete(lease_key(kwargs["run"], task_key_text(message["kind"], message["iteration"], message["index"])))
     pipe.execute()
+
+
+@worker_init.connect
+def _preload(**_: object) -> None:
+    # In the worker's main process, before the pool forks: the pool processes inherit torch, numpy and
+    # gymnasium already imported instead of each importing them (seconds per process, on shared cores).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # workers never touch CUDA
+    import rlfarm.worker  # noqa: F401
 
 
 @worker_process_init.connect

@@ -47,7 +47,9 @@ class Farm:
     def __init__(self, tmp_path: Path, concurrency: int = 1, worker_env: dict | None = None,
                  redis_args: list[str] | None = None):
         self.cluster = LocalCluster(workers=0, name=f"rlfarm-faults-{os.getpid()}", log_dir=tmp_path,
-                                    extra_env={**WORKER_ENV, **(worker_env or {})},
+                                    # workers wait out Redis outages as on a real farm (300 s)
+                                    extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "300",
+                                               **(worker_env or {})},
                                     redis_args=["--appendonly", "yes", "--appendfsync", "always",
                                                 *(redis_args or [])])
         self.tmp_path = tmp_path
@@ -260,7 +262,7 @@ def test_flushall_mid_run_is_noticed_written_back_and_the_run_goes_on(fault_farm
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-3000:]
     assert stderr.count("state is gone from Redis") == 1  # warned once, on the console
-    assert "state is gone from Redis" in (tmp_path / run_id / "trainer.log").read_text()  # and in the log
+    assert "state is gone from Redis" in (tmp_path / run_id / "rlfarm.log").read_text()  # and in the log
     s = summary(tmp_path / run_id)
     assert s["faults"]["state_restored"] == 1
     assert s["env_steps"] >= 3000
