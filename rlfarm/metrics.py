@@ -2,14 +2,22 @@
 
 Keys follow CleanRL / Stable-Baselines3 (`charts/episodic_return`, `charts/SPS`, `losses/...`).
 Files in the run directory: config.json, progress.csv (one row per log), episodes.csv (one row per
-finished training episode), TensorBoard event files.
+finished training episode), evals.csv (one row per greedy evaluation), TensorBoard event files.
+
+On a terminal the console shows a live progress bar (env steps, ETA, SPS, rolling return, policy
+version, the latest greedy evaluation); elsewhere a plain status line every 5 s. Evaluations are
+logged (rlfarm.logs) at info every `EVAL_LINE_EVERY`-th time and for the run's last one, at debug
+otherwise; evals.csv and TensorBoard hold all of them.
 """
 
 from __future__ import annotations
 
 import csv
+import datetime
 import json
+import logging
 import math
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -17,11 +25,30 @@ from typing import Any, Mapping
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
-from rlfarm.config import json_safe
+from rlfarm import logs
+from rlfarm.config import ConfigError, json_safe
 
 ROLLING_EPISODES = 20
+EVAL_LINE_EVERY = 10  # greedy evaluations: one console line every this many (and the last one)
+
+log = logging.getLogger("rlfarm.metrics")
+
+TRAIN_EXTRA = 'pip install -e ".[train]"'
+
+
+def summary_writer_class() -> type:
+    """torch's TensorBoard SummaryWriter, or a ConfigError saying how to install TensorBoard (a
+    worker-only install, `pip install rlfarm` without extras, has none)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ConfigError(f"the trainer writes TensorBoard files, but TensorBoard is not installed here "
+                          f"({exc}); install the trainer's extras: {TRAIN_EXTRA} in the rlfarm "
+                          f"checkout (or pip install 'rlfarm[train]')") from None
+    return SummaryWriter
 
 
 def _truncate_csv(path: Path, max_step: int) -> list[str] | None:
@@ -45,6 +72,7 @@ class RunLogger:
                  resume: Mapping[str, Any] | None = None):
         """`resume`: the `state()` of the logger of a run being resumed; its files are kept up to the
         checkpoint's env step (later rows will be produced again) and appended to."""
+        writer_class = summary_writer_class() if tensorboard else None  # before anything is written
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Strict JSON: target_return inf is written as null (rlfarm.config.from_dict reads it back).
@@ -56,6 +84,10 @@ class RunLogger:
         self.recent_returns: deque[float] = deque(resume["recent_returns"] if resume else (),
                                                   maxlen=ROLLING_EPISODES)
         self.best_rolling = resume["best_rolling"] if resume else -math.inf
+        self.evaluations = resume.get("evaluations", 0) if resume else 0
+        self.best_eval = resume.get("best_eval", -math.inf) if resume else -math.inf
+        self.last_eval = resume.get("last_eval", math.nan) if resume else math.nan
+        self._last_eval_line: str | None = None  # the latest evaluation's line, until it is shown
         self._progress_csv: csv.DictWriter | None = None
         self._evals_file = None
         self._evals_csv: Any = None
@@ -79,25 +111,38 @@ class RunLogger:
             self._episodes_csv.writerow(["global_step", "wall_time", "episodic_return", "episodic_length",
                                          "policy_version"])
         self.writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.run_dir))
+        if writer_class is not None:
+            self.writer = writer_class(str(self.run_dir))
         self._live = self.console.is_terminal
         self._last_line = 0.0
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             TextColumn("SPS {task.fields[sps]:>6}"), TextColumn("return {task.fields[ret]:>7}"),
+            TextColumn("{task.fields[eval]}"),
             TextColumn("v{task.fields[version]}"), TextColumn("in flight {task.fields[flight]}"),
-            TimeElapsedColumn(), console=self.console, disable=not self._live)
+            console=self.console, disable=not self._live)
+        # A resumed run's bar starts at its step, so the ETA's speed is not inflated by the jump.
         self.task = self.progress.add_task("env steps", total=total_steps, sps="-", ret="-",
-                                           version=0, flight=0)
+                                           version=0, flight=0, eval=self._eval_text(),
+                                           completed=min(resume["env_steps"], total_steps) if resume else 0)
         self.progress.start()
+        if self._live:
+            logs.set_live_console(self.console)  # log lines go above the bar
 
     def state(self, env_steps: int) -> dict[str, Any]:
         """What a resumed run needs to carry on this logger (JSON-able)."""
         return {"env_steps": env_steps, "elapsed": time.time() - self.start,
-                "recent_returns": list(self.recent_returns), "best_rolling": self.best_rolling}
+                "recent_returns": list(self.recent_returns), "best_rolling": self.best_rolling,
+                "evaluations": self.evaluations, "best_eval": self.best_eval, "last_eval": self.last_eval}
+
+    def _eval_text(self) -> str:
+        """The progress bar's evaluation field: the latest greedy evaluation and the best so far."""
+        return f"eval {self.last_eval:.1f} (best {self.best_eval:.1f})" if self.evaluations else ""
+
+    def eta(self) -> float | None:
+        """Seconds to total_steps at the recent speed (rich's estimate), None before it has one."""
+        return self.progress.tasks[0].time_remaining if self.progress.tasks else None
 
     @property
     def rolling_return(self) -> float:
@@ -115,22 +160,40 @@ class RunLogger:
             self.best_rolling = max(self.best_rolling, self.rolling_return)
         self._episodes_file.flush()
 
-    def evaluation(self, global_step: int, returns: list[float], version: int) -> None:
-        """A finished greedy evaluation, logged at the env step it was sent at."""
+    def evaluation(self, global_step: int, returns: list[float], version: int,
+                   confirmation: bool = False) -> None:
+        """A finished greedy evaluation, logged at the env step it was sent at. `confirmation`: the
+        extra episodes that confirm an evaluation at the target (a row of its own, always on the console)."""
         mean, std = float(np.mean(returns)), float(np.std(returns))
         if self._evals_csv is None:
             self._evals_file = open(self.run_dir / "evals.csv", "w", newline="")
             self._evals_csv = csv.writer(self._evals_file)
             self._evals_csv.writerow(["global_step", "wall_time", "mean_return", "std_return", "episodes",
-                                      "policy_version"])
+                                      "policy_version", "confirmation"])
         self._evals_csv.writerow([global_step, f"{time.time() - self.start:.3f}", f"{mean:.4f}",
-                                  f"{std:.4f}", len(returns), version])
+                                  f"{std:.4f}", len(returns), version, int(confirmation)])
         self._evals_file.flush()
+        if confirmation:
+            if self.writer:
+                self.writer.add_scalar("eval/confirmation_mean_return", mean, global_step)
+            log.info("confirmation of policy v%d: mean return %.1f ± %.1f over %d more greedy episodes "
+                     "with other seeds", version, mean, std, len(returns))
+            return
         if self.writer:
             self.writer.add_scalar("eval/mean_return", mean, global_step)
             self.writer.add_scalar("eval/std_return", std, global_step)
-        self.console.print(f"eval at step {global_step} (policy v{version}): mean return {mean:.1f} ± "
-                           f"{std:.1f} over {len(returns)} greedy episodes", highlight=False)
+        self.evaluations += 1
+        self.last_eval = mean
+        self.best_eval = max(self.best_eval, mean)
+        self.progress.update(self.task, eval=self._eval_text())
+        line = (f"eval {self.evaluations} at step {global_step} (policy v{version}): mean return "
+                f"{mean:.1f} ± {std:.1f} over {len(returns)} greedy episodes (best {self.best_eval:.1f})")
+        if self.evaluations % EVAL_LINE_EVERY == 0:
+            log.info("%s", line)
+            self._last_eval_line = None
+        else:  # on the bar only (and in the log file with -v); close() shows the run's last one
+            log.debug("%s", line)
+            self._last_eval_line = line
 
     def histogram(self, key: str, values: Any, global_step: int) -> None:
         if self.writer:
@@ -158,11 +221,21 @@ class RunLogger:
         now = time.time()
         if not self._live and now - self._last_line > 5:
             self._last_line = now
-            self.console.print(f"step {global_step}/{self.total_steps}  SPS {sps:.0f}  "
-                               f"return(last {ROLLING_EPISODES}) {ret_text}  policy v{version}",
+            eta = self.eta()
+            eta_text = "-" if eta is None else str(datetime.timedelta(seconds=math.ceil(eta)))
+            eval_text = f"  {self._eval_text()}" if self.evaluations else ""
+            self.console.print(f"step {global_step}/{self.total_steps}  ETA {eta_text}  SPS {sps:.0f}  "
+                               f"return(last {ROLLING_EPISODES}) {ret_text}{eval_text}  policy v{version}",
                                highlight=False)
 
     def close(self) -> None:
+        """Stop the display and close the files. A run that ends normally (no exception on its way
+        out through the caller's `finally`) also gets its last evaluation's line if it was not shown."""
+        if self._last_eval_line is not None and sys.exc_info()[0] is None:
+            log.info("%s", self._last_eval_line)
+            self._last_eval_line = None
+        if self._live:
+            logs.set_live_console(None)
         self.progress.stop()
         if self.writer:
             self.writer.close()

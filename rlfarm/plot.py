@@ -70,7 +70,9 @@ def read_run(run_dir: Path) -> RunData:
         except ValueError as exc:
             raise PlotError(f"{run_dir / 'config.json'} is not valid JSON: {exc}") from None
     evals = run_dir / "evals.csv"
-    return RunData(run_dir, config, _read_csv(episodes), _read_csv(evals) if evals.is_file() else [])
+    # Confirmations re-play an evaluated version with other seeds: the curve shows the evaluations.
+    rows = [r for r in (_read_csv(evals) if evals.is_file() else []) if r.get("confirmation", "0") != "1"]
+    return RunData(run_dir, config, _read_csv(episodes), rows)
 
 
 def rolling_mean(values: np.ndarray, window: int) -> np.ndarray:
@@ -141,9 +143,14 @@ def wall_unit(max_seconds: float) -> tuple[float, str]:
 def render(c: Curves, out: Path, dpi: int = 120) -> Path:
     """Draw `c` into `out` (format from its suffix, PNG for .png)."""
     # Figure + Agg canvas directly: no pyplot global state, no backend selection to leak.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import EngFormatter
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import EngFormatter
+    except ImportError as exc:  # a worker-only install: `pip install rlfarm` without extras
+        raise PlotError(f"rlfarm plot needs matplotlib, which is not installed here ({exc}); install the "
+                        f"trainer's extras: pip install -e \".[train]\" in the rlfarm checkout (or pip "
+                        f"install 'rlfarm[train]')") from None
 
     fig = Figure(figsize=(12, 4.6), layout="constrained")
     FigureCanvasAgg(fig)

@@ -1,0 +1,129 @@
+"""rlfarm's own messages: stdlib `logging` under the "rlfarm" logger, on the console through rich's
+handler and in the run directory.
+
+- `setup_logging(verbosity)` (the `rlfarm` command group calls it: `-q` is -1, `-v` is 1) puts one
+  console handler on the "rlfarm" logger. Each record is exactly one line on stderr, never wrapped
+  (users and tests grep for them): `rlfarm: warning: ...`, `rlfarm: error: ...`, `rlfarm: ...` (info),
+  `rlfarm: debug: ...`. -1 shows warnings and errors only, 0 adds info, 1 or more adds debug.
+- `log_to_file(run_dir)` adds RUN_DIR/rlfarm.log (plain text, one timestamped line per record) to the
+  same logger, at info (debug with `-v`) whatever the console shows; `remove(handler)` takes it off.
+- While a run's live progress bar is on the terminal (`set_live_console`), console lines are printed
+  through the bar's console, so they appear above the bar instead of breaking it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rich.console import Console, ConsoleRenderable
+from rich.logging import RichHandler
+from rich.text import Text
+
+LOGGER = "rlfarm"
+LOG_FILE = "rlfarm.log"
+FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_PREFIXES = {logging.DEBUG: ("rlfarm: debug: ", "dim"), logging.INFO: ("rlfarm: ", ""),
+             logging.WARNING: ("rlfarm: warning: ", "yellow"), logging.ERROR: ("rlfarm: error: ", "red")}
+
+_live_console: Console | None = None
+_verbosity = 0
+
+
+def level_for(verbosity: int) -> int:
+    """The console's level for a verbosity: -1 (or less) warnings, 0 info, 1 (or more) debug."""
+    return logging.WARNING if verbosity < 0 else logging.INFO if verbosity == 0 else logging.DEBUG
+
+
+def verbosity() -> int:
+    """What the last `setup_logging` was given (0 if it was never called)."""
+    return _verbosity
+
+
+class ConsoleHandler(RichHandler):
+    """rich's handler without its columns: one line per record, on stderr, never wrapped; above the
+    live progress bar while there is one on the same terminal."""
+
+    def __init__(self, level: int = logging.INFO):
+        stderr = Console(stderr=True, soft_wrap=True)
+        super().__init__(level=level, console=stderr, show_time=False, show_level=False, show_path=False,
+                         markup=False, keywords=[], rich_tracebacks=False)
+        self._stderr = stderr
+
+    def render(self, *, record: logging.LogRecord, traceback: object,
+               message_renderable: ConsoleRenderable) -> ConsoleRenderable:
+        level = max((lv for lv in _PREFIXES if lv <= record.levelno), default=logging.DEBUG)
+        prefix, style = _PREFIXES[level]
+        return Text.assemble((prefix, style), message_renderable)  # type: ignore[arg-type]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        live = _live_console
+        on_bar = live is not None and live.is_terminal and self._stderr.is_terminal
+        self.console = live if on_bar else self._stderr  # type: ignore[assignment]
+        super().emit(record)
+
+
+def setup_logging(verbosity: int = 0) -> logging.Handler:
+    """The console handler of the "rlfarm" logger (replacing one set up before)."""
+    global _verbosity
+    _verbosity = verbosity
+    logger = logging.getLogger(LOGGER)
+    for old in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
+        logger.removeHandler(old)
+    level = level_for(verbosity)
+    handler = ConsoleHandler(level)
+    logger.addHandler(handler)
+    # Records are made down to info even with -q: the run's log file keeps them.
+    logger.setLevel(min(level, logging.INFO))
+    return handler
+
+
+def hand_over_to_celery() -> None:
+    """In `rlfarm worker`: Celery's logging (its --loglevel, its format, its log file) takes over
+    rlfarm's records, as for `celery -A tasks worker`."""
+    logger = logging.getLogger(LOGGER)
+    for old in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
+        logger.removeHandler(old)
+    logger.setLevel(logging.NOTSET)
+
+
+class _RunFileHandler(logging.FileHandler):
+    """Opened at the first record (a run that fails before it logs anything leaves no file), making
+    the run directory if need be."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, encoding="utf-8", delay=True)
+
+    def _open(self):  # noqa: ANN202 - logging.FileHandler's own hook
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+def log_to_file(run_dir: str | Path) -> logging.Handler:
+    """Append the "rlfarm" logger's records to RUN_DIR/rlfarm.log until `remove(handler)`.
+
+    Used as a library, with no logging set up at all, rlfarm also gets its console handler here, so
+    a run's warnings still reach stderr as `rlfarm: warning:` lines."""
+    logger = logging.getLogger(LOGGER)
+    if not any(isinstance(h, ConsoleHandler) for h in logger.handlers) and not logging.getLogger().handlers:
+        setup_logging(0)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    handler = _RunFileHandler(Path(run_dir) / LOG_FILE)
+    handler.setFormatter(logging.Formatter(FILE_FORMAT))
+    logger.addHandler(handler)
+    return handler
+
+
+def remove(handler: logging.Handler | None) -> None:
+    """Take a handler from `log_to_file` off the "rlfarm" logger and close its file."""
+    if handler is not None:
+        logging.getLogger(LOGGER).removeHandler(handler)
+        handler.close()
+
+
+def set_live_console(console: Console | None) -> None:
+    """The console of the live progress bar now on screen (None: none any more)."""
+    global _live_console
+    _live_console = console

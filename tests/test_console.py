@@ -1,0 +1,233 @@
+"""What a run says and where: rlfarm.logs (one-line console messages, -q/-v, RUN_DIR/rlfarm.log), the
+progress bar's evaluation field and ETA, the worker's no-password warning, and the one-line errors of
+an install without the `train` extra."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from rlfarm import logs
+from rlfarm.config import ConfigError
+from rlfarm.metrics import EVAL_LINE_EVERY, RunLogger, summary_writer_class
+from rlfarm.store import is_loopback, no_password_warning
+
+from .conftest import ROOT, WORKER_ENV, one_error_line, rlfarm_cmd
+
+
+@pytest.fixture
+def rlfarm_logger():
+    """The "rlfarm" logger as a test found it, restored afterwards (handlers and level)."""
+    logger = logging.getLogger(logs.LOGGER)
+    handlers, level = list(logger.handlers), logger.level
+    yield logger
+    for handler in list(logger.handlers):
+        if handler not in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+    logger.setLevel(level)
+
+
+def test_console_lines_are_one_line_each_with_their_prefix(rlfarm_logger, capsys):
+    log = logging.getLogger("rlfarm.trainer")
+    logs.setup_logging(0)
+    long = "lost Redis at redis://10.0.0.5:6379/0 (ConnectionError: [Errno 111] refused); " + "x" * 200
+    log.warning("%s", long)
+    log.info("target return %g reached after %d env steps", 1.0, 1024)
+    log.debug("not at the default verbosity")
+    assert capsys.readouterr().err.splitlines() == [
+        f"rlfarm: warning: {long}", "rlfarm: target return 1 reached after 1024 env steps"]
+    logs.setup_logging(-1)  # -q: warnings and errors only
+    log.info("hidden")
+    log.warning("shown")
+    logs.setup_logging(1)  # -v: debug too; the handler replaces the previous one (not added twice)
+    log.debug("debug %d", 3)
+    assert capsys.readouterr().err.splitlines() == ["rlfarm: warning: shown", "rlfarm: debug: debug 3"]
+    assert sum(isinstance(h, logs.ConsoleHandler) for h in rlfarm_logger.handlers) == 1
+
+
+def test_the_run_log_keeps_info_lines_whatever_the_console_shows(rlfarm_logger, tmp_path, capsys):
+    logs.setup_logging(-1)
+    run_dir = tmp_path / "run"
+    handler = logs.log_to_file(run_dir)
+    assert not run_dir.exists()  # nothing logged yet: no file (a run that fails at once leaves none)
+    log = logging.getLogger("rlfarm.trainer")
+    log.info("resuming run r from its checkpoint")
+    log.warning("a warning")
+    log.debug("debug only with -v")
+    logs.remove(handler)
+    log.info("after the run")
+    lines = (run_dir / logs.LOG_FILE).read_text().splitlines()
+    assert len(lines) == 2
+    assert lines[0].endswith(" INFO rlfarm.trainer: resuming run r from its checkpoint")
+    assert lines[1].endswith(" WARNING rlfarm.trainer: a warning")
+    assert lines[0][:4].isdigit() and lines[0][4] == "-"  # 2026-... timestamp
+    assert capsys.readouterr().err.splitlines() == ["rlfarm: warning: a warning"]
+
+
+def _logger(tmp_path, **kwargs) -> RunLogger:
+    console = Console(file=io.StringIO(), force_terminal=False, width=200)
+    return RunLogger(tmp_path, {"algo": "ppo"}, 100_000, console, tensorboard=False, **kwargs)
+
+
+def test_evaluations_go_on_the_bar_and_every_tenth_and_the_last_on_the_console(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="rlfarm")
+    logger = _logger(tmp_path)
+    for i in range(1, 26):
+        logger.evaluation(1000 * i, [float(i), float(i)], i)
+    assert logger.progress.tasks[0].fields["eval"] == "eval 25.0 (best 25.0)"
+    logger.evaluation(26_000, [3.0, 5.0], 26)
+    assert logger.progress.tasks[0].fields["eval"] == "eval 4.0 (best 25.0)"
+    logger.close()
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert [m.split(" at step")[0] for m in info] == ["eval 10", "eval 20", "eval 26"]  # 26: the last
+    assert info[-1] == ("eval 26 at step 26000 (policy v26): mean return 4.0 ± 1.0 over 2 greedy "
+                        "episodes (best 25.0)")
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG and r.name == "rlfarm.metrics"]
+    assert len(debug) == 26 - 2  # the others: shown with -v
+    assert EVAL_LINE_EVERY == 10
+    assert len((tmp_path / "evals.csv").read_text().splitlines()) == 1 + 26  # all of them
+
+
+def test_a_run_that_fails_does_not_repeat_its_last_evaluation(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="rlfarm")
+    logger = _logger(tmp_path)
+    logger.evaluation(1000, [1.0], 1)
+    try:
+        try:
+            raise RuntimeError("the run failed")
+        finally:
+            logger.close()  # as Trainer.train's finally calls it
+    except RuntimeError:
+        pass
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO]
+
+
+def test_plain_status_lines_have_an_eta_and_the_evaluation(tmp_path):
+    logger = _logger(tmp_path)
+    logger.status(1000, 500.0, 1, 2)
+    logger.evaluation(1000, [487.25, 487.35], 1)
+    logger._last_line = 0.0  # the next status prints a line now (one every 5 s otherwise)
+    logger.status(2000, 500.0, 2, 2)  # a second sample: rich has a speed, so an ETA
+    logger.close()
+    first, second = logger.console.file.getvalue().splitlines()
+    assert first.startswith("step 1000/100000  ETA -  SPS 500")
+    assert second.startswith("step 2000/100000  ETA ")
+    eta = second.split("ETA ")[1].split()[0]
+    assert eta != "-" and eta.count(":") == 2, second  # H:MM:SS
+    assert "eval 487.3 (best 487.3)" in second
+
+
+def test_a_resumed_logger_keeps_its_evaluations_and_starts_its_bar_at_its_step(tmp_path):
+    logger = _logger(tmp_path)
+    logger.evaluation(1000, [7.0], 1)
+    state = logger.state(30_000)
+    logger.close()
+    resumed = _logger(tmp_path, resume=state)
+    assert resumed.progress.tasks[0].completed == 30_000  # the ETA's speed starts from there
+    assert resumed.progress.tasks[0].fields["eval"] == "eval 7.0 (best 7.0)"
+    old = {k: v for k, v in state.items() if k not in ("evaluations", "best_eval", "last_eval")}
+    resumed.close()
+    assert _logger(tmp_path, resume=old).progress.tasks[0].fields["eval"] == ""  # an older checkpoint
+
+
+@pytest.mark.parametrize("url, warned", [
+    ("redis://127.0.0.1:6379/0", False), ("redis://127.3.2.1/0", False), ("redis://localhost:6379/0", False),
+    ("redis://LocalHost./0", False), ("redis://[::1]:6379/0", False), ("redis://[::ffff:127.0.0.1]/0", False),
+    ("unix:///run/redis.sock", False), ("redis://:secret@10.0.0.5:6379/0", False),
+    ("rediss://user:secret@redis-host:6380/0", False),
+    ("redis://10.0.0.5:6379/0", True), ("redis://trainer-host:6379/0", True), ("redis://[2001:db8::1]/0", True),
+    ("rediss://user@redis-host:6380/0", True), ("redis://:@10.0.0.5/0", True), ("redis://0.0.0.0/0", True),
+])
+def test_worker_warns_of_a_redis_without_password_off_this_machine(url, warned):
+    text = no_password_warning(url)
+    assert (text is not None) == warned
+    if warned:
+        assert "without a password" in text and "secret" not in text
+
+
+def test_loopback_names():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("128.0.0.1")
+    assert not is_loopback("") and not is_loopback(None) and not is_loopback("localhost.example.com")
+
+
+# ---- an install without the `train` extra (pip install rlfarm: a worker's) ----------------------------
+def test_missing_tensorboard_is_a_config_error_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ConfigError, match=r'TensorBoard is not installed .*pip install -e "\.\[train\]"'):
+        summary_writer_class()
+    with pytest.raises(ConfigError):
+        RunLogger(tmp_path / "run", {}, 10)
+    assert not (tmp_path / "run").exists()
+
+
+def _without(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`rlfarm ARGS` in a process where `import MODULE` fails, as on an install without it."""
+    code = f"import sys; sys.modules[{module!r}] = None; from cli import main; main(prog_name='rlfarm')"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **WORKER_ENV}, timeout=600)
+
+
+def test_plot_without_matplotlib_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"env": {"id": "CartPole-v1"}, "algo": "ppo", "run_id": "r"}')
+    (tmp_path / "episodes.csv").write_text("global_step,wall_time,episodic_return,episodic_length,"
+                                           "policy_version\n10,0.5,10.0,10,0\n")
+    result = _without("matplotlib", "plot", str(tmp_path))
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "rlfarm plot needs matplotlib" in line and 'pip install -e ".[train]"' in line
+
+
+def test_train_without_tensorboard_is_one_line_and_leaves_no_run(farm, tmp_path):
+    result = _without("tensorboard", "train", "--redis", farm.redis_url, "--run-id", "no-tb",
+                      "--logdir", str(tmp_path), *SHORT)
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "TensorBoard is not installed" in line and 'pip install -e ".[train]"' in line
+    assert not (tmp_path / "no-tb" / "config.json").exists()  # the same --run-id can start once installed
+
+
+# ---- rlfarm -q / -v train, end to end ------------------------------------------------------------------
+SHORT = ["--total-steps", "2048", "--set", "farm.num_tasks=2", "--set", "env.num_envs=1",
+         "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2"]  # 2 iterations of 1024 steps
+EVALS = ["--set", "eval.interval=1024", "--set", "eval.episodes=2", "--set", "eval.tasks=1"]
+
+
+def _train(farm, tmp_path, run_id: str, *args: str) -> subprocess.CompletedProcess:
+    global_opts = [a for a in args if a in ("-q", "-v")]
+    rest = [a for a in args if a not in ("-q", "-v")]
+    result = subprocess.run(rlfarm_cmd(*global_opts, "train", "--redis", farm.redis_url, "--run-id", run_id,
+                                       "--logdir", str(tmp_path), *SHORT, *rest),
+                            capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_quiet_train_prints_no_info_lines_and_its_run_log_has_them(farm, tmp_path):
+    quiet = _train(farm, tmp_path, "quiet", "-q", "--target-return", "1")  # a random policy's ~20 >= 1
+    assert quiet.stderr == ""
+    assert "target return" not in quiet.stdout
+    log = (tmp_path / "quiet" / "rlfarm.log").read_text()
+    assert " INFO rlfarm.trainer: target return 1 reached after 1024 env steps" in log
+
+    loud = _train(farm, tmp_path, "loud", "--target-return", "1")
+    assert loud.stderr.splitlines() == ["rlfarm: target return 1 reached after 1024 env steps"]
+
+
+def test_evaluation_lines_at_the_default_verbosity_and_with_v(farm, tmp_path):
+    default = _train(farm, tmp_path, "evals", *EVALS)  # evaluations 1 (at 1024) and 2 (the final policy)
+    lines = default.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlfarm: eval 2 at step 2048 (policy v2): mean return ")
+    assert "eval 1 at" not in (tmp_path / "evals" / "rlfarm.log").read_text()
+
+    verbose = _train(farm, tmp_path, "evals-v", "-v", *EVALS)
+    lines = verbose.stderr.splitlines()
+    assert lines[0].startswith("rlfarm: debug: eval 1 at step 1024 (policy v1): mean return "), lines
+    assert lines[-1].startswith("rlfarm: eval 2 at step 2048"), lines
+    assert " DEBUG rlfarm.metrics: eval 1 at step 1024" in (tmp_path / "evals-v" / "rlfarm.log").read_text()
