@@ -106,6 +106,9 @@ class EvalConfig:
     interval: int = 0  # env steps between greedy evaluations (0: never)
     episodes: int = 10  # episodes per evaluation, split over `tasks` tasks
     tasks: int = 2
+    # An evaluation at or above target_return is confirmed by this many more greedy episodes with
+    # other seeds before the run counts the target as reached (0: the first evaluation decides).
+    confirm_episodes: int = 20
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,22 @@ class RunConfig:
 
     @property
     def num_iterations(self) -> int:
-        return max(1, self.total_steps // self.steps_per_iteration)
+        """SYNC iterations: total_steps rounded UP to whole iterations (a run never stops short of
+        --total-steps, and its progress bar fills); `rounding_note` says so when it rounds."""
+        return max(1, -(-self.total_steps // self.steps_per_iteration))
+
+    def rounding_note(self) -> str | None:
+        """One line for the console when SYNC total_steps is not a whole number of iterations (ASYNC
+        runs until env_steps >= total_steps and never rounds); None when nothing is rounded."""
+        per = self.steps_per_iteration
+        if self.mode != "sync" or self.total_steps % per == 0:
+            return None
+        n, exact = self.num_iterations, self.total_steps / per
+        shown = f"{exact:.2f}"
+        if float(shown) in (n - 1, n):  # 0.001 or 9.9999 iterations: not "0.00" or "10.00"
+            shown = f"{exact:.6g}"
+        return (f"--total-steps {self.total_steps} is {shown} iterations of {per} "
+                f"steps: training {n} iteration{'s' if n > 1 else ''} ({n * per:,} env steps)")
 
 
 # `async` is a Python keyword: the field is `async_`, users and files say `async`.
@@ -272,6 +290,8 @@ def validate(config: RunConfig) -> None:
                 "async.publish_interval", "eval.episodes", "eval.tasks"):
         if get(config, key) < 1:
             raise ConfigError(f"{key} must be at least 1, got {get(config, key)}")
+    if config.eval.confirm_episodes < 0:
+        raise ConfigError("eval.confirm_episodes cannot be negative (0: no confirmation)")
     if config.async_.max_policy_lag < 0 or config.eval.interval < 0 or config.dqn.replay_ratio < 0:
         raise ConfigError("async.max_policy_lag, eval.interval and dqn.replay_ratio cannot be negative")
     if not 0 < config.dqn.tau <= 1:

@@ -74,16 +74,16 @@ def check_env_allowed(env_id: str, where: str = "on this worker", hint: str | No
                    f"{module!r} is not in {ALLOWED_MODULES_VAR} ({hint})")
 
 
-def _factory(env_id: str, trusted: bool = True) -> Callable[[], gym.Env]:
+def _factory(env_id: str, trusted: bool = True) -> Callable[..., gym.Env]:
     """A constructor for `env_id`. `trusted=False` (an id read from Redis or a file): allowlist first
     (check_env_allowed), and never a "module:..." string to gym.make, which would import the module."""
     if not trusted:
         check_env_allowed(env_id)
         if env_id in gym.registry:
             spec = gym.registry[env_id]  # the spec, not the id: no import of an id's "module:" part
-            return lambda: gym.make(spec)
+            return lambda **kwargs: gym.make(spec, **kwargs)
     if env_id in gym.registry:
-        return lambda: gym.make(env_id)
+        return lambda **kwargs: gym.make(env_id, **kwargs)
     if ":" in env_id:
         module_name, _, attr = env_id.partition(":")
         try:
@@ -91,7 +91,7 @@ def _factory(env_id: str, trusted: bool = True) -> Callable[[], gym.Env]:
         except ImportError as exc:
             raise EnvError(f"env {env_id!r}: cannot import module {module_name!r}: {exc}") from None
         if env_id in gym.registry:  # importing the module may have registered it
-            return lambda: gym.make(env_id)
+            return lambda **kwargs: gym.make(env_id, **kwargs)
         target = getattr(module, attr, None)
         if target is None:
             raise EnvError(f"env {env_id!r}: module {module_name!r} has no attribute {attr!r}")
@@ -110,12 +110,13 @@ def _factory(env_id: str, trusted: bool = True) -> Callable[[], gym.Env]:
     raise EnvError(f"unknown env {env_id!r}{hint} (give a gymnasium id or 'module:callable')")
 
 
-def make_env(env_id: str, trusted: bool = True) -> gym.Env:
+def make_env(env_id: str, trusted: bool = True, render_mode: str | None = None) -> gym.Env:
     """One env; a constructor that raises is an EnvError naming the env and what it raised.
-    `trusted=False` for an id read from Redis or a file (see _factory)."""
+    `trusted=False` for an id read from Redis or a file (see _factory). `render_mode` ("rgb_array",
+    "human") is passed to gym.make, or to a "module:callable" constructor as a keyword."""
     factory = _factory(env_id, trusted)
     try:
-        return factory()
+        return factory(render_mode=render_mode) if render_mode else factory()
     except EnvError:
         raise
     except Exception as exc:  # noqa: BLE001 - any user constructor: gym.make, a class, a factory function
@@ -164,6 +165,25 @@ def space_spec(env: gym.Env) -> SpaceSpec:
         return SpaceSpec(obs_dim, False, int(act_space.shape[0]),
                          tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high))
     raise EnvError(f"action space {act_space} is not supported (Discrete or 1-D Box)")
+
+
+def episode_limit(env_id: str) -> int | None:
+    """The env's registered episode limit (gymnasium's `max_episode_steps`, its TimeLimit), None when
+    unknown. A registered id is read from the registry; anything else is made once to ask its spec."""
+    if env_id in gym.registry:
+        return gym.registry[env_id].max_episode_steps
+    env = make_env(env_id)
+    try:
+        if env.spec is not None and env.spec.max_episode_steps is not None:
+            return env.spec.max_episode_steps
+        layer = env
+        while isinstance(layer, gym.Wrapper):  # a constructor that wraps its env in TimeLimit itself
+            if isinstance(layer, gym.wrappers.TimeLimit):
+                return layer._max_episode_steps
+            layer = layer.env
+        return None
+    finally:
+        env.close()
 
 
 def describe(env_id: str) -> SpaceSpec:

@@ -188,3 +188,52 @@ class NumpyQActor:
 def build_network(algo: str, spec: SpaceSpec, config: PolicyConfig) -> nn.Module:
     """The network an algorithm trains and workers act with."""
     return QNetwork(spec, config) if algo == "dqn" else ActorCritic(spec, config)
+
+
+class PolicyMismatch(ValueError):
+    """Saved tensors that do not fit the network an env's spaces call for (another env's policy)."""
+
+
+def _linear_shapes(state: dict[str, torch.Tensor], head: str) -> list[tuple[int, ...]]:
+    """Shapes of the Linear weights of the `head` MLP (`actor`, `q`) in a state dict, in order."""
+    found = []
+    for key, tensor in state.items():
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == head and parts[1].isdigit() and parts[2] == "weight":
+            found.append((int(parts[1]), tuple(tensor.shape)))
+    return [shape for _, shape in sorted(found)]
+
+
+def _actions(discrete: bool, n: int) -> str:
+    return f"{n} discrete action{'s' if n != 1 else ''}" if discrete else f"{n}-dimensional continuous actions"
+
+
+def load_network(algo: str, spec: SpaceSpec, config: PolicyConfig,
+                 state: dict[str, torch.Tensor]) -> nn.Module:
+    """The network `algo` acts with (see build_network), built for an env's `spec` and loaded with a
+    saved `state`. Raises PolicyMismatch saying what does not fit (observation size, kind or number
+    of actions) when the policy was trained on other spaces, or when its tensors are not the network
+    its metadata describes."""
+    if algo not in ("ppo", "dqn"):
+        raise PolicyMismatch(f"unknown algorithm {algo!r} in its metadata (ppo or dqn)")
+    head = "q" if algo == "dqn" else "actor"
+    layers = _linear_shapes(state, head)
+    problems = []
+    if layers and all(len(shape) == 2 for shape in layers):
+        obs_dim, out = layers[0][1], layers[-1][0]
+        discrete = algo == "dqn" or "actor_logstd" not in state
+        if obs_dim != spec.obs_dim:
+            problems.append(f"it takes observations of size {obs_dim}, the env's have size {spec.obs_dim}")
+        if discrete != spec.discrete or out != spec.action_dim:
+            problems.append(f"it acts with {_actions(discrete, out)}, the env takes "
+                            f"{_actions(spec.discrete, spec.action_dim)}")
+    if problems:
+        raise PolicyMismatch("; ".join(problems))
+    try:
+        network = build_network(algo, spec, config)
+        network.load_state_dict(state)
+    except (RuntimeError, ValueError) as exc:  # tensors of another network (e.g. other hidden sizes)
+        detail = " ".join(str(exc).split())
+        detail = detail if len(detail) <= 400 else detail[:400] + " ..."
+        raise PolicyMismatch(f"its tensors are not the {algo} network its metadata describes: {detail}") from None
+    return network

@@ -113,3 +113,33 @@ class WideEnv(SlowEnv):
 
 def wide() -> gym.Env:
     return WideEnv()
+
+
+class PaintedEnv(SlowEnv):
+    """CartPole-shaped spaces, 20-step episodes, and rgb_array frames drawn with numpy alone (no
+    pygame): for recording videos with `rlfarm eval --video` in tests."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, render_mode: str | None = None):
+        super().__init__(step_seconds=0.0)
+        self.render_mode = render_mode
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.t += 1
+        obs, reward, _, _, info = super().step(action)
+        return obs, reward, False, self.t >= 20, info
+
+    def render(self):
+        frame = np.zeros((64, 64, 3), np.uint8)
+        frame[:, : 3 * self.t] = (200, 80, 40)
+        return frame
+
+
+def painted(render_mode: str | None = None) -> gym.Env:
+    return PaintedEnv(render_mode)

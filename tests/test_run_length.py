@@ -1,0 +1,67 @@
+"""How long a run and its episodes really are: SYNC --total-steps rounded UP to whole iterations (and
+said so), and a warning when the env's episodes outlast a task (training returns cannot see them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlfarm import config as C
+
+from .test_cli import run_cli
+
+SMALL_PPO = ["--set", "farm.num_tasks=2", "--set", "env.num_envs=1", "--set", "farm.steps_per_env=512",
+             "--set", "ppo.num_minibatches=2"]  # 1,024 env steps per iteration
+LONG_EPISODES = "episodes last up to"
+
+
+@pytest.mark.parametrize("total, iterations, note", [
+    (40000, 10, "--total-steps 40000 is 9.77 iterations of 4096 steps: training 10 iterations (40,960 env steps)"),
+    (20000, 5, "--total-steps 20000 is 4.88 iterations of 4096 steps: training 5 iterations (20,480 env steps)"),
+    (40959, 10, "--total-steps 40959 is 9.99976 iterations of 4096 steps: training 10 iterations "
+                "(40,960 env steps)"),
+    (1, 1, "--total-steps 1 is 0.000244141 iterations of 4096 steps: training 1 iteration (4,096 env steps)"),
+    (4096, 1, None),
+    (8192, 2, None),
+])
+def test_total_steps_round_up_to_whole_iterations(total, iterations, note):
+    cfg = C.build("cartpole-ppo", total_steps=total)
+    assert cfg.steps_per_iteration == 4096
+    assert cfg.num_iterations == iterations
+    assert cfg.num_iterations * cfg.steps_per_iteration >= total
+    assert cfg.rounding_note() == note
+
+
+def test_async_runs_and_shipped_presets_say_nothing_about_rounding():
+    assert C.build("cartpole-dqn", total_steps=40000).rounding_note() is None  # ASYNC: steps, not iterations
+    for name in C.preset_names():
+        assert C.build(name).rounding_note() is None, name  # presets ship whole iterations
+
+
+def test_train_says_it_rounds_up_and_runs_to_the_rounded_total(farm, tmp_path):
+    """1,500 steps of 1,024-step iterations: 2 iterations, 2,048 env steps, said once before the run.
+    CartPole's 500-step episodes fit in 512-step tasks: no episode-length warning."""
+    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "round-up", "--logdir", str(tmp_path),
+                     "--total-steps", "1500", *SMALL_PPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    note = ("rlfarm: --total-steps 1500 is 1.46 iterations of 1024 steps: training 2 iterations "
+            "(2,048 env steps)")
+    assert result.stderr.splitlines().count(note) == 1, result.stderr
+    assert LONG_EPISODES not in result.stderr
+    summary = json.loads((tmp_path / "round-up" / "summary.json").read_text())
+    assert summary["env_steps"] == 2048 and summary["final_version"] == 2
+    assert "run round-up: 2048 env steps" in result.stdout
+    assert "mean return of the last 20 training episodes" in result.stdout
+
+
+def test_episodes_longer_than_a_task_are_warned_about(farm, tmp_path):
+    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "long-episodes", "--logdir", str(tmp_path),
+                     "--env", "MountainCarContinuous-v0", "--total-steps", "2048", *SMALL_PPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warning = ("rlfarm: warning: MountainCarContinuous-v0 episodes last up to 999 steps but each task runs "
+               "512 steps per env and starts fresh episodes: training returns only count episodes that end "
+               "within a task (at most 512 steps); greedy evaluations (eval.interval) play whole episodes")
+    assert result.stderr.splitlines().count(warning) == 1, result.stderr
+    assert "--total-steps" not in result.stderr  # 2 whole iterations: nothing rounded
+    assert "mean return of the last 20 training episodes" in result.stdout
