@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import secrets
 import signal
 import sys
 import time
@@ -12,6 +12,22 @@ from pathlib import Path
 import click
 
 REDIS_HELP = "Redis URL of the farm (broker, results and policy store); env RLFARM_REDIS_URL."
+
+
+# Set by the console script only (not when `main` is called in-process, e.g. by click's test runner).
+_FAST_EXIT = False
+
+
+def _exit_now() -> None:
+    """After a finished run, skip the interpreter's teardown of torch, TensorBoard and Celery
+    (about a second on 2 cores): everything is written and flushed by then."""
+    if _FAST_EXIT:
+        import logging
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(0)
 
 
 def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
@@ -42,12 +58,19 @@ class PolicyVersion(click.ParamType):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="rlfarm")
-def main() -> None:
+@click.option("-v", "--verbose", count=True,
+              help="More messages: debug lines too (on stderr; a run's are also in RUN_DIR/rlfarm.log).")
+@click.option("-q", "--quiet", count=True,
+              help="Warnings and errors only (a run's info lines still go to RUN_DIR/rlfarm.log).")
+def main(verbose: int, quiet: int) -> None:
     """rlfarm: RL rollout episodes as Celery tasks on any number of machines, Redis in the middle.
 
     Start with `rlfarm train` (no Redis running? it starts an embedded one and local workers),
     add machines with `rlfarm worker --redis URL`.
     """
+    from rlfarm.logs import setup_logging
+
+    setup_logging(verbose - quiet)
 
 
 def _sigterm_to_interrupt() -> None:
@@ -69,11 +92,13 @@ def _sigterm_to_interrupt() -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key, e.g. --set ppo.learning_rate=1e-3 (repeatable).")
 @click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL",
-              help=REDIS_HELP + " Omitted: an embedded Redis and local workers are started.")
+              help=REDIS_HELP + " Omitted: the local farm of `rlfarm up` if one is up, else an embedded "
+                   "Redis and local workers are started for the run.")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes for the embedded default.")
 @click.option("--total-steps", type=click.IntRange(min=1), help="Env steps to train for.")
 @click.option("--target-return", type=float,
-              help="Stop early once the mean return of the last 20 episodes reaches this.")
+              help="Stop early once this return is reached: by the greedy evaluation when evaluations "
+                   "run (eval.interval > 0), else by the mean of the last 20 training episodes.")
 @click.option("--seed", type=int, help="Run seed: same seed, same policy, whatever the worker count.")
 @click.option("--run-id", help="Name of the run in Redis and under --logdir (default: generated).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Trainer device (workers: CPU).")
@@ -98,8 +123,8 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
     """
     from rlfarm import checkpoint
     from rlfarm import config as C
-    from rlfarm.algos import check_env, check_mode
-    from rlfarm.envs import EnvError, describe
+    from rlfarm.api import check_config, with_run_id
+    from rlfarm.envs import EnvError
 
     auto_resume = False
     if not resume and run_id and if_exists == "resume":
@@ -126,27 +151,21 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
                 "env.id": env_id, "mode": mode, "farm.workers": workers, "total_steps": total_steps,
                 "target_return": target_return, "seed": seed, "run_id": run_id, "device": device,
                 "logdir": logdir})
-        check_mode(cfg.algo, cfg.mode)
-        check_env(cfg.algo, describe(cfg.env.id).discrete)
-        if cfg.device == "cuda":
-            from rlfarm.trainer import resolve_device
-
-            resolve_device(cfg.device)
+        check_config(cfg)
     except (C.ConfigError, EnvError) as exc:
         fail(str(exc))
-    if not cfg.run_id:
-        name = cfg.env.id.split(":")[-1].split("/")[-1].lower()
-        cfg = C.from_flat({"run_id": f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"}, cfg)
+    for note in _run_length_notes(cfg):  # iterations rounded up; episodes longer than a task
+        warning = note.startswith("rlfarm: warning: ")
+        text = note.removeprefix("rlfarm: warning: " if warning else "rlfarm: ")
+        (logging.getLogger("rlfarm.cli").warning if warning else logging.getLogger("rlfarm.cli").info)(text)
+    cfg = with_run_id(cfg)
     run_dir = Path(cfg.logdir) / cfg.run_id
     if not resume and (run_dir / "config.json").exists():
         fail(f"run {cfg.run_id} already exists in {run_dir.parent}/; continue it with --resume "
              f"{cfg.run_id}, or choose another --run-id")
     _sigterm_to_interrupt()
     try:
-        if redis_url:
-            result = _train_on(cfg, redis_url, run_dir, resume=bool(resume))
-        else:
-            result = _train_embedded(cfg, run_dir, resume=bool(resume))
+        result = _train(cfg, redis_url, resume=bool(resume))
     except KeyboardInterrupt:
         if not redis_url:  # only the embedded default owns (and has now stopped) its workers and Redis
             click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
@@ -154,12 +173,35 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
             click.echo(_interrupted_on_redis(ctx, cfg, run_dir, redis_url), err=True)
         sys.exit(130)
     evaluated = "" if result.eval_mean_return != result.eval_mean_return else (
-        f", greedy evaluation of the final policy {result.eval_mean_return:.1f} "
-        f"(best {result.best_eval_mean_return:.1f})")
+        f", greedy evaluation of the final policy {result.eval_mean_return:.1f}")
     click.echo(f"run {result.run_id}: {result.env_steps} env steps in {result.wall_seconds:.1f} s, "
-               f"policy v{result.final_version}, mean return of the last 20 episodes "
+               f"policy v{result.final_version}, mean return of the last 20 training episodes "
                f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f}){evaluated}")
+    if result.best_policy is not None:
+        click.echo(f"best policy: v{result.best_version}, greedy evaluation {result.best_eval_mean_return:.1f} "
+                   f"(best_policy.safetensors); target {'reached' if result.target_reached else 'not reached'}")
     click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
+    _exit_now()
+
+
+def _run_length_notes(cfg) -> list[str]:
+    """Console lines about how long the run and its episodes really are, before it starts: SYNC
+    --total-steps rounded up to whole iterations, and an env whose episodes outlast a task (every
+    task starts fresh episodes, so training returns only count episodes that end within one)."""
+    from rlfarm.envs import EnvError, episode_limit
+
+    notes = [f"rlfarm: {note}" for note in [cfg.rounding_note()] if note]
+    try:
+        limit = episode_limit(cfg.env.id)
+    except EnvError:
+        limit = None  # unknown: no warning (the env was already built once; the trainer says more)
+    steps = cfg.farm.steps_per_env
+    if limit is not None and limit > steps:
+        notes.append(f"rlfarm: warning: {cfg.env.id} episodes last up to {limit} steps but each task runs "
+                     f"{steps} steps per env and starts fresh episodes: training returns only count "
+                     f"episodes that end within a task (at most {steps} steps); greedy evaluations "
+                     f"(eval.interval) play whole episodes")
+    return notes
 
 
 def _interrupted_on_redis(ctx: click.Context, cfg, run_dir: Path, redis_url: str) -> str:
@@ -185,91 +227,38 @@ def _interrupted_on_redis(ctx: click.Context, cfg, run_dir: Path, redis_url: str
 
 def _resume_config(run: str, logdir: str | None, changes: dict):
     """The config of the run to resume (from its run directory), with the few allowed changes."""
-    import json
+    from rlfarm.api import resume_config
 
-    from rlfarm import checkpoint
-    from rlfarm import config as C
-
-    run_dir = Path(run)
-    if not (run_dir / "config.json").is_file():
-        run_dir = Path(logdir or C.RunConfig.logdir) / run
-    if not (run_dir / "config.json").is_file():
-        raise C.ConfigError(f"no run {run!r}: neither {run} nor {run_dir} is a run directory "
-                            f"(one with config.json)")
-    if not checkpoint.path_in(run_dir).is_file():
-        raise C.ConfigError(f"run directory {run_dir} has no trainer checkpoint "
-                            f"({checkpoint.FILENAME}) to resume from")
-    cfg = C.from_dict(json.loads((run_dir / "config.json").read_text()))
-    if cfg.run_id != run_dir.name:
-        raise C.ConfigError(f"{run_dir} holds run {cfg.run_id!r}; a run directory is named after its run")
-    changes = {k: v for k, v in changes.items() if v is not None}
-    return C.from_flat({**changes, "logdir": str(run_dir.parent)}, cfg)
+    return resume_config(run, logdir, **{k.replace("farm.workers", "workers"): v for k, v in changes.items()})
 
 
-def _online_processes(redis_url: str) -> int:
-    """Worker processes currently consuming from this Redis (Celery inspect), 0 if none answer."""
-    from rlfarm.celery_app import make_app
-
-    stats = make_app(redis_url).control.inspect(timeout=1.0).stats() or {}
-    return sum(int(s.get("pool", {}).get("max-concurrency", 0)) for s in stats.values())
-
-
-def _train_on(cfg, redis_url: str, run_dir: Path, cluster=None, resume: bool = False):
+def _train(cfg, redis_url: str | None, resume: bool = False):
+    """rlfarm.api.run, with every failure it can meet turned into one line and an exit status."""
+    from rlfarm.api import run
     from rlfarm.checkpoint import CheckpointError
     from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
     from rlfarm.outage import RedisUnavailable, is_oom
-    from rlfarm.store import RedisAuthError, connect, redact
-    from rlfarm.trainer import make_trainer
+    from rlfarm.store import RedisAuthError, redact
 
-    try:
-        connect(redis_url).close()
-    except ConnectionError as exc:  # wrong credentials are a usage error (2), like a bad option
-        fail(str(exc), 2 if isinstance(exc, RedisAuthError) else 1)
-    try:
-        if cluster is not None:
-            trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=cfg.farm.workers, resume=resume)
-            cluster.wait_ready()  # its workers started while the trainer was being built
-        else:
-            processes = _online_processes(redis_url)
-            if not processes:
-                click.echo(f"rlfarm: no worker answered on {redact(redis_url)}; tasks wait in the queue "
-                           f"until one starts (`rlfarm worker --redis URL`)", err=True)
-            trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=max(2, processes), resume=resume)
-        return trainer.train()
+    try:  # start-up notes go through logging: `rlfarm: ...` on stderr, hidden by -q
+        return run(cfg, redis_url, resume=resume, notify=logging.getLogger("rlfarm.cli").info)
+    except RedisAuthError as exc:  # wrong credentials are a usage error (2), like a bad option
+        fail(str(exc), 2)
     except (ConfigError, CheckpointError) as exc:
         fail(str(exc))
     except (RolloutError, TaskLostError) as exc:
         fail(str(exc), 1)
     except RedisUnavailable as exc:
         fail(f"{exc}; the run can continue once Redis is back: rlfarm train --resume {cfg.run_id}", 1)
+    except ConnectionError as exc:  # Redis unreachable at the start
+        fail(str(exc), 1)
     except Exception as exc:  # noqa: BLE001 - only Redis refusing writes is turned into one line here
         if not is_oom(exc):
             raise
-        fail(f"Redis at {redact(redis_url)} is full (maxmemory reached, it refuses writes): free memory "
-             f"(e.g. `rlfarm checkpoints delete` old runs) or raise its maxmemory; then "
-             f"rlfarm train --resume {cfg.run_id}", 1)
-
-
-def _train_embedded(cfg, run_dir: Path, resume: bool = False):
-    import json
-
-    from rlfarm.cluster import LocalCluster
-    from rlfarm.envs import allowed_modules_env
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    click.echo(f"rlfarm: no --redis given: starting an embedded Redis and {cfg.farm.workers} local "
-               f"worker processes (logs in {run_dir}/)", err=True)
-    # The user's own `--env module:callable` is trusted on the user's own local workers.
-    cluster = LocalCluster(workers=cfg.farm.workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir,
-                           extra_env=allowed_modules_env(cfg.env.id))
-    try:
-        cluster.start(wait=False)
-        (run_dir / "cluster.json").write_text(json.dumps(
-            {"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
-        return _train_on(cfg, cluster.redis_url, run_dir, cluster, resume=resume)
-    finally:
-        cluster.stop()
+        fail(f"Redis at {redact(redis_url or 'the embedded Redis')} is full (maxmemory reached, it "
+             f"refuses writes): free memory (e.g. `rlfarm checkpoints delete` old runs) or raise its "
+             f"maxmemory; then rlfarm train --resume {cfg.run_id}", 1)
 
 
 def _allow_env_modules(modules: tuple[str, ...]) -> None:
@@ -286,11 +275,15 @@ def _allow_env_modules(modules: tuple[str, ...]) -> None:
 
 @main.command()
 @click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", default="redis://127.0.0.1:6379/0",
-              show_default=True, help=REDIS_HELP)
+              show_default=True,
+              help=REDIS_HELP + " The default, a Redis on this machine without a password, is for trying "
+                   "things out: a farm's Redis needs a password, redis://:PASSWORD@host:6379/0 (a "
+                   "warning says so when a Redis on another address lets this worker in without one).")
 @click.option("-c", "--concurrency", type=click.IntRange(min=1), default=os.cpu_count(), show_default=True,
               help="Rollout processes on this machine (one torch thread each).")
 @click.option("-n", "--hostname", default=None, help="Celery node name [rlfarm-<pid>@<host>].")
-@click.option("-l", "--loglevel", default="INFO", show_default=True, help="Celery log level.")
+@click.option("-l", "--loglevel", default="INFO", show_default=True,
+              help="Celery log level [WARNING with rlfarm -q, DEBUG with rlfarm -v].")
 @click.option("-E", "--events/--no-events", default=False, show_default=True,
               help="Send task events, for Flower (about 1.5 ms per task).")
 @click.option("--allow-env-module", "allow_env_module", multiple=True, metavar="MODULE", expose_value=False,
@@ -303,20 +296,30 @@ def _allow_env_modules(modules: tuple[str, ...]) -> None:
                    "run's own, farm.task_time_limit): a stuck process is killed and replaced.")
 @click.option("--redis-outage-timeout", type=click.FloatRange(min=0, min_open=True), default=300,
               show_default=True, help="Seconds a task waits out a Redis outage before it gives up.")
-def worker(redis_url: str, concurrency: int, hostname: str | None, loglevel: str, events: bool,
-           time_limit: float, redis_outage_timeout: float) -> None:
+@click.pass_context
+def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str | None, loglevel: str,
+           events: bool, time_limit: float, redis_outage_timeout: float) -> None:
     """Run a Celery worker with rlfarm's defaults: add this machine's cores to a farm.
 
     Tasks hold a lease in Redis while they run, so a trainer notices within seconds when this worker
     dies; a task past its hard time limit (a hung env) is killed, its process replaced, and the
     trainer told. A Redis restart is waited out. Warm shutdown on SIGTERM finishes running tasks.
     """
-    from rlfarm.store import RedisAuthError, connect
+    import logging
+
+    from rlfarm import logs
+    from rlfarm.store import RedisAuthError, connect, no_password_warning
 
     try:
         connect(redis_url).close()
     except ConnectionError as exc:
         fail(str(exc), 2 if isinstance(exc, RedisAuthError) else 1)
+    warning = no_password_warning(redis_url)  # it let us in without one
+    if warning:
+        logging.getLogger("rlfarm.worker").warning("%s", warning)
+    if ctx.get_parameter_source("loglevel") is click.core.ParameterSource.DEFAULT and logs.verbosity():
+        loglevel = "WARNING" if logs.verbosity() < 0 else "DEBUG"
+    logs.hand_over_to_celery()  # from here on Celery's logging prints rlfarm's records too
     os.environ["RLFARM_REDIS_URL"] = redis_url
     os.environ["RLFARM_REDIS_OUTAGE_TIMEOUT"] = str(redis_outage_timeout)
     if time_limit:
@@ -332,6 +335,43 @@ def worker(redis_url: str, concurrency: int, hostname: str | None, loglevel: str
                      "--hostname", hostname or f"rlfarm-{os.getpid()}@%h", *(["-E"] if events else [])])
 
 
+@main.command()
+@click.option("-w", "--workers", type=click.IntRange(min=1), default=os.cpu_count(), show_default=True,
+              help="Worker processes of the local farm.")
+@click.option("--allow-env-module", "modules", multiple=True, metavar="MODULE",
+              help="Let its workers build 'MODULE:callable' envs (repeatable).")
+def up(workers: int, modules: tuple[str, ...]) -> None:
+    """Start a local farm that stays up: a Redis on 127.0.0.1 and WORKERS worker processes.
+
+    Until `rlfarm down`, `rlfarm train` without --redis trains on it and skips the start-up of an
+    embedded Redis and workers. Its URL (with a random password) and logs are under $RLFARM_HOME
+    (default ~/.cache/rlfarm).
+    """
+    from rlfarm import localfarm
+    from rlfarm.envs import ALLOWED_MODULES_VAR, allowed_env_modules, valid_module_name
+    from rlfarm.store import redact
+
+    bad = [m for m in modules if not valid_module_name(m)]
+    if bad:
+        fail(f"--allow-env-module {bad[0]!r} is not a module name (like mypkg or mypkg.envs)")
+    env = {ALLOWED_MODULES_VAR: ",".join(dict.fromkeys([*allowed_env_modules(), *modules]))} if modules else {}
+    try:
+        state = localfarm.up(workers, extra_env=env)
+    except (localfarm.LocalFarmError, OSError) as exc:
+        fail(str(exc), 1)
+    click.echo(f"local farm up: Redis {redact(state['redis_url'])}, {workers} worker processes, logs in "
+               f"{state['logs']}; `rlfarm train` uses it until `rlfarm down`")
+
+
+@main.command()
+def down() -> None:
+    """Stop the local farm started by `rlfarm up`."""
+    from rlfarm import localfarm
+
+    pids = localfarm.down()
+    click.echo(f"local farm stopped ({len(pids)} processes)" if pids else "no local farm was up")
+
+
 @main.command(name="eval")
 @click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
               help="A saved policy (e.g. RUN_DIR/final_policy.safetensors).")
@@ -342,21 +382,40 @@ def worker(redis_url: str, concurrency: int, hostname: str | None, loglevel: str
 @click.option("--env", "env_id", help="Env id [the one the policy was trained on].")
 @click.option("--episodes", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first episode.")
+@click.option("--video", "video_dir", type=click.Path(file_okay=False),
+              help='Record every episode to an .mp4 file in this directory (needs moviepy: '
+                   'pip install -e ".[video]").')
+@click.option("--render", is_flag=True, help="Watch the episodes in a window (needs a display).")
 def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis_url: str | None,
-          env_id: str | None, episodes: int, seed: int) -> None:
-    """Run greedy episodes with a stored version or a saved policy file; print mean ± std."""
+          env_id: str | None, episodes: int, seed: int, video_dir: str | None, render: bool) -> None:
+    """Run greedy episodes with a stored version or a saved policy file; print mean ± std.
+
+    Any algorithm: the network is the one the policy's metadata names (algo). --video DIR records
+    the episodes, --render shows them, like rl-baselines3-zoo's enjoy.
+    """
     import json
 
     from rlfarm import codec
     from rlfarm.config import ConfigError, policy_config
-    from rlfarm.envs import EnvError, check_env_allowed, describe, env_module, make_env
-    from rlfarm.policy import build_policy
-    from rlfarm.rollout import run_episodes
+    from rlfarm.envs import EnvError, check_env_allowed, env_module, make_env, space_spec
+    from rlfarm.policy import PolicyMismatch, load_network
     from rlfarm.signing import SignatureError, secret_from_env
     from rlfarm.store import PolicyError, PolicyStore, RunNotFound, connect
 
     if bool(policy_file) == bool(run_id):
         fail("give exactly one of --policy FILE or --run RUN (with --redis URL)")
+    if video_dir and render:
+        fail("give --video DIR (record) or --render (watch), not both")
+    if video_dir:
+        try:
+            import moviepy  # noqa: F401 - gymnasium's RecordVideo writes the .mp4 files with it
+        except ImportError:
+            fail('--video needs moviepy, which is not installed: pip install -e ".[video]"', 1)
+    if render and sys.platform.startswith("linux") and not any(
+            os.environ.get(var) for var in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER")):
+        fail("--render opens a window, but there is no display here (DISPLAY is not set); record the "
+             "episodes to files instead with --video DIR", 1)
+    render_mode = "rgb_array" if video_dir else "human" if render else None
     try:
         if policy_file:
             # With RLFARM_SECRET set, the file's hmac must verify (CodecError otherwise).
@@ -369,6 +428,9 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
             state, meta = store.get(version)
             run_cfg = store.run_meta()["config"]
             policy_cfg, meta["env"] = run_cfg["policy"], run_cfg["env"]["id"]
+            meta.setdefault("algo", run_cfg.get("algo"))
+        # Files saved before policies named their algorithm: a Q-network is the one with `q.` tensors.
+        algo = meta.get("algo") or ("dqn" if any(k.startswith("q.") for k in state) else "ppo")
         env_given = bool(env_id)
         env_id = env_id or meta.get("env")
         if not env_id:
@@ -376,16 +438,63 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
         if not env_given:  # named by a file or by Redis: the allowlist, as on a worker
             check_env_allowed(env_id, where="here", hint=f"pass --env {env_id} if you trust it, or set "
                                                          f"RLFARM_ALLOWED_ENV_MODULES={env_module(env_id)}")
-        spec = describe(env_id)
-        policy = build_policy(spec, policy_config(policy_cfg))
-        policy.load_state_dict(state)
+        env = make_env(env_id, trusted=env_given, render_mode=render_mode)
+        if render_mode and getattr(env, "render_mode", None) != render_mode:
+            modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
+            fail(f"env {env_id} cannot render in mode {render_mode!r} (its render modes: {modes})", 1)
+        network = load_network(algo, space_spec(env), policy_config(policy_cfg), state)
+    except PolicyMismatch as exc:
+        source = policy_file or f"{run_id} v{meta.get('version', version)}"
+        fail(f"policy {source} does not fit env {env_id}: {exc}", 1)
     except (codec.CodecError, ConfigError, PolicyError, RunNotFound, EnvError, ConnectionError,
             OSError, SignatureError) as exc:
         fail(str(exc), 1)
-    env = make_env(env_id)
-    returns = run_episodes(policy.actor_snapshot(), env, episodes, seed)
+    returns = _play(network, env, env_id, episodes, seed, render_mode, video_dir,
+                    f"{algo}-{env_id.split(':')[-1].replace('/', '-')}-policy{meta.get('version', '')}")
     click.echo(f"{env_id}, policy v{meta.get('version', '?')}: mean return {returns.mean():.2f} ± "
                f"{returns.std():.2f} over {episodes} greedy episodes")
+    if video_dir:
+        videos = sorted(Path(video_dir).glob("*.mp4"))
+        click.echo(f"recorded {episodes} episode{'s' if episodes > 1 else ''} to {video_dir}/ "
+                   f"({len(videos)} .mp4 files there)")
+
+
+def _play(network, env, env_id: str, episodes: int, seed: int, render_mode: str | None,
+          video_dir: str | None, name: str):
+    """`rlfarm eval`'s episodes, recorded (RecordVideo) or shown in a window as asked; a renderer that
+    cannot work here (a missing package, no display) is one line."""
+    import gymnasium as gym
+
+    from rlfarm.rollout import run_episodes
+
+    try:
+        if video_dir:
+            from gymnasium.wrappers import RecordVideo
+
+            env = RecordVideo(env, video_folder=video_dir, episode_trigger=lambda _: True,
+                              name_prefix=name, disable_logger=True)
+        if render_mode == "human":
+            env.reset(seed=seed)  # opens the window (episodes reset again with the same seeds)
+            pygame = sys.modules.get("pygame")  # classic-control and box2d envs draw with pygame
+            driver = pygame.display.get_driver() if pygame and pygame.display.get_init() else None
+            if driver in ("offscreen", "dummy") and not os.environ.get("SDL_VIDEODRIVER"):
+                fail(f"--render could not open a window on DISPLAY={os.environ.get('DISPLAY', '')!r} "
+                     f"(SDL fell back to its {driver} driver); record the episodes to files instead "
+                     f"with --video DIR", 1)
+        returns = run_episodes(network.actor_snapshot(), env, episodes, seed)
+        env.close()  # RecordVideo writes the last episode's file on close
+        return returns
+    except KeyboardInterrupt:  # stop watching
+        click.echo("rlfarm: interrupted", err=True)
+        sys.exit(130)
+    except gym.error.DependencyNotInstalled as exc:
+        fail(f"rendering {env_id} needs a package that is not installed: {exc}", 1)
+    except Exception as exc:  # noqa: BLE001 - a renderer failing (no display, no GL) is one line
+        if not render_mode:
+            raise
+        what = "record" if video_dir else "show"
+        fail(f"cannot {what} {env_id}'s episodes ({render_mode} rendering failed): "
+             f"{type(exc).__name__}: {' '.join(str(exc).split())}", 1)
 
 
 @main.group()
@@ -581,5 +690,12 @@ def presets() -> None:
         click.echo(f"{name:<16} {preset_description(name)}")
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `rlfarm` console script: `main` with a fast exit after a finished run."""
+    global _FAST_EXIT
+    _FAST_EXIT = True
     main()
+
+
+if __name__ == "__main__":
+    entry()

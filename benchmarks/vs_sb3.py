@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import statistics
@@ -31,6 +32,8 @@ from pathlib import Path
 
 THRESHOLD = 475.0
 WINDOW = 20
+CONFIRM = 20  # episodes confirming an evaluation at the threshold (rlfarm: eval.confirm_episodes)
+TAKE_HOME = 20  # fresh-seed greedy episodes scoring the policy a run leaves behind
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -113,22 +116,32 @@ def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int =
                 return True
             self.next_eval += eval_every
             t = time.perf_counter()
-            returns = []
-            for episode in range(10):
-                obs, _ = eval_env.reset(seed=10_000 + episode)
-                done, total = False, 0.0
-                while not done:
-                    action, _ = self.model.predict(obs, deterministic=True)
-                    obs, r, term, trunc, _ = eval_env.step(action)
-                    total, done = total + r, term or trunc
-                returns.append(total)
-            self.paused += time.perf_counter() - t
-            if np.mean(returns) >= THRESHOLD:
+            returns = greedy_returns(self.model, 10, 10_000)
+            # The rule rlfarm's runs use (eval.confirm_episodes): an evaluation at the threshold counts
+            # only once CONFIRM more episodes with other seeds agree, so one lucky evaluation cannot stop it.
+            if np.mean(returns) >= THRESHOLD and np.mean(greedy_returns(self.model, CONFIRM, 20_000)) >= THRESHOLD:
+                self.paused += time.perf_counter() - t
                 self.solved_at = (time.perf_counter() - self.t0 - self.paused, self.num_timesteps)
                 return False
+            self.paused += time.perf_counter() - t
             return True
 
-    return _learn_until_solved(model, GreedyEval(), max_steps, t_start)
+    def greedy_returns(model, episodes: int, first_seed: int) -> list[float]:
+        returns = []
+        for episode in range(episodes):
+            obs, _ = eval_env.reset(seed=first_seed + episode)
+            done, total = False, 0.0
+            while not done:
+                action, _ = model.predict(obs, deterministic=True)
+                obs, r, term, trunc, _ = eval_env.step(action)
+                total, done = total + r, term or trunc
+            returns.append(total)
+        return returns
+
+    callback = GreedyEval()
+    result = _learn_until_solved(model, callback, max_steps, t_start)
+    # What a user takes home: the model as it stopped, on fresh seeds.
+    return (*result, float(np.mean(greedy_returns(model, TAKE_HOME, 50_000))))
 
 
 def rlfarm_time_to_solve(seed: int, workers: int, algo: str = "ppo") -> tuple[float, int, float]:
@@ -139,12 +152,13 @@ def rlfarm_time_to_solve(seed: int, workers: int, algo: str = "ppo") -> tuple[fl
                         "--logdir", tmp, "--run-id", "bench"],
                        check=True, capture_output=True, cwd=ROOT)
         end_to_end = time.perf_counter() - t
-        if algo == "dqn":  # solved at the arrival of the first greedy evaluation >= threshold
-            with open(Path(tmp) / "bench" / "evals.csv") as f:
-                for row in csv.DictReader(f):
-                    if float(row["mean_return"]) >= THRESHOLD:
-                        return float(row["wall_time"]), int(row["global_step"]), end_to_end
-            return float("nan"), -1, end_to_end
+        if algo == "dqn":  # solved when a greedy evaluation >= threshold was confirmed (summary.json)
+            summary = json.loads((Path(tmp) / "bench" / "summary.json").read_text())
+            at = summary["target_reached_at"]
+            home = _rlfarm_take_home(Path(tmp) / "bench" / "best_policy.safetensors")
+            if at is None:
+                return float("nan"), -1, end_to_end, home
+            return at["wall_seconds"], int(at["env_steps"]), end_to_end, home
         returns: deque[float] = deque(maxlen=WINDOW)
         with open(Path(tmp) / "bench" / "episodes.csv") as f:
             for row in csv.DictReader(f):
@@ -152,6 +166,17 @@ def rlfarm_time_to_solve(seed: int, workers: int, algo: str = "ppo") -> tuple[fl
                 if len(returns) == WINDOW and sum(returns) / WINDOW >= THRESHOLD:
                     return float(row["wall_time"]), int(row["global_step"]), end_to_end
     return float("nan"), -1, end_to_end  # not solved within the preset's total_steps
+
+
+def _rlfarm_take_home(policy: Path) -> float:
+    """Mean return of the policy a user takes home (best_policy.safetensors) over TAKE_HOME greedy
+    episodes on fresh seeds, with `rlfarm eval`."""
+    if not policy.exists():
+        return float("nan")
+    out = subprocess.run([sys.executable, str(ROOT / "cli.py"), "eval", "--policy", str(policy),
+                          "--episodes", str(TAKE_HOME), "--seed", "50000"],
+                         check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    return float(out.split("mean return ")[1].split()[0])
 
 
 def main() -> None:
@@ -162,15 +187,20 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     what = (f"mean of last {WINDOW} training episodes" if args.algo == "ppo"
-            else "greedy evaluation over 10 episodes")
+            else f"greedy evaluation over 10 episodes, confirmed by {CONFIRM} more with other seeds")
     print(f"{args.algo.upper()}, cores: {os.cpu_count()}; threshold: {what} >= {THRESHOLD:g}")
-    print(f"{'seed':>4} {'rlfarm s':>9} {'steps':>7} {'e2e s':>7} {'SB3 s':>7} {'steps':>7} {'e2e s':>7} {'ratio':>6}")
+    home = f" {'home':>6} {'home':>6}" if args.algo == "dqn" else ""
+    print(f"{'seed':>4} {'rlfarm s':>9} {'steps':>7} {'e2e s':>7} {'SB3 s':>7} {'steps':>7} {'e2e s':>7} "
+          f"{'ratio':>6}{home}")
     for seed in args.seeds:
         r = rlfarm_time_to_solve(seed, args.workers, args.algo)
         s = sb3_time_to_solve(seed) if args.algo == "ppo" else sb3_dqn_time_to_solve(seed)
         rows.append((r, s))
+        # DQN: "home" is the mean return over 20 fresh-seed greedy episodes of the policy each side
+        # leaves behind (rlfarm: best_policy.safetensors; SB3: the model when it stopped).
+        home = f" {r[3]:>6.1f} {s[3]:>6.1f}" if args.algo == "dqn" else ""
         print(f"{seed:>4} {r[0]:>9.1f} {r[1]:>7} {r[2]:>7.1f} {s[0]:>7.1f} {s[1]:>7} {s[2]:>7.1f} "
-              f"{r[0] / s[0]:>6.2f}", flush=True)
+              f"{r[0] / s[0]:>6.2f}{home}", flush=True)
     # An unsolved run counts as infinitely slow, so medians stay honest.
     med = lambda xs: statistics.median(math.inf if math.isnan(x) else x for x in xs)  # noqa: E731
     med_r, med_s = med(r[0] for r, _ in rows), med(s[0] for _, s in rows)

@@ -1,3 +1,21 @@
-"""rlfarm: a reinforcement-learning rollout farm on Celery and Redis."""
+"""rlfarm: a reinforcement-learning rollout farm on Celery and Redis.
+
+`rlfarm.train(...)` trains from Python (see rlfarm.api); `rlfarm train` does the same from a shell.
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["LogStep", "TrainResult", "train"]
+
+
+def __getattr__(name: str):
+    # Lazy: `import rlfarm.config` (workers, the CLI's --help) must not pay for torch and the trainer.
+    if name == "train":
+        from rlfarm.api import train
+
+        return train
+    if name in ("LogStep", "TrainResult"):
+        from rlfarm import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'rlfarm' has no attribute {name!r}")

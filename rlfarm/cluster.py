@@ -60,6 +60,11 @@ def _die_with_parent() -> None:
         pass
 
 
+def _detach() -> None:
+    # `rlfarm up`: a session of its own and no death signal, so the farm outlives the command.
+    os.setsid()
+
+
 def stop_process_group(proc: subprocess.Popen, grace: float, sig: int = signal.SIGTERM) -> None:
     """Ask the group to stop, wait up to `grace` s, then SIGKILL whatever of the group remains."""
     if proc.poll() is None:
@@ -86,8 +91,14 @@ class LocalCluster:
 
     def __init__(self, workers: int = 2, name: str = "rlfarm", log_dir: Path | None = None,
                  extra_env: dict[str, str] | None = None, start_workers: bool = True,
-                 redis_args: list[str] | None = None, events: bool = False):
+                 redis_args: list[str] | None = None, events: bool = False, detached: bool = False,
+                 password: str | None = None, data_dir: Path | None = None):
+        """`detached`: processes outlive this one (`rlfarm up`); `password`: Redis requires it;
+        `data_dir`: Redis's directory (default: a temporary one, removed by `stop`)."""
         self.workers = workers
+        self._preexec = _detach if detached else _die_with_parent
+        self.password = password
+        self.data_dir = Path(data_dir) if data_dir else None
         self.events = events  # workers send task events (-E), for Flower
         self.name = name
         self._tmp = tempfile.TemporaryDirectory(prefix="rlfarm-redis-")
@@ -102,7 +113,8 @@ class LocalCluster:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{LOOPBACK}:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{LOOPBACK}:{self.port}/0"
 
     @property
     def pids(self) -> list[int]:
@@ -135,15 +147,21 @@ class LocalCluster:
         """Start the redis-server (`same_port`: again on the port it had, e.g. after `stop_redis`)."""
         if not (same_port and self.port):
             self.port = free_port()
-        cmd = [find_redis_server(), "--port", str(self.port), "--bind", LOOPBACK,
+        conf = []
+        if self.password:  # in a private file, not on the command line, where `ps` shows it to all users
+            path = Path(self.data_dir or self._tmp.name) / "redis-auth.conf"
+            path.touch(mode=0o600)
+            path.write_text(f"requirepass {self.password}\n")
+            conf = [str(path)]
+        cmd = [find_redis_server(), *conf, "--port", str(self.port), "--bind", LOOPBACK,
                "--protected-mode", "yes", "--save", "", "--appendonly", "no",
-               "--dir", self._tmp.name, "--daemonize", "no", "--loglevel", "warning",
+               "--dir", str(self.data_dir or self._tmp.name), "--daemonize", "no", "--loglevel", "warning",
                # Rollout results can be large; never disconnect a slow consumer for buffering them.
                "--client-output-buffer-limit", "pubsub", "0", "0", "0", *self.redis_args]
         log = open(self.log_dir / "redis.log", "ab")
         self.redis_proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-        client = redis.Redis(host=LOOPBACK, port=self.port, socket_connect_timeout=1)
+                                           stdin=subprocess.DEVNULL, preexec_fn=self._preexec)
+        client = redis.Redis(host=LOOPBACK, port=self.port, socket_connect_timeout=1, password=self.password)
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -178,13 +196,16 @@ class LocalCluster:
         `command`: another worker command line, e.g. `rlfarm worker`, to which `-c N -n NODE` is added."""
         node = f"{self.name}-{len(self.worker_procs)}@{socket.gethostname()}"
         self._nodes.append(node)
-        env = {**os.environ, **self.extra_env, "RLFARM_REDIS_URL": self.redis_url}
+        # A cluster that dies with its parent loses its Redis for good with it: its workers give up on
+        # an outage within seconds, finish their warm shutdown and exit, instead of waiting minutes.
+        short = {} if self._preexec is _detach else {"RLFARM_REDIS_OUTAGE_TIMEOUT": "5"}
+        env = {**os.environ, **short, **self.extra_env, "RLFARM_REDIS_URL": self.redis_url}
         log = open(self.log_dir / f"worker-{len(self.worker_procs)}.log", "ab")
         cmd = ([*command, "-c", str(concurrency), "-n", node] if command
                else self.worker_command(concurrency, node)) + list(extra_args or [])
         proc = subprocess.Popen(cmd, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=self._preexec)
         self.worker_procs.append(proc)
         if wait:
             self.wait_for_worker(proc, node, timeout)
@@ -208,10 +229,11 @@ class LocalCluster:
             app.close()
 
     def stop(self) -> None:
-        # Cold shutdown (SIGQUIT): this cluster's Redis goes away with it, so there is nothing a
-        # running rollout could still deliver to; a warm shutdown would only wait for it.
+        # SIGKILL to each worker's process group: this cluster's Redis goes away with it, so there is
+        # nothing a running rollout could still deliver to, and even Celery's cold shutdown (SIGQUIT)
+        # spends seconds polling its pool before it exits.
         for proc in self.worker_procs:
-            stop_process_group(proc, grace=10.0, sig=signal.SIGQUIT)
+            stop_process_group(proc, grace=0.0, sig=signal.SIGKILL)
         if self.redis_proc is not None:
             stop_process_group(self.redis_proc, grace=10.0)
         self._tmp.cleanup()

@@ -96,6 +96,34 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
+def is_loopback(host: str | None) -> bool:
+    """localhost, 127.0.0.0/8, ::1 (also as ::ffff:127.x.y.z); any other name or address is not."""
+    import ipaddress
+
+    if not host:
+        return False
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]").split("%")[0])
+    except ValueError:
+        return False  # a host name other than localhost: not resolved, so not known to be local
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def no_password_warning(url: str) -> str | None:
+    """The warning for a Redis URL without a password on a non-loopback address (anyone who can reach
+    that Redis can queue work on every worker), or None: it has one, or is this machine or a socket."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "unix" or parts.password or is_loopback(parts.hostname):
+        return None
+    return (f"Redis at {redact(url)} accepts this worker without a password: anyone who can reach it can "
+            f"queue work on every worker; give it one (requirepass) and use {parts.scheme}://:PASSWORD@host:port/db")
+
+
 FROM_ENV: Any = object()  # PolicyStore's default secret: RLFARM_SECRET, read when the store is made
 
 
@@ -110,6 +138,9 @@ class PolicyStore:
         self.prefix = run_prefix(run_id)
         # Signs what it writes and verifies what it reads (run meta, policies); None: neither.
         self.secret = signing.secret_from_env() if secret is FROM_ENV else secret
+        # Versions retention never trims (the best one, those being evaluated), with their blobs, so a
+        # trainer can write them back after Redis lost its data. Only the run's trainer pins.
+        self.pinned: dict[int, bytes] = {}
 
     def _key(self, version: int) -> str:
         return f"{self.prefix}policy:{version}"
@@ -135,7 +166,8 @@ class PolicyStore:
                 "created": f"{time.time():.6f}", **(extra or {})}
         blob = codec.encode_policy(state, meta, self.secret)
         old = [int(v) for v in self.client.zrangebyscore(f"{self.prefix}versions", "-inf",
-                                                         version - self.keep)]
+                                                         version - self.keep)
+               if int(v) not in self.pinned]
         pipe = self.client.pipeline(transaction=True)
         pipe.set(self._key(version), blob)
         pipe.zadd(f"{self.prefix}versions", {str(version): version})
@@ -145,6 +177,36 @@ class PolicyStore:
             pipe.zrem(f"{self.prefix}versions", *[str(v) for v in old])
         pipe.execute()
         return blob
+
+    def pin(self, version: int) -> bytes:
+        """Keep `version` whatever `keep` says (listed in `rlfarm:<run>:pinned`); returns its blob."""
+        if version not in self.pinned:
+            self.pinned[version] = self.get_blob(version)
+            self.client.sadd(f"{self.prefix}pinned", version)
+        return self.pinned[version]
+
+    def unpin(self, version: int) -> None:
+        """Back to normal retention: trimmed now if it is older than the `keep` newest."""
+        if self.pinned.pop(version, None) is None:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        pipe.srem(f"{self.prefix}pinned", version)
+        latest = self.latest()
+        if latest is not None and version <= latest - self.keep:
+            pipe.delete(self._key(version))
+            pipe.zrem(f"{self.prefix}versions", str(version))
+        pipe.execute()
+
+    def restore_pinned(self) -> None:
+        """Write pinned versions back (after Redis lost its data)."""
+        if not self.pinned:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        for version, blob in self.pinned.items():
+            pipe.set(self._key(version), blob)
+            pipe.zadd(f"{self.prefix}versions", {str(version): version})
+            pipe.sadd(f"{self.prefix}pinned", version)
+        pipe.execute()
 
     def latest(self) -> int | None:
         raw = self.client.get(f"{self.prefix}policy:latest")

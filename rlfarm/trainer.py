@@ -24,13 +24,13 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from rich.console import Console
 
-from rlfarm import checkpoint, codec
+from rlfarm import checkpoint, codec, logs
 from rlfarm.algos import check_mode
 from rlfarm.algos.dqn import DQN
 from rlfarm.algos.ppo import PPO
@@ -64,12 +64,27 @@ class TrainResult:
     rolling_return: float
     best_rolling_return: float
     eval_mean_return: float  # the last evaluation (of the final policy)
-    best_eval_mean_return: float
+    best_eval_mean_return: float  # of best_version, over all its greedy episodes
     wall_seconds: float
     redispatched: int
     duplicates: int
     dropped_stale: int = 0
     task_ids_accepted: int = 0
+    best_version: int | None = None  # the version with the best greedy evaluation (None: no evaluations)
+    target_reached: bool = False
+    final_policy: Path | None = None
+    best_policy: Path | None = None  # RUN_DIR/best_policy.safetensors, when evaluations ran
+
+
+@dataclass
+class LogStep:
+    """What a training callback sees after each log step (`rlfarm.train(callback=...)`)."""
+
+    env_steps: int
+    version: int
+    metrics: dict[str, float]  # the row just logged: charts/..., losses/..., farm/...
+    trainer: "Trainer"
+    extra: dict[str, float] = field(default_factory=dict)  # yours to fill: logged as custom/<key>
 
 
 @dataclass
@@ -77,6 +92,7 @@ class _Evaluation:
     env_steps: int
     version: int
     tasks: int
+    confirm: bool = False  # a confirmation of an evaluation that reached the target
     returns: list[float] = field(default_factory=list)
     done: int = 0
 
@@ -89,14 +105,16 @@ class Trainer:
     RESUME_TASK_OFFSET = 1_000_000
 
     def __init__(self, config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
-                 resume: bool = False):
-        """`resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.checkpoint)."""
+                 resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None):
+        """`resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.checkpoint).
+        `callback(LogStep)`: called after each log step; returning False stops the run."""
+        self.callback = callback
+        self._stop_requested = False
         check_mode(config.algo, config.mode)
         self.resume = resume
         self.config = config
         self.run_dir = Path(run_dir)
         self.console = console or Console()
-        self._stderr = Console(stderr=True)
         self.device = resolve_device(config.device)
         self.space = describe(config.env.id)
         connect(redis_url).close()  # fails fast and clearly when Redis is not there at the start
@@ -135,12 +153,17 @@ class Trainer:
         self._next_eval = config.eval.interval
         self.eval_mean_return = math.nan
         self.best_eval_mean_return = -math.inf
+        self.best_version: int | None = None
+        self._last_eval_version: int | None = None
+        self._awaiting_confirmation: dict[int, list[float]] = {}  # version -> its first evaluation
+        self._target_reached = False
+        self._target_reached_at: dict[str, float] | None = None  # when the run first saw it (summary.json)
 
     # ---- shared pieces ---------------------------------------------------------------------------
     def warn(self, text: str) -> None:
-        """A fault the run rides out: one line on the console and in the run's trainer.log."""
-        self._stderr.print(f"[yellow]rlfarm: warning:[/] {text}", highlight=False, soft_wrap=True)
-        self._log.warning(text)
+        """A fault the run rides out: one `rlfarm: warning:` line on stderr and in the run's rlfarm.log
+        (rlfarm.logs)."""
+        self._log.warning("%s", text)
 
     def restore_run_state(self) -> None:
         """The run's metadata vanished from Redis (FLUSHALL, a restart without its data): write back
@@ -148,6 +171,7 @@ class Trainer:
         self.warn(f"run {self.config.run_id}'s state is gone from Redis (flushed, or restarted without "
                   f"its data): writing back its metadata and policy v{self.version}, re-sending lost tasks")
         self.store.set_run_meta({"config": to_dict(self.config), "space": self.space.to_dict()})
+        self.store.restore_pinned()  # the best version and those being evaluated
         latest = self.store.latest()
         if latest is None or latest < self.version:
             self.publish()
@@ -183,18 +207,25 @@ class Trainer:
         self.store.publish(self.version, self.algo.state(), self.config.algo,
                            {"env_steps": str(self.env_steps)})
 
-    def evaluate(self) -> None:
-        """Send greedy evaluation tasks acting with the latest version when they start (so a busy
-        farm can never ask for a version already trimmed); results are logged on arrival."""
+    def evaluate(self, confirm_version: int | None = None) -> None:
+        """Send greedy evaluation tasks for one version, pinned in Redis so that retention cannot trim
+        it while they run; results are logged on arrival. `confirm_version`: a confirmation of that
+        version's evaluation, `eval.confirm_episodes` more episodes with other seeds."""
         cfg = self.config.eval
+        confirm = confirm_version is not None
+        version = confirm_version if confirm else self.version
+        episodes = cfg.confirm_episodes if confirm else cfg.episodes
         number = self._eval_counter
         self._eval_counter += 1
-        per_task = math.ceil(cfg.episodes / cfg.tasks)
-        self._evals[number] = _Evaluation(self.env_steps, self.version, cfg.tasks)
+        self.store.pin(version)
+        self._evals[number] = _Evaluation(self.env_steps, version, cfg.tasks, confirm)
+        if not confirm:
+            self._last_eval_version = version
+        per_task = math.ceil(episodes / cfg.tasks)
         for index in range(cfg.tasks):
             self.dispatcher.submit({"kind": "eval", "iteration": number, "index": index,
-                                    "version": "latest", "episodes": per_task,
-                                    "seed": self.config.seed + 1_000_003})
+                                    "version": version, "episodes": per_task,
+                                    "seed": self.config.seed + (2_000_029 if confirm else 1_000_003)})
 
     def maybe_evaluate(self) -> None:
         interval = self.config.eval.interval
@@ -204,26 +235,79 @@ class Trainer:
                 self._next_eval += interval
 
     def handle_eval(self, message: dict[str, Any]) -> None:
-        ev = self._evals[message["iteration"]]
-        ev.version = min(ev.version, message["version"]) if ev.done else message["version"]
+        number = message["iteration"]
+        ev = self._evals[number]
         ev.returns += [float(r) for r in message["returns"]]
         ev.done += 1
-        if ev.done == ev.tasks:
-            self.eval_mean_return = float(np.mean(ev.returns))
-            self.best_eval_mean_return = max(self.best_eval_mean_return, self.eval_mean_return)
-            self.logger.evaluation(ev.env_steps, ev.returns, ev.version)
+        if ev.done < ev.tasks:
+            return
+        del self._evals[number]
+        mean = float(np.mean(ev.returns))
+        target = self.config.target_return
+        if ev.confirm:
+            # One lucky evaluation must not end the run: the target counts only once more episodes,
+            # with other seeds, agree. The version's score is the mean over all its episodes.
+            first = self._awaiting_confirmation.pop(ev.version)
+            self.logger.evaluation(ev.env_steps, ev.returns, ev.version, confirmation=True)
+            if mean >= target:
+                self._target_reached = True
+            self._settle(ev.version, float(np.mean(first + ev.returns)))
+            return
+        self.eval_mean_return = mean
+        self.logger.evaluation(ev.env_steps, ev.returns, ev.version)
+        if mean >= target and self.config.eval.confirm_episodes and ev.version not in self._awaiting_confirmation:
+            self._awaiting_confirmation[ev.version] = ev.returns
+            self.evaluate(confirm_version=ev.version)
+            return
+        if mean >= target:
+            self._target_reached = True
+        self._settle(ev.version, mean)
+
+    def _settle(self, version: int, score: float) -> None:
+        """A version's evaluation is final: keep it as the best policy if it is, else let it go."""
+        if score > self.best_eval_mean_return:
+            previous = self.best_version
+            self.best_version, self.best_eval_mean_return = version, score
+            self._write_best(version, score)
+            if previous is not None and previous != version:
+                self._release(previous)
+        else:
+            self._release(version)
+
+    def _release(self, version: int) -> None:
+        busy = {ev.version for ev in self._evals.values()} | set(self._awaiting_confirmation)
+        if version != self.best_version and version not in busy:
+            self.store.unpin(version)
+
+    def _write_best(self, version: int, score: float) -> None:
+        state, meta = codec.decode_policy(self.store.pin(version))
+        meta.update({"env": self.config.env.id, "policy": json.dumps(to_dict(self.config)["policy"]),
+                     "eval_mean_return": f"{score:.3f}"})
+        meta.pop("hmac", None)
+        blob = codec.encode_policy(state, meta, self.store.secret)
+        tmp = self.run_dir / "best_policy.safetensors.tmp"
+        tmp.write_bytes(blob)
+        tmp.replace(self.run_dir / "best_policy.safetensors")
 
     def drain_evaluations(self) -> None:
-        """Wait for evaluation tasks still in flight so the run's last evaluation is recorded."""
+        """Wait for evaluation tasks still in flight (confirmations they start included), so the
+        run's last evaluation is recorded."""
         while any(k[0] == "eval" for k in self.dispatcher.pending):
             message = self.dispatcher.next_result(timeout=1.0)
             if message is not None and message["kind"] == "eval":
                 self.handle_eval(message)
 
     def target_reached(self) -> bool:
-        """Against the latest greedy evaluation when evaluations run, else the rolling training return."""
-        score = self.eval_mean_return if self.config.eval.interval else self.logger.rolling_return
-        return score >= self.config.target_return
+        """With evaluations: an evaluation reached the target and its confirmation agreed (or the
+        evaluation alone, with eval.confirm_episodes = 0). Without: the rolling training return."""
+        if self.config.eval.interval:
+            reached = self._target_reached
+        else:
+            reached = self.logger.rolling_return >= self.config.target_return
+        if reached and self._target_reached_at is None:
+            self._target_reached_at = {"env_steps": self.env_steps,
+                                       "wall_seconds": round(time.perf_counter() - self.start, 3)}
+        return reached
 
     # ---- checkpoints (rlfarm train --resume) ------------------------------------------------------
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -234,6 +318,7 @@ class Trainer:
             "run_id": self.config.run_id, "env_steps": self.env_steps, "version": self.version,
             "next_eval": self._next_eval, "eval_counter": self._eval_counter,
             "eval_mean_return": self.eval_mean_return, "best_eval_mean_return": self.best_eval_mean_return,
+            "best_version": self.best_version, "target_reached": self._target_reached,
             "dispatch": {"dispatched": stats.dispatched, "redispatched": stats.redispatched,
                          "duplicates": stats.duplicates, "accepted": stats.accepted},
             "algo": algo_state, "logger": self.logger.state(self.env_steps)}
@@ -246,6 +331,8 @@ class Trainer:
         self._eval_counter = state["eval_counter"] + self.RESUME_TASK_OFFSET
         self.eval_mean_return = state["eval_mean_return"]
         self.best_eval_mean_return = state["best_eval_mean_return"]
+        self.best_version = state.get("best_version")
+        self._target_reached = state.get("target_reached", False)
         stats = self.dispatcher.stats
         for key, value in state["dispatch"].items():
             setattr(stats, key, value)
@@ -269,11 +356,23 @@ class Trainer:
         latest = self.store.latest()
         if latest is not None and latest >= self.version:
             self.version = latest + 1
-        self.console.print(f"resuming run {self.config.run_id} from its checkpoint: {self.env_steps} env "
-                           f"steps, policy v{self.version}", highlight=False)
+        # Pins of the dead trainer: its evaluations are gone; the best version stays pinned if it is there.
+        self.client.delete(f"{self.store.prefix}pinned")
+        if self.best_version is not None and self.best_version in self.store.versions():
+            self.store.pin(self.best_version)
+        self._log.info("resuming run %s from its checkpoint: %d env steps, policy v%d", self.config.run_id,
+                       self.env_steps, self.version)
         return state
 
     def train(self) -> TrainResult:
+        """Run to the end; the run's messages also go to RUN_DIR/rlfarm.log, from the first one on."""
+        self._log_file = logs.log_to_file(self.run_dir)
+        try:
+            return self._train()
+        finally:
+            logs.remove(self._log_file)
+
+    def _train(self) -> TrainResult:
         cfg = self.config
         resume_state = self._resume() if self.resume else None
         if resume_state is None and self.store.latest() is not None:
@@ -286,9 +385,6 @@ class Trainer:
         elapsed = resume_state["logger"]["elapsed"] if resume_state else 0.0
         self.start = time.perf_counter() - elapsed
         self._sps = self.env_steps / elapsed if elapsed > 0 else 0.0
-        self._log_file = logging.FileHandler(self.run_dir / "trainer.log")
-        self._log_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        self._log.addHandler(self._log_file)
         state = "failed"
         try:
             self.dispatcher.declare_queue()
@@ -297,7 +393,7 @@ class Trainer:
             self.heartbeat()
             self.train_loop()
             if cfg.eval.interval:
-                if not self._evals or self._evals[self._eval_counter - 1].version != self.version:
+                if self._last_eval_version != self.version:
                     self.evaluate()  # the final policy always gets an evaluation
                 self.drain_evaluations()
             self.save_checkpoint(force=True)
@@ -314,11 +410,24 @@ class Trainer:
             except Exception:  # noqa: BLE001 - Redis may be what failed; the run's own error matters
                 pass
             self.logger.close()
-            self._log.removeHandler(self._log_file)
-            self._log_file.close()
 
     def train_loop(self) -> None:
         raise NotImplementedError
+
+    def log_step(self, metrics: dict[str, float]) -> None:
+        """One log step: console, CSV and TensorBoard, then the user's callback, which may stop the
+        run (return False) or add metrics of its own (LogStep.extra, logged under custom/)."""
+        self.logger.scalars(self.env_steps, metrics)
+        if self.callback is None:
+            return
+        step = LogStep(self.env_steps, self.version, dict(metrics), self)
+        if self.callback(step) is False:
+            self._stop_requested = True
+            self._log.info("run %s stopped by its callback after %d env steps", self.config.run_id,
+                           self.env_steps)
+        for key, value in step.extra.items():
+            if self.logger.writer:
+                self.logger.writer.add_scalar(f"custom/{key}", value, self.env_steps)
 
     def _finish(self, wall: float) -> TrainResult:
         state = self.algo.state()
@@ -327,6 +436,7 @@ class Trainer:
                                            "policy": json.dumps(to_dict(self.config)["policy"])},
                                    self.store.secret)
         (self.run_dir / "final_policy.safetensors").write_bytes(blob)
+        best = self.run_dir / "best_policy.safetensors"
         stats = self.dispatcher.stats
         result = TrainResult(
             run_id=self.config.run_id, run_dir=self.run_dir, env_steps=self.env_steps,
@@ -336,8 +446,12 @@ class Trainer:
             wall_seconds=wall,
             redispatched=stats.redispatched, duplicates=stats.duplicates,
             dropped_stale=getattr(self, "dropped_stale", 0),
-            task_ids_accepted=len(stats.accepted_task_ids))
+            task_ids_accepted=len(stats.accepted_task_ids),
+            best_version=self.best_version, target_reached=self.target_reached(),
+            final_policy=self.run_dir / "final_policy.safetensors",
+            best_policy=best if self.best_version is not None and best.exists() else None)
         summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()}
+        summary["target_reached_at"] = self._target_reached_at
         summary["receive_cpu_seconds"] = stats.receive_seconds
         summary["dispatched"] = stats.dispatched
         summary["unique_task_ids_accepted"] = len(set(stats.accepted_task_ids))
@@ -392,7 +506,7 @@ class SyncTrainer(Trainer):
             self._sps = self.env_steps / (time.perf_counter() - self.start)
             farm = self.farm_scalars()
             ep = rollout.episode_returns
-            self.logger.scalars(self.env_steps, {
+            self.log_step({
                 "policy_version": self.version,
                 "charts/SPS": self._sps,
                 "charts/episodic_return": float(ep.mean()) if len(ep) else float("nan"),
@@ -406,10 +520,12 @@ class SyncTrainer(Trainer):
             })
             self.heartbeat(farm=farm)
             self._on_event()
+            if self._stop_requested:
+                break
             self.maybe_evaluate()
             if self.target_reached():
-                self.console.print(f"target return {cfg.target_return:g} reached after "
-                                   f"{self.env_steps} env steps", highlight=False)
+                self._log.info("target return %g reached after %d env steps", cfg.target_return,
+                               self.env_steps)
                 break
 
 
@@ -460,9 +576,11 @@ class AsyncTrainer(Trainer):
                     self.maybe_evaluate()
             if time.perf_counter() - self._last_log >= self.LOG_SECONDS:
                 self.log()
+                if self._stop_requested:
+                    break
             if self.target_reached():
-                self.console.print(f"target return {cfg.target_return:g} reached after "
-                                   f"{self.env_steps} env steps", highlight=False)
+                self._log.info("target return %g reached after %d env steps", cfg.target_return,
+                               self.env_steps)
                 break
         self.log()
 
@@ -519,7 +637,7 @@ class AsyncTrainer(Trainer):
         self._last_log = time.perf_counter()
         lags = np.asarray(self._lags or [0])
         farm = self.farm_scalars()
-        self.logger.scalars(self.env_steps, {
+        self.log_step({
             "policy_version": self.version,
             "charts/SPS": self._sps,
             "charts/epsilon": self.epsilon(),

@@ -8,6 +8,7 @@ import the tiny envs in tests/.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,33 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
               # workers build "module:callable" envs from Redis only from allowed modules (rlfarm.envs)
               "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs"}
+
+
+# Debian packages some tests need (README: the test command installs them). Checked once the tests
+# are collected, so a missing one is reported in the first seconds, not after minutes of tests.
+SYSTEM_PACKAGES = {  # test module -> (what it needs, how to check)
+    "test_compose": [("docker-compose", lambda: shutil.which("docker-compose")),
+                     ("redis-server (Debian's, with redis-cli)", lambda: shutil.which("redis-cli"))],
+    "test_security": [("redis-server (Debian's /usr/bin/redis-server, built with TLS)",
+                       lambda: os.access("/usr/bin/redis-server", os.X_OK)),
+                      ("openssl", lambda: shutil.which("openssl"))],
+}
+
+
+def pytest_collection_finish(session):
+    modules = {Path(str(item.fspath)).stem for item in session.items}
+    missing = sorted({name for module in modules & set(SYSTEM_PACKAGES)
+                      for name, present in SYSTEM_PACKAGES[module] if not present()})
+    if missing:
+        pytest.exit(f"missing system packages: {', '.join(missing)}. On Debian/Ubuntu: sudo apt-get "
+                    f"install -y redis-server docker-compose openssl (the README's test command does), "
+                    f"or deselect tests/test_compose.py and tests/test_security.py", returncode=4)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_local_farm(tmp_path_factory):
+    """A developer's own `rlfarm up` farm must not stand in for the embedded default in tests."""
+    os.environ["RLFARM_HOME"] = str(tmp_path_factory.mktemp("rlfarm-home"))
 
 
 @pytest.fixture(scope="session")

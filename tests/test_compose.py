@@ -221,6 +221,8 @@ def test_dockerfile_matches_the_package():
     pin = re.search(r"torch==([\w.]+)", (ROOT / "setup.cfg").read_text()).group(1)
     torch_line = next(line for line in dockerfile.splitlines() if "pip install torch" in line)
     assert f"torch=={pin}" in torch_line and "download.pytorch.org/whl/cpu" in torch_line
+    # worker, trainer and flower share the image: the trainer's extras and Flower are in it
+    assert re.search(r'^RUN pip install "\.\[all\]"', dockerfile, re.M)
     assert re.search(r"^FROM python:3\.11-slim", dockerfile, re.M)
     user = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)
     assert user and user[-1] not in ("root", "0")

@@ -1,0 +1,193 @@
+"""rlfarm as a library: train from a script or a notebook, as the `rlfarm train` command does.
+
+    import rlfarm
+
+    result = rlfarm.train("cartpole-dqn", seed=3, overrides={"dqn.learning_rate": 5e-4})
+    result.best_policy, result.final_policy, result.run_dir
+
+    def stop_early(step: rlfarm.LogStep) -> bool | None:
+        step.extra["my/ratio"] = step.metrics["charts/SPS"] / 1000   # logged as custom/my/ratio
+        return step.env_steps < 20_000                               # False stops the run
+
+    rlfarm.train("cartpole-ppo", callback=stop_early, redis_url="redis://:pw@farm-host:6379/0")
+
+Without `redis_url`, an embedded Redis and `workers` local worker processes are started for the run
+and stopped after it, whatever happens. Errors are exceptions (ConfigError for bad input, EnvError,
+ConnectionError for an unreachable Redis, RolloutError and TaskLostError for failed tasks,
+RedisUnavailable after an outage past its limit); the CLI turns each into one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from rlfarm import config as C
+
+log = logging.getLogger("rlfarm")
+
+# Keyword options of `train` and the config keys they set (the rest pass through as dotted keys
+# with "__" for ".", e.g. ppo__learning_rate=1e-3).
+_OPTION_KEYS = {"env": "env.id", "workers": "farm.workers"}
+
+
+def make_config(preset: str | None = "cartpole-ppo",
+                overrides: Mapping[str, Any] | Iterable[str] | None = None, **options: Any) -> C.RunConfig:
+    """A validated RunConfig: preset, then overrides ({"ppo.gamma": 0.98} or ["ppo.gamma=0.98"]),
+    then keyword options (total_steps=..., seed=..., env="Acrobot-v1", mode="async", workers=4)."""
+    values: dict[str, Any] = C.load_preset(preset) if preset else {}
+    if isinstance(overrides, Mapping):
+        values.update(overrides)
+    else:
+        for text in overrides or ():
+            key, value = C.parse_override(text)
+            values[key] = value
+    for name, value in options.items():
+        if value is not None:
+            values[_OPTION_KEYS.get(name, name.replace("__", "."))] = value
+    return C.from_flat(values)
+
+
+def check_config(cfg: C.RunConfig) -> None:
+    """What can be checked before anything starts: mode and algorithm, the env and its spaces, CUDA."""
+    from rlfarm.algos import check_env, check_mode
+    from rlfarm.envs import describe
+
+    check_mode(cfg.algo, cfg.mode)
+    check_env(cfg.algo, describe(cfg.env.id).discrete)
+    if cfg.device == "cuda":
+        from rlfarm.trainer import resolve_device
+
+        resolve_device(cfg.device)
+
+
+def with_run_id(cfg: C.RunConfig) -> C.RunConfig:
+    """The config with a generated run id (`<env>-<date>-<time>-<4 hex>`) when it has none."""
+    if cfg.run_id:
+        return cfg
+    name = cfg.env.id.split(":")[-1].split("/")[-1].lower()
+    return C.from_flat({"run_id": f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"}, cfg)
+
+
+def resume_config(run: str, logdir: str | None = None, **changes: Any) -> C.RunConfig:
+    """The config of a run to resume, from its run directory (a path, or a run id under `logdir`),
+    with the few changes a resume allows (total_steps, target_return, workers, device)."""
+    from rlfarm import checkpoint
+
+    run_dir = Path(run)
+    if not (run_dir / "config.json").is_file():
+        run_dir = Path(logdir or C.RunConfig.logdir) / run
+    if not (run_dir / "config.json").is_file():
+        raise C.ConfigError(f"no run {run!r}: neither {run} nor {run_dir} is a run directory "
+                            f"(one with config.json)")
+    if not checkpoint.path_in(run_dir).is_file():
+        raise C.ConfigError(f"run directory {run_dir} has no trainer checkpoint "
+                            f"({checkpoint.FILENAME}) to resume from")
+    cfg = C.from_dict(json.loads((run_dir / "config.json").read_text()))
+    if cfg.run_id != run_dir.name:
+        raise C.ConfigError(f"{run_dir} holds run {cfg.run_id!r}; a run directory is named after its run")
+    flat = {_OPTION_KEYS.get(k, k): v for k, v in changes.items() if v is not None}
+    return C.from_flat({**flat, "logdir": str(run_dir.parent)}, cfg)
+
+
+def online_processes(redis_url: str) -> int:
+    """Worker processes currently consuming from this Redis (Celery inspect), 0 if none answer."""
+    from rlfarm.celery_app import make_app
+
+    app = make_app(redis_url)
+    try:
+        stats = app.control.inspect(timeout=1.0).stats() or {}
+    finally:
+        app.close()
+    return sum(int(s.get("pool", {}).get("max-concurrency", 0)) for s in stats.values())
+
+
+def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
+        callback: Callable[..., bool | None] | None = None, console: Any = None,
+        notify: Callable[[str], None] | None = None):
+    """Train `cfg` (already checked, with a run id) on the farm at `redis_url`, or on an embedded one.
+    `notify(text)`: where start-up notes go (default: the "rlfarm" logger)."""
+    from rlfarm.store import connect, redact
+
+    notify = notify or log.info
+    run_dir = Path(cfg.logdir) / cfg.run_id
+    options = {"resume": resume, "callback": callback, "console": console}
+    processes = None
+    if not redis_url:
+        from rlfarm import localfarm
+
+        farm = localfarm.running()
+        if farm is not None:
+            redis_url, processes = farm["redis_url"], farm["workers"]  # no need to ask the workers
+            notify(f"no --redis given: training on the local farm started by `rlfarm up` ({farm['workers']} "
+                   f"worker processes; `rlfarm down` stops it)")
+    if redis_url:
+        connect(redis_url).close()  # ConnectionError (RedisAuthError: credentials) before anything else
+        if processes is None:
+            processes = online_processes(redis_url)  # a broadcast that waits 1 s for answers
+        if not processes:
+            notify(f"no worker answered on {redact(redis_url)}; tasks wait in the queue until one starts "
+                   f"(`rlfarm worker --redis URL`)")
+        from rlfarm.trainer import make_trainer
+
+        return make_trainer(cfg, redis_url, run_dir, tasks_in_flight=max(2, processes), **options).train()
+
+    from rlfarm.cluster import LocalCluster
+    from rlfarm.envs import allowed_modules_env
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    notify(f"no --redis given: starting an embedded Redis and {cfg.farm.workers} local worker processes "
+           f"(logs in {run_dir}/)")
+    # The user's own `module:callable` env is trusted on the user's own local workers.
+    cluster = LocalCluster(workers=cfg.farm.workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir,
+                           extra_env=allowed_modules_env(cfg.env.id))
+    try:
+        cluster.start(wait=False)  # the workers import torch while the trainer builds its network
+        (run_dir / "cluster.json").write_text(json.dumps(
+            {"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
+        from rlfarm.trainer import make_trainer  # torch: imported while the workers start
+
+        trainer = make_trainer(cfg, cluster.redis_url, run_dir, tasks_in_flight=cfg.farm.workers, **options)
+        cluster.wait_ready()
+        return trainer.train()
+    finally:
+        cluster.stop()
+
+
+def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = None,
+          overrides: Mapping[str, Any] | Iterable[str] | None = None, redis_url: str | None = None,
+          callback: Callable[..., bool | None] | None = None, console: Any = None, **options: Any):
+    """Train and return a `TrainResult` (run_dir, final_policy, best_policy, returns, counters).
+
+    `preset`: a shipped preset name or a TOML path; `config`: a RunConfig instead (then `overrides`
+    and `options` apply on top of it). `redis_url`: a farm's Redis (None: an embedded Redis and
+    `workers` local worker processes). `callback(LogStep)`: after each log step; return False to stop.
+    `options`: total_steps, seed, target_return, env, mode, workers, run_id, logdir, device, or any
+    dotted config key with "__" for "." (ppo__learning_rate=1e-3).
+    """
+    if not logging.getLogger("rlfarm").handlers:  # a script or notebook that set up no logging
+        from rlfarm.logs import setup_logging
+
+        setup_logging(0)
+    if config is not None:
+        cfg = C.from_flat({**_flat_overrides(overrides),
+                           **{_OPTION_KEYS.get(k, k.replace("__", ".")): v for k, v in options.items()
+                              if v is not None}}, config)
+    else:
+        cfg = make_config(preset, overrides, **options)
+    check_config(cfg)
+    cfg = with_run_id(cfg)
+    run_dir = Path(cfg.logdir) / cfg.run_id
+    if (run_dir / "config.json").exists():
+        raise C.ConfigError(f"run {cfg.run_id} already exists in {run_dir.parent}/; choose another run_id")
+    return run(cfg, redis_url=redis_url, callback=callback, console=console)
+
+
+def _flat_overrides(overrides: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    return dict(C.parse_override(text) for text in overrides or ())

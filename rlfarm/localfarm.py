@@ -1,0 +1,108 @@
+"""A persistent local farm: `rlfarm up` starts a Redis and worker processes that outlive the command,
+so that repeated `rlfarm train` runs skip the start-up (as `ray start` does); `rlfarm down` stops them.
+
+State lives in `$RLFARM_HOME` (default `~/.cache/rlfarm`): `local-farm.json` (URL with a random
+password, pids; mode 0600) and the processes' logs. Everything binds to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from rlfarm.cluster import LocalCluster
+
+
+class LocalFarmError(RuntimeError):
+    pass
+
+
+def home() -> Path:
+    base = os.environ.get("RLFARM_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlfarm"
+    return Path(base)
+
+
+def state_path() -> Path:
+    return home() / "local-farm.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie answers kill(0) too
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def running() -> dict[str, Any] | None:
+    """The local farm's state if it is up (its Redis answers and its processes live), else None."""
+    path = state_path()
+    if not path.is_file():
+        return None
+    state = json.loads(path.read_text())
+    if not all(_alive(pid) for pid in state["pids"]):
+        return None
+    import redis
+
+    try:
+        redis.Redis.from_url(state["redis_url"], socket_connect_timeout=1).ping()
+    except (redis.RedisError, OSError):
+        return None
+    return state
+
+
+def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Start the local farm (Redis + one Celery worker with `workers` pool processes), wait until it
+    answers, write its state file and return the state. An already running farm is an error."""
+    if running() is not None:
+        raise LocalFarmError(f"a local farm is already up ({state_path()}); `rlfarm down` stops it")
+    log_dir = home() / "local-farm"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cluster = LocalCluster(workers=workers, name="rlfarm-local", log_dir=log_dir, extra_env=extra_env,
+                           detached=True, password=secrets.token_hex(16), data_dir=log_dir)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    state = {"redis_url": cluster.redis_url, "pids": cluster.pids, "workers": workers,
+             "logs": str(log_dir), "started": time.time()}
+    path = state_path()
+    path.touch(mode=0o600)  # it holds the password
+    path.write_text(json.dumps(state) + "\n")
+    return state
+
+
+def down(grace: float = 10.0) -> list[int]:
+    """Stop the local farm's processes (by process group: each leads one) and forget it. Returns the
+    pids that were stopped; [] when none was up."""
+    path = state_path()
+    if not path.is_file():
+        return []
+    state = json.loads(path.read_text())
+    pids = [pid for pid in state["pids"] if _alive(pid)]
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + grace
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling interval while they exit
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    path.unlink()
+    return pids
