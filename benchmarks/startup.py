@@ -30,10 +30,11 @@ def timed(checkout: Path, env: dict[str, str]) -> tuple[float, float]:
     """(end-to-end seconds, training seconds) of one run of COMMAND in `checkout`."""
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        subprocess.run([sys.executable, str(checkout / "cli.py"), *COMMAND, "--logdir", tmp, "--run-id", "s"],
+        run_id = f"s{time.time_ns()}"  # a local farm's Redis keeps earlier runs
+        subprocess.run([sys.executable, str(checkout / "cli.py"), *COMMAND, "--logdir", tmp, "--run-id", run_id],
                        check=True, capture_output=True, cwd=checkout, env=env)
         end_to_end = time.perf_counter() - t
-        return end_to_end, json.loads((Path(tmp) / "s" / "summary.json").read_text())["wall_seconds"]
+        return end_to_end, json.loads((Path(tmp) / run_id / "summary.json").read_text())["wall_seconds"]
 
 
 def import_seconds(checkout: Path) -> float:
