@@ -1,6 +1,6 @@
 """The embedded default: a private redis-server and local Celery workers, started and stopped here.
 
-Real Redis and real Celery, just local (DESIGN.md decision 9). The same class serves the tests.
+Real Redis and real Celery, just local. The same class serves the tests.
 Everything binds to 127.0.0.1. Children get PR_SET_PDEATHSIG so that even a SIGKILLed trainer
 does not leave them running, and each sits in its own process group so it is stopped as a whole.
 """

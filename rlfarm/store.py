@@ -1,6 +1,6 @@
 """PolicyStore: versioned policy checkpoints in Redis, namespaced per run.
 
-Keys (DESIGN.md decision 2), all under `rlfarm:<run>:`
+Keys, all under `rlfarm:<run>:`
   policy:<v>      safetensors bytes (metadata: version, algo, created, sha256)
   policy:latest   the newest published version
   versions        sorted set of retained versions
