@@ -66,8 +66,8 @@ def test_one_lucky_evaluation_does_not_end_a_run_and_the_best_policy_is_kept(red
 
     from rlfarm.api import make_config
 
-    cfg = make_config("cartpole-dqn", run_id="lucky", logdir=str(tmp_path),
-                                 overrides={"farm.keep_versions": 2})
+    cfg = make_config("cartpole-dqn", run_id="lucky", logdir=str(tmp_path), target_return=475.0,
+                      overrides={"farm.keep_versions": 2})
     trainer = make_trainer(cfg, redis_only.redis_url, tmp_path / "lucky")
     trainer.logger = RunLogger(tmp_path / "lucky", to_dict(cfg), cfg.total_steps, tensorboard=False)
     trainer.publish()
