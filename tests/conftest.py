@@ -3,19 +3,29 @@
 They are started with rlfarm.cluster.LocalCluster, the code behind the embedded default, and
 stopped by pid at the end of the session. Workers get the repository on PYTHONPATH so they can
 import the tiny envs in tests/.
+
+Below the fixtures: the helpers more than one test module uses (`from .conftest import ...`); test
+modules never import from each other.
 """
 
 from __future__ import annotations
 
+import base64
+import csv
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rlfarm.cluster import LocalCluster
+from rlfarm.envs import SpaceSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -65,12 +75,15 @@ def farm(tmp_path_factory):
         yield cluster
 
 
+# ---- processes, polling, HTTP --------------------------------------------------------------------
 def processes_matching(text: str) -> list[str]:
+    """`pid args` lines of the running processes whose command line contains `text`."""
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if text in line and "ps -eo" not in line]
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -82,10 +95,95 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def poll(condition, what: str, proc: subprocess.Popen | None = None, log: Path | None = None,
+         deadline_s: float = 120.0):
+    """condition() until it returns something truthy, which is returned; fails with `what` if `proc`
+    exits (showing the end of `log`) or the deadline passes first."""
+    # Generous deadline: it only turns a hang into a readable failure.
+    deadline = time.monotonic() + deadline_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"{what}: process exited ({proc.returncode}):\n"
+                        f"{log.read_text(errors='replace')[-3000:] if log else ''}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {deadline_s:.0f} s")
+        time.sleep(0.2)  # polling interval, not synchronisation
+
+
+def http_request(url: str, auth: str | None = None, method: str = "GET") -> urllib.request.Request:
+    """A urllib request for `url` with HTTP basic auth `auth` ("user:password") if given; a POST has an
+    empty body."""
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    return request
+
+
+# ---- the CLI and what a run leaves behind --------------------------------------------------------
 def rlfarm_cmd(*args: str) -> list[str]:
+    """argv of `rlfarm ARGS` run from this checkout's cli.py."""
     return [sys.executable, str(ROOT / "cli.py"), *args]
 
 
+def run_cli(*args, env=None, cwd=None):
+    """`rlfarm ARGS` to completion, output captured, with WORKER_ENV (plus `env`) in its environment."""
+    return subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **WORKER_ENV, **(env or {})}, timeout=900)
+
+
+def one_error_line(stderr: str, warnings: bool = True) -> str:
+    """The single `rlfarm: error: ...` line a failing command must print (no traceback, nothing else;
+    `rlfarm: warning:` lines may come with it unless warnings=False)."""
+    lines = [line for line in stderr.splitlines()
+             if line.strip() and not (warnings and "rlfarm: warning:" in line)]
+    assert len(lines) == 1 and lines[0].startswith("rlfarm: error: "), stderr[-3000:]
+    return lines[0]
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    """The one `rlfarm: error:` line a failed command printed on stderr: no warning, no traceback."""
+    return one_error_line(result.stderr, warnings=False)
+
+
+def usage_error_line(result: subprocess.CompletedProcess) -> str:
+    """error_line of a command that must have failed as a usage error (exit status 2)."""
+    assert result.returncode == 2, result.stderr
+    return error_line(result)
+
+
+def assert_cleaned_up(run_dir: Path, run_id: str) -> None:
+    """The embedded Redis and workers of a finished run (cluster.json) are gone, by pid and by name."""
+    pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
+    assert pids and not [p for p in pids if pid_alive(p)], "a farm process outlived the run"
+    assert processes_matching(f"rlfarm-{run_id}") == []
+
+
+def read_summary(run_dir: Path) -> dict:
+    """A run's summary.json."""
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of one of a run's CSV files (progress.csv, episodes.csv, evals.csv)."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def scalar_tags(run_dir: Path) -> dict[str, list[float]]:
+    """{tag: values} of the TensorBoard scalars in a run directory, plus "histogram:TAG": [] per histogram."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "histograms": 0}).Reload()
+    tags = events.Tags()
+    values = {tag: [e.value for e in events.Scalars(tag)] for tag in tags["scalars"]}
+    values.update({f"histogram:{tag}": [] for tag in tags["histograms"]})
+    return values
+
+
+# ---- runs, tasks and rollouts in-process ---------------------------------------------------------
 def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: int = 1):
     """Put a run's metadata and `versions` policy versions into Redis, as the trainer does."""
     import torch
@@ -106,8 +204,41 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
     return cfg, store
 
 
-def one_error_line(stderr: str) -> str:
-    """The single `rlfarm: error: ...` line a failing command must print (no traceback, nothing else)."""
-    lines = [line for line in stderr.splitlines() if line.strip() and "rlfarm: warning:" not in line]
-    assert len(lines) == 1 and lines[0].startswith("rlfarm: error:"), stderr[-3000:]
-    return lines[0]
+def dispatcher(redis_url: str, run_id: str, timeout: float = 60.0):
+    """A Dispatcher for `run_id` on the farm at `redis_url` (task timeout `timeout`, 3 re-sends)."""
+    from rlfarm.celery_app import make_app
+    from rlfarm.dispatch import Dispatcher
+    from rlfarm.store import connect
+
+    return Dispatcher(make_app(redis_url), connect(redis_url), run_id, timeout, 3)
+
+
+def task_specs(iteration: int, n: int, steps: int, version: int = 0, seed: int = 1) -> list[dict]:
+    """Specs of the `n` rollout tasks of one iteration, as Dispatcher.gather_group takes them."""
+    return [{"iteration": iteration, "index": i, "version": version, "steps": steps, "seed": seed}
+            for i in range(n)]
+
+
+def running_tasks(app, run_id: str) -> list[tuple[int, str]]:
+    """(pool pid, task id) of the rlfarm rollouts the workers report as executing right now."""
+    from rlfarm.celery_app import ROLLOUT_TASK
+
+    running = []
+    for tasks in (app.control.inspect(timeout=0.3).active() or {}).values():
+        for t in tasks:
+            if t["name"] == ROLLOUT_TASK and t["kwargs"].get("run") == run_id:
+                running.append((t["worker_pid"], t["id"]))
+    return running
+
+
+class CountValue:
+    """A policy double with V(s) = s[0] and always action 0, so every number is hand-computable."""
+
+    spec = SpaceSpec(obs_dim=1, discrete=True, action_dim=2)
+
+    def value(self, obs):
+        return obs[:, 0].astype(np.float32)
+
+    def act(self, obs, rng, deterministic=False):
+        n = len(obs)
+        return np.zeros(n, np.int64), np.zeros(n, np.float32), self.value(obs)

@@ -9,8 +9,7 @@ import pytest
 import rlfarm
 from rlfarm.config import ConfigError
 
-from .conftest import pid_alive
-from .test_tensorboard import scalar_tags
+from .conftest import pid_alive, scalar_tags
 
 pytestmark = pytest.mark.farm
 

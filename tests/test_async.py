@@ -14,19 +14,13 @@ import redis
 
 from rlfarm.celery_app import make_app
 
-from .conftest import WORKER_ENV, rlfarm_cmd
-from .test_cli import assert_cleaned_up, run_cli
-from .test_farm import _running_tasks
+from .conftest import WORKER_ENV, assert_cleaned_up, read_summary, rlfarm_cmd, run_cli, running_tasks
 
 pytestmark = pytest.mark.farm
 
 SMALL_DQN = ["--preset", "cartpole-dqn", "--set", "policy.hidden_sizes=[32,32]",
              "--set", "dqn.learning_starts=256", "--set", "dqn.replay_ratio=0.25",
              "--set", "eval.interval=0", "--set", "target_return=inf"]
-
-
-def _summary(run_dir):
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("max_lag, stale_expected", [(0, True), (100_000, False)])
@@ -36,7 +30,7 @@ def test_stale_results_are_dropped_and_counted(farm, tmp_path, max_lag, stale_ex
                      "--total-steps", "6000", *SMALL_DQN, "--set", f"async.max_policy_lag={max_lag}",
                      "--set", "async.tasks_in_flight=4", "--set", "async.publish_interval=1")
     assert result.returncode == 0, result.stderr[-2000:]
-    summary = _summary(tmp_path / run_id)
+    summary = read_summary(tmp_path / run_id)
     rows = list(csv.DictReader(open(tmp_path / run_id / "progress.csv")))
     logged = int(rows[-1]["farm/results_dropped_stale"])
     assert logged == summary["dropped_stale"]
@@ -62,13 +56,13 @@ def test_sigkilled_worker_during_async_run(farm, tmp_path):
     app = make_app(farm.redis_url)
     running = []
     while not running and proc.poll() is None:
-        running = _running_tasks(app, run_id)
+        running = running_tasks(app, run_id)
     assert running, "no task of the run was seen running"
     victim, task_id = running[0]
     os.kill(victim, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-2000:]
-    summary = _summary(tmp_path / run_id)
+    summary = read_summary(tmp_path / run_id)
     assert summary["env_steps"] >= 6000
     ids = summary["accepted_task_ids"]
     assert len(ids) == len(set(ids)) == summary["task_ids_accepted"]  # none counted twice

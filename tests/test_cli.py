@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import time
@@ -12,20 +11,7 @@ from click.testing import CliRunner
 
 from cli import main
 
-from .conftest import WORKER_ENV, pid_alive, processes_matching, rlfarm_cmd
-
-
-def run_cli(*args, env=None, cwd=None):
-    import os
-
-    return subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **WORKER_ENV, **(env or {})}, timeout=900)
-
-
-def assert_cleaned_up(run_dir, run_id):
-    pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
-    assert pids and not [p for p in pids if pid_alive(p)]
-    assert processes_matching(f"rlfarm-{run_id}") == []
+from .conftest import WORKER_ENV, assert_cleaned_up, processes_matching, rlfarm_cmd, run_cli
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["worker"], ["eval"], ["checkpoints"],

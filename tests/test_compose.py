@@ -8,7 +8,6 @@ command or variable that drifts from the CLI breaks here, not on someone's clust
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -16,7 +15,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,7 +26,7 @@ import yaml
 from rlfarm.celery_app import make_app
 from rlfarm.cluster import find_redis_server, free_port, stop_process_group
 
-from .conftest import ROOT, WORKER_ENV, pid_alive
+from .conftest import ROOT, WORKER_ENV, http_request, pid_alive, poll
 
 COMPOSE = ROOT / "docker-compose.yml"
 EXPOSE = ROOT / "docker-compose.expose.yml"
@@ -246,32 +244,9 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def _poll(condition, what: str, proc: subprocess.Popen | None = None, log: Path | None = None,
-          deadline_s: float = 120.0):
-    # Generous deadline: it only turns a hang into a readable failure.
-    deadline = time.monotonic() + deadline_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"{what}: process exited ({proc.returncode}):\n"
-                        f"{log.read_text()[-3000:] if log else ''}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {deadline_s:.0f} s")
-        time.sleep(0.2)
-
-
-def _request(url: str, auth: str | None = None) -> urllib.request.Request:
-    request = urllib.request.Request(url)
-    if auth:
-        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    return request
-
-
 def _http_status(url: str, auth: str | None = None) -> int:
     try:
-        with urllib.request.urlopen(_request(url, auth), timeout=5) as response:
+        with urllib.request.urlopen(http_request(url, auth), timeout=5) as response:
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -316,7 +291,7 @@ def test_compose_services_run_as_local_processes(tmp_path):
         redis_proc = start("redis", [server, *cmd[1:], "--port", str(port), "--bind", "127.0.0.1",
                                      "--dir", str(data)], service_env("redis"))
         client = redis.Redis.from_url(local_url)
-        _poll(lambda: _ping(client), "redis-server", redis_proc, tmp_path / "redis.log")
+        poll(lambda: _ping(client), "redis-server", redis_proc, tmp_path / "redis.log")
         config = client.config_get("*")  # redis-py decodes CONFIG GET replies
         assert config["appendonly"] == "yes" and config["appendfsync"] == "everysec"
         assert config["maxmemory-policy"] == "noeviction"
@@ -339,8 +314,8 @@ def test_compose_services_run_as_local_processes(tmp_path):
         worker = start("worker", cmd, service_env("worker"))
         app = make_app(local_url)
         try:
-            replies = _poll(lambda: app.control.ping(timeout=0.5), "worker answers", worker,
-                            tmp_path / "worker.log")
+            replies = poll(lambda: app.control.ping(timeout=0.5), "worker answers", worker,
+                           tmp_path / "worker.log")
         finally:
             app.close()
         assert len(replies) == 1
@@ -353,8 +328,8 @@ def test_compose_services_run_as_local_processes(tmp_path):
         flower = start("flower", [a if a != "--port=5555" else f"--port={flower_port}" for a in cmd]
                        + ["--address=127.0.0.1"], service_env("flower"))
         base = f"http://127.0.0.1:{flower_port}"
-        _poll(lambda: _http_status(f"{base}/workers") == 401, "flower refuses anonymous requests",
-              flower, tmp_path / "flower.log")
+        poll(lambda: _http_status(f"{base}/workers") == 401, "flower refuses anonymous requests",
+             flower, tmp_path / "flower.log")
         auth = values["FLOWER_BASIC_AUTH"]
         assert _http_status(f"{base}/workers", "admin:wrong") == 401
         assert _http_status(f"{base}/workers", auth) == 200
@@ -388,10 +363,10 @@ def test_compose_services_run_as_local_processes(tmp_path):
 
         # Flower saw the worker through the broker URL from its environment.
         def flower_workers():
-            with urllib.request.urlopen(_request(f"{base}/api/workers?refresh=1", auth),
+            with urllib.request.urlopen(http_request(f"{base}/api/workers?refresh=1", auth),
                                         timeout=10) as response:
                 return json.load(response)
-        assert len(_poll(flower_workers, "flower lists the worker")) == 1
+        assert len(poll(flower_workers, "flower lists the worker")) == 1
 
         assert password not in output
     finally:
@@ -404,7 +379,7 @@ def test_compose_services_run_as_local_processes(tmp_path):
         if name != "redis":
             assert password not in log.read_text(errors="replace"), f"password in {name}'s output"
     assert any(data.iterdir()), "Redis wrote no append-only file"
-    _poll(lambda: not any(pid_alive(p) for p in pids), "all started processes gone")
+    poll(lambda: not any(pid_alive(p) for p in pids), "all started processes gone")
 
 
 def _ping(client: redis.Redis) -> bool:

@@ -18,7 +18,7 @@ from rlfarm.config import ConfigError
 from rlfarm.metrics import EVAL_LINE_EVERY, RunLogger, summary_writer_class
 from rlfarm.store import is_loopback, no_password_warning
 
-from .conftest import ROOT, WORKER_ENV, one_error_line, rlfarm_cmd
+from .conftest import ROOT, WORKER_ENV, one_error_line, run_cli
 
 
 @pytest.fixture
@@ -202,9 +202,8 @@ EVALS = ["--set", "eval.interval=1024", "--set", "eval.episodes=2", "--set", "ev
 def _train(farm, tmp_path, run_id: str, *args: str) -> subprocess.CompletedProcess:
     global_opts = [a for a in args if a in ("-q", "-v")]
     rest = [a for a in args if a not in ("-q", "-v")]
-    result = subprocess.run(rlfarm_cmd(*global_opts, "train", "--redis", farm.redis_url, "--run-id", run_id,
-                                       "--logdir", str(tmp_path), *SHORT, *rest),
-                            capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=900)
+    result = run_cli(*global_opts, "train", "--redis", farm.redis_url, "--run-id", run_id,
+                     "--logdir", str(tmp_path), *SHORT, *rest)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

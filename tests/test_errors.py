@@ -22,17 +22,9 @@ from rlfarm import checkpoint
 from rlfarm import config as C
 from rlfarm.store import connect, delete_run, read_status, run_prefix, write_status
 
-from .conftest import WORKER_ENV, make_run, rlfarm_cmd
-from .test_cli import run_cli
+from .conftest import WORKER_ENV, error_line, make_run, rlfarm_cmd, run_cli
 
 pytestmark = pytest.mark.farm
-
-
-def error_line(result: subprocess.CompletedProcess) -> str:
-    """The one line a failed command printed on stderr (asserting there is exactly one, no traceback)."""
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("rlfarm: error: "), result.stderr
-    return lines[0]
 
 
 def keys_of(client, run_id: str) -> set[bytes]:

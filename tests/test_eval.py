@@ -10,8 +10,7 @@ import subprocess
 
 import pytest
 
-from .conftest import WORKER_ENV, one_error_line, rlfarm_cmd
-from .test_cli import run_cli
+from .conftest import WORKER_ENV, one_error_line, rlfarm_cmd, run_cli
 
 pytestmark = pytest.mark.farm
 

@@ -17,24 +17,15 @@ from rlfarm.rollout import Rollout, collect, task_seeds
 from rlfarm.store import connect
 from rlfarm.worker import results_key
 
-from .conftest import make_run
+from .conftest import dispatcher, make_run, running_tasks, task_specs
 
 pytestmark = pytest.mark.farm
 
 
-def _dispatcher(farm, run_id, timeout=60.0):
-    return Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), run_id, timeout, 3)
-
-
-def _specs(iteration, n, steps, version=0, seed=1):
-    return [{"iteration": iteration, "index": i, "version": version, "steps": steps, "seed": seed}
-            for i in range(n)]
-
-
 def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     cfg, store = make_run(farm.redis_url, "group", ["env.num_envs=2"])
-    d = _dispatcher(farm, "group")
-    results = d.gather_group(_specs(0, 6, 64))
+    d = dispatcher(farm.redis_url, "group")
+    results = d.gather_group(task_specs(0, 6, 64))
     assert [r["index"] for r in results] == list(range(6))
     assert all(r["version"] == 0 for r in results)
     # A task is a pure function of its spec: recompute index 4 in this process and compare.
@@ -57,15 +48,15 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
 
 def test_failed_task_reports_a_clear_error(farm):
     make_run(farm.redis_url, "missing")
-    d = _dispatcher(farm, "missing")
+    d = dispatcher(farm.redis_url, "missing")
     with pytest.raises(RolloutError, match="no policy version 7"):
-        d.gather_group(_specs(0, 1, 8, version=7))
+        d.gather_group(task_specs(0, 1, 8, version=7))
     _, store = make_run(farm.redis_url, "badenv")
     meta = store.run_meta()
     meta["config"]["env"]["id"] = "tests.tiny_envs:nonexistent"  # a worker that cannot make the env
     store.set_run_meta(meta)
     with pytest.raises(RolloutError, match="has no attribute 'nonexistent'"):
-        _dispatcher(farm, "badenv").gather_group(_specs(0, 1, 8))
+        dispatcher(farm.redis_url, "badenv").gather_group(task_specs(0, 1, 8))
 
 
 def test_pickle_message_is_refused(farm):
@@ -77,35 +68,25 @@ def test_pickle_message_is_refused(farm):
     evil.send_task(ROLLOUT_TASK, kwargs={"run": "pickled", "iteration": 0, "index": 99, "version": 0,
                                          "steps": 8, "seed": 1})
     # A msgpack task sent afterwards completes; the pickled one, ahead of it, produced nothing.
-    good = _dispatcher(farm, "pickled").gather_group(_specs(1, 1, 8))
+    good = dispatcher(farm.redis_url, "pickled").gather_group(task_specs(1, 1, 8))
     assert good[0]["index"] == 0
     assert client.llen(results_key("pickled")) == 0
     logs = "".join(p.read_text(errors="replace") for p in Path(farm.log_dir).glob("worker-*.log"))
     assert "Refusing to deserialize untrusted content of type pickle" in logs
 
 
-def _running_tasks(app, run_id):
-    """(pool pid, task id) of the rlfarm rollouts the workers report as executing right now."""
-    running = []
-    for tasks in (app.control.inspect(timeout=0.3).active() or {}).values():
-        for t in tasks:
-            if t["name"] == ROLLOUT_TASK and t["kwargs"].get("run") == run_id:
-                running.append((t["worker_pid"], t["id"]))
-    return running
-
-
 def test_sigkilled_worker_process_mid_iteration(farm):
     """A pool process dies mid-task: the iteration still completes with exactly one result per index."""
     make_run(farm.redis_url, "killed", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
-    d = _dispatcher(farm, "killed", timeout=60.0)
-    specs = _specs(0, 4, 1500)  # 4 tasks of ~3 s on 2 processes: a kill lands mid-task
+    d = dispatcher(farm.redis_url, "killed", timeout=60.0)
+    specs = task_specs(0, 4, 1500)  # 4 tasks of ~3 s on 2 processes: a kill lands mid-task
     out: dict = {}
     thread = threading.Thread(target=lambda: out.setdefault("results", d.gather_group(specs)))
     thread.start()
     app = make_app(farm.redis_url)
     running = []
     while not running and thread.is_alive():
-        running = _running_tasks(app, "killed")
+        running = running_tasks(app, "killed")
     assert running, "no rollout task was seen running"
     victim, task_id = running[0]
     os.kill(victim, signal.SIGKILL)
@@ -125,12 +106,12 @@ def test_straggler_is_redispatched_and_late_copies_are_dropped(farm):
     make_run(farm.redis_url, "straggle", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
     d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "straggle", task_timeout=0.4,
                    max_redispatch=50)
-    results = d.gather_group(_specs(0, 2, 500))  # >= 1 s each: well past the 0.4 s deadline
+    results = d.gather_group(task_specs(0, 2, 500))  # >= 1 s each: well past the 0.4 s deadline
     assert [r["index"] for r in results] == [0, 1]
     assert d.stats.redispatched >= 2 and d.stats.dispatched == 2 + d.stats.redispatched
     # Drain every remaining copy: the next iteration's gather drops them as duplicates.
     d.task_timeout = 60
-    d.gather_group(_specs(1, 1, 8))
+    d.gather_group(task_specs(1, 1, 8))
     while d.stats.received < d.stats.dispatched:
         message = d.receive(timeout=30)
         assert message is not None, "a dispatched copy never reported back"

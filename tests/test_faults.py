@@ -8,8 +8,6 @@ real `rlfarm train` command.
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import signal
 import subprocess
@@ -24,7 +22,7 @@ from kombu.exceptions import OperationalError
 from rlfarm.celery_app import make_app
 from rlfarm.cluster import LocalCluster
 
-from .conftest import ROOT, WORKER_ENV, one_error_line, pid_alive, rlfarm_cmd
+from .conftest import ROOT, WORKER_ENV, one_error_line, pid_alive, read_csv, read_summary, rlfarm_cmd
 
 pytestmark = pytest.mark.farm
 
@@ -93,10 +91,7 @@ class Farm:
 
 def progress_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "progress.csv"
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return read_csv(path) if path.exists() else []
 
 
 def wait_for_rows(proc: subprocess.Popen, run_dir: Path, rows: int = 1) -> None:
@@ -105,10 +100,6 @@ def wait_for_rows(proc: subprocess.Popen, run_dir: Path, rows: int = 1) -> None:
         if proc.poll() is not None:
             pytest.fail(f"trainer exited early ({proc.returncode}):\n{proc.stderr.read()[-3000:]}")
         time.sleep(0.1)  # polling interval
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 def assert_nothing_lost_or_double_counted(s: dict, steps_per_result: int) -> None:
@@ -140,7 +131,7 @@ def test_redis_restart_mid_run_is_ridden_out(fault_farm, tmp_path, mode, outage)
     assert proc.returncode == 0, stderr[-3000:]
     assert "rlfarm: warning: lost Redis at" in stderr and "is back after" in stderr
     assert "Traceback" not in stderr
-    s = summary(tmp_path / run_id)
+    s = read_summary(tmp_path / run_id)
     assert s["faults"]["redis_outages"] >= 1
     assert s["env_steps"] >= (4000 if mode == "sync" else 3000)
     assert_nothing_lost_or_double_counted(s, 250)
@@ -161,7 +152,7 @@ def test_outage_past_the_limit_is_one_line_and_the_run_resumes(fault_farm, tmp_p
                                         "--logdir", str(tmp_path)),
                              capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert summary(tmp_path / run_id)["env_steps"] >= 3000
+    assert read_summary(tmp_path / run_id)["env_steps"] >= 3000
     assert fault_farm.workers_alive()
 
 
@@ -213,7 +204,7 @@ def test_a_task_that_hangs_once_is_replaced_and_the_run_goes_on(tmp_path):
         _, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, stderr[-3000:]
         assert marker.exists()
-        s = summary(tmp_path / "hang-once")
+        s = read_summary(tmp_path / "hang-once")
         assert s["faults"]["time_limits"] == 1
         assert "exceeded its time limit" in stderr or "TimeLimitExceeded" in stderr  # said on the console
         assert_nothing_lost_or_double_counted(s, 250)
@@ -244,7 +235,7 @@ def test_a_lost_whole_worker_is_noticed_by_its_lease_not_a_timeout(tmp_path):
         _, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, stderr[-3000:]
         assert "was lost (its lease expired" in stderr
-        s = summary(tmp_path / "lost-worker")
+        s = read_summary(tmp_path / "lost-worker")
         assert s["faults"]["leases_expired"] >= 1
         assert s["env_steps"] >= 6000
         assert_nothing_lost_or_double_counted(s, 1000)
@@ -263,7 +254,7 @@ def test_flushall_mid_run_is_noticed_written_back_and_the_run_goes_on(fault_farm
     assert proc.returncode == 0, stderr[-3000:]
     assert stderr.count("state is gone from Redis") == 1  # warned once, on the console
     assert "state is gone from Redis" in (tmp_path / run_id / "rlfarm.log").read_text()  # and in the log
-    s = summary(tmp_path / run_id)
+    s = read_summary(tmp_path / run_id)
     assert s["faults"]["state_restored"] == 1
     assert s["env_steps"] >= 3000
     assert_nothing_lost_or_double_counted(s, 250)
@@ -303,7 +294,7 @@ def test_results_over_100_mib_decode_and_over_the_limit_are_refused_by_the_worke
                                    "--logdir", str(tmp_path), *WIDE),
                         capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=600)
     assert ok.returncode == 0, ok.stderr[-3000:]
-    assert summary(tmp_path / "wide-ok")["env_steps"] == 1000
+    assert read_summary(tmp_path / "wide-ok")["env_steps"] == 1000
     big = subprocess.run(rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", "wide-big",
                                     "--logdir", str(tmp_path), *WIDE, "--set", "farm.max_result_bytes=52428800"),
                          capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=600)
@@ -390,7 +381,7 @@ def test_chaos_two_minutes_of_kills_and_a_redis_restart(tmp_path):
         _, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 0, stderr[-3000:]
         assert restarted and kills >= 5, (restarted, kills)
-        s = summary(tmp_path / run_id)
+        s = read_summary(tmp_path / run_id)
         print(f"chaos: {kills} kills, {s['faults']}, {s['env_steps']} env steps in {s['wall_seconds']:.0f} s, "
               f"redispatched {s['redispatched']}, duplicates {s['duplicates']}")
         assert s["env_steps"] >= 90000

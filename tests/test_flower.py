@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import secrets
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +17,7 @@ from rlfarm.cluster import LOOPBACK, LocalCluster, free_port, stop_process_group
 from rlfarm.dispatch import Dispatcher
 from rlfarm.store import connect
 
-from .conftest import ROOT, WORKER_ENV, make_run
+from .conftest import ROOT, WORKER_ENV, http_request, make_run, poll
 
 pytestmark = pytest.mark.farm
 
@@ -28,29 +25,13 @@ DEADLINE = 120.0  # generous: Flower, workers and events all start on a loaded 2
 
 
 def _request(url: str, auth: str | None, method: str = "GET") -> tuple[int, bytes]:
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-    if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(http_request(url, auth, method), timeout=30) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
     except (urllib.error.URLError, ConnectionError):
         return 0, b""  # not listening yet
-
-
-def _poll(what: str, check, proc: subprocess.Popen, log: Path):
-    """check() until it returns something truthy; fails with `what` if Flower dies or time runs out."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        value = check()
-        if value:
-            return value
-        assert proc.poll() is None, (f"flower exited (code {proc.returncode}) while waiting for {what}:\n"
-                                     f"{log.read_text(errors='replace')[-3000:]}")
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.2)  # polling interval, not synchronisation
 
 
 @pytest.fixture
@@ -77,7 +58,7 @@ def test_flower_shows_rollouts_and_evaluations_and_refuses_anonymous_control(eve
         def live_workers():
             status, body = _request(f"{base}/workers?json=1", auth)
             return status == 200 and [w["hostname"] for w in json.loads(body)["data"] if w.get("status")]
-        _poll("worker heartbeats in flower", live_workers, flower, tmp_path / "flower.log")
+        poll(live_workers, "worker heartbeats in flower", flower, tmp_path / "flower.log", DEADLINE)
 
         make_run(farm.redis_url, "flower")
         d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "flower", 60.0, 3,
@@ -101,8 +82,8 @@ def test_flower_shows_rollouts_and_evaluations_and_refuses_anonymous_control(eve
             tasks = json.loads(body) if status == 200 else {}
             done = {tid: t for tid, t in tasks.items() if tid in sent and t.get("state") == "SUCCESS"}
             return done if len(done) == len(sent) else None
-        tasks = _poll("all 5 tasks as SUCCESS in flower's /api/tasks", flower_tasks, flower,
-                      tmp_path / "flower.log")
+        tasks = poll(flower_tasks, "all 5 tasks as SUCCESS in flower's /api/tasks", flower,
+                     tmp_path / "flower.log", DEADLINE)
         by_name = {}
         for t in tasks.values():
             by_name.setdefault(t["name"], []).append(t)

@@ -11,8 +11,7 @@ import pytest
 
 from rlfarm import codec
 
-from .conftest import pid_alive, processes_matching
-from .test_cli import run_cli
+from .conftest import assert_cleaned_up, run_cli
 
 pytestmark = pytest.mark.learning
 
@@ -30,9 +29,8 @@ def train_embedded(tmp_path, run_id, *args):
     result = run_cli("train", "--run-id", run_id, "--logdir", str(tmp_path), *args)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / run_id
-    pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
-    assert len(pids) >= 2 and not [p for p in pids if pid_alive(p)], "a farm process outlived the run"
-    assert processes_matching(f"rlfarm-{run_id}") == []
+    assert len(json.loads((run_dir / "cluster.json").read_text())["pids"]) >= 2  # its Redis and workers
+    assert_cleaned_up(run_dir, run_id)
     return run_dir
 
 

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 import struct
-import subprocess
 
 import numpy as np
 import pytest
 
 from rlfarm.plot import curves, last_of_each_log, read_run, rolling_mean, wall_unit
 
-from .conftest import WORKER_ENV, rlfarm_cmd
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True,
-                          env={**os.environ, **WORKER_ENV})
+from .conftest import read_csv, run_cli, usage_error_line
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +28,6 @@ def png_size(path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG"
     return struct.unpack(">II", data[16:24])
-
-
-def read_csv(path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.mark.farm  # the run comes from real Redis and Celery workers
@@ -103,23 +90,16 @@ def test_pure_helpers():
     assert wall_unit(4 * 3600)[0] == 3600.0
 
 
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("rlfarm: error:"), result.stderr
-    return lines[0]
-
-
 @pytest.mark.farm  # the run comes from real Redis and Celery workers
 def test_errors_are_one_clear_line(tmp_path, run_dir):
-    assert "no run directory at" in one_error_line(run_cli("plot", str(tmp_path / "missing")))
-    assert "has no episodes.csv" in one_error_line(run_cli("plot", str(tmp_path)))
+    assert "no run directory at" in usage_error_line(run_cli("plot", str(tmp_path / "missing")))
+    assert "has no episodes.csv" in usage_error_line(run_cli("plot", str(tmp_path)))
 
     empty = tmp_path / "empty-run"
     empty.mkdir()
     (empty / "episodes.csv").write_text("global_step,wall_time,episodic_return,episodic_length,policy_version\n")
-    assert "no episodes or evaluations logged yet" in one_error_line(run_cli("plot", str(empty)))
+    assert "no episodes or evaluations logged yet" in usage_error_line(run_cli("plot", str(empty)))
     assert not (empty / "curves.png").exists()
 
     unwritable = tmp_path / "no-such-dir" / "x.png"
-    assert "cannot write" in one_error_line(run_cli("plot", str(run_dir), "-o", str(unwritable)))
+    assert "cannot write" in usage_error_line(run_cli("plot", str(run_dir), "-o", str(unwritable)))

@@ -7,7 +7,7 @@ from rlfarm.envs import make_vector_env
 from rlfarm.replay import PrioritizedReplayBuffer, ReplayBuffer, SumTree, Transitions, nstep_transitions
 from rlfarm.rollout import collect
 
-from .test_rollout import CountValue
+from .conftest import CountValue
 
 
 def _rollout(env, steps):

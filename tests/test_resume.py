@@ -13,8 +13,7 @@ import pytest
 
 from rlfarm import checkpoint
 
-from .conftest import WORKER_ENV, pid_alive, rlfarm_cmd
-from .test_cli import assert_cleaned_up, run_cli
+from .conftest import WORKER_ENV, assert_cleaned_up, pid_alive, read_csv, rlfarm_cmd, run_cli
 
 pytestmark = pytest.mark.farm
 
@@ -48,8 +47,7 @@ def start_and_sigkill(tmp_path, run_id: str, args: list[str], kill_after_steps: 
 
 
 def read_steps(path) -> list[int]:
-    with open(path) as f:
-        return [int(r["global_step"]) for r in csv.DictReader(f)]
+    return [int(r["global_step"]) for r in read_csv(path)]
 
 
 def test_sync_ppo_resumed_after_sigkill_ends_bit_identical_to_an_uninterrupted_run(tmp_path):

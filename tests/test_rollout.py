@@ -4,21 +4,10 @@ import numpy as np
 import pytest
 
 from rlfarm.algos.ppo import compute_gae
-from rlfarm.envs import SpaceSpec, make_vector_env
+from rlfarm.envs import make_vector_env
 from rlfarm.rollout import Rollout, collect, concat, task_seeds
 
-
-class CountValue:
-    """A policy double with V(s) = s[0] and always action 0, so every number is hand-computable."""
-
-    spec = SpaceSpec(obs_dim=1, discrete=True, action_dim=2)
-
-    def value(self, obs):
-        return obs[:, 0].astype(np.float32)
-
-    def act(self, obs, rng, deterministic=False):
-        n = len(obs)
-        return np.zeros(n, np.int64), np.zeros(n, np.float32), self.value(obs)
+from .conftest import CountValue
 
 
 def test_same_step_autoreset_on_termination():

@@ -9,7 +9,7 @@ import pytest
 
 from rlfarm import config as C
 
-from .test_cli import run_cli
+from .conftest import run_cli
 
 SMALL_PPO = ["--set", "farm.num_tasks=2", "--set", "env.num_envs=1", "--set", "farm.steps_per_env=512",
              "--set", "ppo.num_minibatches=2"]  # 1,024 env steps per iteration

@@ -29,19 +29,10 @@ from rlfarm.envs import (EnvError, allowed_modules_env, check_env_allowed, env_m
 from rlfarm.signing import SignatureError
 from rlfarm.store import PolicyCorrupt, PolicyStore, connect
 
-from .conftest import ROOT, WORKER_ENV, make_run, rlfarm_cmd
+from .conftest import ROOT, WORKER_ENV, dispatcher, make_run, rlfarm_cmd, run_cli, task_specs
 
 SECRET = "test-secret-0123456789abcdef"
 MARKER = Path(tempfile.gettempdir()) / f"rlfarm-import-marker-{os.getuid()}"  # see tests/import_marker.py
-
-
-def _specs(iteration, n, steps, version=0, seed=1):
-    return [{"iteration": iteration, "index": i, "version": version, "steps": steps, "seed": seed}
-            for i in range(n)]
-
-
-def _dispatcher(redis_url, run_id, timeout=60.0):
-    return Dispatcher(make_app(redis_url), connect(redis_url), run_id, timeout, 3)
 
 
 def _zeroed(state):
@@ -282,10 +273,10 @@ def test_worker_refuses_envs_that_are_not_allowed(farm):
         with pytest.raises(RolloutError, match=f"EnvError: env '{env_id}' is not allowed on this worker: not a "
                                                f"registered gymnasium id, and module '{module}' is not in "
                                                f"RLFARM_ALLOWED_ENV_MODULES"):
-            _dispatcher(farm.redis_url, run_id).gather_group(_specs(0, 1, 8))
+            dispatcher(farm.redis_url, run_id).gather_group(task_specs(0, 1, 8))
     assert not MARKER.exists(), MARKER.read_text()  # the worker never imported the module
     make_run(farm.redis_url, "gym-id")  # CartPole-v1, registered with gymnasium: builds as before
-    assert _dispatcher(farm.redis_url, "gym-id").gather_group(_specs(0, 1, 8))[0]["rollout"]["rewards"].size > 0
+    assert dispatcher(farm.redis_url, "gym-id").gather_group(task_specs(0, 1, 8))[0]["rollout"]["rewards"].size > 0
 
 
 # ---- a farm with RLFARM_SECRET, its worker started by `rlfarm worker --allow-env-module` ----------------
@@ -308,8 +299,7 @@ def signed_farm(tmp_path_factory):
 
 
 def _cli(*args, secret=SECRET):
-    env = {**os.environ, **WORKER_ENV, "RLFARM_SECRET": secret}
-    return subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True, env=env, timeout=900)
+    return run_cli(*args, env={"RLFARM_SECRET": secret})
 
 
 @pytest.mark.farm
@@ -350,9 +340,9 @@ def test_signed_farm_trains_and_refuses_a_forged_policy(signed_farm, tmp_path, m
     client.zadd("rlfarm:signed:versions", {str(latest + 1): latest + 1})
     client.set("rlfarm:signed:policy:latest", latest + 1)
     with pytest.raises(RolloutError, match=f"policy version {latest + 1} is corrupt: policy blob is not signed"):
-        _dispatcher(url, "signed").gather_group(_specs(50, 1, 8, version=latest + 1))
+        dispatcher(url, "signed").gather_group(task_specs(50, 1, 8, version=latest + 1))
     # The genuine version still serves.
-    good = _dispatcher(url, "signed").gather_group(_specs(51, 1, 8, version=latest))
+    good = dispatcher(url, "signed").gather_group(task_specs(51, 1, 8, version=latest))
     assert good[0]["version"] == latest
 
 
@@ -361,7 +351,7 @@ def test_allow_env_module_option_and_unsigned_meta_on_a_signed_farm(signed_farm,
     url = signed_farm.redis_url
     monkeypatch.setenv("RLFARM_SECRET", SECRET)
     make_run(url, "signed-tiny", ["env.id=tests.tiny_envs:terminating", "env.num_envs=1"])  # signed meta
-    results = _dispatcher(url, "signed-tiny").gather_group(_specs(0, 1, 6))
+    results = dispatcher(url, "signed-tiny").gather_group(task_specs(0, 1, 6))
     assert results[0]["rollout"]["rewards"].ravel().tolist() == [1.0] * 6
     # Metadata written by someone without the secret (here: naming an allowed env) is refused.
     store = PolicyStore(connect(url), "signed-unsigned-meta")
@@ -370,7 +360,7 @@ def test_allow_env_module_option_and_unsigned_meta_on_a_signed_farm(signed_farm,
     PolicyStore(connect(url), "signed-unsigned-meta", secret=None).set_run_meta(meta)
     with pytest.raises(RolloutError, match="SignatureError: run 'signed-unsigned-meta': metadata in Redis is "
                                            "not signed, but RLFARM_SECRET is set"):
-        _dispatcher(url, "signed-unsigned-meta").gather_group(_specs(0, 1, 8))
+        dispatcher(url, "signed-unsigned-meta").gather_group(task_specs(0, 1, 8))
 
 
 def test_allow_env_module_rejects_what_is_not_a_module_name():

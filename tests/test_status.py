@@ -20,12 +20,7 @@ from rlfarm.status import (MemoryStatus, Snapshot, format_age, parse_heartbeat, 
                            to_json)
 from rlfarm.store import connect, write_status
 
-from .conftest import WORKER_ENV, make_run, pid_alive, rlfarm_cmd
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True,
-                          env={**os.environ, **WORKER_ENV})
+from .conftest import WORKER_ENV, make_run, pid_alive, rlfarm_cmd, run_cli, usage_error_line
 
 
 def status_json(url: str) -> dict:
@@ -158,17 +153,10 @@ def test_watch_refreshes_until_ctrl_c(farm, output):
 
 
 # ---- own Redis: errors, passwords, a live training run -----------------------------------------------
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("rlfarm: error:"), result.stderr
-    return lines[0]
-
-
 def test_unreachable_redis_and_bad_interval_are_one_clear_line():
-    line = one_error_line(run_cli("status", "--redis", "redis://:hunter2@127.0.0.1:1/0"))
+    line = usage_error_line(run_cli("status", "--redis", "redis://:hunter2@127.0.0.1:1/0"))
     assert "cannot reach Redis at redis://:***@127.0.0.1:1/0" in line and "hunter2" not in line
-    line = one_error_line(run_cli("status", "--watch", "--interval", "0", "--redis", "redis://127.0.0.1:1/0"))
+    line = usage_error_line(run_cli("status", "--watch", "--interval", "0", "--redis", "redis://127.0.0.1:1/0"))
     assert "--interval must be a positive number" in line
 
 
@@ -190,7 +178,7 @@ def test_password_is_never_shown(tmp_path):
         assert "s3cret-pw" not in table.stdout + table.stderr
 
         wrong = run_cli("status", "--redis", f"redis://:wrong-pw@127.0.0.1:{cluster.port}/0")
-        line = one_error_line(wrong)
+        line = usage_error_line(wrong)
         assert "refused the credentials" in line and "wrong-pw" not in wrong.stderr
 
 

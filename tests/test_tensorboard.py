@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from .test_cli import run_cli
+from .conftest import run_cli, scalar_tags
 
 pytestmark = pytest.mark.farm
 
 FARM_SCALARS = {"farm/policy_lag", "farm/tasks_in_flight", "farm/queue_depth", "farm/results_dropped",
                 "farm/redispatched"}
-
-
-def scalar_tags(run_dir) -> dict[str, list[float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "histograms": 0}).Reload()
-    tags = events.Tags()
-    values = {tag: [e.value for e in events.Scalars(tag)] for tag in tags["scalars"]}
-    values.update({f"histogram:{tag}": [] for tag in tags["histograms"]})
-    return values
 
 
 @pytest.mark.parametrize("args", [
