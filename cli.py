@@ -84,11 +84,20 @@ def _sigterm_to_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _modes_help() -> str:
+    """What each algorithm's modes mean, from the algorithms' own declarations (rlfarm.config)."""
+    from rlfarm.config import ALGORITHMS
+
+    per_algo = "; ".join(f"{name}: " + ", ".join(f"{mode} ({meaning})" for mode, meaning in section.modes.items())
+                         for name, section in sorted(ALGORITHMS.items()))
+    return f"How tasks are scheduled (default: the preset's). {per_algo}."
+
+
 @main.command()
 @click.option("--preset", default="cartpole-ppo", show_default=True,
               help="Preset name (see `rlfarm presets`) or path to a TOML file.")
 @click.option("--env", "env_id", help="Gymnasium env id or 'module:callable' (overrides the preset).")
-@click.option("--mode", type=click.Choice(["sync", "async"]), help="SYNC waits for whole groups (on-policy).")
+@click.option("--mode", type=click.Choice(["sync", "async"]), help=_modes_help())
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key, e.g. --set ppo.learning_rate=1e-3 (repeatable).")
 @click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL",
@@ -396,6 +405,7 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     import json
 
     from rlfarm import codec
+    from rlfarm.algos import algo_of_tensors
     from rlfarm.config import ConfigError, policy_config
     from rlfarm.envs import EnvError, check_env_allowed, env_module, make_env, space_spec
     from rlfarm.policy import PolicyMismatch, load_network
@@ -429,8 +439,8 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
             run_cfg = store.run_meta()["config"]
             policy_cfg, meta["env"] = run_cfg["policy"], run_cfg["env"]["id"]
             meta.setdefault("algo", run_cfg.get("algo"))
-        # Files saved before policies named their algorithm: a Q-network is the one with `q.` tensors.
-        algo = meta.get("algo") or ("dqn" if any(k.startswith("q.") for k in state) else "ppo")
+        # Files saved before policies named their algorithm: the one whose output module they hold.
+        algo = meta.get("algo") or algo_of_tensors(state)
         env_given = bool(env_id)
         env_id = env_id or meta.get("env")
         if not env_id:
@@ -449,7 +459,7 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     except (codec.CodecError, ConfigError, PolicyError, RunNotFound, EnvError, ConnectionError,
             OSError, SignatureError) as exc:
         fail(str(exc), 1)
-    returns = _play(network, env, env_id, episodes, seed, render_mode, video_dir,
+    returns = _play(network, algo, env, env_id, episodes, seed, render_mode, video_dir,
                     f"{algo}-{env_id.split(':')[-1].replace('/', '-')}-policy{meta.get('version', '')}")
     click.echo(f"{env_id}, policy v{meta.get('version', '?')}: mean return {returns.mean():.2f} ± "
                f"{returns.std():.2f} over {episodes} greedy episodes")
@@ -459,12 +469,13 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
                    f"({len(videos)} .mp4 files there)")
 
 
-def _play(network, env, env_id: str, episodes: int, seed: int, render_mode: str | None,
+def _play(network, algo: str, env, env_id: str, episodes: int, seed: int, render_mode: str | None,
           video_dir: str | None, name: str):
     """`rlfarm eval`'s episodes, recorded (RecordVideo) or shown in a window as asked; a renderer that
     cannot work here (a missing package, no display) is one line."""
     import gymnasium as gym
 
+    from rlfarm.algos import learner
     from rlfarm.rollout import run_episodes
 
     try:
@@ -481,7 +492,7 @@ def _play(network, env, env_id: str, episodes: int, seed: int, render_mode: str 
                 fail(f"--render could not open a window on DISPLAY={os.environ.get('DISPLAY', '')!r} "
                      f"(SDL fell back to its {driver} driver); record the episodes to files instead "
                      f"with --video DIR", 1)
-        returns = run_episodes(network.actor_snapshot(), env, episodes, seed)
+        returns = run_episodes(learner(algo).actor(network), env, episodes, seed)
         env.close()  # RecordVideo writes the last episode's file on close
         return returns
     except KeyboardInterrupt:  # stop watching

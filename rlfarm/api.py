@@ -58,7 +58,7 @@ def check_config(cfg: C.RunConfig) -> None:
     from rlfarm.envs import describe
 
     check_mode(cfg.algo, cfg.mode)
-    check_env(cfg.algo, describe(cfg.env.id).discrete)
+    check_env(cfg.algo, describe(cfg.env.id))
     if cfg.device == "cuda":
         from rlfarm.trainer import resolve_device
 

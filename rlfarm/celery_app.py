@@ -8,35 +8,13 @@ from urllib.parse import parse_qsl, urlsplit
 
 from celery import Celery
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-# Two task names, one implementation (tasks/__init__.py): Flower and `celery inspect` then tell
-# training rollouts from greedy evaluations at a glance.
-ROLLOUT_TASK = "rlfarm.rollout"
-EVAL_TASK = "rlfarm.evaluate"
+from rlfarm.protocol import EVAL_TASK, ROLLOUT_TASK  # noqa: E402,F401 - the task names live with the protocol
 
-# What a task's label shows, in this order and under these short names: Flower cuts a kwargs cell at
-# about 50 characters, so what varies from task to task comes before the env, which the run implies.
-LABEL_FIELDS = (("run", "run"), ("version", "v"), ("iteration", "it"), ("index", "idx"), ("steps", "steps"),
-                ("episodes", "episodes"), ("seed", "seed"), ("epsilon", "eps"), ("env", "env"))
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 # Rollouts are short next to this; a message unacked for longer is presumed lost and redelivered.
 # Set identically wherever kombu reads it, or the shortest one wins.
 VISIBILITY_TIMEOUT = 3600
-
-
-def task_name(kind: str) -> str:
-    return EVAL_TASK if kind == "eval" else ROLLOUT_TASK
-
-
-def task_label(kwargs: dict[str, Any]) -> str:
-    """A short kwargsrepr for Flower and worker events, never a data blob:
-    `run=cartpole-1 v=latest it=12 idx=1 steps=256 seed=1 eps=0.05 env=CartPole-v1`.
-
-    Only the fields that identify a task; unset ones (None, 0 steps/episodes) are left out.
-    """
-    parts = [f"{short}={kwargs[k]}" for k, short in LABEL_FIELDS
-             if kwargs.get(k) is not None and not (k in ("steps", "episodes") and not kwargs[k])]
-    return " ".join(parts)
 
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}

@@ -19,7 +19,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 FILENAME = "checkpoint.safetensors"
-FORMAT = "rlfarm-trainer-checkpoint/1"
+FORMAT = "rlfarm-trainer-checkpoint/2"  # 2: the algorithm owns its replay buffer
 
 
 class CheckpointError(RuntimeError):
@@ -59,39 +59,5 @@ def load(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         raise CheckpointError(f"{path} is unreadable: {exc}") from None
 
 
-# ---- pieces ------------------------------------------------------------------------------------
-def prefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {f"{prefix}.{k}": v for k, v in tensors.items()}
-
-
-def unprefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    head = prefix + "."
-    return {k[len(head):]: v for k, v in tensors.items() if k.startswith(head)}
-
-
-def optimizer_state(optimizer: torch.optim.Optimizer, prefix: str = "optim"
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """An optimizer's state_dict split into tensors and a JSON-able rest."""
-    sd = optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, Any] = {}
-    for index, entries in sd["state"].items():
-        for name, value in entries.items():
-            if torch.is_tensor(value):
-                tensors[f"{prefix}.{index}.{name}"] = value
-            else:
-                scalars[f"{index}.{name}"] = value
-    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor],
-                         meta: Mapping[str, Any], prefix: str = "optim") -> None:
-    state: dict[int, dict[str, Any]] = {}
-    for key, value in unprefixed(prefix, tensors).items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    for key, value in meta["scalars"].items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in meta["param_groups"]]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+# The pure state-dict helpers live with the algorithms; re-exported for callers of this module.
+from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, unprefixed  # noqa: E402,F401

@@ -16,7 +16,10 @@ import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from rlfarm.envs import SpaceSpec
 
 MODES = ("sync", "async")
 DEVICES = ("auto", "cpu", "cuda")
@@ -50,13 +53,49 @@ class FarmConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    hidden_sizes: tuple[int, ...] = (64, 64)
+    hidden_sizes: tuple[int, ...] = (64, 64)  # MLP layers (vector observations)
     activation: str = "tanh"  # tanh | relu
     init_log_std: float = 0.0  # Gaussian policies: initial log standard deviation
+    # Image observations: a Nature-CNN encoder (Mnih et al. 2015). Images too small for these
+    # kernels get a small 3x3 encoder instead (rlfarm.policy.cnn_layers says which).
+    cnn_channels: tuple[int, ...] = (32, 64, 64)
+    cnn_kernels: tuple[int, ...] = (8, 4, 3)
+    cnn_strides: tuple[int, ...] = (4, 2, 1)
+    cnn_features: int = 512  # the encoder's output size (a linear layer after the convolutions)
+
+
+class AlgoSection:
+    """The light half of an algorithm, what a config needs without importing torch: its name, the
+    modes it runs in (and what each means), its checks. Its `[name]` config section is a frozen
+    dataclass deriving from this; the learner is `rlfarm.algos.<name>` (see rlfarm.algos)."""
+
+    algo: ClassVar[str]
+    modes: ClassVar[dict[str, str]]  # mode -> what running in it means, for `--help` and errors
+    mode_hint: ClassVar[str] = ""  # why the other modes are not supported
+
+    def check(self, run: "RunConfig") -> None:
+        """Raise ConfigError for values that cannot make a run (the section's own and how they fit
+        the rest of the run)."""
+
+    @classmethod
+    def check_mode(cls, mode: str) -> None:
+        if mode not in cls.modes:
+            raise ConfigError(f"algo {cls.algo!r} cannot run in --mode {mode} (supported: "
+                              f"{', '.join(cls.modes)})" + (f": {cls.mode_hint}" if cls.mode_hint else ""))
+
+    @classmethod
+    def check_spaces(cls, spec: "SpaceSpec") -> None:
+        """Raise ConfigError when the algorithm cannot act in an env with these spaces."""
 
 
 @dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(AlgoSection):
+    """[ppo]: PPO with the clipped surrogate objective (rlfarm.algos.ppo)."""
+
+    algo: ClassVar[str] = "ppo"
+    modes: ClassVar[dict[str, str]] = {"sync": "each iteration waits for all its tasks, acted with one version"}
+    mode_hint: ClassVar[str] = "it is on-policy, and ASYNC results act with older policy versions"
+
     learning_rate: float = 3e-4
     anneal_lr: bool = True
     gamma: float = 0.99
@@ -71,9 +110,24 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     target_kl: float = 0.0  # stop the epoch loop early above this approx-KL; 0 disables
 
+    def check(self, run: "RunConfig") -> None:
+        _at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches")
+        batch = run.steps_per_iteration
+        if batch % self.num_minibatches:
+            raise ConfigError(
+                f"ppo.num_minibatches ({self.num_minibatches}) must divide the steps per iteration "
+                f"({batch} = farm.num_tasks x env.num_envs x farm.steps_per_env)")
+
 
 @dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(AlgoSection):
+    """[dqn]: Double DQN with n-step returns and optional prioritized replay (rlfarm.algos.dqn)."""
+
+    algo: ClassVar[str] = "dqn"
+    modes: ClassVar[dict[str, str]] = {
+        "async": "tasks act with the newest version when they start; results feed a replay buffer"}
+    mode_hint: ClassVar[str] = "it learns from a replay buffer and never waits for whole groups"
+
     learning_rate: float = 1e-3
     anneal_lr: bool = False  # decay the learning rate linearly to 0 over total_steps
     gamma: float = 0.99
@@ -92,6 +146,18 @@ class DQNConfig:
     per_alpha: float = 0.6
     per_beta: float = 0.4  # importance-sampling exponent, annealed to 1 over the run
     per_eps: float = 1e-6
+
+    def check(self, run: "RunConfig") -> None:
+        _at_least_1(run, "dqn.batch_size", "dqn.buffer_size", "dqn.n_step", "dqn.target_update_interval")
+        if self.replay_ratio < 0:
+            raise ConfigError("dqn.replay_ratio cannot be negative")
+        if not 0 < self.tau <= 1:
+            raise ConfigError(f"dqn.tau must be in (0, 1], got {self.tau}")
+
+    @classmethod
+    def check_spaces(cls, spec: "SpaceSpec") -> None:
+        if not spec.discrete:
+            raise ConfigError("algo 'dqn' needs a discrete action space; use ppo for continuous actions")
 
 
 @dataclass(frozen=True)
@@ -136,6 +202,11 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
+    def algo_config(self) -> AlgoSection:
+        """The section of this run's algorithm (cfg.ppo for algo "ppo")."""
+        return getattr(self, ALGORITHMS[self.algo].algo)
+
+    @property
     def steps_per_iteration(self) -> int:
         return self.farm.num_tasks * self.env.num_envs * self.farm.steps_per_env
 
@@ -157,6 +228,17 @@ class RunConfig:
             shown = f"{exact:.6g}"
         return (f"--total-steps {self.total_steps} is {shown} iterations of {per} "
                 f"steps: training {n} iteration{'s' if n > 1 else ''} ({n * per:,} env steps)")
+
+
+# Every algorithm's section, by name: the registry of what a config can name (the learners are
+# found from these names by rlfarm.algos.learner).
+ALGORITHMS: dict[str, type[AlgoSection]] = {section.algo: section for section in (PPOConfig, DQNConfig)}
+
+
+def _at_least_1(run: RunConfig, *keys: str) -> None:
+    for key in keys:
+        if get(run, key) < 1:
+            raise ConfigError(f"{key} must be at least 1, got {get(run, key)}")
 
 
 # `async` is a Python keyword: the field is `async_`, users and files say `async`.
@@ -259,16 +341,18 @@ def from_flat(values: dict[str, Any], base: RunConfig | None = None) -> RunConfi
 
 
 def validate(config: RunConfig) -> None:
-    """Semantic checks that types alone cannot express."""
+    """Semantic checks that types alone cannot express; the algorithm's own section checks itself."""
+    if config.algo not in ALGORITHMS:
+        close = difflib.get_close_matches(config.algo, list(ALGORITHMS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"unknown algo {config.algo!r}{hint}; available: {', '.join(sorted(ALGORITHMS))}")
     if config.mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {config.mode!r}")
     if config.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {config.device!r}")
-    for key in ("env.num_envs", "farm.num_tasks", "farm.steps_per_env", "farm.workers",
-                "farm.keep_versions", "total_steps", "torch_threads", "ppo.update_epochs",
-                "ppo.num_minibatches"):
-        if get(config, key) < 1:
-            raise ConfigError(f"{key} must be at least 1, got {get(config, key)}")
+    _at_least_1(config, "env.num_envs", "farm.num_tasks", "farm.steps_per_env", "farm.workers",
+                "farm.keep_versions", "total_steps", "torch_threads", "async.publish_interval",
+                "eval.episodes", "eval.tasks")
     if config.farm.keep_versions < 2:
         raise ConfigError("farm.keep_versions must be at least 2 (the acting and the newest version)")
     if config.seed < 0:  # numpy seeds must be >= 0: a negative one would fail only on the workers
@@ -282,25 +366,21 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("farm.task_time_limit cannot be negative (0: derived from the task durations)")
     if config.farm.max_redispatch < 0:
         raise ConfigError("farm.max_redispatch cannot be negative")
-    if config.policy.activation not in ("tanh", "relu"):
-        raise ConfigError(f"policy.activation must be tanh or relu, got {config.policy.activation!r}")
-    if not config.policy.hidden_sizes or min(config.policy.hidden_sizes) < 1:
+    policy = config.policy
+    if policy.activation not in ("tanh", "relu"):
+        raise ConfigError(f"policy.activation must be tanh or relu, got {policy.activation!r}")
+    if not policy.hidden_sizes or min(policy.hidden_sizes) < 1:
         raise ConfigError("policy.hidden_sizes must be a non-empty list of positive sizes")
-    for key in ("dqn.batch_size", "dqn.buffer_size", "dqn.n_step", "dqn.target_update_interval",
-                "async.publish_interval", "eval.episodes", "eval.tasks"):
-        if get(config, key) < 1:
-            raise ConfigError(f"{key} must be at least 1, got {get(config, key)}")
+    cnn = (policy.cnn_channels, policy.cnn_kernels, policy.cnn_strides)
+    if not policy.cnn_channels or len({len(x) for x in cnn}) != 1 or min(min(x) for x in cnn) < 1:
+        raise ConfigError("policy.cnn_channels, policy.cnn_kernels and policy.cnn_strides must be lists of "
+                          "positive integers of the same length (one entry per convolution)")
+    _at_least_1(config, "policy.cnn_features")
     if config.eval.confirm_episodes < 0:
         raise ConfigError("eval.confirm_episodes cannot be negative (0: no confirmation)")
-    if config.async_.max_policy_lag < 0 or config.eval.interval < 0 or config.dqn.replay_ratio < 0:
-        raise ConfigError("async.max_policy_lag, eval.interval and dqn.replay_ratio cannot be negative")
-    if not 0 < config.dqn.tau <= 1:
-        raise ConfigError(f"dqn.tau must be in (0, 1], got {config.dqn.tau}")
-    batch = config.steps_per_iteration
-    if config.algo == "ppo" and batch % config.ppo.num_minibatches:
-        raise ConfigError(
-            f"ppo.num_minibatches ({config.ppo.num_minibatches}) must divide the steps per iteration "
-            f"({batch} = farm.num_tasks x env.num_envs x farm.steps_per_env)")
+    if config.async_.max_policy_lag < 0 or config.eval.interval < 0:
+        raise ConfigError("async.max_policy_lag and eval.interval cannot be negative")
+    config.algo_config.check(config)
     if config.run_id and not all(c.isalnum() or c in "-_." for c in config.run_id):
         raise ConfigError(f"run_id may hold letters, digits, '-', '_' and '.', got {config.run_id!r}")
 

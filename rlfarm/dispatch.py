@@ -16,11 +16,13 @@ waited in the queue:
   deterministic, so any copy is as good as another); the first copy to finish counts.
 - timed out: a worker reports that the task ran past its hard time limit (a hung env): sent again.
 A task re-sent more than `max_redispatch` times fails the run with the reason. Later copies of a
-task that already counted are dropped and counted as duplicates.
+task that already counted are dropped and counted as duplicates. Why liveness works this way:
+docs/architecture.md, decisions 2, 3 and 5.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -31,11 +33,10 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from rlfarm import codec, signing
-from rlfarm.celery_app import task_label, task_name
 from rlfarm.outage import OutageRetry
+from rlfarm.protocol import Key, Result, TaskSpec
 from rlfarm.store import LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
 
-Key = tuple[str, int, int]
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
 IDLE_WARNING_SECONDS = 60.0  # pending tasks, none running: say so on the console this often
@@ -52,8 +53,10 @@ class TaskLostError(RuntimeError):
     """A task was re-sent max_redispatch times and still produced no result."""
 
 
-def task_key(spec_or_message: dict[str, Any]) -> Key:
-    m = spec_or_message
+def task_key(spec_or_result: TaskSpec | Result | dict[str, Any]) -> Key:
+    if isinstance(spec_or_result, TaskSpec | Result):
+        return spec_or_result.key
+    m = spec_or_result
     return (m.get("kind", "rollout"), m.get("iteration"), m.get("index"))
 
 
@@ -63,7 +66,7 @@ def describe_key(key: Key) -> str:
 
 @dataclass
 class Pending:
-    spec: dict[str, Any]
+    spec: TaskSpec
     task_id: str  # the newest copy's Celery task id
     last_seen: float  # when it was last known alive: sent, seen queued, or leased
     sent: float = 0.0  # when the newest copy was sent
@@ -139,23 +142,25 @@ class Dispatcher:
             return AUTO_TIME_LIMIT_FIRST
         return max(AUTO_TIME_LIMIT_MIN, AUTO_TIME_LIMIT_FACTOR * self.longest[kind])
 
-    def _send(self, spec: dict[str, Any]) -> str:
-        kwargs = {"run": self.run_id, **spec}
+    def _send(self, spec: TaskSpec) -> str:
         if self.env is not None:
-            kwargs["env"] = self.env
-        kwargs = signing.sign_spec(kwargs, self.secret)  # with RLFARM_SECRET: workers verify it
-        limit = self.time_limit_for(spec.get("kind", "rollout"))
+            spec = dataclasses.replace(spec, env=self.env)
+        kwargs = signing.sign_spec(spec.to_kwargs(), self.secret)  # with RLFARM_SECRET: workers verify it
+        limit = self.time_limit_for(spec.kind)
         # kwargsrepr is what Flower and worker events show: a short label instead of the dict repr.
         # Celery's publisher gives up after ~1 s of a Redis outage; the outage clock waits longer.
         result = self.retry.run(lambda: self.app.send_task(
-            task_name(spec.get("kind", "rollout")), kwargs=kwargs, kwargsrepr=task_label(kwargs),
-            time_limit=limit), errors=(OperationalError,))
+            spec.task_name, kwargs=kwargs, kwargsrepr=spec.label(), time_limit=limit),
+            errors=(OperationalError,))
         self.stats.dispatched += 1
-        self.stats.task_ids.setdefault(task_key(spec), []).append(result.id)
+        self.stats.task_ids.setdefault(spec.key, []).append(result.id)
         return result.id
 
-    def submit(self, spec: dict[str, Any]) -> Key:
-        key = task_key(spec)
+    def submit(self, spec: TaskSpec | dict[str, Any]) -> Key:
+        """Send a task; a dict is read as TaskSpec fields, `run` being this dispatcher's run."""
+        if not isinstance(spec, TaskSpec):
+            spec = TaskSpec.from_kwargs({"run": self.run_id, **spec})
+        key = spec.key
         if key in self.pending:
             raise ValueError(f"task {key} is already in flight")
         self.client.sadd(self.wanted, LIVE, task_key_text(*key))
@@ -183,8 +188,8 @@ class Dispatcher:
         self.stats.redispatched += 1
 
     # ---- receiving -------------------------------------------------------------------------------
-    def receive(self, timeout: float) -> dict[str, Any] | None:
-        """One decoded message of any kind, or None when none arrived within `timeout` seconds."""
+    def receive(self, timeout: float) -> Result | None:
+        """One decoded result of any kind, or None when none arrived within `timeout` seconds."""
         item = self.client.blpop([self.key], timeout=max(timeout, 0.001))
         if item is None:
             return None
@@ -197,9 +202,9 @@ class Dispatcher:
             return None
         self.stats.receive_seconds += time.process_time() - t0
         self.stats.received += 1
-        return message
+        return Result.from_message(message)
 
-    def next_result(self, timeout: float) -> dict[str, Any] | None:
+    def next_result(self, timeout: float) -> Result | None:
         """The next first-copy result of a pending task, or None (nothing came, a duplicate, a
         skipped copy, or a copy re-sent after a time limit). Waits at most `timeout` seconds and
         judges pending tasks' liveness once a second."""
@@ -210,8 +215,8 @@ class Dispatcher:
         message = self.receive(timeout)
         if message is None:
             return None
-        key = task_key(message)
-        if message.get("skipped"):  # a copy that found its task already counted: a free duplicate
+        key = message.key
+        if message.skipped:  # a copy that found its task already counted: a free duplicate
             self.stats.skipped += 1
             self.stats.duplicates += 1
             return None
@@ -219,23 +224,22 @@ class Dispatcher:
         if p is None:
             self.stats.duplicates += 1  # a late copy of a task that already counted
             return None
-        if "error" in message:
-            where = f"{describe_key(key)} failed on {message.get('worker')}: {message['error']}"
+        if message.error is not None:
+            where = f"{describe_key(key)} failed on {message.worker}: {message.error}"
             self.check_state()  # a task that found no policy or metadata: was the run's state lost?
-            if not message.get("retryable") and self._restored_at < p.sent:
+            if not message.retryable and self._restored_at < p.sent:
                 raise RolloutError(where)
-            if message.get("task_id") == p.task_id:  # else a newer copy is already on its way
-                if message.get("retryable"):
+            if message.task_id == p.task_id:  # else a newer copy is already on its way
+                if message.retryable:
                     self.stats.time_limits += 1
                 self.notify(f"{where}; sending it again")
                 self._resend(key, p, where)
             return None
         del self.pending[key]
-        kind = message.get("kind", "rollout")
-        if "duration" in message:
-            self.longest[kind] = max(self.longest.get(kind, 0.0), float(message["duration"]))
+        if message.duration is not None:
+            self.longest[message.kind] = max(self.longest.get(message.kind, 0.0), float(message.duration))
         self.stats.accepted += 1
-        self.stats.accepted_task_ids.append(message["task_id"])
+        self.stats.accepted_task_ids.append(message.task_id)
         self.on_event()
         return message
 
@@ -355,20 +359,20 @@ class Dispatcher:
         """The run is over: workers skip whatever of it is still queued."""
         self.client.delete(self.wanted, self.key)
 
-    def gather_group(self, specs: list[dict[str, Any]],
-                     on_other: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    def gather_group(self, specs: list[TaskSpec] | list[dict[str, Any]],
+                     on_other: Callable[[Result], None] | None = None) -> list[Result]:
         """SYNC: dispatch every spec, return their results ordered as `specs` (not by arrival).
 
         Results of other pending tasks (evaluations) that arrive meanwhile go to `on_other`.
         """
         keys = [self.submit(s) for s in specs]
         wanted = set(keys)
-        results: dict[Key, dict[str, Any]] = {}
+        results: dict[Key, Result] = {}
         while len(results) < len(keys):
             message = self.next_result(timeout=1.0)
             if message is None:
                 continue
-            key = task_key(message)
+            key = message.key
             if key in wanted:
                 results[key] = message
             elif on_other is not None:

@@ -1,11 +1,20 @@
-"""Networks built from an env's spaces: an actor-critic for discrete or Box actions.
+"""Networks chosen from an env's spaces, and the actors workers act with (PURE: torch and numpy only).
 
-Workers act through `NumpyActor`, a numpy snapshot of the weights (see its docstring).
+- Vector observations: MLPs (separate actor and critic, as in CleanRL's PPO).
+- Image observations (uint8, HWC or CHW): a Nature-CNN encoder (Mnih et al. 2015) shared by the
+  heads. Pixels are scaled to [0, 1] inside the network, so the learner and the workers see the same
+  numbers and uint8 travels everywhere else.
+
+Actors act on a worker. An MLP acts through a numpy snapshot of its weights (per-step torch dispatch
+costs more than the math at these sizes); a CNN through a torch copy on the CPU. Both sample from a
+numpy Generator, so a task is a pure function of (weights, env seeds, action seed).
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,9 +24,10 @@ from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+_NUMPY_ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x: np.maximum(x, 0)}
 
 
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
     # Orthogonal init (as in the PPO implementation details) keeps early policies near-uniform.
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias)
@@ -32,80 +42,200 @@ def mlp(sizes: list[int], activation: str, out_std: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+# ---- images ----------------------------------------------------------------------------------------
+
+SMALL_IMAGE_LAYERS = ((16, 3, 1), (32, 3, 1))  # for images too small for the configured kernels
+
+
+def _conv_out(size: int, kernel: int, stride: int) -> int:
+    return (size - kernel) // stride + 1
+
+
+def cnn_layers(spec: SpaceSpec, config: PolicyConfig) -> list[tuple[int, int, int]]:
+    """(channels, kernel, stride) of each convolution for this image: the configured ones (Nature CNN
+    by default) when the image is large enough for them, else SMALL_IMAGE_LAYERS (kernels capped
+    at the image size)."""
+    _, h, w = chw_shape(spec)
+    configured = list(zip(config.cnn_channels, config.cnn_kernels, config.cnn_strides))
+    size = min(h, w)
+    for _, kernel, stride in configured:
+        size = _conv_out(size, kernel, stride) if size >= kernel else 0
+    if size >= 1:
+        return configured
+    layers, size = [], min(h, w)
+    for channels, kernel, stride in SMALL_IMAGE_LAYERS:
+        kernel = min(kernel, size)
+        layers.append((channels, kernel, stride))
+        size = _conv_out(size, kernel, stride)
+    return layers
+
+
+def chw_shape(spec: SpaceSpec) -> tuple[int, int, int]:
+    shape = spec.obs_shape
+    return tuple(shape) if spec.image_layout == "CHW" else (shape[2], shape[0], shape[1])  # type: ignore[return-value]
+
+
+class NatureCNN(nn.Module):
+    """uint8 images -> features: convolutions with ReLU, then one linear layer with ReLU."""
+
+    def __init__(self, spec: SpaceSpec, config: PolicyConfig):
+        super().__init__()
+        self.channels_last = spec.image_layout == "HWC"
+        c, h, w = chw_shape(spec)
+        layers: list[nn.Module] = []
+        for channels, kernel, stride in cnn_layers(spec, config):
+            layers += [layer_init(nn.Conv2d(c, channels, kernel, stride)), nn.ReLU()]
+            c = channels
+        layers.append(nn.Flatten())
+        self.convs = nn.Sequential(*layers)
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, *chw_shape(spec))).shape[1]
+        self.linear = nn.Sequential(layer_init(nn.Linear(flat, config.cnn_features)), nn.ReLU())
+        self.features = config.cnn_features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float() / 255.0  # scaled here, on the learner and on the worker alike
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return self.linear(self.convs(x))
+
+
+# ---- networks --------------------------------------------------------------------------------------
+
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs; categorical or diagonal-Gaussian action distribution."""
+    """Categorical or diagonal-Gaussian policy and a state value. Vectors: separate actor and critic
+    MLPs. Images: one CNN encoder, a linear actor head and a linear critic head."""
 
     def __init__(self, spec: SpaceSpec, config: PolicyConfig):
         super().__init__()
         self.spec = spec
-        hidden = list(config.hidden_sizes)
-        self.critic = mlp([spec.obs_dim, *hidden, 1], config.activation, out_std=1.0)
-        self.actor = mlp([spec.obs_dim, *hidden, spec.action_dim], config.activation, out_std=0.01)
+        if spec.is_image:
+            self.encoder = NatureCNN(spec, config)
+            self.critic = nn.Sequential(layer_init(nn.Linear(self.encoder.features, 1), std=1.0))
+            self.actor = nn.Sequential(layer_init(nn.Linear(self.encoder.features, spec.action_dim), std=0.01))
+        else:
+            self.encoder = None
+            hidden = list(config.hidden_sizes)
+            self.critic = mlp([spec.obs_dim, *hidden, 1], config.activation, out_std=1.0)
+            self.actor = mlp([spec.obs_dim, *hidden, spec.action_dim], config.activation, out_std=0.01)
         if not spec.discrete:
             self.actor_logstd = nn.Parameter(torch.full((1, spec.action_dim), config.init_log_std))
 
-    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.encoder(obs) if self.encoder is not None else obs
 
-    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(obs)
+    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self._features(obs)
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self._features(obs)).squeeze(-1)
+
+    def _distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:
         if self.spec.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
         std = self.actor_logstd.expand_as(out).exp()
         return torch.distributions.Normal(out, std, validate_args=False)
 
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        return self._distribution(self.actor(self._features(obs)))
+
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probability and entropy of `actions`, and the state value."""
-        dist = self.distribution(obs)
+        out, value = self._heads(obs)
+        dist = self._distribution(out)
         if self.spec.discrete:
             logprob, entropy = dist.log_prob(actions.long()), dist.entropy()
         else:
             logprob, entropy = dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
-        return logprob, entropy, self.get_value(obs)
+        return logprob, entropy, value
 
-    def actor_snapshot(self) -> "NumpyActor":
-        """A frozen numpy copy for acting: per-step torch dispatch costs more than the math here."""
-        return NumpyActor(self)
-
-
-def _linears(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(m.weight.detach().cpu().numpy().T.astype(np.float32).copy(),
-             m.bias.detach().cpu().numpy().astype(np.float32).copy())
-            for m in seq if isinstance(m, nn.Linear)]
+    def actor_snapshot(self) -> "PolicyActor":
+        """A frozen copy for acting: numpy for MLPs, torch on the CPU for a CNN."""
+        return TorchPolicyActor(self) if self.encoder is not None else NumpyActor(self)
 
 
-class NumpyActor:
-    """Acts with a snapshot of an ActorCritic's weights, in numpy.
+class QNetwork(nn.Module):
+    """Action values for discrete actions: an MLP, or a CNN encoder and a linear head, to one Q per action."""
 
-    Workers act one small batch per env step; for MLPs this size torch's per-op overhead dominates,
-    so plain numpy is several times faster. Sampling uses a numpy Generator, so a rollout is a pure
-    function of (weights, env seeds, action seed) whatever process or machine runs it.
-    """
+    def __init__(self, spec: SpaceSpec, config: PolicyConfig):
+        super().__init__()
+        if not spec.discrete:
+            raise ValueError("a Q-network needs a discrete action space")
+        self.spec = spec
+        if spec.is_image:
+            self.encoder = NatureCNN(spec, config)
+            self.q = nn.Sequential(layer_init(nn.Linear(self.encoder.features, spec.action_dim), std=1.0))
+        else:
+            self.encoder = None
+            self.q = mlp([spec.obs_dim, *config.hidden_sizes, spec.action_dim], config.activation, out_std=1.0)
 
-    def __init__(self, policy: ActorCritic):
-        self.spec = policy.spec
-        self._act = np.tanh if isinstance(policy.actor[1], nn.Tanh) else (lambda x: np.maximum(x, 0))
-        self.actor = _linears(policy.actor)
-        self.critic = _linears(policy.critic)
-        if not self.spec.discrete:
-            self.log_std = policy.actor_logstd.detach().cpu().numpy().reshape(-1).astype(np.float32)
-            self.std = np.exp(self.log_std)
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.q(self.encoder(obs) if self.encoder is not None else obs)
 
-    def _forward(self, layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
-        for w, b in layers[:-1]:
-            x = self._act(x @ w + b)
-        w, b = layers[-1]
-        return x @ w + b
+    def actor_snapshot(self) -> "QActor":
+        return TorchQActor(self) if self.encoder is not None else NumpyQActor(self)
+
+
+def build_policy(spec: SpaceSpec, config: PolicyConfig) -> ActorCritic:
+    return ActorCritic(spec, config)
+
+
+# ---- actors ------------------------------------------------------------------------------------------
+
+def _numpy_mlp(seq: nn.Sequential) -> list[Any]:
+    """A Linear/activation Sequential as numpy steps: (W^T, b) pairs and activation functions."""
+    steps: list[Any] = []
+    for m in seq:
+        if isinstance(m, nn.Linear):
+            steps.append((m.weight.detach().cpu().numpy().T.astype(np.float32).copy(),
+                          m.bias.detach().cpu().numpy().astype(np.float32).copy()))
+        else:
+            steps.append(_NUMPY_ACTIVATIONS[type(m)])
+    return steps
+
+
+def _run_numpy_mlp(steps: list[Any], x: np.ndarray) -> np.ndarray:
+    for step in steps:
+        x = step(x) if callable(step) else x @ step[0] + step[1]
+    return x
+
+
+class Actor:
+    """What `rollout.collect` and `rollout.run_episodes` act with: `act` and `value` on a batch of
+    observations (shaped and typed as the spec says), and `with_options` for a task's acting options."""
+
+    spec: SpaceSpec
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
 
     def value(self, obs: np.ndarray) -> np.ndarray:
-        return self._forward(self.critic, obs)[:, 0]
+        raise NotImplementedError
+
+    def with_options(self, **options: Any) -> "Actor":
+        if options:
+            raise ValueError(f"{type(self).__name__} takes no acting options, got {sorted(options)}")
+        return self
+
+
+class PolicyActor(Actor):
+    """Samples from the policy's distribution with a numpy generator; subclasses compute the outputs."""
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(logits or Gaussian means, state values) for a batch."""
+        raise NotImplementedError
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return self._outputs(obs)[1]
 
     def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions (as stored: unclipped), their log-probabilities and state values, for a batch."""
-        out = self._forward(self.actor, obs).astype(np.float64)
-        value = self.value(obs)
+        out, value = self._outputs(obs)
+        out = out.astype(np.float64)
         if self.spec.discrete:
             logp = out - out.max(-1, keepdims=True)
             logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
@@ -127,50 +257,62 @@ class NumpyActor:
         logprob = (-0.5 * z * z - self.log_std - 0.5 * np.log(2 * np.pi)).sum(-1).astype(np.float32)
         return action, logprob, value
 
-
-def build_policy(spec: SpaceSpec, config: PolicyConfig) -> ActorCritic:
-    return ActorCritic(spec, config)
-
-
-class QNetwork(nn.Module):
-    """Action values for discrete actions: an MLP from observation to one Q per action."""
-
-    def __init__(self, spec: SpaceSpec, config: PolicyConfig):
-        super().__init__()
-        if not spec.discrete:
-            raise ValueError("DQN needs a discrete action space")
-        self.spec = spec
-        self.q = mlp([spec.obs_dim, *config.hidden_sizes, spec.action_dim], config.activation,
-                     out_std=1.0)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.q(obs)
-
-    def actor_snapshot(self) -> "NumpyQActor":
-        return NumpyQActor(self)
+    def _gaussian(self, policy: ActorCritic) -> None:
+        if not self.spec.discrete:
+            self.log_std = policy.actor_logstd.detach().cpu().numpy().reshape(-1).astype(np.float32)
+            self.std = np.exp(self.log_std)
 
 
-class NumpyQActor:
-    """Greedy (or epsilon-greedy) acting with a numpy snapshot of a QNetwork; see NumpyActor."""
+class NumpyActor(PolicyActor):
+    """Acts with a numpy snapshot of an MLP ActorCritic's weights (several times faster than torch
+    for one small batch per env step)."""
 
-    def __init__(self, net: QNetwork, epsilon: float = 0.0):
-        self.spec = net.spec
-        self._act = np.tanh if isinstance(net.q[1], nn.Tanh) else (lambda x: np.maximum(x, 0))
-        self.layers = _linears(net.q)
-        self.epsilon = epsilon
+    def __init__(self, policy: ActorCritic):
+        self.spec = policy.spec
+        self.actor = _numpy_mlp(policy.actor)
+        self.critic = _numpy_mlp(policy.critic)
+        self._gaussian(policy)
 
-    def with_epsilon(self, epsilon: float) -> "NumpyQActor":
-        """The same weights acting with another exploration rate (no copy of the weights)."""
-        other = object.__new__(NumpyQActor)
-        other.__dict__.update(self.__dict__, epsilon=epsilon)
-        return other
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return _run_numpy_mlp(self.critic, obs)[:, 0]
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _run_numpy_mlp(self.actor, obs), self.value(obs)
+
+
+class TorchPolicyActor(PolicyActor):
+    """Acts with a CPU copy of a CNN ActorCritic (workers run one torch thread per process)."""
+
+    def __init__(self, policy: ActorCritic):
+        self.spec = policy.spec
+        self.net = copy.deepcopy(policy).cpu().eval()
+        self._gaussian(policy)
+
+    @torch.no_grad()
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out, value = self.net._heads(torch.from_numpy(np.ascontiguousarray(obs)))
+        return out.numpy(), value.numpy().astype(np.float32)
+
+
+class QActor(Actor):
+    """Greedy or epsilon-greedy acting from Q-values; subclasses compute them."""
+
+    epsilon: float = 0.0
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
-        x = obs
-        for w, b in self.layers[:-1]:
-            x = self._act(x @ w + b)
-        w, b = self.layers[-1]
-        return x @ w + b
+        raise NotImplementedError
+
+    def with_options(self, epsilon: float | None = None, **options: Any) -> "QActor":
+        """The same weights acting with another exploration rate (no copy of the weights)."""
+        super().with_options(**options)
+        if epsilon is None:
+            return self
+        other = copy.copy(self)
+        other.epsilon = float(epsilon)
+        return other
+
+    def with_epsilon(self, epsilon: float) -> "QActor":
+        return self.with_options(epsilon=epsilon)
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         return self.q_values(obs).max(-1).astype(np.float32)
@@ -185,10 +327,28 @@ class NumpyQActor:
         return action.astype(np.int64), np.zeros(len(action), np.float32), q.max(-1).astype(np.float32)
 
 
-def build_network(algo: str, spec: SpaceSpec, config: PolicyConfig) -> nn.Module:
-    """The network an algorithm trains and workers act with."""
-    return QNetwork(spec, config) if algo == "dqn" else ActorCritic(spec, config)
+class NumpyQActor(QActor):
+    def __init__(self, net: QNetwork, epsilon: float = 0.0):
+        self.spec = net.spec
+        self.layers = _numpy_mlp(net.q)
+        self.epsilon = epsilon
 
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        return _run_numpy_mlp(self.layers, obs)
+
+
+class TorchQActor(QActor):
+    def __init__(self, net: QNetwork, epsilon: float = 0.0):
+        self.spec = net.spec
+        self.net = copy.deepcopy(net).cpu().eval()
+        self.epsilon = epsilon
+
+    @torch.no_grad()
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        return self.net(torch.from_numpy(np.ascontiguousarray(obs))).numpy()
+
+
+# ---- saved policies ----------------------------------------------------------------------------------
 
 class PolicyMismatch(ValueError):
     """Saved tensors that do not fit the network an env's spaces call for (another env's policy)."""
@@ -210,19 +370,26 @@ def _actions(discrete: bool, n: int) -> str:
 
 def load_network(algo: str, spec: SpaceSpec, config: PolicyConfig,
                  state: dict[str, torch.Tensor]) -> nn.Module:
-    """The network `algo` acts with (see build_network), built for an env's `spec` and loaded with a
-    saved `state`. Raises PolicyMismatch saying what does not fit (observation size, kind or number
-    of actions) when the policy was trained on other spaces, or when its tensors are not the network
-    its metadata describes."""
-    if algo not in ("ppo", "dqn"):
-        raise PolicyMismatch(f"unknown algorithm {algo!r} in its metadata (ppo or dqn)")
-    head = "q" if algo == "dqn" else "actor"
-    layers = _linear_shapes(state, head)
+    """The network `algo` acts with, built for an env's `spec` and loaded with a saved `state`.
+    Raises PolicyMismatch saying what does not fit (observation size, kind or number of actions)
+    when the policy was trained on other spaces, or when its tensors are not the network its
+    metadata describes."""
+    from rlfarm.algos import learner
+    from rlfarm.config import ALGORITHMS
+
+    if algo not in ALGORITHMS:
+        raise PolicyMismatch(f"unknown algorithm {algo!r} in its metadata ({', '.join(sorted(ALGORITHMS))})")
+    cls = learner(algo)
     problems = []
+    saved_image = any(key.startswith("encoder.") for key in state)
+    if saved_image != spec.is_image:
+        kinds = ("images", "vectors")
+        problems.append(f"it takes {kinds[not saved_image]} as observations, the env gives {kinds[not spec.is_image]}")
+    layers = _linear_shapes(state, cls.head)
     if layers and all(len(shape) == 2 for shape in layers):
         obs_dim, out = layers[0][1], layers[-1][0]
-        discrete = algo == "dqn" or "actor_logstd" not in state
-        if obs_dim != spec.obs_dim:
+        discrete = "actor_logstd" not in state
+        if not saved_image and not spec.is_image and obs_dim != spec.obs_dim:
             problems.append(f"it takes observations of size {obs_dim}, the env's have size {spec.obs_dim}")
         if discrete != spec.discrete or out != spec.action_dim:
             problems.append(f"it acts with {_actions(discrete, out)}, the env takes "
@@ -230,7 +397,7 @@ def load_network(algo: str, spec: SpaceSpec, config: PolicyConfig,
     if problems:
         raise PolicyMismatch("; ".join(problems))
     try:
-        network = build_network(algo, spec, config)
+        network = cls.build_network(spec, config)
         network.load_state_dict(state)
     except (RuntimeError, ValueError) as exc:  # tensors of another network (e.g. other hidden sizes)
         detail = " ".join(str(exc).split())

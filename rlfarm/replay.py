@@ -69,11 +69,18 @@ class Batch:
 
 
 class ReplayBuffer:
-    def __init__(self, capacity: int, obs_dim: int, action_shape: tuple[int, ...] = (),
-                 action_dtype: type = np.int64, seed: int = 0):
+    """Observations are stored with their shape and dtype (uint8 images stay uint8: 4x less memory)."""
+
+    def __init__(self, capacity: int, obs_shape: int | tuple[int, ...] | None = None,
+                 action_shape: tuple[int, ...] = (), action_dtype: type = np.int64, seed: int = 0,
+                 obs_dtype: type | str = np.float32, obs_dim: int | None = None):
+        shape = obs_shape if obs_shape is not None else obs_dim  # obs_dim: the older name, for vectors
+        if shape is None:
+            raise TypeError("ReplayBuffer needs obs_shape")
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
         self.capacity = capacity
-        self.obs = np.zeros((capacity, obs_dim), np.float32)
-        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
+        self.obs = np.zeros((capacity, *shape), obs_dtype)
+        self.next_obs = np.zeros((capacity, *shape), obs_dtype)
         self.actions = np.zeros((capacity, *action_shape), action_dtype)
         self.rewards = np.zeros(capacity, np.float32)
         self.dones = np.zeros(capacity, bool)
@@ -164,9 +171,11 @@ class SumTree:
 class PrioritizedReplayBuffer(ReplayBuffer):
     """P(i) = p_i^alpha / sum_k p_k^alpha; weight w_i = (N P(i))^-beta / max_j w_j (over the batch)."""
 
-    def __init__(self, capacity: int, obs_dim: int, action_shape: tuple[int, ...] = (),
-                 action_dtype: type = np.int64, seed: int = 0, alpha: float = 0.6, eps: float = 1e-6):
-        super().__init__(capacity, obs_dim, action_shape, action_dtype, seed)
+    def __init__(self, capacity: int, obs_shape: int | tuple[int, ...] | None = None,
+                 action_shape: tuple[int, ...] = (), action_dtype: type = np.int64, seed: int = 0,
+                 alpha: float = 0.6, eps: float = 1e-6, obs_dtype: type | str = np.float32,
+                 obs_dim: int | None = None):
+        super().__init__(capacity, obs_shape, action_shape, action_dtype, seed, obs_dtype, obs_dim)
         self.alpha = alpha
         self.eps = eps
         self.tree = SumTree(capacity)

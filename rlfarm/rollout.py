@@ -8,17 +8,22 @@ bootstrapped from the value of the last observation; they are not reported as fi
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gymnasium.vector import VectorEnv
 
-from rlfarm.policy import NumpyActor
+if TYPE_CHECKING:
+    from gymnasium.vector import VectorEnv
+
+    from rlfarm.envs import SpaceSpec
+    from rlfarm.policy import Actor
 
 
 @dataclass
 class Rollout:
-    """Arrays shaped (T, N, ...) for T steps of N sub-envs."""
+    """Arrays shaped (T, N, ...) for T steps of N sub-envs. Observations keep the spec's shape and
+    dtype (T, N, *obs_shape), uint8 or float32; discrete actions are int64 (T, N), Box actions
+    float32 (T, N, action_dim)."""
 
     obs: np.ndarray  # observation the action was chosen on
     actions: np.ndarray  # as sampled (Box actions are clipped only when sent to the env)
@@ -55,24 +60,30 @@ def task_seeds(run_seed: int, iteration: int, index: int, num_envs: int) -> tupl
     return env_seeds, int(act_ss.generate_state(1, dtype=np.uint32)[0])
 
 
-def collect(policy: NumpyActor, envs: VectorEnv, n_steps: int, env_seeds: list[int],
+def as_obs(spec: "SpaceSpec", obs: Any, n: int) -> np.ndarray:
+    """A batch of n observations as the spec keeps them: its shape, uint8 or float32 (float64 envs
+    are cast here, once)."""
+    return np.asarray(obs).reshape(n, *spec.obs_shape).astype(spec.obs_dtype, copy=False)
+
+
+def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[int],
             action_seed: int, deterministic: bool = False, keep_next_obs: bool = False) -> Rollout:
-    """Step `envs` (SAME_STEP autoreset, see envs.make_vector_env) for n_steps with `policy`."""
+    """Step `envs` (SAME_STEP autoreset, see envs.make_vector_env) for n_steps with `policy`.
+    `keep_next_obs`: also keep every step's real next observation (off-policy learners)."""
     n = envs.num_envs
     rng = np.random.default_rng(action_seed)
     spec = policy.spec
     low = np.asarray(spec.action_low, dtype=np.float32) if not spec.discrete else None
     high = np.asarray(spec.action_high, dtype=np.float32) if not spec.discrete else None
 
-    obs_buf = np.zeros((n_steps, n, spec.obs_dim), np.float32)
-    act_buf = np.zeros((n_steps, n), np.int64) if spec.discrete else np.zeros(
-        (n_steps, n, spec.action_dim), np.float32)
+    obs_buf = np.zeros((n_steps, n, *spec.obs_shape), spec.obs_dtype)
+    act_buf = np.zeros((n_steps, n, *spec.action_shape), spec.action_dtype)
     logp_buf = np.zeros((n_steps, n), np.float32)
     val_buf = np.zeros((n_steps, n), np.float32)
     rew_buf = np.zeros((n_steps, n), np.float32)
     done_buf = np.zeros((n_steps, n), bool)
     final_val_buf = np.zeros((n_steps, n), np.float32)
-    next_obs_buf = np.zeros((n_steps, n, spec.obs_dim), np.float32) if keep_next_obs else None
+    next_obs_buf = np.zeros((n_steps, n, *spec.obs_shape), spec.obs_dtype) if keep_next_obs else None
     term_buf = np.zeros((n_steps, n), bool) if keep_next_obs else None
     ep_returns: list[float] = []
     ep_lengths: list[int] = []
@@ -80,7 +91,7 @@ def collect(policy: NumpyActor, envs: VectorEnv, n_steps: int, env_seeds: list[i
     running_length = np.zeros(n, np.int64)
 
     obs, _ = envs.reset(seed=env_seeds)
-    obs = obs.reshape(n, -1).astype(np.float32, copy=False)
+    obs = as_obs(spec, obs, n)
     for t in range(n_steps):
         action, logprob, value = policy.act(obs, rng, deterministic)
         env_action = action if spec.discrete else np.clip(action, low, high)
@@ -94,11 +105,12 @@ def collect(policy: NumpyActor, envs: VectorEnv, n_steps: int, env_seeds: list[i
         cut = truncated & ~terminated
         if cut.any():
             final_obs = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)])
-            final_val_buf[t, cut] = policy.value(final_obs.reshape(len(final_obs), -1).astype(np.float32))
+            final_val_buf[t, cut] = policy.value(as_obs(spec, final_obs, len(final_obs)))
+        next_obs = as_obs(spec, next_obs, n)
         if keep_next_obs:
-            next_obs_buf[t] = next_obs.reshape(n, -1)
+            next_obs_buf[t] = next_obs
             for i in np.flatnonzero(done):
-                next_obs_buf[t, i] = np.asarray(info["final_obs"][i]).reshape(-1)
+                next_obs_buf[t, i] = as_obs(spec, info["final_obs"][i], 1)[0]
             term_buf[t] = terminated
 
         running_return += reward
@@ -108,7 +120,7 @@ def collect(policy: NumpyActor, envs: VectorEnv, n_steps: int, env_seeds: list[i
             ep_lengths.append(int(running_length[i]))
         running_return[done] = 0.0
         running_length[done] = 0
-        obs = next_obs.reshape(n, -1).astype(np.float32, copy=False)
+        obs = next_obs
 
     last_values = policy.value(obs)
     return Rollout(obs_buf, act_buf, logp_buf, val_buf, rew_buf, done_buf, final_val_buf, last_values,
@@ -129,7 +141,7 @@ def concat(rollouts: list[Rollout]) -> Rollout:
     return Rollout(**joined)
 
 
-def run_episodes(policy: NumpyActor, env: Any, episodes: int, seed: int,
+def run_episodes(policy: "Actor", env: Any, episodes: int, seed: int,
                  deterministic: bool = True) -> np.ndarray:
     """Returns of `episodes` whole episodes on a single (non-vector) env, greedy by default."""
     rng = np.random.default_rng(seed)
@@ -139,7 +151,7 @@ def run_episodes(policy: NumpyActor, env: Any, episodes: int, seed: int,
         obs, _ = env.reset(seed=seed + episode)
         total, done = 0.0, False
         while not done:
-            action, _, _ = policy.act(np.asarray(obs, np.float32).reshape(1, -1), rng, deterministic)
+            action, _, _ = policy.act(as_obs(spec, obs, 1), rng, deterministic)
             a = action[0] if spec.discrete else np.clip(action[0], spec.action_low, spec.action_high)
             obs, reward, terminated, truncated, _ = env.step(a)
             total += float(reward)

@@ -8,6 +8,7 @@ Keys, all under `rlfarm:<run>:`
 
 With RLFARM_SECRET set (rlfarm.signing), `meta` holds {"signed": <that JSON>, "hmac": ...} and each
 policy blob's metadata an `hmac`; a store with a secret refuses unsigned or forged ones.
+The other keys of a run (results, wanted, leases, pinned, status): docs/architecture.md, decision 4.
 """
 
 from __future__ import annotations

@@ -5,13 +5,15 @@ with version v, waits for the whole group, assembles it in task-index order, upd
 v + 1. Tasks are deterministic and the group is ordered by index, so what is learned does not depend
 on how many workers there are or which finishes first.
 
-ASYNC (off-policy, `AsyncTrainer`): K tasks stay in flight, each acting with the newest version at
-the moment it starts. Results are consumed in completion order; a replacement is sent at once; the
-learner runs `replay_ratio` gradient steps per consumed env step and publishes a new version every
-`publish_interval` gradient steps. Policy lag (trainer version - acting version) is recorded, and
-results older than `max_policy_lag` versions are dropped and counted.
+ASYNC (`AsyncTrainer`): K tasks stay in flight, each acting with the newest version at the moment it
+starts. Results are consumed in completion order; a replacement is sent at once; the algorithm takes
+each result in and runs the updates it is ready for, and a new version is published every
+`publish_interval` updates. Policy lag (trainer version - acting version) is recorded, and results
+older than `max_policy_lag` versions are dropped and counted.
 
-Both send greedy evaluation tasks every `eval.interval` env steps, off the training path.
+The trainers schedule; the algorithm (rlfarm.algos.base.Algorithm) learns: nothing here knows which
+algorithm runs. Both send greedy evaluation tasks every `eval.interval` env steps, off the training path.
+See docs/architecture.md (data flow, the algorithm interface).
 """
 
 from __future__ import annotations
@@ -31,16 +33,13 @@ import torch
 from rich.console import Console
 
 from rlfarm import checkpoint, codec, logs
-from rlfarm.algos import check_mode
-from rlfarm.algos.dqn import DQN
-from rlfarm.algos.ppo import PPO
+from rlfarm.algos import check_mode, learner
 from rlfarm.celery_app import make_app
 from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.dispatch import Dispatcher
 from rlfarm.envs import describe
 from rlfarm.metrics import RunLogger
-from rlfarm.policy import build_network
-from rlfarm.replay import PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
+from rlfarm.protocol import Result, TaskSpec
 from rlfarm.rollout import Rollout, concat
 from rlfarm.outage import OutageRetry, resilient_client
 from rlfarm.store import PolicyStore, connect, queue_depth, redact, write_status
@@ -117,6 +116,7 @@ class Trainer:
         self.console = console or Console()
         self.device = resolve_device(config.device)
         self.space = describe(config.env.id)
+        config.algo_config.check_spaces(self.space)
         connect(redis_url).close()  # fails fast and clearly when Redis is not there at the start
         # From here on, every Redis command waits out an outage of up to farm.redis_outage_timeout.
         self.retry = OutageRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}",
@@ -128,12 +128,8 @@ class Trainer:
         self._log_file: logging.Handler | None = None
 
         torch.set_num_threads(config.torch_threads)
-        torch.manual_seed(config.seed)
-        network = build_network(config.algo, self.space, config.policy)
-        if config.algo == "dqn":
-            self.algo: Any = DQN(network, config.dqn, config.seed, self.device)
-        else:
-            self.algo = PPO(network, config.ppo, config.seed, self.device)
+        torch.manual_seed(config.seed)  # the network's initial weights
+        self.algo = learner(config.algo)(config, self.space, self.device)
         self.logger: RunLogger | None = None
         farm = config.farm
         self.dispatcher = Dispatcher(self.app, self.client, config.run_id, farm.task_timeout,
@@ -144,6 +140,7 @@ class Trainer:
                                      notify=self.warn)
         self.env_steps = 0
         self.version = 0
+        self.dropped_stale = 0  # ASYNC: results older than async.max_policy_lag
         self.start = 0.0
         self.wall_start = time.time()
         self._sps = 0.0
@@ -223,9 +220,9 @@ class Trainer:
             self._last_eval_version = version
         per_task = math.ceil(episodes / cfg.tasks)
         for index in range(cfg.tasks):
-            self.dispatcher.submit({"kind": "eval", "iteration": number, "index": index,
-                                    "version": version, "episodes": per_task,
-                                    "seed": self.config.seed + (2_000_029 if confirm else 1_000_003)})
+            self.dispatcher.submit(TaskSpec(self.config.run_id, "eval", number, index, version,
+                                            seed=self.config.seed + (2_000_029 if confirm else 1_000_003),
+                                            episodes=per_task))
 
     def maybe_evaluate(self) -> None:
         interval = self.config.eval.interval
@@ -234,10 +231,20 @@ class Trainer:
             while self._next_eval <= self.env_steps:
                 self._next_eval += interval
 
-    def handle_eval(self, message: dict[str, Any]) -> None:
-        number = message["iteration"]
+    def task_options(self, progress: float) -> dict[str, Any]:
+        """The `act` field of the next rollout task: the algorithm's acting options, and what it
+        needs collected."""
+        act = dict(self.algo.acting(progress))
+        if self.algo.collect_next_obs:
+            act["keep_next_obs"] = True
+        return act
+
+    def handle_eval(self, message: Result | dict[str, Any]) -> None:
+        if isinstance(message, dict):  # a result message as it came off the wire
+            message = Result.from_message(message)
+        number = message.iteration
         ev = self._evals[number]
-        ev.returns += [float(r) for r in message["returns"]]
+        ev.returns += [float(r) for r in message.returns]
         ev.done += 1
         if ev.done < ev.tasks:
             return
@@ -294,7 +301,7 @@ class Trainer:
         run's last evaluation is recorded."""
         while any(k[0] == "eval" for k in self.dispatcher.pending):
             message = self.dispatcher.next_result(timeout=1.0)
-            if message is not None and message["kind"] == "eval":
+            if message is not None and message.kind == "eval":
                 self.handle_eval(message)
 
     def target_reached(self) -> bool:
@@ -429,6 +436,10 @@ class Trainer:
             if self.logger.writer:
                 self.logger.writer.add_scalar(f"custom/{key}", value, self.env_steps)
 
+    def summary_extras(self) -> dict[str, Any]:
+        """What a mode adds to summary.json."""
+        return {}
+
     def _finish(self, wall: float) -> TrainResult:
         state = self.algo.state()
         blob = codec.encode_policy(state, {"version": str(self.version), "algo": self.config.algo,
@@ -445,7 +456,7 @@ class Trainer:
             eval_mean_return=self.eval_mean_return, best_eval_mean_return=self.best_eval_mean_return,
             wall_seconds=wall,
             redispatched=stats.redispatched, duplicates=stats.duplicates,
-            dropped_stale=getattr(self, "dropped_stale", 0),
+            dropped_stale=self.dropped_stale,
             task_ids_accepted=len(stats.accepted_task_ids),
             best_version=self.best_version, target_reached=self.target_reached(),
             final_policy=self.run_dir / "final_policy.safetensors",
@@ -461,8 +472,7 @@ class Trainer:
                              "redis_outages": self.retry.outages,
                              "redis_outage_seconds": round(self.retry.outage_seconds, 3)}
         summary["accepted_task_ids"] = stats.accepted_task_ids
-        if hasattr(self, "lag_counts"):
-            summary["policy_lag_histogram"] = {str(k): v for k, v in sorted(self.lag_counts.items())}
+        summary.update(self.summary_extras())
         from rlfarm.config import json_safe  # strict JSON: no evaluation (NaN), best -inf -> null
 
         (self.run_dir / "summary.json").write_text(
@@ -481,24 +491,29 @@ class SyncTrainer(Trainer):
         super().restore(tensors, state)
         self.iteration = state["iteration"]
 
-    def collect_rollouts(self, iteration: int) -> Rollout:
+    def collect_rollouts(self, iteration: int, progress: float) -> Rollout:
         cfg = self.config
-        specs = [{"iteration": iteration, "index": i, "version": self.version,
-                  "steps": cfg.farm.steps_per_env, "seed": cfg.seed} for i in range(cfg.farm.num_tasks)]
+        act = self.task_options(progress)
+        specs = [TaskSpec(cfg.run_id, "rollout", iteration, i, self.version, cfg.seed,
+                          steps=cfg.farm.steps_per_env, act=act) for i in range(cfg.farm.num_tasks)]
         results = self.dispatcher.gather_group(specs, on_other=self.handle_eval)
-        return concat([Rollout.from_dict(r["rollout"]) for r in results])
+        return concat([Rollout.from_dict(r.rollout) for r in results])
 
     def train_loop(self) -> None:
         cfg = self.config
         for iteration in range(self.iteration, cfg.num_iterations):
+            progress = iteration / cfg.num_iterations
             t0 = time.perf_counter()
-            rollout = self.collect_rollouts(iteration)
+            rollout = self.collect_rollouts(iteration, progress)
             collect_seconds = time.perf_counter() - t0
             self.env_steps += rollout.num_steps
             self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,
                                  self.version)
             t1 = time.perf_counter()
-            losses = self.algo.train(rollout, progress_remaining=1.0 - iteration / cfg.num_iterations)
+            self.algo.observe(rollout, policy_lag=0)
+            losses = dict.fromkeys(self.algo.loss_keys, math.nan)
+            while self.algo.ready():
+                losses = self.algo.update(progress)
             self.version += 1
             self.iteration = iteration + 1
             self.publish()
@@ -516,6 +531,7 @@ class SyncTrainer(Trainer):
                 "farm/update_seconds": time.perf_counter() - t1,
                 "farm/policy_lag": 0,  # SYNC: every task acts with the version being trained
                 **farm,
+                **self.algo.scalars(progress),
                 **losses,
             })
             self.heartbeat(farm=farm)
@@ -534,31 +550,23 @@ class AsyncTrainer(Trainer):
 
     def __init__(self, *args: Any, tasks_in_flight: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        cfg = self.config
-        buffer_cls = PrioritizedReplayBuffer if cfg.dqn.prioritized else ReplayBuffer
-        extra = {"alpha": cfg.dqn.per_alpha, "eps": cfg.dqn.per_eps} if cfg.dqn.prioritized else {}
-        self.replay = buffer_cls(cfg.dqn.buffer_size, self.space.obs_dim, seed=cfg.seed, **extra)
-        self.tasks_in_flight = cfg.async_.tasks_in_flight or tasks_in_flight or 2
-        self.dropped_stale = 0
+        self.tasks_in_flight = self.config.async_.tasks_in_flight or tasks_in_flight or 2
+        self.updates = 0  # algorithm updates; a version is published every async.publish_interval
         self._task_counter = 0
-        self._grad_budget = 0.0
         self._lags: list[int] = []
         self.lag_counts: dict[int, int] = {}  # whole-run histogram of policy lag, consumed or dropped
         # NaN until learning starts, so every progress.csv row has the same columns.
-        self._losses = dict.fromkeys(("losses/td_loss", "losses/q_values", "losses/grad_norm",
-                                      "charts/learning_rate"), math.nan)
+        self._losses = dict.fromkeys(self.algo.loss_keys, math.nan)
         self._last_log = 0.0
 
-    def epsilon(self) -> float:
-        if self.env_steps < self.config.dqn.learning_starts:
-            return 1.0  # heatup: uniform random actions
-        return self.algo.epsilon(self.env_steps / self.config.total_steps)
+    @property
+    def progress(self) -> float:
+        return min(1.0, self.env_steps / self.config.total_steps)
 
     def dispatch_one(self) -> None:
         cfg = self.config
-        self.dispatcher.submit({"iteration": self._task_counter, "index": 0, "version": "latest",
-                                "steps": cfg.farm.steps_per_env, "seed": cfg.seed,
-                                "epsilon": self.epsilon()})
+        self.dispatcher.submit(TaskSpec(cfg.run_id, "rollout", self._task_counter, 0, "latest", cfg.seed,
+                                        steps=cfg.farm.steps_per_env, act=self.task_options(self.progress)))
         self._task_counter += 1
 
     def train_loop(self) -> None:
@@ -568,7 +576,7 @@ class AsyncTrainer(Trainer):
         while self.env_steps < cfg.total_steps:
             message = self.dispatcher.next_result(timeout=1.0)
             if message is not None:
-                if message["kind"] == "eval":
+                if message.kind == "eval":
                     self.handle_eval(message)
                 else:
                     self.dispatch_one()  # keep the workers busy before spending time learning
@@ -584,30 +592,24 @@ class AsyncTrainer(Trainer):
                 break
         self.log()
 
-    def consume(self, message: dict[str, Any]) -> None:
+    def consume(self, message: Result) -> None:
+        """Lag accounting, then the algorithm takes the result in and runs what updates it is ready for."""
         cfg = self.config
-        lag = self.version - message["version"]
+        lag = self.version - message.version
         self._lags.append(lag)
         self.lag_counts[lag] = self.lag_counts.get(lag, 0) + 1
         if lag > cfg.async_.max_policy_lag:
             self.dropped_stale += 1
             return
-        rollout = Rollout.from_dict(message["rollout"])
+        rollout = Rollout.from_dict(message.rollout)
         self.env_steps += rollout.num_steps
         self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,
-                             message["version"])
-        self.replay.add(nstep_transitions(rollout, cfg.dqn.n_step, cfg.dqn.gamma))
-        if self.env_steps < cfg.dqn.learning_starts:
-            return
-        self._grad_budget += rollout.num_steps * cfg.dqn.replay_ratio
-        progress = min(1.0, self.env_steps / cfg.total_steps)
-        beta = cfg.dqn.per_beta + (1.0 - cfg.dqn.per_beta) * progress
-        while self._grad_budget >= 1.0:
-            batch = self.replay.sample(cfg.dqn.batch_size, beta=beta)
-            self._losses, td_errors = self.algo.train_step(batch, progress)
-            self.replay.update_priorities(batch.indices, td_errors)
-            self._grad_budget -= 1.0
-            if self.algo.gradient_steps % cfg.async_.publish_interval == 0:
+                             message.version)
+        self.algo.observe(rollout, policy_lag=lag)
+        while self.algo.ready():
+            self._losses = self.algo.update(self.progress)
+            self.updates += 1
+            if self.updates % cfg.async_.publish_interval == 0:
                 self.version += 1
                 self.publish()
                 self.save_checkpoint()
@@ -615,23 +617,18 @@ class AsyncTrainer(Trainer):
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors, state = super().checkpoint_state()
-        replay_meta = None
-        if self.config.checkpoint_replay:
-            arrays, replay_meta = self.replay.state()
-            tensors.update({f"replay.{k}": torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
-        return tensors, {**state, "task_counter": self._task_counter, "grad_budget": self._grad_budget,
-                         "dropped_stale": self.dropped_stale, "replay": replay_meta,
+        return tensors, {**state, "task_counter": self._task_counter, "updates": self.updates,
+                         "dropped_stale": self.dropped_stale,
                          "lag_counts": {str(k): v for k, v in self.lag_counts.items()}}
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         super().restore(tensors, state)
         self._task_counter = state["task_counter"] + self.RESUME_TASK_OFFSET
-        self._grad_budget, self.dropped_stale = state["grad_budget"], state["dropped_stale"]
+        self.updates, self.dropped_stale = state["updates"], state["dropped_stale"]
         self.lag_counts = {int(k): v for k, v in state["lag_counts"].items()}
-        if state["replay"] is not None:
-            arrays = {k[len("replay."):]: v.numpy() for k, v in tensors.items() if k.startswith("replay.")}
-            self.replay.restore(arrays, state["replay"])
-        # else: the replay buffer was not saved (checkpoint_replay = false); it refills from new results.
+
+    def summary_extras(self) -> dict[str, Any]:
+        return {"policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())}}
 
     def log(self) -> None:
         self._last_log = time.perf_counter()
@@ -640,14 +637,12 @@ class AsyncTrainer(Trainer):
         self.log_step({
             "policy_version": self.version,
             "charts/SPS": self._sps,
-            "charts/epsilon": self.epsilon(),
-            "charts/gradient_steps": self.algo.gradient_steps,
+            **self.algo.scalars(self.progress),
             "farm/policy_lag": float(lags.mean()),
             "farm/policy_lag_min": int(lags.min()),
             "farm/policy_lag_max": int(lags.max()),
             "farm/results_dropped_stale": self.dropped_stale,
             **farm,
-            "farm/replay_size": len(self.replay),
             "eval/mean_return": self.eval_mean_return,
             **self._losses,
         })
@@ -659,6 +654,7 @@ class AsyncTrainer(Trainer):
 
 
 def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, **kwargs: Any) -> Trainer:
+    """The trainer of the run's mode (the algorithm is the config's; rlfarm.algos checks it can run so)."""
     cls = AsyncTrainer if config.mode == "async" else SyncTrainer
     if cls is SyncTrainer:
         kwargs.pop("tasks_in_flight", None)

@@ -19,9 +19,10 @@ from typing import Any
 import redis
 
 from rlfarm import codec, signing
+from rlfarm.algos import learner
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
-from rlfarm.policy import build_network
+from rlfarm.protocol import Result, TaskSpec
 from rlfarm.rollout import collect, run_episodes, task_seeds
 from rlfarm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 from rlfarm.outage import OutageRetry, is_oom, resilient_client
@@ -100,10 +101,11 @@ class RolloutWorker:
         # the cache is keyed by the version fetched, never by what the blob says about itself.
         state, _ = store.get(version)
         run_meta = self._run_meta(run)
-        policy = build_network(run_meta["config"]["algo"], SpaceSpec.from_dict(run_meta["space"]),
-                               policy_config(run_meta["config"]["policy"]))
-        policy.load_state_dict(state)
-        actor = policy.actor_snapshot()
+        algorithm = learner(run_meta["config"]["algo"])
+        network = algorithm.build_network(SpaceSpec.from_dict(run_meta["space"]),
+                                          policy_config(run_meta["config"]["policy"]))
+        network.load_state_dict(state)
+        actor = algorithm.actor(network)
         self.policies.put((run, int(version)), actor)
         return actor, int(version), True
 
@@ -113,34 +115,31 @@ class RolloutWorker:
             self.envs[key] = make_vector_env(env_id, num_envs, trusted=False)  # env id from Redis
         return self.envs[key]
 
-    def rollout(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """Run one task spec and return the result message (not yet encoded).
+    def rollout(self, spec: TaskSpec) -> Result:
+        """Run one task and return its result (not yet encoded).
 
-        kind "rollout": `steps` env steps per sub-env, exploring (epsilon-greedy when `epsilon` is set);
+        kind "rollout": `steps` env steps per sub-env, acting with the options in `spec.act`;
         kind "eval": `episodes` whole greedy episodes on one env.
         """
         started = time.perf_counter()
-        kind = spec.get("kind", "rollout")
-        run_meta = self._run_meta(spec["run"])
+        run_meta = self._run_meta(spec.run)
         env_cfg = run_meta["config"]["env"]
-        actor, version, fetched = self._actor(spec["run"], spec["version"])
-        message = {"kind": kind, "iteration": spec["iteration"], "index": spec["index"],
-                   "version": version, "worker": self.identity, "policy_fetched": fetched}
-        if kind == "eval":
+        actor, version, fetched = self._actor(spec.run, spec.version)
+        result = Result(spec.kind, spec.iteration, spec.index, version=version, worker=self.identity,
+                        policy_fetched=fetched)
+        if spec.kind == "eval":
             env = self._single_env(env_cfg["id"])
-            seed = task_seeds(spec["seed"], spec["iteration"], spec["index"], 1)[0][0]
-            message["returns"] = run_episodes(actor, env, spec["episodes"], seed, deterministic=True)
+            seed = task_seeds(spec.seed, spec.iteration, spec.index, 1)[0][0]
+            result.returns = run_episodes(actor, env, spec.episodes, seed, deterministic=True)
         else:
-            if spec.get("epsilon") is not None:
-                actor = actor.with_epsilon(spec["epsilon"])
+            actor = actor.with_options(**spec.acting_options())
             envs = self._vector_env(env_cfg["id"], env_cfg["num_envs"])
-            env_seeds, action_seed = task_seeds(spec["seed"], spec["iteration"], spec["index"],
-                                                envs.num_envs)
-            result = collect(actor, envs, spec["steps"], env_seeds, action_seed,
-                             keep_next_obs=run_meta["config"]["algo"] == "dqn")
-            message["rollout"] = result.to_dict()
-        message["duration"] = time.perf_counter() - started
-        return message
+            env_seeds, action_seed = task_seeds(spec.seed, spec.iteration, spec.index, envs.num_envs)
+            rollout = collect(actor, envs, spec.steps, env_seeds, action_seed,
+                              keep_next_obs=bool(spec.act.get("keep_next_obs", False)))
+            result.rollout = rollout.to_dict()
+        result.duration = time.perf_counter() - started
+        return result
 
     def _single_env(self, env_id: str) -> Any:
         key = (env_id, 0)
@@ -163,27 +162,28 @@ class RolloutWorker:
         pipe.expire(attempts_key, RESULT_TTL)
         pipe.smismember(wanted_key(run), [LIVE, key_text])
         attempts, _, (live, wanted) = pipe.execute()
-        base = {"kind": spec.get("kind", "rollout"), "iteration": spec.get("iteration"),
-                "index": spec.get("index"), "worker": self.identity, "task_id": task_id}
+        base = Result(spec.get("kind", "rollout"), spec.get("iteration"), spec.get("index"),
+                      worker=self.identity, task_id=task_id)
         if not live:
             log.info("skipped task %s of run %s: the run has no live trainer", key_text, run)
             self.client.delete(attempts_key)
             return
         if not wanted:
-            self._push(run, {**base, "skipped": True}, attempts_key)
+            base.skipped = True
+            self._push(run, base.to_message(), attempts_key)
             return
         lease = None
         try:
-            spec = signing.verify_spec(spec, self.secret)
+            task = TaskSpec.from_kwargs(signing.verify_spec(spec, self.secret))
             if attempts > MAX_ATTEMPTS:
                 raise RuntimeError(f"task {task_id} was delivered {attempts} times; each delivery "
                                    f"lost its worker, so it is refused")
             farm = self._run_meta(run)["config"]["farm"]
             lease = _Lease(self.client, lease_key(run, key_text), self.identity,
                            farm.get("lease_seconds", 10.0)).__enter__()
-            message = self.rollout(spec)
-            message.update(task_id=task_id)
-            payload = codec.pack(message)
+            result = self.rollout(task)
+            result.task_id = task_id
+            payload = codec.pack(result.to_message())
             limit = int(farm.get("max_result_bytes", 0))
             if limit and len(payload) > limit:
                 raise ResultTooLarge(
@@ -191,8 +191,8 @@ class RolloutWorker:
                     f"make tasks smaller (fewer env.num_envs or farm.steps_per_env) or raise the limit")
             done = key_text
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
-            payload = codec.pack({**base, "error": f"{type(exc).__name__}: {exc}",
-                                  "traceback": traceback.format_exc(limit=8)})
+            base.error, base.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)
+            payload = codec.pack(base.to_message())
             done = None
         try:
             self._push(run, payload, attempts_key, lease.key if lease else None, done)

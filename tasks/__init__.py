@@ -1,6 +1,7 @@
 """The Celery app: `celery -A tasks worker` finds `tasks.app`.
 
-Tasks are thin: decode the spec, hand it to rlfarm.worker, which does the work and pushes the result.
+Tasks are thin: the kwargs are an rlfarm.protocol.TaskSpec; rlfarm.worker checks them, does the work
+and pushes the result.
 The broker comes from RLFARM_REDIS_URL (default redis://127.0.0.1:6379/0).
 """
 
@@ -52,12 +53,14 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
         from rlfarm.outage import OutageRetry, resilient_client
 
         _main_client = resilient_client(app.conf.broker_url, OutageRetry(60.0))
+    from rlfarm.protocol import Result
+
     limit = exception.args[0] if exception.args else "?"
-    message = {"kind": kwargs.get("kind", "rollout"), "iteration": kwargs.get("iteration"),
-               "index": kwargs.get("index"), "task_id": task_id, "retryable": True,
-               "worker": f"{socket.gethostname()} (worker main process {os.getpid()})",
-               "error": f"TimeLimitExceeded: the task ran past its time limit of {limit} s and its "
-                        f"process was killed and replaced (a hung env?)"}
+    message = Result(kwargs.get("kind", "rollout"), kwargs.get("iteration"), kwargs.get("index"),
+                     task_id=task_id, retryable=True,
+                     worker=f"{socket.gethostname()} (worker main process {os.getpid()})",
+                     error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s and its "
+                           f"process was killed and replaced (a hung env?)").to_message()
     key = results_key(kwargs["run"])
     pipe = _main_client.pipeline(transaction=True)
     pipe.rpush(key, signing.seal_result(kwargs["run"], codec.pack(message), signing.secret_from_env()))
@@ -100,21 +103,19 @@ def _run(request) -> None:
     _rollout_worker().handle(dict(request.kwargs), request.id)
 
 
-# `env` in both signatures is a label for Flower only: the worker takes the env from the run's
-# metadata in Redis, so a message can never make it build a different env than the run's.
+# The kwargs are the fields of rlfarm.protocol.TaskSpec, defined there once; `env` among them is a
+# label for Flower only: the worker takes the env from the run's metadata in Redis, so a message can
+# never make it build a different env than the run's.
 @app.task(name=ROLLOUT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
           Request=RolloutRequest)
-def rollout(self, run: str, iteration: int, index: int, version: int | str, seed: int, steps: int = 0,
-            kind: str = "rollout", epsilon: float | None = None, episodes: int = 0,
-            env: str | None = None, sig: str | None = None) -> None:
-    """Collect `steps` env steps per sub-env (or `episodes` greedy episodes when kind is "eval")
-    with policy `version` ("latest": the newest when the task starts) of `run`; result to Redis."""
+def rollout(self, **spec) -> None:
+    """Collect `steps` env steps per sub-env with policy `version` ("latest": the newest when the
+    task starts) of `run`, acting with the algorithm's options in `act`; result to Redis."""
     _run(self.request)
 
 
 @app.task(name=EVAL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
           Request=RolloutRequest)
-def evaluate(self, run: str, iteration: int, index: int, version: int | str, seed: int, episodes: int,
-             kind: str = "eval", env: str | None = None, sig: str | None = None) -> None:
+def evaluate(self, **spec) -> None:
     """Play `episodes` greedy episodes with policy `version` of `run`; returns to Redis."""
     _run(self.request)

@@ -81,7 +81,7 @@ def test_async_dqn_resumes_with_its_replay_buffer_and_optimizer(tmp_path):
             "--target-return", "1e9", "--set", "checkpoint_interval=0.5"]
     state = start_and_sigkill(tmp_path, "dqn", args, kill_after_steps=6000)
     killed_at = state["env_steps"]
-    assert state["replay"]["size"] == killed_at  # every consumed transition was stored
+    assert state["algo"]["replay"]["size"] == killed_at  # every consumed transition was stored (the algorithm owns the buffer)
     resumed = run_cli("train", "--resume", str(tmp_path / "dqn"))  # a run directory works too
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"from its checkpoint: {killed_at} env steps" in resumed.stdout + resumed.stderr
@@ -91,7 +91,7 @@ def test_async_dqn_resumes_with_its_replay_buffer_and_optimizer(tmp_path):
     _, final = checkpoint.load(run_dir)
     assert final["env_steps"] == summary["env_steps"]
     # Restored, not refilled: the buffer holds the transitions from before the kill as well.
-    assert final["replay"]["size"] == summary["env_steps"]
+    assert final["algo"]["replay"]["size"] == summary["env_steps"]
     # Gradient steps continue from the checkpoint's count (0.5 per env step after learning_starts).
     assert final["algo"]["gradient_steps"] > state["algo"]["gradient_steps"]
     assert final["algo"]["gradient_steps"] >= 0.5 * (summary["env_steps"] - 1000) - 256

@@ -143,3 +143,54 @@ class PaintedEnv(SlowEnv):
 
 def painted(render_mode: str | None = None) -> gym.Env:
     return PaintedEnv(render_mode)
+
+
+class SideEnv(gym.Env):
+    """A 2x16x16 uint8 image (CHW; HWC with `channels_last`): one half of the first channel is lit,
+    chosen at random each step; reward 1 for the action naming the lit half (0 left, 1 right).
+    16-step episodes. Learnable only by looking at the pixels: the image path end to end."""
+
+    def __init__(self, channels_last: bool = False):
+        shape = (16, 16, 2) if channels_last else (2, 16, 16)
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.channels_last = channels_last
+        self.t = 0
+        self.side = 0
+
+    def _obs(self) -> np.ndarray:
+        frame = np.zeros((2, 16, 16), np.uint8)
+        frame[0, :, self.side * 8:(self.side + 1) * 8] = 255
+        frame[1] = 7 * self.t  # a clock, so frames differ within an episode
+        return frame.transpose(1, 2, 0).copy() if self.channels_last else frame
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.side = 0, int(self.np_random.integers(2))
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.side)
+        self.t += 1
+        self.side = int(self.np_random.integers(2))
+        return self._obs(), reward, False, self.t >= 16, {}
+
+
+def image() -> gym.Env:
+    return SideEnv()
+
+
+def image_hwc() -> gym.Env:
+    return SideEnv(channels_last=True)
+
+
+class DictEnv(SlowEnv):
+    """CartPole-shaped actions, a Dict observation space: rlfarm cannot act on it."""
+
+    def __init__(self):
+        super().__init__(step_seconds=0.0)
+        self.observation_space = gym.spaces.Dict({"position": gym.spaces.Box(-1, 1, (2,), np.float32)})
+
+
+def dict_obs() -> gym.Env:
+    return DictEnv()

@@ -1,27 +1,45 @@
-"""Algorithms: each turns gathered experience into parameter updates, with no I/O."""
+"""Algorithms: each turns gathered experience into parameter updates, with no I/O.
+
+`learner(name)` is the registry: it returns the `Algorithm` class of an algorithm named in a config
+(rlfarm.config.ALGORITHMS), importing its module `rlfarm.algos.<name>` on first use, so reading and
+checking configs never imports torch. See rlfarm.algos.base for the interface.
+"""
 
 from __future__ import annotations
 
-from rlfarm.config import ConfigError
+import importlib
 
-ALGOS: dict[str, tuple[str, ...]] = {
-    # name -> modes it can run in. PPO is on-policy: ASYNC results acted with older versions would
-    # need an off-policy correction (V-trace, IMPACT), which rlfarm does not implement.
-    "ppo": ("sync",),
-    "dqn": ("async",),
-}
+from rlfarm.algos.base import _REGISTRY, Algorithm, register  # noqa: F401
+from rlfarm.config import ALGORITHMS, ConfigError
+
+
+def names() -> list[str]:
+    return sorted(ALGORITHMS)
+
+
+def learner(name: str) -> type[Algorithm]:
+    """The Algorithm class registered under `name`."""
+    if name not in ALGORITHMS:
+        raise ConfigError(f"unknown algo {name!r}; available: {', '.join(names())}")
+    if name not in _REGISTRY:
+        importlib.import_module(f"rlfarm.algos.{name}")
+    return _REGISTRY[name]
 
 
 def check_mode(algo: str, mode: str) -> None:
-    if algo not in ALGOS:
-        raise ConfigError(f"unknown algo {algo!r}; available: {', '.join(sorted(ALGOS))}")
-    if mode not in ALGOS[algo]:
-        raise ConfigError(f"algo {algo!r} cannot run in --mode {mode} (supported: "
-                          f"{', '.join(ALGOS[algo])})" + (
-                              ": it is on-policy, and ASYNC results act with older policy versions"
-                              if algo == "ppo" else ""))
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"unknown algo {algo!r}; available: {', '.join(names())}")
+    ALGORITHMS[algo].check_mode(mode)
 
 
-def check_env(algo: str, discrete_actions: bool) -> None:
-    if algo == "dqn" and not discrete_actions:
-        raise ConfigError("algo 'dqn' needs a discrete action space; use ppo for continuous actions")
+def check_env(algo: str, spec) -> None:  # noqa: ANN001 - a SpaceSpec
+    ALGORITHMS[algo].check_spaces(spec)
+
+
+def algo_of_tensors(state) -> str:  # noqa: ANN001 - a state dict
+    """The algorithm whose network a state dict holds, by its output module's tensors (policy files
+    saved before policies named their algorithm); the first registered if none matches."""
+    for name in names():
+        if any(key.startswith(learner(name).head + ".") for key in state):
+            return name
+    return names()[0]

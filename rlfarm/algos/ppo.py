@@ -1,13 +1,20 @@
-"""PPO with clipped surrogate objective (Schulman et al. 2017), CleanRL-style, on gathered rollouts."""
+"""PPO with clipped surrogate objective (Schulman et al. 2017), CleanRL-style, on gathered rollouts.
+
+SYNC only: one update per iteration, on the whole group of tasks acted with the version being trained.
+"""
 
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
-from rlfarm.checkpoint import load_optimizer_state, optimizer_state, prefixed, unprefixed
-from rlfarm.config import PPOConfig
+from rlfarm.algos.base import (Algorithm, load_optimizer_state, optimizer_state, prefixed, register,
+                               unprefixed)
+from rlfarm.config import PolicyConfig, RunConfig
+from rlfarm.envs import SpaceSpec
 from rlfarm.policy import ActorCritic
 from rlfarm.rollout import Rollout
 
@@ -36,20 +43,39 @@ def compute_gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[np.n
     return advantages.astype(np.float32), returns.astype(np.float32)
 
 
-class PPO:
-    """Owns the policy and its optimizer; `train` runs the minibatch epochs on one iteration."""
+@register
+class PPO(Algorithm):
+    """Owns the policy and its optimizer; `update` runs the minibatch epochs on one iteration."""
 
     name = "ppo"
+    head = "actor"  # the output MLP of a saved policy (rlfarm.policy.load_network)
+    loss_keys = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
+                 "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "losses/early_stopped")
 
-    def __init__(self, policy: ActorCritic, config: PPOConfig, seed: int, device: torch.device):
-        self.policy = policy.to(device)
-        self.config = config
-        self.device = device
+    @classmethod
+    def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> ActorCritic:
+        return ActorCritic(spec, config)
+
+    def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
+        super().__init__(config, spec, device)
+        self.config = config.ppo
+        self.policy = self.build_network(spec, config.policy).to(device)
         # fused: one kernel for all parameters; per-op overhead dominates for networks this small.
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.learning_rate, eps=1e-5,
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.learning_rate, eps=1e-5,
                                           fused=True)
         # Minibatch order from a private generator: reproducible, untouched by anything else.
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self._rollout: Rollout | None = None
+
+    def observe(self, rollout: Rollout, policy_lag: int) -> None:
+        self._rollout = rollout
+
+    def ready(self) -> bool:
+        return self._rollout is not None
+
+    def update(self, progress: float) -> dict[str, float]:
+        rollout, self._rollout = self._rollout, None
+        return self.train(rollout, progress_remaining=1.0 - progress)
 
     def train(self, rollout: Rollout, progress_remaining: float) -> dict[str, float]:
         cfg = self.config
@@ -59,7 +85,8 @@ class PPO:
         advantages, returns = compute_gae(rollout, cfg.gamma, cfg.gae_lambda)
 
         dev = self.device
-        b_obs = torch.as_tensor(rollout.obs.reshape(-1, rollout.obs.shape[-1])).to(dev)
+        steps = rollout.num_steps  # T x N, flattened: observations keep their shape and dtype
+        b_obs = torch.as_tensor(rollout.obs.reshape(steps, *rollout.obs.shape[2:])).to(dev)
         act = rollout.actions
         b_actions = torch.as_tensor(act.reshape(-1) if act.ndim == 2 else act.reshape(-1, act.shape[-1])).to(dev)
         b_logprobs = torch.as_tensor(rollout.logprobs.reshape(-1)).to(dev)
@@ -130,7 +157,7 @@ class PPO:
                    "rng.minibatch": self.generator.get_state()}
         return tensors, {"optimizer": optim_meta}
 
-    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+    def restore(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
         self.policy.load_state_dict(unprefixed("policy", tensors))
         load_optimizer_state(self.optimizer, tensors, state["optimizer"])
         self.generator.set_state(tensors["rng.minibatch"])

@@ -1,0 +1,148 @@
+"""The algorithm interface: what a learner tells the farm, and what the trainers ask of it (PURE).
+
+The trainers schedule (dispatch, gather, policy lag, publish cadence, evaluation, logging); an
+`Algorithm` learns. Per run, one instance lives in the trainer:
+
+    acting options -> tasks act and collect -> observe(rollout, lag) -> while ready(): update(progress)
+
+`progress` is one convention for every algorithm: the fraction of the run done, 0 at the start and
+1 at `total_steps` (learning-rate annealing, exploration and PER-beta schedules read it).
+Workers use the class side only (`build_network`, `actor`): they never construct a learner.
+
+Adding an algorithm: a config section (an `AlgoSection` dataclass in rlfarm.config, registered in
+`ALGORITHMS`), a module `rlfarm/algos/<name>.py` with an `Algorithm` subclass decorated with
+`@register`, and a preset. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from rlfarm.config import AlgoSection, PolicyConfig, RunConfig
+    from rlfarm.envs import SpaceSpec
+    from rlfarm.policy import Actor
+    from rlfarm.rollout import Rollout
+
+
+class Algorithm(ABC):
+    """One learner. Subclasses declare the class attributes and implement the abstract methods."""
+
+    name: ClassVar[str]  # as in `algo = "..."`; its config section is rlfarm.config.ALGORITHMS[name]
+    head: ClassVar[str]  # the network's output module (actor, q): how a saved policy's sizes are read
+    # What every rollout task of this algorithm must collect beyond the on-policy arrays: the real
+    # next observation of each step and which episode ends were terminations (replay needs them).
+    collect_next_obs: ClassVar[bool] = False
+    # Metric keys `update` returns, logged as NaN until the first update, so every row of
+    # progress.csv has the same columns.
+    loss_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: "RunConfig", spec: "SpaceSpec", device: "torch.device"):
+        self.run_config = config
+        self.spec = spec
+        self.device = device
+
+    # ---- class side: also used by workers and `rlfarm eval` --------------------------------------
+    @classmethod
+    @abstractmethod
+    def build_network(cls, spec: "SpaceSpec", config: "PolicyConfig") -> "nn.Module":
+        """The network this algorithm trains and workers act with, chosen from the env's spec."""
+
+    @classmethod
+    def actor(cls, network: "nn.Module") -> "Actor":
+        """A frozen snapshot of `network` to act with on a worker (numpy where it pays, else torch)."""
+        return network.actor_snapshot()
+
+    @classmethod
+    def section(cls) -> type["AlgoSection"]:
+        from rlfarm.config import ALGORITHMS
+
+        return ALGORITHMS[cls.name]
+
+    # ---- the learner ---------------------------------------------------------------------------
+    def acting(self, progress: float) -> dict[str, Any]:
+        """Acting options for the next rollout task (travel in the task's `act` field), e.g. epsilon."""
+        return {}
+
+    @abstractmethod
+    def observe(self, rollout: "Rollout", policy_lag: int) -> None:
+        """Take in one result (SYNC: the whole group). `policy_lag`: trainer version minus the version
+        the result was acted with (0 in SYNC)."""
+
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether an update can run now on what was observed."""
+
+    @abstractmethod
+    def update(self, progress: float) -> dict[str, float]:
+        """One update (PPO: the epochs over an iteration; DQN: one gradient step); its metrics."""
+
+    def scalars(self, progress: float) -> dict[str, float]:
+        """Extra values for every log line (exploration rate, replay size, ...)."""
+        return {}
+
+    @abstractmethod
+    def state(self) -> dict[str, "torch.Tensor"]:
+        """The weights workers act with (CPU tensors): what a published version holds."""
+
+    @abstractmethod
+    def checkpoint(self) -> tuple[dict[str, "torch.Tensor"], dict[str, Any]]:
+        """Everything needed to continue learning bit-identically: tensors and a JSON-able rest."""
+
+    @abstractmethod
+    def restore(self, tensors: Mapping[str, "torch.Tensor"], state: Mapping[str, Any]) -> None:
+        """The inverse of `checkpoint`."""
+
+
+_REGISTRY: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: make an Algorithm findable by its name."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+# ---- pure state-dict helpers (checkpoints are written by rlfarm.checkpoint) ------------------------
+
+def prefixed(prefix: str, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}.{k}": v for k, v in tensors.items()}
+
+
+def unprefixed(prefix: str, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    head = prefix + "."
+    return {k[len(head):]: v for k, v in tensors.items() if k.startswith(head)}
+
+
+def optimizer_state(optimizer: "torch.optim.Optimizer", prefix: str = "optim"
+                    ) -> tuple[dict[str, "torch.Tensor"], dict[str, Any]]:
+    """An optimizer's state_dict split into tensors and a JSON-able rest."""
+    import torch
+
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for index, entries in sd["state"].items():
+        for name, value in entries.items():
+            if torch.is_tensor(value):
+                tensors[f"{prefix}.{index}.{name}"] = value
+            else:
+                scalars[f"{index}.{name}"] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def load_optimizer_state(optimizer: "torch.optim.Optimizer", tensors: Mapping[str, "torch.Tensor"],
+                         meta: Mapping[str, Any], prefix: str = "optim") -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in unprefixed(prefix, tensors).items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    for key, value in meta["scalars"].items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else dict(g) for g in meta["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})

@@ -1,0 +1,147 @@
+"""What a task carries and what a result returns: one definition, used by the trainer, the dispatcher,
+the Celery task, the worker, Flower's label and the tests (PURE).
+
+A task travels as Celery kwargs (`TaskSpec.to_kwargs`, msgpack-safe, signed as a whole with
+RLFARM_SECRET); a result travels as a msgpack map on the run's results list (`Result`). Algorithm-
+specific options travel in one nested field, `act` (e.g. {"epsilon": 0.05, "keep_next_obs": true}),
+never in the task signature, so a new algorithm needs no new task fields. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("rollout", "eval")
+ROLLOUT_TASK = "rlfarm.rollout"
+EVAL_TASK = "rlfarm.evaluate"
+
+Key = tuple[str, int, int]  # (kind, iteration, index): a task's identity within its run
+
+# Collect options the worker reads from `act`; the rest are acting options for the actor.
+COLLECT_OPTIONS = ("keep_next_obs",)
+
+
+class ProtocolError(ValueError):
+    """A task spec or result that does not have the fields it must have."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    run: str
+    kind: str  # "rollout": `steps` env steps per sub-env; "eval": `episodes` greedy episodes
+    iteration: int  # SYNC iteration, ASYNC task number, or evaluation number
+    index: int  # the task's index within its iteration
+    version: int | str  # the policy version to act with, or "latest" (the newest when it starts)
+    seed: int  # the run seed; env and action seeds come from (seed, iteration, index)
+    steps: int = 0
+    episodes: int = 0
+    act: dict[str, Any] = field(default_factory=dict)  # the algorithm's acting and collect options
+    env: str | None = None  # the run's env id, a label for Flower only: workers take it from the run
+    sig: str | None = None  # HMAC over all other fields (rlfarm.signing), when RLFARM_SECRET is set
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ProtocolError(f"task kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
+    @property
+    def key(self) -> Key:
+        return (self.kind, self.iteration, self.index)
+
+    @property
+    def task_name(self) -> str:
+        """Two Celery task names, one implementation: Flower tells rollouts from evaluations."""
+        return EVAL_TASK if self.kind == "eval" else ROLLOUT_TASK
+
+    def acting_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.act.items() if k not in COLLECT_OPTIONS}
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The Celery kwargs: every field that is set (unset: None, 0 steps or episodes, empty act)."""
+        kwargs = {"run": self.run, "kind": self.kind, "iteration": self.iteration, "index": self.index,
+                  "version": self.version, "seed": self.seed}
+        for name in ("steps", "episodes"):
+            if getattr(self, name):
+                kwargs[name] = getattr(self, name)
+        if self.act:
+            kwargs["act"] = dict(self.act)
+        for name in ("env", "sig"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        return kwargs
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> "TaskSpec":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ProtocolError(f"task spec has unknown fields {unknown}")
+        missing = sorted(f for f in ("run", "iteration", "index", "version", "seed") if f not in kwargs)
+        if missing:
+            raise ProtocolError(f"task spec lacks fields {missing}")
+        values = dict(kwargs)
+        values.setdefault("kind", "rollout")
+        values["act"] = dict(values.get("act") or {})
+        return cls(**values)
+
+    def label(self) -> str:
+        """A short kwargsrepr for Flower and worker events, never a data blob:
+        `run=cartpole-1 v=latest it=12 idx=1 steps=256 seed=1 eps=0.05 env=CartPole-v1`.
+        What varies from task to task comes before the env (Flower cuts a cell at ~50 characters)."""
+        parts = [f"run={self.run}", f"v={self.version}", f"it={self.iteration}", f"idx={self.index}"]
+        parts += [f"{name}={getattr(self, name)}" for name in ("steps", "episodes") if getattr(self, name)]
+        parts.append(f"seed={self.seed}")
+        parts += [f"{_SHORT.get(k, k)}={v}" for k, v in self.acting_options().items()]
+        if self.env is not None:
+            parts.append(f"env={self.env}")
+        return " ".join(parts)
+
+
+_SHORT = {"epsilon": "eps"}
+
+
+@dataclass
+class Result:
+    """What a worker pushes for a task: the data (`rollout` arrays or eval `returns`), or an `error`,
+    or `skipped` (the task was already counted; not run)."""
+
+    kind: str
+    iteration: int
+    index: int
+    task_id: str | None = None
+    worker: str = ""
+    version: int | None = None  # the version acted with (for "latest": the one it resolved to)
+    duration: float | None = None  # seconds the task ran on its worker
+    policy_fetched: bool = False  # the worker fetched the policy from Redis (not from its cache)
+    rollout: dict[str, Any] | None = None  # rollout.Rollout.to_dict()
+    returns: Any = None  # eval: episode returns
+    error: str | None = None
+    traceback: str | None = None
+    retryable: bool = False  # a failure the trainer re-sends (a hard time limit), not a bug
+    skipped: bool = False
+
+    @property
+    def key(self) -> Key:
+        return (self.kind, self.iteration, self.index)
+
+    def to_message(self) -> dict[str, Any]:
+        """The msgpack map: set fields only."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("kind", "iteration", "index") or not (value is None or value is False):
+                out[f.name] = value
+        return out
+
+    def __getitem__(self, name: str) -> Any:  # read like the message it came as: result["rollout"]
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = getattr(self, name, None)
+        return default if value is None else value
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> "Result":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in message.items() if k in known})

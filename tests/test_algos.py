@@ -1,0 +1,146 @@
+"""The learners alone, for every algorithm in the registry (no Redis, no Celery): one update changes
+the parameters with finite losses; checkpoint -> restore -> update equals an uninterrupted update;
+the network follows the observation space (MLP for vectors, CNN for uint8 images)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rlfarm import config as C
+from rlfarm.algos import learner, names
+from rlfarm.envs import EnvError, describe, make_vector_env
+from rlfarm.policy import NatureCNN, NumpyActor, NumpyQActor, TorchPolicyActor, TorchQActor, cnn_layers
+from rlfarm.rollout import collect
+
+ENVS = {"vector": "CartPole-v1", "image": "tests.tiny_envs:image", "image-hwc": "tests.tiny_envs:image_hwc"}
+# Small and quick: learning starts at once, small batches and networks.
+OVERRIDES = ["dqn.learning_starts=0", "dqn.batch_size=32", "dqn.buffer_size=4096", "dqn.replay_ratio=0.05",
+             "policy.cnn_features=32", "policy.hidden_sizes=[32, 32]"]
+
+
+def make(algo: str, env: str, seed: int = 0):
+    cfg = C.build(None, [f"algo={algo}", f"env.id={env}", "env.num_envs=2", "farm.num_tasks=1",
+                         "farm.steps_per_env=64", "ppo.num_minibatches=2", "ppo.update_epochs=2", *OVERRIDES],
+                  seed=seed)
+    spec = describe(env)
+    torch.manual_seed(seed)
+    return learner(algo)(cfg, spec, torch.device("cpu")), spec
+
+
+def rollout_for(algorithm, env: str, seed: int):
+    """A real rollout of 64 steps x 2 envs, acted by the algorithm's own actor with its options."""
+    cls = type(algorithm)
+    actor = cls.actor(algorithm.policy).with_options(**algorithm.acting(0.0))
+    return collect(actor, make_vector_env(env, 2), 64, [seed, seed + 1], seed,
+                   keep_next_obs=cls.collect_next_obs)
+
+
+def train_once(algorithm, rollout) -> dict[str, float]:
+    algorithm.observe(rollout, policy_lag=0)
+    assert algorithm.ready()
+    metrics = {}
+    while algorithm.ready():
+        metrics = algorithm.update(0.25)
+    return metrics
+
+
+def params(algorithm) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in algorithm.state().items()}
+
+
+CASES = [(algo, kind) for algo in names() for kind in ENVS]
+
+
+@pytest.mark.parametrize("algo, kind", CASES)
+def test_one_update_changes_parameters_with_finite_losses(algo, kind):
+    algorithm, _ = make(algo, ENVS[kind])
+    before = params(algorithm)
+    metrics = train_once(algorithm, rollout_for(algorithm, ENVS[kind], seed=3))
+    assert set(type(algorithm).loss_keys) <= set(metrics)
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    after = algorithm.state()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed, "an update left every parameter as it was"
+
+
+@pytest.mark.parametrize("algo, kind", CASES)
+def test_checkpoint_restore_update_is_bit_identical(algo, kind):
+    env = ENVS[kind]
+    first, second = rollout_for(make(algo, env, seed=1)[0], env, seed=5), None
+    whole, _ = make(algo, env)
+    train_once(whole, first)
+    tensors, state = whole.checkpoint()
+    tensors = {k: v.clone() for k, v in tensors.items()}  # as written to the file: not views of live state
+    second = rollout_for(whole, env, seed=9)
+    train_once(whole, second)
+
+    resumed, _ = make(algo, env, seed=42)  # other initial weights: all of them must come from the checkpoint
+    resumed.restore(tensors, state)
+    train_once(resumed, second)
+    a, b = whole.state(), resumed.state()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("algo", names())
+def test_network_follows_the_observation_space(algo):
+    cls = learner(algo)
+    policy_cfg = C.PolicyConfig()
+    vector = cls.build_network(describe(ENVS["vector"]), policy_cfg)
+    assert not any(isinstance(m, nn.Conv2d) for m in vector.modules())
+    assert type(cls.actor(vector)) in (NumpyActor, NumpyQActor)  # numpy acting for MLPs
+
+    for kind in ("image", "image-hwc"):
+        spec = describe(ENVS[kind])
+        assert spec.is_image and spec.obs_dtype == "uint8"
+        image = cls.build_network(spec, policy_cfg)
+        assert isinstance(image.encoder, NatureCNN)
+        assert type(cls.actor(image)) in (TorchPolicyActor, TorchQActor)
+        # A 16x16 image is too small for the Nature CNN's 8x8/4 kernels: the small default applies.
+        assert cnn_layers(spec, policy_cfg) == [(16, 3, 1), (32, 3, 1)]
+        obs = np.random.default_rng(0).integers(0, 256, (3, *spec.obs_shape), dtype=np.uint8)
+        actor = cls.actor(image)
+        action, _, value = actor.act(obs, np.random.default_rng(0), deterministic=True)
+        assert action.shape == (3,) and value.shape == (3,) and value.dtype == np.float32
+
+
+def test_an_atari_sized_image_gets_the_nature_cnn():
+    from rlfarm.envs import SpaceSpec
+
+    spec = SpaceSpec(84 * 84 * 4, True, 6, obs_shape=(84, 84, 4), obs_dtype="uint8")
+    assert spec.image_layout == "HWC"
+    assert cnn_layers(spec, C.PolicyConfig()) == [(32, 8, 4), (64, 4, 2), (64, 3, 1)]
+
+
+def test_rollouts_keep_uint8_observations():
+    algorithm, spec = make("dqn", ENVS["image"])
+    r = rollout_for(algorithm, ENVS["image"], seed=2)
+    assert r.obs.dtype == np.uint8 and r.obs.shape == (64, 2, *spec.obs_shape)
+    assert r.next_obs.dtype == np.uint8
+    assert algorithm.replay.obs.dtype == np.uint8
+
+
+def test_float64_observations_are_cast_once_to_float32():
+    algorithm, _ = make("ppo", "Pendulum-v1")  # Pendulum's Box is float32; cast anyway on the way in
+    r = rollout_for(algorithm, "Pendulum-v1", seed=2)
+    assert r.obs.dtype == np.float32 and r.actions.dtype == np.float32
+
+
+def test_an_observation_space_rlfarm_cannot_act_on_is_one_clear_error():
+    with pytest.raises(EnvError, match=r"observation space Dict\(.*is not supported.*Box observations"):
+        describe("tests.tiny_envs:dict_obs")
+
+
+def test_each_algorithm_checks_its_own_config_and_spaces():
+    with pytest.raises(C.ConfigError, match="dqn.tau must be in"):
+        C.build("cartpole-dqn", ["dqn.tau=0"])
+    with pytest.raises(C.ConfigError, match="needs a discrete action space"):
+        C.ALGORITHMS["dqn"].check_spaces(describe("Pendulum-v1"))
+    with pytest.raises(C.ConfigError, match="algo 'ppo' cannot run in --mode async"):
+        C.ALGORITHMS["ppo"].check_mode("async")
+    with pytest.raises(C.ConfigError, match="unknown algo 'dqnn' \\(did you mean dqn\\?\\)"):
+        C.build("cartpole-dqn", ["algo=dqnn"])
