@@ -160,7 +160,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
                 "env.id": env_id, "mode": mode, "farm.workers": workers, "total_steps": total_steps,
                 "target_return": target_return, "seed": seed, "run_id": run_id, "device": device,
                 "logdir": logdir})
-        check_config(cfg)
+        check_config(cfg, embedded=not redis_url and not _local_farm_up())
     except (C.ConfigError, EnvError) as exc:
         fail(str(exc))
     for note in _run_length_notes(cfg):  # iterations rounded up; episodes longer than a task
@@ -191,6 +191,12 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
                    f"(best_policy.safetensors); target {'reached' if result.target_reached else 'not reached'}")
     click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
     _exit_now()
+
+
+def _local_farm_up() -> bool:
+    from rlfarm import localfarm
+
+    return localfarm.running() is not None
 
 
 def _run_length_notes(cfg) -> list[str]:

@@ -148,13 +148,16 @@ def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int =
     return (*result, float(np.mean(greedy_returns(model, TAKE_HOME, 50_000))))
 
 
-def rlfarm_time_to_solve(seed: int, workers: int, algo: str = "ppo") -> tuple[float, int, float]:
+def rlfarm_time_to_solve(seed: int, workers: int, algo: str = "ppo", preset: str | None = None,
+                         extra: tuple[str, ...] = ()) -> tuple[float, int, float]:
+    """(seconds of learning until solved or nan, env steps, seconds end to end) of an rlfarm run of
+    `preset` (default cartpole-<algo>) with `extra` CLI arguments."""
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--preset", f"cartpole-{algo}",
+        subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--preset", preset or f"cartpole-{algo}",
                         "--workers", str(workers), "--seed", str(seed),
                         "--target-return", str(DQN_TARGET if algo == "dqn" else THRESHOLD),
-                        "--logdir", tmp, "--run-id", "bench"],
+                        "--logdir", tmp, "--run-id", "bench", *extra],
                        check=True, capture_output=True, cwd=ROOT)
         end_to_end = time.perf_counter() - t
         if algo == "dqn":  # solved when a greedy evaluation >= threshold was confirmed (summary.json)

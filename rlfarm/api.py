@@ -52,13 +52,16 @@ def make_config(preset: str | None = "cartpole-ppo",
     return C.from_flat(values)
 
 
-def check_config(cfg: C.RunConfig) -> None:
-    """What can be checked before anything starts: mode and algorithm, the env and its spaces, CUDA."""
+def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
+    """What can be checked before anything starts: mode and algorithm, the env and its spaces, CUDA.
+    `embedded`: the run will start its own `farm.workers` workers (so the tasks in flight are known)."""
     from rlfarm.algos import check_env, check_mode
     from rlfarm.envs import describe
 
     check_mode(cfg.algo, cfg.mode)
     check_env(cfg.algo, describe(cfg.env.id))
+    if embedded and cfg.mode == "async":
+        C.check_results_per_update(cfg, cfg.async_.tasks_in_flight or cfg.farm.workers)
     if cfg.device == "cuda":
         from rlfarm.trainer import resolve_device
 
@@ -179,7 +182,7 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
                               if v is not None}}, config)
     else:
         cfg = make_config(preset, overrides, **options)
-    check_config(cfg)
+    check_config(cfg, embedded=not redis_url)
     cfg = with_run_id(cfg)
     run_dir = Path(cfg.logdir) / cfg.run_id
     if (run_dir / "config.json").exists():

@@ -93,8 +93,9 @@ class PPOConfig(AlgoSection):
     """[ppo]: PPO with the clipped surrogate objective (rlfarm.algos.ppo)."""
 
     algo: ClassVar[str] = "ppo"
-    modes: ClassVar[dict[str, str]] = {"sync": "each iteration waits for all its tasks, acted with one version"}
-    mode_hint: ClassVar[str] = "it is on-policy, and ASYNC results act with older policy versions"
+    modes: ClassVar[dict[str, str]] = {
+        "sync": "each iteration waits for all its tasks, acted with one version",
+        "async": "APPO: results are used as they come, corrected for policy lag with V-trace"}
 
     learning_rate: float = 3e-4
     anneal_lr: bool = True
@@ -109,14 +110,31 @@ class PPOConfig(AlgoSection):
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     target_kl: float = 0.0  # stop the epoch loop early above this approx-KL; 0 disables
+    # ASYNC (APPO) only: V-trace's truncation of the importance weights pi/mu (Espeholt et al. 2018).
+    rho_bar: float = 1.0  # of the weights on the TD errors and advantages
+    c_bar: float = 1.0  # of the trace-cutting weights
+    vtrace: bool = True  # false: take lagged results as on-policy (GAE), for ablations
+    pg_loss: str = "clip"  # clip: PPO's clipped surrogate; impala: -log pi(a) * advantage
 
     def check(self, run: "RunConfig") -> None:
         _at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches")
-        batch = run.steps_per_iteration
-        if batch % self.num_minibatches:
-            raise ConfigError(
-                f"ppo.num_minibatches ({self.num_minibatches}) must divide the steps per iteration "
-                f"({batch} = farm.num_tasks x env.num_envs x farm.steps_per_env)")
+        if run.mode == "async":  # an update is a batch of whole results
+            per_task = run.env.num_envs * run.farm.steps_per_env
+            if per_task % self.num_minibatches:
+                raise ConfigError(
+                    f"ppo.num_minibatches ({self.num_minibatches}) must divide the steps of one task "
+                    f"({per_task} = env.num_envs x farm.steps_per_env)")
+        else:
+            batch = run.steps_per_iteration
+            if batch % self.num_minibatches:
+                raise ConfigError(
+                    f"ppo.num_minibatches ({self.num_minibatches}) must divide the steps per iteration "
+                    f"({batch} = farm.num_tasks x env.num_envs x farm.steps_per_env)")
+        for key in ("rho_bar", "c_bar"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"ppo.{key} must be positive, got {getattr(self, key)}")
+        if self.pg_loss not in ("clip", "impala"):
+            raise ConfigError(f"ppo.pg_loss must be clip or impala, got {self.pg_loss!r}")
 
 
 @dataclass(frozen=True)
@@ -163,6 +181,8 @@ class DQNConfig(AlgoSection):
 @dataclass(frozen=True)
 class AsyncConfig:
     tasks_in_flight: int = 0  # 0: one per online worker process (at least 2)
+    # APPO: results per update (0: as many as tasks in flight); more could never be in flight at once.
+    results_per_update: int = 0
     max_policy_lag: int = 8  # results acted with a version older than this many versions are dropped
     publish_interval: int = 32  # gradient steps between published versions
 
@@ -380,9 +400,21 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("eval.confirm_episodes cannot be negative (0: no confirmation)")
     if config.async_.max_policy_lag < 0 or config.eval.interval < 0:
         raise ConfigError("async.max_policy_lag and eval.interval cannot be negative")
+    check_results_per_update(config, config.async_.tasks_in_flight)
     config.algo_config.check(config)
     if config.run_id and not all(c.isalnum() or c in "-_." for c in config.run_id):
         raise ConfigError(f"run_id may hold letters, digits, '-', '_' and '.', got {config.run_id!r}")
+
+
+def check_results_per_update(config: RunConfig, tasks_in_flight: int) -> None:
+    """A batch of more results than can ever be in flight would never fill (0 in flight: not known yet)."""
+    k = config.async_.results_per_update
+    if k < 0 or config.async_.tasks_in_flight < 0:
+        raise ConfigError("async.results_per_update and async.tasks_in_flight cannot be negative")
+    if k and tasks_in_flight and k > tasks_in_flight:
+        raise ConfigError(f"async.results_per_update ({k}) is more than the tasks ever in flight "
+                          f"({tasks_in_flight}): an update would never start; lower it, or raise "
+                          f"async.tasks_in_flight")
 
 
 def get(config: RunConfig, key: str) -> Any:

@@ -189,8 +189,14 @@ class Dispatcher:
 
     # ---- receiving -------------------------------------------------------------------------------
     def receive(self, timeout: float) -> Result | None:
-        """One decoded result of any kind, or None when none arrived within `timeout` seconds."""
-        item = self.client.blpop([self.key], timeout=max(timeout, 0.001))
+        """One decoded result of any kind, or None when none arrived within `timeout` seconds
+        (0: only one already there; a BLPOP's timeout is served at Redis's clock resolution, tens of
+        milliseconds, too coarse for a learner that looks between its minibatches)."""
+        if timeout <= 0:
+            raw = self.client.lpop(self.key)
+            item = None if raw is None else (self.key, raw)
+        else:
+            item = self.client.blpop([self.key], timeout=max(timeout, 0.001))
         if item is None:
             return None
         t0 = time.process_time()

@@ -113,6 +113,7 @@ class Result:
     worker: str = ""
     version: int | None = None  # the version acted with (for "latest": the one it resolved to)
     duration: float | None = None  # seconds the task ran on its worker
+    finished: float | None = None  # when the worker pushed it (its wall clock, epoch seconds)
     policy_fetched: bool = False  # the worker fetched the policy from Redis (not from its cache)
     rollout: dict[str, Any] | None = None  # rollout.Rollout.to_dict()
     returns: Any = None  # eval: episode returns

@@ -39,6 +39,9 @@ class Rollout:
     # final one where an episode ended) and which ends were terminations rather than truncations.
     next_obs: np.ndarray | None = None
     terminations: np.ndarray | None = None
+    # (N, *obs_shape) the observation after the last step: a learner acting on lagged data (APPO)
+    # recomputes the bootstrap value of the cut episodes with its own critic.
+    last_obs: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -125,7 +128,7 @@ def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[in
     last_values = policy.value(obs)
     return Rollout(obs_buf, act_buf, logp_buf, val_buf, rew_buf, done_buf, final_val_buf, last_values,
                    np.asarray(ep_returns, np.float64), np.asarray(ep_lengths, np.int64),
-                   next_obs_buf, term_buf)
+                   next_obs_buf, term_buf, obs)
 
 
 def concat(rollouts: list[Rollout]) -> Rollout:
@@ -138,6 +141,8 @@ def concat(rollouts: list[Rollout]) -> Rollout:
     for k in ("next_obs", "terminations"):
         parts = [getattr(r, k) for r in rollouts]
         joined[k] = None if any(p is None for p in parts) else np.concatenate(parts, axis=1)
+    parts = [r.last_obs for r in rollouts]
+    joined["last_obs"] = None if any(p is None for p in parts) else np.concatenate(parts)
     return Rollout(**joined)
 
 

@@ -33,6 +33,8 @@ class Heartbeat:
     sps: float | None = None
     tasks_in_flight: int | None = None
     eval_mean_return: float | None = None  # None until a greedy evaluation has finished
+    # ASYNC: fraction of the farm's task-slot time, over the last log interval, waiting for the trainer
+    slots_waiting: float | None = None
     host: str | None = None
     pid: int | None = None
     started: float | None = None
@@ -101,7 +103,8 @@ def parse_heartbeat(raw: Mapping[str, str], now: float) -> Heartbeat | None:
         env_steps=_num(raw, "env_steps", int), total_steps=_num(raw, "total_steps", int),
         version=_num(raw, "version", int), sps=_num(raw, "sps", float),
         tasks_in_flight=_num(raw, "tasks_in_flight", int),
-        eval_mean_return=_num(raw, "eval_mean_return", float), host=raw.get("host"),
+        eval_mean_return=_num(raw, "eval_mean_return", float),
+        slots_waiting=_num(raw, "slots_waiting", float), host=raw.get("host"),
         pid=_num(raw, "pid", int), started=_num(raw, "started", float), updated=updated,
         age_s=None if updated is None else max(0.0, now - updated))
 
@@ -257,7 +260,9 @@ def render(s: Snapshot) -> Any:
         trainer = Text(hb.state, style=STATE_STYLE.get(hb.state, ""))
         trainer.append(f"\n{hb.host or '?'}:{hb.pid or '?'}, {format_age(hb.age_s)} ago", style="dim")
         steps = _progress(hb) + ("" if hb.sps is None else f"\n{hb.sps:,.0f} SPS")
-        runs.add_row(run, policy, trainer, steps,
-                     "-" if hb.tasks_in_flight is None else str(hb.tasks_in_flight),
+        in_flight = "-" if hb.tasks_in_flight is None else str(hb.tasks_in_flight)
+        if hb.slots_waiting is not None:  # ASYNC: how much of the farm waits for the learner
+            in_flight += f"\n{100 * hb.slots_waiting:.0f}% of slots waiting for the trainer"
+        runs.add_row(run, policy, trainer, steps, in_flight,
                      "-" if hb.eval_mean_return is None else f"{hb.eval_mean_return:.1f}")
     return Group(header, workers, runs)

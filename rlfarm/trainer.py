@@ -24,6 +24,7 @@ import math
 import os
 import socket
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -35,7 +36,7 @@ from rich.console import Console
 from rlfarm import checkpoint, codec, logs
 from rlfarm.algos import check_mode, learner
 from rlfarm.celery_app import make_app
-from rlfarm.config import ConfigError, RunConfig, to_dict
+from rlfarm.config import ConfigError, RunConfig, check_results_per_update, to_dict
 from rlfarm.dispatch import Dispatcher
 from rlfarm.envs import describe
 from rlfarm.metrics import RunLogger
@@ -129,7 +130,7 @@ class Trainer:
 
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)  # the network's initial weights
-        self.algo = learner(config.algo)(config, self.space, self.device)
+        self.algo = learner(config.algo, config.mode)(config, self.space, self.device)
         self.logger: RunLogger | None = None
         farm = config.farm
         self.dispatcher = Dispatcher(self.app, self.client, config.run_id, farm.task_timeout,
@@ -198,6 +199,7 @@ class Trainer:
             "env_steps": self.env_steps, "total_steps": cfg.total_steps, "version": self.version,
             "sps": f"{self._sps:.1f}", "tasks_in_flight": int(farm["farm/tasks_in_flight"]),
             "eval_mean_return": f"{self.eval_mean_return:.2f}", "host": socket.gethostname(),
+            **({"slots_waiting": f"{farm['farm/slots_waiting']:.3f}"} if "farm/slots_waiting" in farm else {}),
             "pid": os.getpid(), "started": f"{self.wall_start:.3f}", "updated": f"{time.time():.3f}"})
 
     def publish(self) -> None:
@@ -547,17 +549,30 @@ class SyncTrainer(Trainer):
 
 class AsyncTrainer(Trainer):
     LOG_SECONDS = 1.0
+    PUMP_SECONDS = 0.005  # during a long update, look for results and send tasks this often
 
     def __init__(self, *args: Any, tasks_in_flight: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.tasks_in_flight = self.config.async_.tasks_in_flight or tasks_in_flight or 2
-        self.updates = 0  # algorithm updates; a version is published every async.publish_interval
+        cfg = self.config
+        self.tasks_in_flight = cfg.async_.tasks_in_flight or tasks_in_flight or 2
+        check_results_per_update(cfg, self.tasks_in_flight)
+        self.algo.on_farm(self.tasks_in_flight)
+        # Results received but not yet taken in by the learner. Bounded: while it is full, finished
+        # tasks are not replaced, so a slow learner slows the farm down instead of piling results up.
+        self.max_backlog = self.tasks_in_flight
+        self._backlog: deque[Result] = deque()
+        self._owed: deque[float] = deque()  # when each not-yet-replaced task finished (worker clock)
+        self._slot_wait = 0.0  # task-slot seconds spent waiting for the trainer, this log interval
+        self._slot_wait_total = 0.0
+        self._last_pump = 0.0
+        self.updates = 0  # algorithm updates; a version is published every algo.publish_every
         self._task_counter = 0
         self._lags: list[int] = []
         self.lag_counts: dict[int, int] = {}  # whole-run histogram of policy lag, consumed or dropped
         # NaN until learning starts, so every progress.csv row has the same columns.
         self._losses = dict.fromkeys(self.algo.loss_keys, math.nan)
         self._last_log = 0.0
+        self._interval_start = time.perf_counter()
 
     @property
     def progress(self) -> float:
@@ -568,20 +583,51 @@ class AsyncTrainer(Trainer):
         self.dispatcher.submit(TaskSpec(cfg.run_id, "rollout", self._task_counter, 0, "latest", cfg.seed,
                                         steps=cfg.farm.steps_per_env, act=self.task_options(self.progress)))
         self._task_counter += 1
+        if self._owed:  # this task takes the slot a finished one left: it waited this long
+            waited = max(0.0, time.time() - self._owed.popleft())
+            self._slot_wait += waited
+            self._slot_wait_total += waited
+
+    def refill(self) -> None:
+        """Keep `tasks_in_flight` rollout tasks on the farm while the backlog has room."""
+        running = sum(1 for key in self.dispatcher.pending if key[0] == "rollout")
+        while self._owed and running < self.tasks_in_flight and len(self._backlog) < self.max_backlog:
+            self.dispatch_one()
+            running += 1
+
+    def receive(self, timeout: float) -> None:
+        """Take in what has arrived: evaluations at once, rollouts into the backlog (each leaves a
+        slot to refill); then refill. Waits at most `timeout` seconds for something to arrive."""
+        while len(self._backlog) < self.max_backlog:  # full: results wait in Redis, tasks are not replaced
+            message = self.dispatcher.next_result(timeout=timeout)
+            if message is None:
+                break
+            if message.kind == "eval":
+                self.handle_eval(message)
+            else:
+                self._backlog.append(message)
+                self._owed.append(message.finished or time.time())
+            timeout = 0
+        self.refill()
+
+    def pump(self) -> None:
+        """Called between the learner's steps: results keep being received and tasks sent."""
+        now = time.perf_counter()
+        if now - self._last_pump >= self.PUMP_SECONDS:
+            self._last_pump = now
+            self.receive(timeout=0)
 
     def train_loop(self) -> None:
         cfg = self.config
         for _ in range(self.tasks_in_flight):
             self.dispatch_one()
         while self.env_steps < cfg.total_steps:
-            message = self.dispatcher.next_result(timeout=1.0)
-            if message is not None:
-                if message.kind == "eval":
-                    self.handle_eval(message)
-                else:
-                    self.dispatch_one()  # keep the workers busy before spending time learning
-                    self.consume(message)
-                    self.maybe_evaluate()
+            if not self._backlog:
+                self.receive(timeout=1.0)
+            if self._backlog:
+                self.consume(self._backlog.popleft())
+                self.refill()
+                self.maybe_evaluate()
             if time.perf_counter() - self._last_log >= self.LOG_SECONDS:
                 self.log()
                 if self._stop_requested:
@@ -607,13 +653,20 @@ class AsyncTrainer(Trainer):
                              message.version)
         self.algo.observe(rollout, policy_lag=lag)
         while self.algo.ready():
-            self._losses = self.algo.update(self.progress)
+            self._losses = self.algo.update(self.progress, between=self.pump)
             self.updates += 1
-            if self.updates % cfg.async_.publish_interval == 0:
+            if self.updates % self.algo.publish_every == 0:
                 self.version += 1
                 self.publish()
                 self.save_checkpoint()
+            self.pump()
         self._sps = self.env_steps / (time.perf_counter() - self.start)
+
+    def slots_waiting(self) -> float:
+        """The fraction of the farm's task-slot time, over the last log interval, spent waiting for
+        the trainer (a task finished, its replacement not yet sent)."""
+        elapsed = time.perf_counter() - self._interval_start
+        return min(1.0, self._slot_wait / (self.tasks_in_flight * elapsed)) if elapsed > 0 else 0.0
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors, state = super().checkpoint_state()
@@ -628,12 +681,15 @@ class AsyncTrainer(Trainer):
         self.lag_counts = {int(k): v for k, v in state["lag_counts"].items()}
 
     def summary_extras(self) -> dict[str, Any]:
-        return {"policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())}}
+        elapsed = time.perf_counter() - self.start
+        return {"policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
+                "slots_waiting": round(self._slot_wait_total / (self.tasks_in_flight * elapsed), 4)
+                if elapsed > 0 else 0.0}
 
     def log(self) -> None:
         self._last_log = time.perf_counter()
         lags = np.asarray(self._lags or [0])
-        farm = self.farm_scalars()
+        farm = {**self.farm_scalars(), "farm/slots_waiting": self.slots_waiting(), "farm/backlog": len(self._backlog)}
         self.log_step({
             "policy_version": self.version,
             "charts/SPS": self._sps,
@@ -646,6 +702,7 @@ class AsyncTrainer(Trainer):
             "eval/mean_return": self.eval_mean_return,
             **self._losses,
         })
+        self._slot_wait, self._interval_start = 0.0, time.perf_counter()
         if self._lags:
             self.logger.histogram("farm/policy_lag_distribution", lags, self.env_steps)
         self._lags = []

@@ -139,6 +139,7 @@ class RolloutWorker:
                               keep_next_obs=bool(spec.act.get("keep_next_obs", False)))
             result.rollout = rollout.to_dict()
         result.duration = time.perf_counter() - started
+        result.finished = time.time()
         return result
 
     def _single_env(self, env_id: str) -> Any:

@@ -23,13 +23,14 @@ OVERRIDES = ["dqn.learning_starts=0", "dqn.batch_size=32", "dqn.buffer_size=4096
              "policy.cnn_features=32", "policy.hidden_sizes=[32, 32]"]
 
 
-def make(algo: str, env: str, seed: int = 0):
-    cfg = C.build(None, [f"algo={algo}", f"env.id={env}", "env.num_envs=2", "farm.num_tasks=1",
+def make(algo: str, env: str, seed: int = 0, mode: str | None = None):
+    mode = mode or next(iter(C.ALGORITHMS[algo].modes))
+    cfg = C.build(None, [f"algo={algo}", f"mode={mode}", f"env.id={env}", "env.num_envs=2", "farm.num_tasks=1",
                          "farm.steps_per_env=64", "ppo.num_minibatches=2", "ppo.update_epochs=2", *OVERRIDES],
                   seed=seed)
     spec = describe(env)
     torch.manual_seed(seed)
-    return learner(algo)(cfg, spec, torch.device("cpu")), spec
+    return learner(algo, mode)(cfg, spec, torch.device("cpu")), spec
 
 
 def rollout_for(algorithm, env: str, seed: int):
@@ -53,12 +54,14 @@ def params(algorithm) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in algorithm.state().items()}
 
 
-CASES = [(algo, kind) for algo in names() for kind in ENVS]
+# Every learner: each algorithm in each mode it runs in (PPO's ASYNC learner is APPO).
+LEARNERS = [(algo, mode) for algo in names() for mode in C.ALGORITHMS[algo].modes]
+CASES = [(algo, mode, kind) for algo, mode in LEARNERS for kind in ENVS]
 
 
-@pytest.mark.parametrize("algo, kind", CASES)
-def test_one_update_changes_parameters_with_finite_losses(algo, kind):
-    algorithm, _ = make(algo, ENVS[kind])
+@pytest.mark.parametrize("algo, mode, kind", CASES)
+def test_one_update_changes_parameters_with_finite_losses(algo, mode, kind):
+    algorithm, _ = make(algo, ENVS[kind], mode=mode)
     before = params(algorithm)
     metrics = train_once(algorithm, rollout_for(algorithm, ENVS[kind], seed=3))
     assert set(type(algorithm).loss_keys) <= set(metrics)
@@ -68,18 +71,18 @@ def test_one_update_changes_parameters_with_finite_losses(algo, kind):
     assert changed, "an update left every parameter as it was"
 
 
-@pytest.mark.parametrize("algo, kind", CASES)
-def test_checkpoint_restore_update_is_bit_identical(algo, kind):
+@pytest.mark.parametrize("algo, mode, kind", CASES)
+def test_checkpoint_restore_update_is_bit_identical(algo, mode, kind):
     env = ENVS[kind]
-    first, second = rollout_for(make(algo, env, seed=1)[0], env, seed=5), None
-    whole, _ = make(algo, env)
+    first, second = rollout_for(make(algo, env, seed=1, mode=mode)[0], env, seed=5), None
+    whole, _ = make(algo, env, mode=mode)
     train_once(whole, first)
     tensors, state = whole.checkpoint()
     tensors = {k: v.clone() for k, v in tensors.items()}  # as written to the file: not views of live state
     second = rollout_for(whole, env, seed=9)
     train_once(whole, second)
 
-    resumed, _ = make(algo, env, seed=42)  # other initial weights: all of them must come from the checkpoint
+    resumed, _ = make(algo, env, seed=42, mode=mode)  # other initial weights: all of them must come from the checkpoint
     resumed.restore(tensors, state)
     train_once(resumed, second)
     a, b = whole.state(), resumed.state()
@@ -140,7 +143,8 @@ def test_each_algorithm_checks_its_own_config_and_spaces():
         C.build("cartpole-dqn", ["dqn.tau=0"])
     with pytest.raises(C.ConfigError, match="needs a discrete action space"):
         C.ALGORITHMS["dqn"].check_spaces(describe("Pendulum-v1"))
-    with pytest.raises(C.ConfigError, match="algo 'ppo' cannot run in --mode async"):
-        C.ALGORITHMS["ppo"].check_mode("async")
+    with pytest.raises(C.ConfigError, match="algo 'dqn' cannot run in --mode sync"):
+        C.ALGORITHMS["dqn"].check_mode("sync")
+    C.ALGORITHMS["ppo"].check_mode("async")  # APPO
     with pytest.raises(C.ConfigError, match="unknown algo 'dqnn' \\(did you mean dqn\\?\\)"):
         C.build("cartpole-dqn", ["algo=dqnn"])

@@ -49,8 +49,8 @@ def test_train_embedded_from_python_with_evaluations_and_a_best_policy(tmp_path)
 def test_bad_input_is_an_exception_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key 'ppo.gama'"):
         rlfarm.train("cartpole-ppo", overrides={"ppo.gama": 0.9}, logdir=str(tmp_path))
-    with pytest.raises(ConfigError, match="cannot run in --mode async"):
-        rlfarm.train("cartpole-ppo", mode="async", logdir=str(tmp_path))
+    with pytest.raises(ConfigError, match="cannot run in --mode sync"):
+        rlfarm.train("cartpole-dqn", mode="sync", logdir=str(tmp_path))
     assert not any(tmp_path.iterdir())
 
 

@@ -98,3 +98,25 @@ def test_redis_memory_stays_bounded_in_a_2_minute_async_run(tmp_path):
     print(f"Redis used_memory: {memory[10]} bytes after 10 s, {memory[120]} bytes after 120 s")
     assert memory[120] <= memory[10] + 2 * 1024 * 1024
     assert_cleaned_up(run_dir, run_id)
+
+
+def test_a_slow_learner_applies_back_pressure_and_says_how_long_the_farm_waited(farm, tmp_path):
+    """APPO with a deliberately slow update (many epochs): results keep being taken in between its
+    minibatches, but never more than a bounded backlog; finished tasks wait for replacement, and the
+    fraction of slot time they waited is logged, in summary.json, and in the trainer's heartbeat."""
+    run_id = "slow-learner"
+    result = run_cli("train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(tmp_path),
+                     "--mode", "async", "--total-steps", "16384", "--set", "env.num_envs=1",
+                     "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2",
+                     "--set", "ppo.update_epochs=60", "--set", "async.tasks_in_flight=4",
+                     "--set", "async.results_per_update=1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = list(csv.DictReader(open(tmp_path / run_id / "progress.csv")))
+    assert max(int(r["farm/backlog"]) for r in rows) <= 4  # bounded: max_backlog = tasks in flight
+    waiting = [float(r["farm/slots_waiting"]) for r in rows]
+    assert all(0.0 <= w <= 1.0 for w in waiting) and max(waiting) > 0.0
+    summary = read_summary(tmp_path / run_id)
+    assert 0.0 < summary["slots_waiting"] <= 1.0
+    assert summary["env_steps"] >= 16384
+    status = redis.Redis.from_url(farm.redis_url).hgetall(f"rlfarm:{run_id}:status")
+    assert b"slots_waiting" in status

@@ -37,21 +37,23 @@ def test_presets_lists_each_with_a_line():
     (["--preset", "nope"], "unknown preset 'nope'"),
     (["--set", "ppo.gama=0.9"], "unknown config key 'ppo.gama' (did you mean ppo.gamma?)"),
     (["--set", "seed=x"], "seed: expected an integer"),
-    (["--mode", "async"], "algo 'ppo' cannot run in --mode async"),
+    (["--mode", "async", "--set", "ppo.rho_bar=0"], "ppo.rho_bar must be positive, got 0.0"),
+    (["--mode", "async", "--set", "ppo.c_bar=-1"], "ppo.c_bar must be positive, got -1.0"),
+    (["--mode", "async", "--set", "async.max_policy_lag=-1"], "async.max_policy_lag and eval.interval cannot be negative"),
+    (["--mode", "async", "--set", "async.results_per_update=5", "--workers", "2"],
+     "async.results_per_update (5) is more than the tasks ever in flight (2)"),
     (["--redis", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
     (["--set", "ppo.num_minibatches=3"], "must divide the steps per iteration"),
     (["--preset", "cartpole-dqn", "--mode", "sync"], "algo 'dqn' cannot run in --mode sync"),
     (["--preset", "cartpole-dqn", "--env", "Pendulum-v1"], "needs a discrete action space"),
 ])
 def test_bad_input_fails_before_dispatch(tmp_path, args, message):
-    started = time.monotonic()
     result = run_cli("train", "--logdir", str(tmp_path), *args)
     assert result.returncode != 0
     err_lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(err_lines) == 1 and err_lines[0].startswith("rlfarm: error:"), result.stderr
     assert message in err_lines[0]
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
-    assert time.monotonic() - started < 60  # guard only; Redis must fail within its 5 s connect
 
 
 def test_train_on_external_redis_then_checkpoints_and_eval(farm, tmp_path):

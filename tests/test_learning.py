@@ -85,3 +85,26 @@ def test_same_seed_same_policy_with_1_and_3_workers(tmp_path):
         digests.append((summary["policy_sha256"], meta["sha256"], raw, summary["final_version"]))
     assert digests[0] == digests[1]
     assert digests[0][3] == 6  # 16384 / (6 x 2 x 256) = 5.33, rounded up to 6 iterations, one version each
+
+
+def test_async_ppo_as_typed_reaches_475_within_150k_steps(tmp_path):
+    """`rlfarm train --mode async`, no preset: APPO on CartPole on the embedded default."""
+    run_dir = train_embedded(tmp_path, "appo", "--mode", "async", "--seed", "1")
+    best = best_rolling_return(run_dir, within_steps=150_000)
+    print(f"rlfarm train --mode async: best rolling mean of 20 episodes within 150k steps = {best:.1f}")
+    assert best >= 475
+
+
+def test_appo_at_high_lag_corrects_with_vtrace_and_learns(tmp_path):
+    """8 tasks in flight on 2 workers and a version per result: results act with versions several
+    updates old; V-trace's weights show it (mean below 1, some clipped) and the policy still learns."""
+    run_dir = train_embedded(tmp_path, "appo-lag", "--preset", "cartpole-appo", "--seed", "1",
+                             "--set", "async.tasks_in_flight=8", "--set", "async.results_per_update=1")
+    with open(run_dir / "progress.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["vtrace/rho_mean"] != "nan"]
+    assert max(int(r["farm/policy_lag_max"]) for r in rows) >= 2
+    assert min(float(r["vtrace/rho_mean"]) for r in rows) < 0.99
+    assert max(float(r["vtrace/rho_clipped_frac"]) for r in rows) > 0.0
+    best = best_rolling_return(run_dir, within_steps=102_400)
+    print(f"cartpole-appo, 8 tasks in flight: best rolling mean of 20 episodes = {best:.1f}")
+    assert best >= 450

@@ -45,6 +45,7 @@ def test_parsing_and_rendering_without_io():
                           "sps": "oops", "updated": "100.0"}, now=103.5)
     assert (hb.state, hb.env_steps, hb.eval_mean_return, hb.sps, hb.age_s) == ("running", 10, None, None, 3.5)
     assert parse_heartbeat({}, now=0) is None
+    assert parse_heartbeat({"state": "running", "slots_waiting": "0.125"}, now=0).slots_waiting == 0.125
     workers = parse_workers({"b@h": {"pool": {"max-concurrency": 3, "processes": [7, 8, 9]},
                                      "total": {"rlfarm.rollout": 5, "rlfarm.eval": 2}},
                              "a@h": {"pool": {"max-concurrency": 4}}})

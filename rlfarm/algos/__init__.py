@@ -17,13 +17,24 @@ def names() -> list[str]:
     return sorted(ALGORITHMS)
 
 
-def learner(name: str) -> type[Algorithm]:
-    """The Algorithm class registered under `name`."""
+def learner(name: str, mode: str | None = None) -> type[Algorithm]:
+    """The Algorithm class registered under `name` for `mode` (None: any of its learners; they share
+    their networks and actors, which is all workers and `rlfarm eval` ask of them)."""
     if name not in ALGORITHMS:
         raise ConfigError(f"unknown algo {name!r}; available: {', '.join(names())}")
-    if name not in _REGISTRY:
-        importlib.import_module(f"rlfarm.algos.{name}")
-    return _REGISTRY[name]
+    modes = [mode] if mode is not None else list(ALGORITHMS[name].modes)
+    for m in modes:
+        if (name, m) not in _REGISTRY:
+            importlib.import_module(f"rlfarm.algos.{_MODULES.get((name, m), name)}")
+    for m in modes:
+        if (name, m) in _REGISTRY:
+            return _REGISTRY[(name, m)]
+    ALGORITHMS[name].check_mode(str(mode))  # raises: the algorithm does not run in this mode
+    raise ConfigError(f"no learner registered for algo {name!r} in mode {mode}")
+
+
+# Learners that live in a module not named after their algorithm.
+_MODULES = {("ppo", "async"): "appo"}
 
 
 def check_mode(algo: str, mode: str) -> None:

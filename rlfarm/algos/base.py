@@ -17,7 +17,7 @@ Adding an algorithm: a config section (an `AlgoSection` dataclass in rlfarm.conf
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +33,8 @@ class Algorithm(ABC):
     """One learner. Subclasses declare the class attributes and implement the abstract methods."""
 
     name: ClassVar[str]  # as in `algo = "..."`; its config section is rlfarm.config.ALGORITHMS[name]
+    # The modes this learner serves (PPO: sync; its ASYNC form, APPO, is another learner of the same name).
+    serves: ClassVar[tuple[str, ...]]
     head: ClassVar[str]  # the network's output module (actor, q): how a saved policy's sizes are read
     # What every rollout task of this algorithm must collect beyond the on-policy arrays: the real
     # next observation of each step and which episode ends were terminations (replay needs them).
@@ -78,8 +80,18 @@ class Algorithm(ABC):
         """Whether an update can run now on what was observed."""
 
     @abstractmethod
-    def update(self, progress: float) -> dict[str, float]:
-        """One update (PPO: the epochs over an iteration; DQN: one gradient step); its metrics."""
+    def update(self, progress: float, between: Callable[[], None] | None = None) -> dict[str, float]:
+        """One update (PPO: the epochs over an iteration; DQN: one gradient step); its metrics.
+        A long update calls `between()` now and then (after each minibatch): the ASYNC trainer keeps
+        receiving results and sending tasks there, so the farm never waits on the learner."""
+
+    def on_farm(self, tasks_in_flight: int) -> None:
+        """Told, in ASYNC mode, how many tasks the trainer keeps in flight (APPO sizes its batch by it)."""
+
+    @property
+    def publish_every(self) -> int:
+        """ASYNC: updates between published versions."""
+        return self.run_config.async_.publish_interval
 
     def scalars(self, progress: float) -> dict[str, float]:
         """Extra values for every log line (exploration rate, replay size, ...)."""
@@ -98,12 +110,13 @@ class Algorithm(ABC):
         """The inverse of `checkpoint`."""
 
 
-_REGISTRY: dict[str, type[Algorithm]] = {}
+_REGISTRY: dict[tuple[str, str], type[Algorithm]] = {}
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator: make an Algorithm findable by its name."""
-    _REGISTRY[cls.name] = cls
+    """Class decorator: make an Algorithm findable by its name and the modes it serves."""
+    for mode in cls.serves:
+        _REGISTRY[(cls.name, mode)] = cls
     return cls
 
 

@@ -10,7 +10,7 @@ hands results in and asks whether an update is ready.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 @register
 class DQN(Algorithm):
     name = "dqn"
+    serves = ("async",)
     head = "q"  # the output MLP of a saved policy (rlfarm.policy.load_network)
     collect_next_obs = True  # replay needs each step's real next observation
     loss_keys = ("losses/td_loss", "losses/q_values", "losses/grad_norm", "charts/learning_rate")
@@ -92,7 +93,7 @@ class DQN(Algorithm):
     def ready(self) -> bool:
         return self.grad_budget >= 1.0
 
-    def update(self, progress: float) -> dict[str, float]:
+    def update(self, progress: float, between: Callable[[], None] | None = None) -> dict[str, float]:
         """One gradient step on a replayed batch; PER's beta anneals from per_beta to 1 over the run."""
         cfg = self.config
         beta = cfg.per_beta + (1.0 - cfg.per_beta) * progress

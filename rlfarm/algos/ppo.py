@@ -5,7 +5,7 @@ SYNC only: one update per iteration, on the whole group of tasks acted with the 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ class PPO(Algorithm):
     """Owns the policy and its optimizer; `update` runs the minibatch epochs on one iteration."""
 
     name = "ppo"
+    serves = ("sync",)
     head = "actor"  # the output MLP of a saved policy (rlfarm.policy.load_network)
     loss_keys = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
                  "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "losses/early_stopped")
@@ -73,24 +74,36 @@ class PPO(Algorithm):
     def ready(self) -> bool:
         return self._rollout is not None
 
-    def update(self, progress: float) -> dict[str, float]:
+    def update(self, progress: float, between: Callable[[], None] | None = None) -> dict[str, float]:
         rollout, self._rollout = self._rollout, None
         return self.train(rollout, progress_remaining=1.0 - progress)
 
     def train(self, rollout: Rollout, progress_remaining: float) -> dict[str, float]:
         cfg = self.config
-        if cfg.anneal_lr:
-            for group in self.optimizer.param_groups:
-                group["lr"] = progress_remaining * cfg.learning_rate
+        self._anneal(progress_remaining)
         advantages, returns = compute_gae(rollout, cfg.gamma, cfg.gae_lambda)
+        return self._optimize(rollout, rollout.logprobs, rollout.values, advantages, returns)
 
+    def _anneal(self, progress_remaining: float) -> None:
+        if self.config.anneal_lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = progress_remaining * self.config.learning_rate
+
+    def _optimize(self, rollout: Rollout, logprobs: np.ndarray, values: np.ndarray, advantages: np.ndarray,
+                  returns: np.ndarray, impala_loss: bool = False,
+                  between: Callable[[], None] | None = None) -> dict[str, float]:
+        """Minibatch epochs on (T, N) arrays: the clipped surrogate against `logprobs` (or, with
+        `impala_loss`, the IMPALA policy gradient -log pi(a) * advantage), the value loss towards
+        `returns` (clipped around `values` with clip_vloss) and the entropy bonus. `between()` runs after
+        each minibatch (the ASYNC trainer keeps the farm fed there)."""
+        cfg = self.config
         dev = self.device
         steps = rollout.num_steps  # T x N, flattened: observations keep their shape and dtype
         b_obs = torch.as_tensor(rollout.obs.reshape(steps, *rollout.obs.shape[2:])).to(dev)
         act = rollout.actions
         b_actions = torch.as_tensor(act.reshape(-1) if act.ndim == 2 else act.reshape(-1, act.shape[-1])).to(dev)
-        b_logprobs = torch.as_tensor(rollout.logprobs.reshape(-1)).to(dev)
-        b_values = torch.as_tensor(rollout.values.reshape(-1)).to(dev)
+        b_logprobs = torch.as_tensor(logprobs.reshape(-1)).to(dev)
+        b_values = torch.as_tensor(values.reshape(-1)).to(dev)
         b_adv = torch.as_tensor(advantages.reshape(-1)).to(dev)
         b_returns = torch.as_tensor(returns.reshape(-1)).to(dev)
 
@@ -111,9 +124,12 @@ class PPO(Algorithm):
                 mb_adv = b_adv[mb]
                 if cfg.norm_adv:
                     mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                pg_loss1 = -mb_adv * ratio
-                pg_loss2 = -mb_adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
-                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+                if impala_loss:
+                    pg_loss = -(mb_adv * newlogprob).mean()
+                else:
+                    pg_loss1 = -mb_adv * ratio
+                    pg_loss2 = -mb_adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                 if cfg.clip_vloss:
                     v_loss_unclipped = (newvalue - b_returns[mb]) ** 2
@@ -128,6 +144,8 @@ class PPO(Algorithm):
                 loss.backward()
                 nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
+                if between is not None:
+                    between()
             if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
                 stopped = True
                 break

@@ -1,0 +1,139 @@
+"""APPO: PPO on the ASYNC farm, corrected for policy lag with V-trace (Espeholt et al. 2018, IMPALA).
+
+Tasks act with the newest version when they start and return their behaviour log-probabilities.
+The learner takes `K` results per update (`async.results_per_update`), recomputes the target
+log-probabilities and values with its current network, and computes V-trace targets `vs` and
+policy-gradient advantages with truncated importance weights (`ppo.rho_bar`, `ppo.c_bar`); then it
+runs PPO's minibatch epochs: the clipped surrogate against the behaviour log-probabilities (or the
+IMPALA policy-gradient loss, `ppo.pg_loss = "impala"`), the value loss towards `vs` and the entropy
+bonus. Truncated episodes bootstrap from the behaviour critic's value of the real final observation
+(the worker computes it), task ends from the learner's value of the last observation.
+
+With `ppo.vtrace = false` the data is treated as on-policy (GAE on the behaviour values, as SYNC
+does): the ablation that shows what the correction buys at high lag.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from rlfarm.algos.base import register
+from rlfarm.algos.ppo import PPO, compute_gae
+from rlfarm.config import RunConfig
+from rlfarm.envs import SpaceSpec
+from rlfarm.rollout import Rollout, concat
+
+
+def vtrace(behaviour_logprobs: np.ndarray, target_logprobs: np.ndarray, rewards: np.ndarray,
+           values: np.ndarray, dones: np.ndarray, final_values: np.ndarray, last_values: np.ndarray,
+           gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0, lam: float = 1.0
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """V-trace targets and policy-gradient advantages for (T, N) arrays; also the raw ratios pi/mu.
+
+        rho_t = min(rho_bar, pi/mu),  c_t = lam * min(c_bar, pi/mu)
+        delta_t = rho_t (r_t + gamma V(x_{t+1}) - V(x_t))
+        vs_t - V(x_t) = delta_t + gamma c_t (vs_{t+1} - V(x_{t+1}))
+        advantage_t = rho_t (r_t + gamma vs_{t+1} - V(x_t))
+
+    At a step where the episode ended, V(x_{t+1}) and vs_{t+1} are `final_values` (0 when it
+    terminated, the real final observation's value when truncated) and nothing flows back from the
+    next episode; after the last step they are `last_values`. With rho_bar = c_bar = lam = 1 and pi = mu
+    this is the n-step return to the end of the task.
+    """
+    ratios = np.exp(target_logprobs.astype(np.float64) - behaviour_logprobs.astype(np.float64))
+    rhos = np.minimum(rho_bar, ratios)
+    cs = lam * np.minimum(c_bar, ratios)
+    values = values.astype(np.float64)
+    rewards = rewards.astype(np.float64)
+    next_values = np.empty_like(values)
+    next_values[:-1] = values[1:]
+    next_values[-1] = last_values
+    next_values = np.where(dones, final_values, next_values)
+    deltas = rhos * (rewards + gamma * next_values - values)
+    vs_minus_v = np.zeros_like(values)
+    carry = np.zeros(values.shape[1])
+    for t in reversed(range(len(values))):
+        carry = deltas[t] + gamma * cs[t] * np.where(dones[t], 0.0, carry)
+        vs_minus_v[t] = carry
+    vs = values + vs_minus_v
+    next_vs = np.empty_like(vs)
+    next_vs[:-1] = vs[1:]
+    next_vs[-1] = last_values
+    next_vs = np.where(dones, final_values, next_vs)
+    advantages = rhos * (rewards + gamma * next_vs - values)
+    return vs.astype(np.float32), advantages.astype(np.float32), ratios
+
+
+@register
+class APPO(PPO):
+    """PPO in ASYNC mode: batches of K results, V-trace, a version published after every update."""
+
+    serves = ("async",)
+    loss_keys = (*PPO.loss_keys, "vtrace/rho_mean", "vtrace/rho_clipped_frac", "vtrace/policy_lag_mean")
+
+    def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
+        super().__init__(config, spec, device)
+        self.results_per_update = max(1, config.async_.results_per_update or 1)
+        self._results: list[tuple[Rollout, int]] = []
+
+    def on_farm(self, tasks_in_flight: int) -> None:
+        # auto: one result from each task in flight. Fewer per update (more, smaller updates) took more
+        # env steps and more time to solve CartPole (benchmarks/appo.py, 2 cores).
+        if not self.run_config.async_.results_per_update:
+            self.results_per_update = max(1, tasks_in_flight)
+
+    @property
+    def publish_every(self) -> int:
+        return 1  # every update is a batch of whole results: publish it, so lag stays small
+
+    def observe(self, rollout: Rollout, policy_lag: int) -> None:
+        self._results.append((rollout, policy_lag))
+
+    def ready(self) -> bool:
+        return len(self._results) >= self.results_per_update
+
+    def update(self, progress: float, between: Callable[[], None] | None = None) -> dict[str, float]:
+        cfg = self.config
+        taken, self._results = self._results[:self.results_per_update], self._results[self.results_per_update:]
+        rollout = concat([r for r, _ in taken])
+        self._anneal(1.0 - progress)
+        target_logprobs, values, last_values = self._evaluate(rollout)
+        if cfg.vtrace:
+            returns, advantages, ratios = vtrace(
+                rollout.logprobs, target_logprobs, rollout.rewards, values, rollout.dones,
+                rollout.final_values, last_values, cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.gae_lambda)
+        else:  # the ablation: lagged data taken as on-policy
+            values = rollout.values
+            advantages, returns = compute_gae(rollout, cfg.gamma, cfg.gae_lambda)
+            ratios = np.exp(target_logprobs.astype(np.float64) - rollout.logprobs)
+        # Decoupled clipping (Hilton et al. 2021): the surrogate clips the ratio to the policy as it
+        # was when this update began (the proximal policy), not to the lagged behaviour policy; the
+        # behaviour correction is V-trace's truncated weight, already inside the advantages.
+        proximal = target_logprobs if cfg.vtrace else rollout.logprobs
+        metrics = self._optimize(rollout, proximal, values, advantages, returns,
+                                 impala_loss=cfg.pg_loss == "impala", between=between)
+        metrics["vtrace/rho_mean"] = float(np.minimum(cfg.rho_bar, ratios).mean())
+        # (a hair above rho_bar: numpy acting and torch learning differ in the last float bits)
+        metrics["vtrace/rho_clipped_frac"] = float((ratios > cfg.rho_bar * (1 + 1e-5)).mean())
+        metrics["vtrace/policy_lag_mean"] = float(np.mean([lag for _, lag in taken]))
+        return metrics
+
+    @torch.no_grad()
+    def _evaluate(self, rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Target log-probabilities and values (T, N) of the behaviour's actions under the current
+        network, and its values of the observations after the last step (N,)."""
+        T, N = rollout.rewards.shape
+        obs = torch.as_tensor(rollout.obs.reshape(T * N, *rollout.obs.shape[2:])).to(self.device)
+        act = rollout.actions
+        actions = torch.as_tensor(act.reshape(T * N, *act.shape[2:])).to(self.device)
+        logprobs, _, values = self.policy.evaluate(obs, actions)
+        last_obs = rollout.last_obs if rollout.last_obs is not None else None
+        if last_obs is None:
+            last_values = rollout.last_values
+        else:
+            last_values = self.policy.get_value(torch.as_tensor(last_obs).to(self.device)).cpu().numpy()
+        return (logprobs.cpu().numpy().reshape(T, N), values.cpu().numpy().reshape(T, N),
+                np.asarray(last_values, np.float64))

@@ -1,0 +1,64 @@
+"""V-trace (rlfarm.algos.appo.vtrace) against numbers worked out by hand on a 5-step trajectory of one
+env: an episode that terminates at t=1, one truncated at t=3 (bootstrapped from its real final
+observation's value, 5.0), and one cut by the end of the task at t=4 (bootstrapped from 7.0)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlfarm.algos.appo import vtrace
+
+GAMMA = 0.9
+REWARDS = np.array([[1.0], [2.0], [3.0], [4.0], [5.0]])
+VALUES = np.array([[0.5], [1.0], [1.5], [2.0], [2.5]])
+DONES = np.array([[False], [True], [False], [True], [False]])
+FINAL_VALUES = np.array([[0.0], [0.0], [0.0], [5.0], [0.0]])  # t=1 terminated: 0; t=3 truncated: V(final)
+LAST_VALUES = np.array([7.0])
+MU = np.log(np.array([[0.4], [0.6], [0.5], [0.2], [0.8]]))  # behaviour probabilities of the actions taken
+RATIOS = np.array([[2.0], [0.5], [1.0], [3.0], [0.25]])  # pi / mu
+PI = MU + np.log(RATIOS)
+
+
+def run(target=PI, **kwargs):
+    return vtrace(MU, target, REWARDS, VALUES, DONES, FINAL_VALUES, LAST_VALUES, GAMMA, **kwargs)
+
+
+def test_vtrace_targets_and_advantages_by_hand():
+    vs, adv, ratios = run(rho_bar=1.0, c_bar=1.0)
+    np.testing.assert_allclose(ratios, RATIOS)
+    # rho = c = min(1, pi/mu) = [1, .5, 1, 1, .25]
+    # delta_t = rho_t (r_t + g V_next - V_t), V_next: V1, 0 (terminated), V3, 5 (truncated), 7 (task end)
+    # d0 = 1.4, d1 = .5 (2 - 1), d2 = 3 + 1.8 - 1.5 = 3.3, d3 = 4 + 4.5 - 2 = 6.5, d4 = .25 (5 + 6.3 - 2.5) = 2.2
+    # vs4 = 2.5 + 2.2; vs3 = 2 + 6.5; vs2 = 1.5 + 3.3 + .9 * 1 * 6.5; vs1 = 1 + .5; vs0 = .5 + 1.4 + .9 * 1 * .5
+    np.testing.assert_allclose(vs[:, 0], [2.35, 1.5, 10.65, 8.5, 4.7], rtol=1e-6)
+    # adv_t = rho_t (r_t + g vs_next - V_t), vs_next: vs1, 0, vs3, 5, 7
+    np.testing.assert_allclose(adv[:, 0], [1.85, 0.5, 9.15, 6.5, 2.2], rtol=1e-6)
+
+
+def test_rho_bar_truncates_the_weights():
+    vs, adv, _ = run(rho_bar=0.5, c_bar=1.0)  # rho = [.5, .5, .5, .5, .25]
+    # d3 = .5 * 6.5 = 3.25 -> vs3 = 5.25; adv3 = .5 * (4 + 4.5 - 2) = 3.25
+    assert vs[3, 0] == pytest.approx(5.25) and adv[3, 0] == pytest.approx(3.25)
+    # c_bar = 1 keeps c0 = 1: vs0 = .5 + .5 * 1.4 + .9 * 1 * (vs1 - 1), vs1 = 1 + .5 * .5 * 2 ... by hand:
+    # d1 = .5 * (2 - 1) = .5 -> vs1 = 1.5; d0 = .5 * 1.4 = .7 -> vs0 = .5 + .7 + .9 * .5 = 1.65
+    assert vs[0, 0] == pytest.approx(1.65)
+
+
+def test_on_policy_with_unit_weights_is_the_n_step_return():
+    vs, adv, ratios = run(target=MU, rho_bar=1.0, c_bar=1.0, lam=1.0)
+    assert np.all(ratios == 1.0)
+    # discounted rewards to the end of each piece, plus the bootstrap where it was cut
+    np.testing.assert_allclose(vs[:, 0], [1 + 0.9 * 2, 2, 3 + 0.9 * (4 + 0.9 * 5), 4 + 0.9 * 5, 5 + 0.9 * 7],
+                               rtol=1e-6)
+    # and the advantage is the one-step TD error towards those targets
+    np.testing.assert_allclose(adv[:, 0], [1 + 0.9 * 2 - 0.5, 2 - 1, 3 + 0.9 * 8.5 - 1.5, 4 + 4.5 - 2, 5 + 6.3 - 2.5],
+                               rtol=1e-6)
+
+
+def test_envs_are_independent_columns():
+    two = lambda a: np.concatenate([a, a[::-1] * 0 + a], axis=1)  # noqa: E731 - the same env twice
+    vs, adv, _ = vtrace(two(MU), two(PI), two(REWARDS), two(VALUES), two(DONES), two(FINAL_VALUES),
+                        np.array([7.0, 7.0]), GAMMA)
+    np.testing.assert_allclose(vs[:, 0], vs[:, 1])
+    np.testing.assert_allclose(adv[:, 0], [1.85, 0.5, 9.15, 6.5, 2.2], rtol=1e-6)
