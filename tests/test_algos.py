@@ -148,3 +148,13 @@ def test_each_algorithm_checks_its_own_config_and_spaces():
     C.ALGORITHMS["ppo"].check_mode("async")  # APPO
     with pytest.raises(C.ConfigError, match="unknown algo 'dqnn' \\(did you mean dqn\\?\\)"):
         C.build("cartpole-dqn", ["algo=dqnn"])
+
+
+@pytest.mark.parametrize("mode", list(C.ALGORITHMS["ppo"].modes))
+def test_ppo_learners_take_continuous_actions(mode):
+    """SYNC PPO and APPO on a Box action space (Pendulum): finite losses, changed parameters."""
+    algorithm, _ = make("ppo", "Pendulum-v1", mode=mode)
+    before = params(algorithm)
+    metrics = train_once(algorithm, rollout_for(algorithm, "Pendulum-v1", seed=4))
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert any(not torch.equal(before[k], v) for k, v in algorithm.state().items())
