@@ -34,17 +34,19 @@ def train_embedded(tmp_path, run_id, *args):
     return run_dir
 
 
+def best_of_run(tmp_path, run_id: str, label: str, within_steps: int, *args: str) -> float:
+    """Train on the embedded default; the best rolling mean of 20 episodes within `within_steps`."""
+    best = best_rolling_return(train_embedded(tmp_path, run_id, *args), within_steps=within_steps)
+    print(f"{label}: best rolling mean of 20 episodes within {within_steps // 1000}k steps = {best:.1f}")
+    return best
+
+
 def test_cartpole_ppo_solves_within_100k_steps(tmp_path):
-    run_dir = train_embedded(tmp_path, "cartpole", "--preset", "cartpole-ppo", "--workers", "2")
-    best = best_rolling_return(run_dir, within_steps=100_000)
-    print(f"cartpole-ppo: best rolling mean of 20 episodes within 100k steps = {best:.1f}")
-    assert best >= 475
+    assert best_of_run(tmp_path, "cartpole", "cartpole-ppo", 100_000, "--preset", "cartpole-ppo", "--workers", "2") >= 475
 
 
 def test_pendulum_ppo_learns_within_200k_steps(tmp_path):
-    run_dir = train_embedded(tmp_path, "pendulum", "--preset", "pendulum-ppo", "--workers", "2")
-    best = best_rolling_return(run_dir, within_steps=200_000)
-    print(f"pendulum-ppo: best rolling mean of 20 episodes within 200k steps = {best:.1f}")
+    best = best_of_run(tmp_path, "pendulum", "pendulum-ppo", 200_000, "--preset", "pendulum-ppo", "--workers", "2")
     assert best >= -700  # random play is about -1200
 
 
@@ -89,10 +91,7 @@ def test_same_seed_same_policy_with_1_and_3_workers(tmp_path):
 
 def test_async_ppo_as_typed_reaches_475_within_150k_steps(tmp_path):
     """`rlfarm train --mode async`, no preset: APPO on CartPole on the embedded default."""
-    run_dir = train_embedded(tmp_path, "appo", "--mode", "async", "--seed", "1")
-    best = best_rolling_return(run_dir, within_steps=150_000)
-    print(f"rlfarm train --mode async: best rolling mean of 20 episodes within 150k steps = {best:.1f}")
-    assert best >= 475
+    assert best_of_run(tmp_path, "appo", "rlfarm train --mode async", 150_000, "--mode", "async", "--seed", "1") >= 475
 
 
 def test_appo_at_high_lag_corrects_with_vtrace_and_learns(tmp_path):
