@@ -79,12 +79,22 @@ class HangingEnv(SlowEnv):
         import time
 
         marker = os.environ.get("RLFARM_TEST_HANG_MARKER", "")
-        if not self.once or (marker and not os.path.exists(marker)):
-            if marker:
-                open(marker, "w").close()
+        if not self.once or (marker and _first_to_create(marker)):
             while True:
                 time.sleep(3600)
         return super().step(action)
+
+
+def _first_to_create(path: str) -> bool:
+    """Create `path` if no process has yet; True only for the one that did (O_EXCL: two processes
+    stepping at the same moment cannot both see it missing and both hang)."""
+    import os
+
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
 
 
 def hang() -> gym.Env:

@@ -109,11 +109,10 @@ class APPO(PPO):
             values = rollout.values
             advantages, returns = compute_gae(rollout, cfg.gamma, cfg.gae_lambda)
             ratios = np.exp(target_logprobs.astype(np.float64) - rollout.logprobs)
-        # Decoupled clipping (Hilton et al. 2021): the surrogate clips the ratio to the policy as it
-        # was when this update began (the proximal policy), not to the lagged behaviour policy; the
-        # behaviour correction is V-trace's truncated weight, already inside the advantages.
-        proximal = target_logprobs if cfg.vtrace else rollout.logprobs
-        metrics = self._optimize(rollout, proximal, values, advantages, returns,
+        # The surrogate's ratio is to the behaviour policy, as in APPO: clipping then also bounds how
+        # far an update moves from what acted. (Clipping to the policy as the update began, "decoupled"
+        # PPO, solved CartPole ~20 % faster at low lag but collapsed in 1 of 5 runs at a lag of 10.)
+        metrics = self._optimize(rollout, rollout.logprobs, values, advantages, returns,
                                  impala_loss=cfg.pg_loss == "impala", between=between)
         metrics["vtrace/rho_mean"] = float(np.minimum(cfg.rho_bar, ratios).mean())
         # (a hair above rho_bar: numpy acting and torch learning differ in the last float bits)
