@@ -21,11 +21,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_sb3 import ROOT, THRESHOLD, WINDOW, rlfarm_time_to_solve, sb3_time_to_solve  # noqa: E402
+from vs_sb3 import ROOT, THRESHOLD, WINDOW, rlfarm_time_to_solve, rolling_solve, sb3_time_to_solve  # noqa: E402
 
 HIGH_LAG = ("--set", "async.tasks_in_flight=8", "--set", "async.results_per_update=1")
 
@@ -41,17 +40,10 @@ def ablation_run(seed: int, vtrace: bool) -> tuple[float, int, float, int]:
                         "--seed", str(seed), "--logdir", tmp, "--run-id", "lag", *HIGH_LAG,
                         "--set", f"ppo.vtrace={'true' if vtrace else 'false'}"],
                        check=True, capture_output=True, cwd=ROOT)
-        solved, best, returns = (math.nan, -1), -math.inf, deque(maxlen=WINDOW)
-        with open(Path(tmp) / "lag" / "episodes.csv") as f:
-            for row in csv.DictReader(f):
-                returns.append(float(row["episodic_return"]))
-                if len(returns) == WINDOW:
-                    best = max(best, sum(returns) / WINDOW)
-                    if best >= THRESHOLD and math.isnan(solved[0]):
-                        solved = (float(row["wall_time"]), int(row["global_step"]))
+        seconds, steps, best = rolling_solve(Path(tmp) / "lag" / "episodes.csv")
         with open(Path(tmp) / "lag" / "progress.csv") as f:
             lag = max(int(r["farm/policy_lag_max"]) for r in csv.DictReader(f))
-        return solved[0], solved[1], best, lag
+        return seconds, steps, best, lag
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from celery import Celery
 
-from rlfarm.protocol import EVAL_TASK, ROLLOUT_TASK  # noqa: E402,F401 - the task names live with the protocol
+from rlfarm.protocol import EVAL_TASK, ROLLOUT_TASK  # noqa: F401 - the task names live with the protocol
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -53,13 +53,6 @@ class TaskLostError(RuntimeError):
     """A task was re-sent max_redispatch times and still produced no result."""
 
 
-def task_key(spec_or_result: TaskSpec | Result | dict[str, Any]) -> Key:
-    if isinstance(spec_or_result, TaskSpec | Result):
-        return spec_or_result.key
-    m = spec_or_result
-    return (m.get("kind", "rollout"), m.get("iteration"), m.get("index"))
-
-
 def describe_key(key: Key) -> str:
     return f"task {key[0]} (iteration {key[1]}, index {key[2]})"
 

@@ -135,13 +135,6 @@ class Result:
                 out[f.name] = value
         return out
 
-    def __getitem__(self, name: str) -> Any:  # read like the message it came as: result["rollout"]
-        return getattr(self, name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        value = getattr(self, name, None)
-        return default if value is None else value
-
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> "Result":
         known = {f.name for f in dataclasses.fields(cls)}

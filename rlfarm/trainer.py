@@ -241,9 +241,7 @@ class Trainer:
             act["keep_next_obs"] = True
         return act
 
-    def handle_eval(self, message: Result | dict[str, Any]) -> None:
-        if isinstance(message, dict):  # a result message as it came off the wire
-            message = Result.from_message(message)
+    def handle_eval(self, message: Result) -> None:
         number = message.iteration
         ev = self._evals[number]
         ev.returns += [float(r) for r in message.returns]

@@ -61,6 +61,7 @@ def test_one_lucky_evaluation_does_not_end_a_run_and_the_best_policy_is_kept(red
     from rlfarm import codec
     from rlfarm.config import to_dict
     from rlfarm.metrics import RunLogger
+    from rlfarm.protocol import Result
     from rlfarm.trainer import make_trainer
 
     from rlfarm.api import make_config
@@ -74,8 +75,7 @@ def test_one_lucky_evaluation_does_not_end_a_run_and_the_best_policy_is_kept(red
     def finish(evaluation: int, returns: list[float]) -> None:
         half = len(returns) // 2
         for index, part in enumerate((returns[:half], returns[half:])):
-            trainer.handle_eval({"kind": "eval", "iteration": evaluation, "index": index,
-                                 "version": trainer.version, "returns": part})
+            trainer.handle_eval(Result("eval", evaluation, index, version=trainer.version, returns=part))
 
     trainer.evaluate()  # evaluation 0 of v0
     finish(0, [500.0] * 10)  # lucky: at the target...

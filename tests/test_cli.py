@@ -135,8 +135,8 @@ def test_rlfarm_worker_joins_a_farm(redis_only, tmp_path):
         d = Dispatcher(make_app(redis_only.redis_url), connect(redis_only.redis_url), "joined", 120, 1)
         results = d.gather_group([{"iteration": 0, "index": i, "version": 0, "steps": 16, "seed": 1}
                                   for i in range(3)])
-        assert [r["index"] for r in results] == [0, 1, 2]
-        assert {r["worker"].split(":")[1] for r in results} - {str(proc.pid)}  # ran in a pool child
+        assert [r.index for r in results] == [0, 1, 2]
+        assert {r.worker.split(":")[1] for r in results} - {str(proc.pid)}  # ran in a pool child
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)

@@ -26,8 +26,8 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     cfg, store = make_run(farm.redis_url, "group", ["env.num_envs=2"])
     d = dispatcher(farm.redis_url, "group")
     results = d.gather_group(task_specs(0, 6, 64))
-    assert [r["index"] for r in results] == list(range(6))
-    assert all(r["version"] == 0 for r in results)
+    assert [r.index for r in results] == list(range(6))
+    assert all(r.version == 0 for r in results)
     # A task is a pure function of its spec: recompute index 4 in this process and compare.
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe, make_vector_env
@@ -38,11 +38,11 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     policy.load_state_dict(state)
     seeds, aseed = task_seeds(1, 0, 4, 2)
     local = collect(policy.actor_snapshot(), make_vector_env("CartPole-v1", 2), 64, seeds, aseed)
-    remote = Rollout.from_dict(results[4]["rollout"])
+    remote = Rollout.from_dict(results[4].rollout)
     for k, v in local.to_dict().items():
         assert (v is None and getattr(remote, k) is None) or (v == getattr(remote, k)).all(), k
     # Policies are fetched once per process and version, then reused.
-    assert sum(r["policy_fetched"] for r in results) <= 2
+    assert sum(r.policy_fetched for r in results) <= 2
     assert connect(farm.redis_url).llen(results_key("group")) == 0  # consumed results are gone
 
 
@@ -69,7 +69,7 @@ def test_pickle_message_is_refused(farm):
                                          "steps": 8, "seed": 1})
     # A msgpack task sent afterwards completes; the pickled one, ahead of it, produced nothing.
     good = dispatcher(farm.redis_url, "pickled").gather_group(task_specs(1, 1, 8))
-    assert good[0]["index"] == 0
+    assert good[0].index == 0
     assert client.llen(results_key("pickled")) == 0
     logs = "".join(p.read_text(errors="replace") for p in Path(farm.log_dir).glob("worker-*.log"))
     assert "Refusing to deserialize untrusted content of type pickle" in logs
@@ -92,11 +92,11 @@ def test_sigkilled_worker_process_mid_iteration(farm):
     os.kill(victim, signal.SIGKILL)
     thread.join()
     results = out["results"]
-    assert [r["index"] for r in results] == [0, 1, 2, 3]
-    assert all(r["kind"] == "rollout" and r["rollout"]["rewards"].size == 1500 for r in results)
+    assert [r.index for r in results] == [0, 1, 2, 3]
+    assert all(r.kind == "rollout" and r.rollout["rewards"].size == 1500 for r in results)
     # The killed task was delivered again (acks_late + reject_on_worker_lost) and ran elsewhere.
-    rerun = [r for r in results if r["task_id"] == task_id]
-    assert len(rerun) == 1 and rerun[0]["worker"].split(":")[1] != str(victim)
+    rerun = [r for r in results if r.task_id == task_id]
+    assert len(rerun) == 1 and rerun[0].worker.split(":")[1] != str(victim)
     # Every result that arrived was either counted once or dropped as a duplicate, never both.
     assert d.stats.received == len(results) + d.stats.duplicates
 
@@ -107,7 +107,7 @@ def test_straggler_is_redispatched_and_late_copies_are_dropped(farm):
     d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "straggle", task_timeout=0.4,
                    max_redispatch=50)
     results = d.gather_group(task_specs(0, 2, 500))  # >= 1 s each: well past the 0.4 s deadline
-    assert [r["index"] for r in results] == [0, 1]
+    assert [r.index for r in results] == [0, 1]
     assert d.stats.redispatched >= 2 and d.stats.dispatched == 2 + d.stats.redispatched
     # Drain every remaining copy: the next iteration's gather drops them as duplicates.
     d.task_timeout = 60

@@ -344,7 +344,7 @@ def test_queued_tasks_are_not_late(farm):
                    max_redispatch=3)
     specs = [{"iteration": 0, "index": i, "version": 0, "steps": 500, "seed": 1} for i in range(6)]
     results = d.gather_group(specs)
-    assert [r["index"] for r in results] == list(range(6))
+    assert [r.index for r in results] == list(range(6))
     assert d.stats.redispatched == 0 and d.stats.dispatched == 6
 
 

@@ -73,7 +73,7 @@ def test_flower_shows_rollouts_and_evaluations_and_refuses_anonymous_control(eve
             message = d.next_result(timeout=1.0)
             if message is not None:
                 evals.append(message)
-        assert sorted(m["kind"] for m in evals) == ["eval", "eval"]
+        assert sorted(m.kind for m in evals) == ["eval", "eval"]
         sent = {tid for ids in d.stats.task_ids.values() for tid in ids}
 
         # Every task, by name and state, with its short label instead of a dict repr.

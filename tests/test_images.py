@@ -11,21 +11,16 @@ import numpy as np
 import pytest
 
 from rlfarm import codec
-from rlfarm.dispatch import Dispatcher
-from rlfarm.celery_app import make_app
 from rlfarm.rollout import Rollout
-from rlfarm.store import connect
 
-from .conftest import WORKER_ENV, make_run, rlfarm_cmd
+from .conftest import WORKER_ENV, dispatcher, make_run, rlfarm_cmd, task_specs
 
 IMAGE_ENV = "tests.tiny_envs:image"  # 2x16x16 uint8, CHW
 
 
 def test_results_carry_uint8_images(farm):
     make_run(farm.redis_url, "pixels", [f"env.id={IMAGE_ENV}", "env.num_envs=2", "policy.cnn_features=32"])
-    dispatcher = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "pixels", 60.0, 3)
-    results = dispatcher.gather_group([{"iteration": 0, "index": i, "version": 0, "steps": 32, "seed": 1}
-                                       for i in range(2)])
+    results = dispatcher(farm.redis_url, "pixels").gather_group(task_specs(0, 2, 32))
     for result in results:
         rollout = Rollout.from_dict(result.rollout)
         assert rollout.obs.dtype == np.uint8 and rollout.obs.shape == (32, 2, 2, 16, 16)

@@ -52,5 +52,5 @@ def test_result_messages_keep_set_fields_only_and_read_back():
     message = codec.unpack(codec.pack(result.to_message()))
     assert set(message) == {"kind", "iteration", "index", "task_id", "worker", "version", "duration", "returns"}
     back = Result.from_message(message)
-    assert back.key == ("eval", 4, 1) and back.version == 0 and back["returns"].tolist() == [500.0, 480.0]
+    assert back.key == ("eval", 4, 1) and back.version == 0 and back.returns.tolist() == [500.0, 480.0]
     assert not back.skipped and back.error is None

@@ -276,7 +276,7 @@ def test_worker_refuses_envs_that_are_not_allowed(farm):
             dispatcher(farm.redis_url, run_id).gather_group(task_specs(0, 1, 8))
     assert not MARKER.exists(), MARKER.read_text()  # the worker never imported the module
     make_run(farm.redis_url, "gym-id")  # CartPole-v1, registered with gymnasium: builds as before
-    assert dispatcher(farm.redis_url, "gym-id").gather_group(task_specs(0, 1, 8))[0]["rollout"]["rewards"].size > 0
+    assert dispatcher(farm.redis_url, "gym-id").gather_group(task_specs(0, 1, 8))[0].rollout["rewards"].size > 0
 
 
 # ---- a farm with RLFARM_SECRET, its worker started by `rlfarm worker --allow-env-module` ----------------
@@ -343,7 +343,7 @@ def test_signed_farm_trains_and_refuses_a_forged_policy(signed_farm, tmp_path, m
         dispatcher(url, "signed").gather_group(task_specs(50, 1, 8, version=latest + 1))
     # The genuine version still serves.
     good = dispatcher(url, "signed").gather_group(task_specs(51, 1, 8, version=latest))
-    assert good[0]["version"] == latest
+    assert good[0].version == latest
 
 
 @pytest.mark.farm
@@ -352,7 +352,7 @@ def test_allow_env_module_option_and_unsigned_meta_on_a_signed_farm(signed_farm,
     monkeypatch.setenv("RLFARM_SECRET", SECRET)
     make_run(url, "signed-tiny", ["env.id=tests.tiny_envs:terminating", "env.num_envs=1"])  # signed meta
     results = dispatcher(url, "signed-tiny").gather_group(task_specs(0, 1, 6))
-    assert results[0]["rollout"]["rewards"].ravel().tolist() == [1.0] * 6
+    assert results[0].rollout["rewards"].ravel().tolist() == [1.0] * 6
     # Metadata written by someone without the secret (here: naming an allowed env) is refused.
     store = PolicyStore(connect(url), "signed-unsigned-meta")
     make_run(url, "signed-unsigned-meta")
@@ -405,6 +405,6 @@ def test_results_are_signed_and_a_forged_one_is_dropped(redis_only, monkeypatch)
     client.rpush(results_key("sealed"), signing.seal_result("other-run", payload, secret))
     client.rpush(results_key("sealed"), signing.seal_result("sealed", payload, secret))
     assert d.receive(1.0) is None and d.receive(1.0) is None
-    assert d.receive(1.0)["task_id"] == "t"
+    assert d.receive(1.0).task_id == "t"
     assert d.stats.forged == 2
     assert signing.open_result("sealed", payload, None) == payload  # no secret: taken as it is

@@ -129,10 +129,9 @@ class APPO(PPO):
         act = rollout.actions
         actions = torch.as_tensor(act.reshape(T * N, *act.shape[2:])).to(self.device)
         logprobs, _, values = self.policy.evaluate(obs, actions)
-        last_obs = rollout.last_obs if rollout.last_obs is not None else None
-        if last_obs is None:
+        if rollout.last_obs is None:  # a result from a worker that does not send it
             last_values = rollout.last_values
         else:
-            last_values = self.policy.get_value(torch.as_tensor(last_obs).to(self.device)).cpu().numpy()
+            last_values = self.policy.get_value(torch.as_tensor(rollout.last_obs).to(self.device)).cpu().numpy()
         return (logprobs.cpu().numpy().reshape(T, N), values.cpu().numpy().reshape(T, N),
                 np.asarray(last_values, np.float64))

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from rlfarm.config import AlgoSection, PolicyConfig, RunConfig
+    from rlfarm.config import PolicyConfig, RunConfig
     from rlfarm.envs import SpaceSpec
     from rlfarm.policy import Actor
     from rlfarm.rollout import Rollout
@@ -58,12 +58,6 @@ class Algorithm(ABC):
     def actor(cls, network: "nn.Module") -> "Actor":
         """A frozen snapshot of `network` to act with on a worker (numpy where it pays, else torch)."""
         return network.actor_snapshot()
-
-    @classmethod
-    def section(cls) -> type["AlgoSection"]:
-        from rlfarm.config import ALGORITHMS
-
-        return ALGORITHMS[cls.name]
 
     # ---- the learner ---------------------------------------------------------------------------
     def acting(self, progress: float) -> dict[str, Any]:
