@@ -49,6 +49,10 @@ class FarmConfig:
     task_time_limit: float = 0.0  # hard limit on a task's run time on its worker; 0: 10x the longest seen
     redis_outage_timeout: float = 120.0  # seconds of Redis outage the trainer rides out before it stops
     max_result_bytes: int = 256 * 2**20  # a worker refuses to send a larger result (Redis caps at 512 MiB)
+    # "fresh": every task starts its episodes anew (SYNC is bit-reproducible); "continue": each worker
+    # process keeps its sub-envs running across tasks, so episodes may be longer than a task
+    # (Atari, MuJoCo); not bit-reproducible (see rlfarm.rollout).
+    episodes: str = "fresh"
 
 
 @dataclass(frozen=True)
@@ -384,6 +388,8 @@ def validate(config: RunConfig) -> None:
             raise ConfigError(f"{key} must be positive, got {get(config, key)}")
     if config.farm.task_time_limit < 0:
         raise ConfigError("farm.task_time_limit cannot be negative (0: derived from the task durations)")
+    if config.farm.episodes not in ("fresh", "continue"):
+        raise ConfigError(f"farm.episodes must be fresh or continue, got {config.farm.episodes!r}")
     if config.farm.max_redispatch < 0:
         raise ConfigError("farm.max_redispatch cannot be negative")
     policy = config.policy

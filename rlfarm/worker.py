@@ -23,13 +23,14 @@ from rlfarm.algos import learner
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
 from rlfarm.protocol import Result, TaskSpec
-from rlfarm.rollout import collect, run_episodes, task_seeds
+from rlfarm.rollout import EnvStream, StreamCache, collect, run_episodes, stream_seeds, task_seeds
 from rlfarm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 from rlfarm.outage import OutageRetry, is_oom, resilient_client
 from rlfarm.store import (LIVE, PolicyCache, PolicyStore, lease_key, redact, results_key, run_prefix,  # noqa: F401
                           task_key_text, wanted_key)
 
 RESULT_TTL = 3600  # backstop only: the trainer pops results as they come
+MAX_STREAMS = 4  # runs whose env streams ("continue" episodes) one process keeps; LRU beyond
 MAX_ATTEMPTS = 4  # deliveries of one task id before it is refused (a task that kills its worker)
 
 
@@ -79,6 +80,7 @@ class RolloutWorker:
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
         self.policies = PolicyCache(size=4)
         self.envs: dict[tuple[str, int], Any] = {}
+        self.streams = StreamCache(MAX_STREAMS)  # farm.episodes = "continue": envs kept per run
         self.runs: dict[str, dict[str, Any]] = {}
 
     def _run_meta(self, run: str) -> dict[str, Any]:
@@ -133,10 +135,21 @@ class RolloutWorker:
             result.returns = run_episodes(actor, env, spec.episodes, seed, deterministic=True)
         else:
             actor = actor.with_options(**spec.acting_options())
-            envs = self._vector_env(env_cfg["id"], env_cfg["num_envs"])
-            env_seeds, action_seed = task_seeds(spec.seed, spec.iteration, spec.index, envs.num_envs)
-            rollout = collect(actor, envs, spec.steps, env_seeds, action_seed,
-                              keep_next_obs=bool(spec.act.get("keep_next_obs", False)))
+            env_seeds, action_seed = task_seeds(spec.seed, spec.iteration, spec.index, env_cfg["num_envs"])
+            keep_next_obs = bool(spec.act.get("keep_next_obs", False))
+            if run_meta["config"]["farm"].get("episodes", "fresh") == "continue":
+                stream = self.streams.get(spec.run, lambda generation: EnvStream(
+                    make_vector_env(env_cfg["id"], env_cfg["num_envs"], trusted=False),
+                    stream_seeds(spec.seed, self.identity, generation, env_cfg["num_envs"])))
+                try:
+                    rollout = collect(actor, stream.envs, spec.steps, env_seeds, action_seed,
+                                      keep_next_obs=keep_next_obs, stream=stream)
+                except BaseException:
+                    self.streams.drop(spec.run)  # half-stepped: the next task starts it afresh
+                    raise
+            else:
+                envs = self._vector_env(env_cfg["id"], env_cfg["num_envs"])
+                rollout = collect(actor, envs, spec.steps, env_seeds, action_seed, keep_next_obs=keep_next_obs)
             result.rollout = rollout.to_dict()
         result.duration = time.perf_counter() - started
         result.finished = time.time()

@@ -390,3 +390,38 @@ def test_chaos_two_minutes_of_kills_and_a_redis_restart(tmp_path):
         assert farm.workers_alive()
     finally:
         farm.stop()
+
+
+def test_a_worker_process_killed_mid_stream_loses_its_streams_and_nothing_is_double_counted(tmp_path):
+    """farm.episodes = "continue" with 1,000-step episodes in 64-step tasks: SIGKILL the pool process
+    running a task of the run. Its streams die with it (their unfinished episodes are never
+    reported), its task is delivered again and runs on another process's stream, the replacement process starts new
+    streams, and the run finishes with every reported episode whole and every env step counted once."""
+    from .test_streams import LONG, assert_whole_episodes
+
+    farm = Farm(tmp_path)
+    run_id = "streams-killed"
+    try:
+        proc = farm.train(run_id, *LONG, "--env", "tests.tiny_envs:long_slow", "--set", "farm.episodes=continue",
+                          "--total-steps", "10240", "--set", "farm.lease_seconds=3")
+        wait_for_rows(proc, tmp_path / run_id, rows=3)
+        app = make_app(farm.url)
+        victim = None
+        while victim is None:  # a pool process in the middle of one of the run's tasks
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            active = app.control.inspect(timeout=0.5).active() or {}
+            victim = next((t["worker_pid"] for tasks in active.values() for t in tasks
+                           if t["kwargs"].get("run") == run_id), None)
+        app.close()
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        s = read_summary(tmp_path / run_id)
+        assert s["env_steps"] >= 10240
+        assert not pid_alive(victim)  # (Celery re-delivers its unacked task: acks_late)
+        assert_nothing_lost_or_double_counted(s, 2 * 64)
+        # 2 pool processes x 2 sub-envs, plus the killed process's replacement: at most 6 streams
+        assert len(assert_whole_episodes(tmp_path / run_id, streams=6)) >= 4
+        assert farm.workers_alive()
+    finally:
+        farm.stop()

@@ -103,3 +103,58 @@ def test_box_actions_are_clipped_for_env_but_stored_raw(env_id):
     # Pendulum truncates at 200 steps: every sub-env ends exactly once, bootstrapped (not terminal).
     assert r.dones[-1].all() and (r.final_values[-1] != 0).all()
     assert r.episode_lengths.tolist() == [200, 200]
+
+
+# ---- "continue": env streams across tasks --------------------------------------------------------
+def _stream(env_id: str, n: int, seeds: list[int]):
+    from rlfarm.rollout import EnvStream
+
+    return EnvStream(make_vector_env(env_id, n), seeds)
+
+
+def test_a_stream_goes_on_where_its_last_task_left_it():
+    """Three 2-step tasks on a 3-step terminating env: one task alone never sees an episode end,
+    the stream does, and reports it once, whole, in the task where it ends."""
+    stream = _stream("tests.tiny_envs:terminating", 1, [0])
+    tasks = [collect(CountValue(), None, 2, [99], 0, stream=stream) for _ in range(3)]
+    assert [t.obs[:, 0, 0].tolist() for t in tasks] == [[0, 1], [2, 0], [1, 2]]
+    assert [t.episode_returns.tolist() for t in tasks] == [[], [3.0], [3.0]]
+    assert [t.episode_lengths.tolist() for t in tasks] == [[], [3], [3]]
+    assert tasks[0].last_values.tolist() == [2.0]  # the cut is bootstrapped as in "fresh"
+    fresh = [collect(CountValue(), make_vector_env("tests.tiny_envs:terminating", 1), 2, [0], 0)
+             for _ in range(3)]
+    assert all(t.episode_returns.size == 0 for t in fresh)  # "fresh" never reaches an episode end
+
+
+def test_stream_seeds_differ_by_process_and_generation_and_repeat_for_the_same():
+    from rlfarm.rollout import stream_seeds
+
+    a = stream_seeds(1, "host:100", 0, 4)
+    assert a == stream_seeds(1, "host:100", 0, 4)
+    others = [stream_seeds(1, "host:101", 0, 4), stream_seeds(1, "host:100", 1, 4), stream_seeds(2, "host:100", 0, 4)]
+    assert all(set(a).isdisjoint(o) for o in others)
+    assert len(set(a)) == 4  # the sub-envs of one stream differ too
+
+
+def test_the_stream_cache_keeps_a_stream_per_run_and_closes_the_least_recently_used():
+    from rlfarm.rollout import StreamCache
+
+    cache = StreamCache(size=2)
+    made: list[tuple[str, int]] = []
+
+    def maker(run):
+        def make(generation):
+            made.append((run, generation))
+            return _stream("tests.tiny_envs:terminating", 1, [generation])
+        return make
+
+    a = cache.get("a", maker("a"))
+    b = cache.get("b", maker("b"))
+    assert cache.get("a", maker("a")) is a  # kept, and now the most recently used
+    cache.get("c", maker("c"))  # evicts b, the least recently used
+    assert "b" not in cache and "a" in cache and len(cache) == 2
+    assert b.envs.closed
+    cache.get("b", maker("b"))  # back: a new stream with a new generation (new seeds)
+    assert made == [("a", 0), ("b", 1), ("c", 2), ("b", 3)]
+    cache.drop("b")
+    assert "b" not in cache

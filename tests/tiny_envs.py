@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 from gymnasium.wrappers import TimeLimit
@@ -26,6 +28,44 @@ class CounterEnv(gym.Env):
         self.t += 1
         terminated = self.terminate_at is not None and self.t >= self.terminate_at
         return np.array([float(self.t)], np.float32), 1.0, terminated, False, {}
+
+
+class LongEnv(gym.Env):
+    """1,000-step episodes with a known return: reward 1 per step plus 0.5 at the last one (1000.5),
+    so an episode reported with a part missing or counted across two streams shows. obs = [t / 1000]
+    plus noise from the env's RNG, so streams seeded alike would show as equal observations."""
+
+    LENGTH, RETURN = 1000, 1000.5
+
+    def __init__(self, step_seconds: float = 0.0):
+        self.observation_space = gym.spaces.Box(-1, 2, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.step_seconds = step_seconds
+        self.t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.t / self.LENGTH, self.np_random.uniform(-1, 1)], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.step_seconds:
+            time.sleep(self.step_seconds)  # a simulator's step: wall time, not CPU
+        self.t += 1
+        end = self.t >= self.LENGTH
+        return self._obs(), 1.0 + 0.5 * end, end, False, {}
+
+
+def long_episodes() -> gym.Env:
+    return LongEnv()
+
+
+def long_slow() -> gym.Env:
+    """LongEnv at 1 ms a step: tasks last long enough to SIGKILL a worker in the middle of one."""
+    return LongEnv(step_seconds=0.001)
 
 
 def terminating() -> gym.Env:
