@@ -211,11 +211,11 @@ def _run_length_notes(cfg) -> list[str]:
     except EnvError:
         limit = None  # unknown: no warning (the env was already built once; the trainer says more)
     steps = cfg.farm.steps_per_env
-    if limit is not None and limit > steps:
+    if limit is not None and limit > steps and cfg.farm.episodes == "fresh":
         notes.append(f"rlfarm: warning: {cfg.env.id} episodes last up to {limit} steps but each task runs "
                      f"{steps} steps per env and starts fresh episodes: training returns only count "
-                     f"episodes that end within a task (at most {steps} steps); greedy evaluations "
-                     f"(eval.interval) play whole episodes")
+                     f"episodes that end within a task (at most {steps} steps); --set farm.episodes=continue "
+                     f"keeps each worker's envs running across tasks")
     return notes
 
 
@@ -437,13 +437,14 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
             # With RLFARM_SECRET set, the file's hmac must verify (CodecError otherwise).
             state, meta = codec.decode_policy(Path(policy_file).read_bytes(), secret_from_env())
             policy_cfg = json.loads(meta.get("policy", "{}"))
+            env_options = json.loads(meta.get("env_options", "{}"))  # preprocessing (Atari)
         else:
             if not redis_url:
                 fail("--run needs --redis URL (or RLFARM_REDIS_URL)")
             store = PolicyStore(connect(redis_url), run_id)
             state, meta = store.get(version)
             run_cfg = store.run_meta()["config"]
-            policy_cfg, meta["env"] = run_cfg["policy"], run_cfg["env"]["id"]
+            policy_cfg, meta["env"], env_options = run_cfg["policy"], run_cfg["env"]["id"], run_cfg["env"]
             meta.setdefault("algo", run_cfg.get("algo"))
         # Files saved before policies named their algorithm: the one whose output module they hold.
         algo = meta.get("algo") or algo_of_tensors(state)
@@ -454,7 +455,7 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
         if not env_given:  # named by a file or by Redis: the allowlist, as on a worker
             check_env_allowed(env_id, where="here", hint=f"pass --env {env_id} if you trust it, or set "
                                                          f"RLFARM_ALLOWED_ENV_MODULES={env_module(env_id)}")
-        env = make_env(env_id, trusted=env_given, render_mode=render_mode)
+        env = make_env(env_id, trusted=env_given, render_mode=render_mode, options=env_options)
         if render_mode and getattr(env, "render_mode", None) != render_mode:
             modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
             fail(f"env {env_id} cannot render in mode {render_mode!r} (its render modes: {modes})", 1)

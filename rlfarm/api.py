@@ -19,6 +19,8 @@ RedisUnavailable after an outage past its limit); the CLI turns each into one li
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import secrets
@@ -59,7 +61,7 @@ def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
     from rlfarm.envs import describe
 
     check_mode(cfg.algo, cfg.mode)
-    check_env(cfg.algo, describe(cfg.env.id))
+    check_env(cfg.algo, describe(cfg.env.id, dataclasses.asdict(cfg.env)))
     if embedded and cfg.mode == "async":
         C.check_results_per_update(cfg, cfg.async_.tasks_in_flight or cfg.farm.workers)
     if cfg.device == "cuda":

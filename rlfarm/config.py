@@ -33,6 +33,13 @@ class ConfigError(ValueError):
 class EnvConfig:
     id: str = "CartPole-v1"  # gymnasium id, or "module:callable" returning an Env
     num_envs: int = 4  # sub-environments stepped together inside one rollout task
+    # Preprocessing, done on the workers: "auto" is DeepMind's Atari preprocessing for ALE ids
+    # (rlfarm.atari) and none for the rest; "atari" | "none" force it. The keys below are Atari's.
+    preprocess: str = "auto"
+    frame_stack: int = 4  # frames stacked into one observation
+    noop_max: int = 30  # up to this many no-op actions at an episode's start
+    terminal_on_life_loss: bool = False  # a lost life ends the episode for learning (not the game)
+    clip_rewards: bool = True  # learn from the sign of the reward; episode returns stay the game score
 
 
 @dataclass(frozen=True)
@@ -374,7 +381,7 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {config.mode!r}")
     if config.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {config.device!r}")
-    _at_least_1(config, "env.num_envs", "farm.num_tasks", "farm.steps_per_env", "farm.workers",
+    _at_least_1(config, "env.num_envs", "env.frame_stack", "farm.num_tasks", "farm.steps_per_env", "farm.workers",
                 "farm.keep_versions", "total_steps", "torch_threads", "async.publish_interval",
                 "eval.episodes", "eval.tasks")
     if config.farm.keep_versions < 2:
@@ -388,6 +395,10 @@ def validate(config: RunConfig) -> None:
             raise ConfigError(f"{key} must be positive, got {get(config, key)}")
     if config.farm.task_time_limit < 0:
         raise ConfigError("farm.task_time_limit cannot be negative (0: derived from the task durations)")
+    if config.env.preprocess not in ("auto", "atari", "none"):
+        raise ConfigError(f"env.preprocess must be auto, atari or none, got {config.env.preprocess!r}")
+    if config.env.noop_max < 0:
+        raise ConfigError("env.noop_max cannot be negative")
     if config.farm.episodes not in ("fresh", "continue"):
         raise ConfigError(f"farm.episodes must be fresh or continue, got {config.farm.episodes!r}")
     if config.farm.max_redispatch < 0:

@@ -13,7 +13,7 @@ import difflib
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -77,6 +77,10 @@ def check_env_allowed(env_id: str, where: str = "on this worker", hint: str | No
 def _factory(env_id: str, trusted: bool = True) -> Callable[..., gym.Env]:
     """A constructor for `env_id`. `trusted=False` (an id read from Redis or a file): allowlist first
     (check_env_allowed), and never a "module:..." string to gym.make, which would import the module."""
+    if _is_atari_id(env_id) and env_id not in gym.registry:
+        from rlfarm import atari
+
+        atari.register()  # ale_py, a fixed module: registers the ALE ids (or says how to install it)
     if not trusted:
         check_env_allowed(env_id)
         if env_id in gym.registry:
@@ -110,28 +114,55 @@ def _factory(env_id: str, trusted: bool = True) -> Callable[..., gym.Env]:
     raise EnvError(f"unknown env {env_id!r}{hint} (give a gymnasium id or 'module:callable')")
 
 
-def make_env(env_id: str, trusted: bool = True, render_mode: str | None = None) -> gym.Env:
+PREPROCESSING = ("auto", "atari", "none")
+
+
+def _is_atari_id(env_id: str) -> bool:
+    return env_id.startswith("ALE/") or env_id.endswith(("NoFrameskip-v4", "NoFrameskip-v0"))
+
+
+def preprocessing(env_id: str, options: Mapping[str, Any] | None) -> str:
+    """What `env.preprocess` means for this env: "atari" (DeepMind's preprocessing, rlfarm.atari) or
+    "none"; "auto" picks "atari" for ALE ids."""
+    chosen = (options or {}).get("preprocess", "auto")
+    return ("atari" if _is_atari_id(env_id) else "none") if chosen == "auto" else chosen
+
+
+def make_env(env_id: str, trusted: bool = True, render_mode: str | None = None,
+             options: Mapping[str, Any] | None = None) -> gym.Env:
     """One env; a constructor that raises is an EnvError naming the env and what it raised.
     `trusted=False` for an id read from Redis or a file (see _factory). `render_mode` ("rgb_array",
-    "human") is passed to gym.make, or to a "module:callable" constructor as a keyword."""
+    "human") is passed to gym.make, or to a "module:callable" constructor as a keyword. `options`:
+    the run's `[env]` section, for its preprocessing keys (a worker gets them from the run's metadata)."""
     factory = _factory(env_id, trusted)
+    atari = preprocessing(env_id, options) == "atari"
+    kwargs: dict[str, Any] = {"render_mode": render_mode} if render_mode else {}
+    if atari:
+        kwargs["frameskip"] = 1  # the preprocessing skips frames itself, max-pooling the last two
     try:
-        return factory(render_mode=render_mode) if render_mode else factory()
+        env = factory(**kwargs)
+        if atari:
+            from rlfarm import atari as atari_wrappers
+
+            env = atari_wrappers.wrap(env, options or {})
+        return env
     except EnvError:
         raise
     except Exception as exc:  # noqa: BLE001 - any user constructor: gym.make, a class, a factory function
         raise EnvError(f"env {env_id!r} could not be constructed: {type(exc).__name__}: {exc}") from exc
 
 
-def make_vector_env(env_id: str, num_envs: int, trusted: bool = True) -> SyncVectorEnv:
+def make_vector_env(env_id: str, num_envs: int, trusted: bool = True,
+                    options: Mapping[str, Any] | None = None) -> SyncVectorEnv:
     """Sub-envs in this process, with SAME_STEP autoreset.
 
     gymnasium >= 1.0 defaults to NEXT_STEP autoreset: the step after an episode ends is a reset whose
     action is ignored. SAME_STEP instead resets inside the ending step and hands the real final
     observation over in info["final_obs"], which is what truncation bootstrapping needs.
     """
-    factory = _factory(env_id, trusted)
-    return SyncVectorEnv([factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+    _factory(env_id, trusted)  # the checks once, before any sub-env is made
+    return SyncVectorEnv([lambda: make_env(env_id, trusted, options=options)] * num_envs,
+                         autoreset_mode=AutoresetMode.SAME_STEP)
 
 
 OBS_DTYPES = ("float32", "uint8")  # what observations are kept as (see SpaceSpec)
@@ -235,9 +266,10 @@ def episode_limit(env_id: str) -> int | None:
         env.close()
 
 
-def describe(env_id: str) -> SpaceSpec:
-    """Make the env once to read its spaces; also the check that the id is valid."""
-    env = make_env(env_id)
+def describe(env_id: str, options: Mapping[str, Any] | None = None) -> SpaceSpec:
+    """Make the env once (with the run's preprocessing `options`) to read its spaces; also the check
+    that the id is valid."""
+    env = make_env(env_id, options=options)
     try:
         return space_spec(env)
     finally:

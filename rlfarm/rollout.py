@@ -178,7 +178,11 @@ def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[in
 
         obs_buf[t], act_buf[t], logp_buf[t], val_buf[t], rew_buf[t] = obs, action, logprob, value, reward
         done = terminated | truncated
-        done_buf[t] = done
+        # A life lost (Atari, env.terminal_on_life_loss) is a termination for learning, but the game
+        # and its episode go on: no reset, no episode reported.
+        life_lost = _info_values(info, "life_lost", done, np.zeros(n, bool)).astype(bool)
+        terminated = terminated | life_lost
+        done_buf[t] = done | life_lost
         # Truncated (not terminated) episodes continue in truth: bootstrap from the value of the
         # real final observation, which SAME_STEP autoreset leaves in info["final_obs"].
         cut = truncated & ~terminated
@@ -192,7 +196,9 @@ def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[in
                 next_obs_buf[t, i] = as_obs(spec, info["final_obs"][i], 1)[0]
             term_buf[t] = terminated
 
-        running_return += reward
+        # The episode's score as the env reports it: rewards clipped for learning (Atari) keep the
+        # real one in info["raw_reward"].
+        running_return += _info_values(info, "raw_reward", done, reward)
         running_length += 1
         for i in np.flatnonzero(done):
             ep_returns.append(float(running_return[i]))
@@ -207,6 +213,18 @@ def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[in
     return Rollout(obs_buf, act_buf, logp_buf, val_buf, rew_buf, done_buf, final_val_buf, last_values,
                    np.asarray(ep_returns, np.float64), np.asarray(ep_lengths, np.int64),
                    next_obs_buf, term_buf, obs)
+
+
+def _info_values(info: dict[str, Any], key: str, done: np.ndarray, default: np.ndarray) -> np.ndarray:
+    """A per-step info key of a vector env as (n,) values, `default` where no sub-env set it. Where
+    an episode ended, SAME_STEP autoreset puts the reset's info in `info` and the step's own in
+    info["final_info"]: read it from there."""
+    values = np.array(default, copy=True)
+    for source, rows in ((info, ~done), (info.get("final_info", {}), done)):
+        if key in source:
+            present = np.asarray(source.get(f"_{key}", np.ones(len(values), bool)), bool) & rows
+            values[present] = np.asarray(source[key])[present]
+    return values
 
 
 def concat(rollouts: list[Rollout]) -> Rollout:
@@ -236,8 +254,8 @@ def run_episodes(policy: "Actor", env: Any, episodes: int, seed: int,
         while not done:
             action, _, _ = policy.act(as_obs(spec, obs, 1), rng, deterministic)
             a = action[0] if spec.discrete else np.clip(action[0], spec.action_low, spec.action_high)
-            obs, reward, terminated, truncated, _ = env.step(a)
-            total += float(reward)
+            obs, reward, terminated, truncated, info = env.step(a)
+            total += float(info.get("raw_reward", reward))  # the game score, not the clipped reward
             done = terminated or truncated
         returns.append(total)
     return np.asarray(returns)

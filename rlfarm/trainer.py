@@ -116,7 +116,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.console = console or Console()
         self.device = resolve_device(config.device)
-        self.space = describe(config.env.id)
+        self.space = describe(config.env.id, to_dict(config)["env"])
         config.algo_config.check_spaces(self.space)
         connect(redis_url).close()  # fails fast and clearly when Redis is not there at the start
         # From here on, every Redis command waits out an outage of up to farm.redis_outage_timeout.
@@ -289,6 +289,7 @@ class Trainer:
     def _write_best(self, version: int, score: float) -> None:
         state, meta = codec.decode_policy(self.store.pin(version))
         meta.update({"env": self.config.env.id, "policy": json.dumps(to_dict(self.config)["policy"]),
+                     "env_options": json.dumps(to_dict(self.config)["env"]),
                      "eval_mean_return": f"{score:.3f}"})
         meta.pop("hmac", None)
         blob = codec.encode_policy(state, meta, self.store.secret)

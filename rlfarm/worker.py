@@ -79,7 +79,7 @@ class RolloutWorker:
         self.secret = signing.secret_from_env()  # RLFARM_SECRET: task specs must carry its signature
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
         self.policies = PolicyCache(size=4)
-        self.envs: dict[tuple[str, int], Any] = {}
+        self.envs: dict[tuple[str, int, str], Any] = {}
         self.streams = StreamCache(MAX_STREAMS)  # farm.episodes = "continue": envs kept per run
         self.runs: dict[str, dict[str, Any]] = {}
 
@@ -111,10 +111,10 @@ class RolloutWorker:
         self.policies.put((run, int(version)), actor)
         return actor, int(version), True
 
-    def _vector_env(self, env_id: str, num_envs: int) -> Any:
-        key = (env_id, num_envs)
-        if key not in self.envs:
-            self.envs[key] = make_vector_env(env_id, num_envs, trusted=False)  # env id from Redis
+    def _vector_env(self, env_cfg: dict[str, Any]) -> Any:
+        key = (env_cfg["id"], env_cfg["num_envs"], _options_key(env_cfg))
+        if key not in self.envs:  # env id from Redis: trusted=False (the allowlist)
+            self.envs[key] = make_vector_env(env_cfg["id"], env_cfg["num_envs"], trusted=False, options=env_cfg)
         return self.envs[key]
 
     def rollout(self, spec: TaskSpec) -> Result:
@@ -130,7 +130,7 @@ class RolloutWorker:
         result = Result(spec.kind, spec.iteration, spec.index, version=version, worker=self.identity,
                         policy_fetched=fetched)
         if spec.kind == "eval":
-            env = self._single_env(env_cfg["id"])
+            env = self._single_env(env_cfg)
             seed = task_seeds(spec.seed, spec.iteration, spec.index, 1)[0][0]
             result.returns = run_episodes(actor, env, spec.episodes, seed, deterministic=True)
         else:
@@ -139,7 +139,7 @@ class RolloutWorker:
             keep_next_obs = bool(spec.act.get("keep_next_obs", False))
             if run_meta["config"]["farm"].get("episodes", "fresh") == "continue":
                 stream = self.streams.get(spec.run, lambda generation: EnvStream(
-                    make_vector_env(env_cfg["id"], env_cfg["num_envs"], trusted=False),
+                    make_vector_env(env_cfg["id"], env_cfg["num_envs"], trusted=False, options=env_cfg),
                     stream_seeds(spec.seed, self.identity, generation, env_cfg["num_envs"])))
                 try:
                     rollout = collect(actor, stream.envs, spec.steps, env_seeds, action_seed,
@@ -148,17 +148,17 @@ class RolloutWorker:
                     self.streams.drop(spec.run)  # half-stepped: the next task starts it afresh
                     raise
             else:
-                envs = self._vector_env(env_cfg["id"], env_cfg["num_envs"])
+                envs = self._vector_env(env_cfg)
                 rollout = collect(actor, envs, spec.steps, env_seeds, action_seed, keep_next_obs=keep_next_obs)
             result.rollout = rollout.to_dict()
         result.duration = time.perf_counter() - started
         result.finished = time.time()
         return result
 
-    def _single_env(self, env_id: str) -> Any:
-        key = (env_id, 0)
-        if key not in self.envs:
-            self.envs[key] = make_env(env_id, trusted=False)  # env id from Redis: allowlist
+    def _single_env(self, env_cfg: dict[str, Any]) -> Any:
+        key = (env_cfg["id"], 0, _options_key(env_cfg))
+        if key not in self.envs:  # env id from Redis: allowlist
+            self.envs[key] = make_env(env_cfg["id"], trusted=False, options=env_cfg)
         return self.envs[key]
 
     def handle(self, spec: dict[str, Any], task_id: str) -> None:
@@ -237,6 +237,11 @@ class RolloutWorker:
             # trainer's own writes fail the same way and it says so in one line.
             log.error("cannot push the result of %s to run %s: Redis is out of memory (%s); free memory "
                       "or raise its maxmemory", attempts_key.rsplit(":", 1)[-1], run, exc)
+
+
+def _options_key(env_cfg: dict[str, Any]) -> str:
+    """Envs are shared by runs with the same id, size and preprocessing."""
+    return repr(sorted((k, v) for k, v in env_cfg.items() if k not in ("id", "num_envs")))
 
 
 def _mib(n: int) -> str:

@@ -1,6 +1,6 @@
 """The import rules of docs/architecture.md, checked so they keep holding:
 
-- pure modules (config, codec, envs, policy, rollout, replay, protocol, signing, algos) import
+- pure modules (config, codec, envs, atari, policy, rollout, replay, protocol, signing, algos) import
   nothing that does I/O: no Redis, Celery or kombu, no store, worker, dispatcher, checkpoint writer,
   metrics or cluster, not even through what they import;
 - the trainer side never imports the worker module;
@@ -19,7 +19,7 @@ import pytest
 
 from .conftest import ROOT
 
-PURE = ["rlfarm.config", "rlfarm.codec", "rlfarm.envs", "rlfarm.policy", "rlfarm.rollout", "rlfarm.replay",
+PURE = ["rlfarm.config", "rlfarm.codec", "rlfarm.envs", "rlfarm.atari", "rlfarm.policy", "rlfarm.rollout", "rlfarm.replay",
         "rlfarm.protocol", "rlfarm.signing", "rlfarm.algos", "rlfarm.algos.base", "rlfarm.algos.ppo",
         "rlfarm.algos.appo", "rlfarm.algos.dqn"]
 FORBIDDEN_FOR_PURE = ["redis", "celery", "kombu", "rlfarm.store", "rlfarm.worker", "rlfarm.dispatch",

@@ -158,3 +158,43 @@ def test_the_stream_cache_keeps_a_stream_per_run_and_closes_the_least_recently_u
     assert made == [("a", 0), ("b", 1), ("c", 2), ("b", 3)]
     cache.drop("b")
     assert "b" not in cache
+
+
+class ScoredEnv:
+    """4-step episodes whose reward is clipped for learning (1 per step) while info carries the real
+    game score (10 per step), and a life lost at step 2 (the Atari wrappers' conventions)."""
+
+    @staticmethod
+    def make():
+        import gymnasium as gym
+
+        class Env(gym.Env):
+            observation_space = gym.spaces.Box(0, 10, (1,), np.float32)
+            action_space = gym.spaces.Discrete(2)
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                self.t = 0
+                return np.zeros(1, np.float32), {}
+
+            def step(self, action):
+                self.t += 1
+                info = {"raw_reward": 10.0, "life_lost": self.t == 2}
+                return np.full(1, self.t, np.float32), 1.0, self.t >= 4, False, info
+
+        return Env()
+
+
+def test_episode_returns_are_the_real_score_and_a_lost_life_is_a_terminal_without_reset():
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    envs = SyncVectorEnv([ScoredEnv.make] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
+    r = collect(CountValue(), envs, n_steps=6, env_seeds=[0, 1], action_seed=0, keep_next_obs=True)
+    assert r.rewards.sum() == 12  # learning sees the clipped rewards
+    assert r.episode_returns.tolist() == [40.0, 40.0]  # reported: the game score of whole episodes
+    assert r.episode_lengths.tolist() == [4, 4]
+    # the life lost at step 2 ends a learning episode (no bootstrap), the game is not reset
+    assert r.dones[:, 0].tolist() == [False, True, False, True, False, True]
+    assert r.terminations[:, 0].tolist() == r.dones[:, 0].tolist()
+    assert r.obs[:, 0, 0].tolist() == [0, 1, 2, 3, 0, 1]
+    assert r.next_obs[1, 0, 0] == 2  # the real next observation after the lost life

@@ -61,7 +61,8 @@ def test_episodes_longer_than_a_task_are_warned_about(farm, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     warning = ("rlfarm: warning: MountainCarContinuous-v0 episodes last up to 999 steps but each task runs "
                "512 steps per env and starts fresh episodes: training returns only count episodes that end "
-               "within a task (at most 512 steps); greedy evaluations (eval.interval) play whole episodes")
+               "within a task (at most 512 steps); --set farm.episodes=continue keeps each worker's envs "
+               "running across tasks")
     assert result.stderr.splitlines().count(warning) == 1, result.stderr
     assert "--total-steps" not in result.stderr  # 2 whole iterations: nothing rounded
     assert "mean return of the last 20 training episodes" in result.stdout
