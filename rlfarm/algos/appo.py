@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from rlfarm.algos.base import register
+from rlfarm.algos.base import register, to_device
 from rlfarm.algos.ppo import PPO, compute_gae
 from rlfarm.config import RunConfig
 from rlfarm.envs import SpaceSpec
@@ -125,13 +125,13 @@ class APPO(PPO):
         """Target log-probabilities and values (T, N) of the behaviour's actions under the current
         network, and its values of the observations after the last step (N,)."""
         T, N = rollout.rewards.shape
-        obs = torch.as_tensor(rollout.obs.reshape(T * N, *rollout.obs.shape[2:])).to(self.device)
+        obs = to_device(rollout.obs.reshape(T * N, *rollout.obs.shape[2:]), self.device)
         act = rollout.actions
-        actions = torch.as_tensor(act.reshape(T * N, *act.shape[2:])).to(self.device)
+        actions = to_device(act.reshape(T * N, *act.shape[2:]), self.device)
         logprobs, _, values = self.policy.evaluate(obs, actions)
         if rollout.last_obs is None:  # a result from a worker that does not send it
             last_values = rollout.last_values
         else:
-            last_values = self.policy.get_value(torch.as_tensor(rollout.last_obs).to(self.device)).cpu().numpy()
+            last_values = self.policy.get_value(to_device(rollout.last_obs, self.device)).cpu().numpy()
         return (logprobs.cpu().numpy().reshape(T, N), values.cpu().numpy().reshape(T, N),
                 np.asarray(last_values, np.float64))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from rlfarm.algos.base import (Algorithm, load_optimizer_state, optimizer_state, prefixed, register,
+from rlfarm.algos.base import (Algorithm, to_device, load_optimizer_state, optimizer_state, prefixed, register,
                                unprefixed)
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
@@ -115,13 +115,13 @@ class DQN(Algorithm):
             for group in self.optimizer.param_groups:
                 group["lr"] = self.config.learning_rate * max(0.0, 1.0 - progress)
         dev = self.device
-        obs = torch.as_tensor(batch.obs, device=dev)
-        next_obs = torch.as_tensor(batch.next_obs, device=dev)
-        actions = torch.as_tensor(batch.actions, device=dev).long()
-        rewards = torch.as_tensor(batch.rewards, device=dev)
-        not_done = 1.0 - torch.as_tensor(batch.dones, device=dev, dtype=torch.float32)
-        discounts = torch.as_tensor(batch.discounts, device=dev)
-        weights = torch.as_tensor(batch.weights, device=dev)
+        obs = to_device(batch.obs, dev)
+        next_obs = to_device(batch.next_obs, dev)
+        actions = to_device(batch.actions, dev).long()
+        rewards = to_device(batch.rewards, dev)
+        not_done = 1.0 - to_device(batch.dones, dev).float()
+        discounts = to_device(batch.discounts, dev)
+        weights = to_device(batch.weights, dev)
 
         with torch.no_grad():
             # Double DQN: the online network picks the next action, the target network values it.

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfarm.algos.base import (Algorithm, load_optimizer_state, optimizer_state, prefixed, register,
+from rlfarm.algos.base import (Algorithm, to_device, load_optimizer_state, optimizer_state, prefixed, register,
                                unprefixed)
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
@@ -99,13 +99,13 @@ class PPO(Algorithm):
         cfg = self.config
         dev = self.device
         steps = rollout.num_steps  # T x N, flattened: observations keep their shape and dtype
-        b_obs = torch.as_tensor(rollout.obs.reshape(steps, *rollout.obs.shape[2:])).to(dev)
+        b_obs = to_device(rollout.obs.reshape(steps, *rollout.obs.shape[2:]), dev)
         act = rollout.actions
-        b_actions = torch.as_tensor(act.reshape(-1) if act.ndim == 2 else act.reshape(-1, act.shape[-1])).to(dev)
-        b_logprobs = torch.as_tensor(logprobs.reshape(-1)).to(dev)
-        b_values = torch.as_tensor(values.reshape(-1)).to(dev)
-        b_adv = torch.as_tensor(advantages.reshape(-1)).to(dev)
-        b_returns = torch.as_tensor(returns.reshape(-1)).to(dev)
+        b_actions = to_device(act.reshape(-1) if act.ndim == 2 else act.reshape(-1, act.shape[-1]), dev)
+        b_logprobs = to_device(logprobs.reshape(-1), dev)
+        b_values = to_device(values.reshape(-1), dev)
+        b_adv = to_device(advantages.reshape(-1), dev)
+        b_returns = to_device(returns.reshape(-1), dev)
 
         batch_size = len(b_obs)
         minibatch_size = batch_size // cfg.num_minibatches
