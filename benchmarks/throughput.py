@@ -2,6 +2,8 @@
 
     python benchmarks/throughput.py --workers 2 --task-steps 8192
     python benchmarks/throughput.py --workers 1 2 4 8 14        # on a machine with 16 cores
+    python benchmarks/throughput.py --env ALE/Pong-v5 --workers 1 2 --task-steps 1024 --tasks-per-worker 4
+        # Atari (pip install -e ".[atari]"): DeepMind preprocessing, the Nature CNN acting on CPU
 
 Every figure comes from this one run, so the printed ratios compare like with like:
   (a) raw:     gymnasium vector env, random actions, no policy
@@ -20,7 +22,6 @@ import time
 
 import numpy as np
 
-ENV = "CartPole-v1"
 
 
 def _setup(env_id: str, num_envs: int, state: dict | None):
@@ -57,10 +58,10 @@ def _pool_task(args: tuple[int, int, int]) -> int:
     return len(r.to_dict()["obs"])
 
 
-def bench_raw(num_envs: int, total: int) -> float:
+def bench_raw(env_id: str, num_envs: int, total: int) -> float:
     from rlfarm.envs import make_vector_env
 
-    envs = make_vector_env(ENV, num_envs)
+    envs = make_vector_env(env_id, num_envs)
     envs.reset(seed=list(range(num_envs)))
     envs.action_space.seed(0)
     t = time.perf_counter()
@@ -69,10 +70,10 @@ def bench_raw(num_envs: int, total: int) -> float:
     return total / (time.perf_counter() - t)
 
 
-def bench_collect(num_envs: int, steps: int, repeats: int) -> float:
+def bench_collect(env_id: str, num_envs: int, steps: int, repeats: int) -> float:
     from rlfarm.rollout import collect, task_seeds
 
-    policy, envs = _setup(ENV, num_envs, None)
+    policy, envs = _setup(env_id, num_envs, None)
     actor = policy.actor_snapshot()
     collect(actor, envs, 64, *task_seeds(0, 0, 0, num_envs))  # warm-up
     t = time.perf_counter()
@@ -81,18 +82,18 @@ def bench_collect(num_envs: int, steps: int, repeats: int) -> float:
     return repeats * num_envs * steps / (time.perf_counter() - t)
 
 
-def bench_pool(workers: int, num_envs: int, steps: int, tasks: int) -> float:
-    policy, _ = _setup(ENV, 1, None)
+def bench_pool(env_id: str, workers: int, num_envs: int, steps: int, tasks: int) -> float:
+    policy, _ = _setup(env_id, 1, None)
     state = {k: v.numpy() for k, v in policy.state_dict().items()}
     ctx = mp.get_context("spawn")  # fork after torch initialised serialises the children
-    with ctx.Pool(workers, initializer=_pool_init, initargs=(ENV, num_envs, state)) as pool:
+    with ctx.Pool(workers, initializer=_pool_init, initargs=(env_id, num_envs, state)) as pool:
         pool.map(_pool_task, [(i, 64, 0) for i in range(workers)])  # warm-up: imports, env creation
         t = time.perf_counter()
         pool.map(_pool_task, [(i, steps, 0) for i in range(tasks)], chunksize=1)
         return tasks * num_envs * steps / (time.perf_counter() - t)
 
 
-def bench_farm(workers: int, num_envs: int, steps: int, tasks: int) -> tuple[float, float, float]:
+def bench_farm(env_id: str, workers: int, num_envs: int, steps: int, tasks: int) -> tuple[float, float, float]:
     """Steps/s, and trainer CPU seconds per wall second while gathering (all of it is receiving)."""
     from rlfarm import config as C
     from rlfarm.celery_app import make_app
@@ -101,12 +102,12 @@ def bench_farm(workers: int, num_envs: int, steps: int, tasks: int) -> tuple[flo
     from rlfarm.envs import describe
     from rlfarm.store import PolicyStore, connect
 
-    policy, _ = _setup(ENV, 1, None)
-    cfg = C.build(None, [f"env.num_envs={num_envs}", "run_id=bench", f"env.id={ENV}"])
+    policy, _ = _setup(env_id, 1, None)
+    cfg = C.build(None, [f"env.num_envs={num_envs}", "run_id=bench", f"env.id={env_id}"])
     with LocalCluster(workers=workers, name="rlfarm-bench") as cluster:
         client = connect(cluster.redis_url)
         store = PolicyStore(client, "bench")
-        store.set_run_meta({"config": C.to_dict(cfg), "space": describe(ENV).to_dict()})
+        store.set_run_meta({"config": C.to_dict(cfg), "space": describe(env_id).to_dict()})
         store.publish(0, policy.state_dict(), "ppo")
         d = Dispatcher(make_app(cluster.redis_url), client, "bench", 600, 1)
         spec = lambda it, i, n: {"iteration": it, "index": i, "version": 0, "steps": n, "seed": 0}
@@ -120,6 +121,7 @@ def bench_farm(workers: int, num_envs: int, steps: int, tasks: int) -> tuple[flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="CartPole-v1", help="gymnasium id (ALE ids get Atari preprocessing)")
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
     parser.add_argument("--task-steps", type=int, default=8192, help="env steps per task")
     parser.add_argument("--num-envs", type=int, default=8, help="sub-envs per task")
@@ -127,9 +129,9 @@ def main() -> None:
     args = parser.parse_args()
     steps = args.task_steps // args.num_envs
 
-    raw = bench_raw(args.num_envs, 100_000)
-    inproc = bench_collect(args.num_envs, steps, repeats=6)
-    print(f"cores: {os.cpu_count()}  env: {ENV}  task: {args.num_envs} envs x {steps} steps = "
+    raw = bench_raw(args.env, args.num_envs, 100_000 if args.env == "CartPole-v1" else 8_000)
+    inproc = bench_collect(args.env, args.num_envs, steps, repeats=6)
+    print(f"cores: {os.cpu_count()}  env: {args.env}  task: {args.num_envs} envs x {steps} steps = "
           f"{args.num_envs * steps} env steps")
     print(f"(a) raw vector env, random actions: {raw:10.0f} steps/s")
     print(f"(b) in-process collect():           {inproc:10.0f} steps/s")
@@ -137,8 +139,8 @@ def main() -> None:
           f"{'trainer CPU':>12} {'decode CPU':>11}")
     for w in args.workers:
         tasks = args.tasks_per_worker * w
-        pool = bench_pool(w, args.num_envs, steps, tasks)
-        farm, cpu, decode = bench_farm(w, args.num_envs, steps, tasks)
+        pool = bench_pool(args.env, w, args.num_envs, steps, tasks)
+        farm, cpu, decode = bench_farm(args.env, w, args.num_envs, steps, tasks)
         print(f"{w:>3} {pool:>12.0f} {farm:>10.0f} {farm / pool:>8.2f} {farm / (w * inproc):>10.2f} "
               f"{cpu:>11.1%} {decode:>11.1%}", flush=True)
     print("trainer CPU: the trainer process's CPU time / wall time while gathering (receiving only)")
