@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 MODES = ("sync", "async")
 DEVICES = ("auto", "cpu", "cuda")
+# farm.compress: rlfarm.codec.COMPRESS_CHOICES, repeated here so reading a config never imports the
+# codec (and torch with it); tests/test_wire.py checks the two agree.
+COMPRESS = ("auto", "none", "zstd")
 
 
 class ConfigError(ValueError):
@@ -49,6 +52,9 @@ class FarmConfig:
     task_time_limit: float = 0.0  # hard limit on a task's run time on its worker; 0: 10x the longest seen
     redis_outage_timeout: float = 120.0  # seconds of Redis outage the trainer rides out before it stops
     max_result_bytes: int = 256 * 2**20  # a worker refuses to send a larger result (Redis caps at 512 MiB)
+    # Result arrays on the wire (rlfarm.codec): "auto" compresses large ones (zstd; Atari frame stacks
+    # ~200x smaller), "zstd" pins that codec, "none" sends them raw. max_result_bytes is the compressed size.
+    compress: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -386,6 +392,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("farm.task_time_limit cannot be negative (0: derived from the task durations)")
     if config.farm.max_redispatch < 0:
         raise ConfigError("farm.max_redispatch cannot be negative")
+    if config.farm.compress not in COMPRESS:
+        raise ConfigError(f"farm.compress must be one of {', '.join(COMPRESS)}, got {config.farm.compress!r}")
     policy = config.policy
     if policy.activation not in ("tanh", "relu"):
         raise ConfigError(f"policy.activation must be tanh or relu, got {policy.activation!r}")
