@@ -67,6 +67,9 @@ def _compressed(arr: np.ndarray, compress: str, threshold: int) -> msgpack.ExtTy
     """The array as a compressed extension, or None where it should travel raw."""
     if compress == "none" or arr.nbytes < threshold:
         return None
+    # No frame checksum: it doubles the decode time (1.8 -> 3.4 ms for 29 MB of frames) and raw arrays
+    # carry none either; with RLFARM_SECRET the result's HMAC covers every byte. The frame does carry
+    # its content size, which decoding checks before it allocates.
     data = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(arr.reshape(-1).view(np.uint8))
     if len(data) > WORTH_RATIO * arr.nbytes:
         return None
@@ -168,12 +171,15 @@ def unpack(data: bytes, max_bytes: int = MAX_DECODED_BYTES) -> dict[str, Any]:
     """Decode what `pack` made; raw arrays are read-only views into `data`, compressed ones read-only
     arrays over their decompressed bytes, of at most `max_bytes` in all."""
     try:
-        return msgpack.unpackb(data, ext_hook=_decoder(max_bytes), raw=False, strict_map_key=False)
+        message = msgpack.unpackb(data, ext_hook=_decoder(max_bytes), raw=False, strict_map_key=False)
     except CodecError:
         raise
     except (ValueError, TypeError, msgpack.UnpackException) as exc:  # TypeError: e.g. a map keyed by a list
         # Some msgpack errors (BufferFull) carry no text: name the type and the size at least.
         raise CodecError(f"undecodable payload of {len(data)} bytes: {type(exc).__name__}: {exc}") from None
+    if not isinstance(message, dict):  # one flipped bit turns the map into a list or a number
+        raise CodecError(f"payload of {len(data)} bytes is a {type(message).__name__}, not a map")
+    return message
 
 
 def array_bytes(obj: Any) -> int:
