@@ -14,10 +14,11 @@ random, in SAME_STEP vector envs, as on a worker):
 
 For each, the whole result message (Result.to_message, as the worker packs it) with each codec:
 bytes per env step, ratio to no compression, encode and decode milliseconds per result (median of
---repeats, wall clock by perf_counter and CPU by process_time) and MB/s of raw array bytes. Every
-codec compresses the same arrays (those codec.pack would: at least its threshold, and only where
-that saves 10%), framed by codec.pack; the last row is codec.pack(compress="auto") itself. A second
-table sweeps codec.pack's threshold. Every figure printed comes from this one run.
+--repeats, wall clock by perf_counter and CPU by process_time) and MB/s of raw array bytes; zstd 3
+also with a frame checksum. Every codec compresses the same arrays (those codec.pack would: at least
+its threshold, and only where that saves 10%), framed by codec.pack; the last row is
+codec.pack(compress="auto") itself. A second table sweeps codec.pack's threshold. Every figure
+printed comes from this one run.
 """
 
 from __future__ import annotations
@@ -111,8 +112,10 @@ def candidates() -> list[Candidate]:
     else:
         out += [Candidate("lz4", lambda a: lz4.frame.compress(a), lz4.frame.decompress),
                 Candidate("lz4 hc3", lambda a: lz4.frame.compress(a, compression_level=3), lz4.frame.decompress)]
-    for level in (1, 3):
-        out.append(Candidate(f"zstd {level}", lambda a, lv=level: zstandard.ZstdCompressor(level=lv).compress(a),
+    for level, checksum in ((1, False), (3, False), (3, True)):
+        out.append(Candidate(f"zstd {level}" + (" +checksum" if checksum else ""),
+                             lambda a, lv=level, ck=checksum: zstandard.ZstdCompressor(
+                                 level=lv, write_checksum=ck).compress(a),
                              lambda b: zstandard.ZstdDecompressor().decompress(b)))
     return out
 
@@ -156,7 +159,7 @@ class Timing:
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[Any, Timing]:
     """fn's result and its median time, after one call untimed: the first allocation of tens of MB
-    pays page faults that a trainer decoding result after result does not (malloc reuses the memory)."""
+    pays page faults that a trainer decoding result after result mostly does not."""
     walls, cpus, out = [], [], fn()
     for _ in range(repeats):
         w, c = time.perf_counter(), time.process_time()

@@ -34,15 +34,16 @@ _COMPRESSED = 43  # msgpack extension code for compressed numpy arrays: header, 
 # "auto" is rlfarm's choice, today zstd; "zstd" pins it; "none" sends raw arrays only.
 COMPRESS_CHOICES = ("auto", "none", "zstd")
 # zstd level 3, by benchmarks/wire.py on Atari rollouts (128 steps x 8 envs of 4x84x84 uint8 frame
-# stacks, 28.5 KB per env step raw): Pong 121 bytes per env step, encode 4.9 ms and decode 2.2 ms
-# per result. lz4 is 3.3x larger (405 B/step; its 64 KiB window cannot reach the previous step's
-# shared frames, 220 KiB back in a (T, N, ...) array) and decodes no faster; its high-compression
-# level is still 2.2x larger at 10x the encode time. zstd level 1 is 20% larger at the same times.
-# Decoding is the trainer's cost (one core, every result): 2.2 ms per 1024 steps is ~450k steps/s.
+# stacks, 28.5 KB per env step raw): Pong 121 bytes per env step (235x), encode 4.7 ms and decode
+# 2.2 ms per result. lz4 is 3.3x larger (405 B/step; its 64 KiB window cannot reach the previous
+# step's shared frames, 220 KiB back in a (T, N, ...) array) and decodes no faster (2.4 ms); its
+# high-compression level is still 2.2x larger at 11x the encode time. zstd level 1 is 21% larger at
+# the same times. Decoding is the trainer's cost (one core, every result): 2.2 ms per 1024 steps is
+# ~460k steps/s; encoding is the worker's, 0.4% of the 1.2 s it took to collect those steps.
 ZSTD_LEVEL = 3
 # Arrays below this stay raw and zero-copy: in a 1024-step task those are the per-step scalars
 # (actions, rewards, values: 1-8 KiB). Compressing them too saves ~17 bytes per env step (Pong 121
-# -> 104, CartPole 42 -> 26) but costs ~10 us per array on the trainer (a CartPole result decodes in
+# -> 104, CartPole 42 -> 26) but costs ~8 us per array on the trainer (a CartPole result decodes in
 # 0.07 ms instead of 0.03). Larger tasks' scalars pass the threshold and are compressed.
 COMPRESS_MIN_BYTES = 16 * 2**10
 # A compressed array is sent only when it is at most this fraction of the raw bytes: float noise
@@ -67,7 +68,7 @@ def _compressed(arr: np.ndarray, compress: str, threshold: int) -> msgpack.ExtTy
     """The array as a compressed extension, or None where it should travel raw."""
     if compress == "none" or arr.nbytes < threshold:
         return None
-    # No frame checksum: it doubles the decode time (1.8 -> 3.4 ms for 29 MB of frames) and raw arrays
+    # No frame checksum: it nearly doubles the decode time (Pong: 3.9 ms instead of 2.2) and raw arrays
     # carry none either; with RLFARM_SECRET the result's HMAC covers every byte. The frame does carry
     # its content size, which decoding checks before it allocates.
     data = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(arr.reshape(-1).view(np.uint8))
