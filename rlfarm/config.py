@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 MODES = ("sync", "async")
 DEVICES = ("auto", "cpu", "cuda")
+# farm.compress: rlfarm.codec.COMPRESS_CHOICES, repeated here so reading a config never imports the
+# codec (and torch with it); tests/test_wire.py checks the two agree.
+COMPRESS = ("auto", "none", "zstd")
 
 
 class ConfigError(ValueError):
@@ -60,6 +63,9 @@ class FarmConfig:
     # process keeps its sub-envs running across tasks, so episodes may be longer than a task
     # (Atari, MuJoCo); not bit-reproducible (see rlfarm.rollout).
     episodes: str = "fresh"
+    # Result arrays on the wire (rlfarm.codec): "auto" compresses large ones (zstd; Atari frame stacks
+    # ~200x smaller), "zstd" pins that codec, "none" sends them raw. max_result_bytes is the compressed size.
+    compress: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -403,6 +409,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"farm.episodes must be fresh or continue, got {config.farm.episodes!r}")
     if config.farm.max_redispatch < 0:
         raise ConfigError("farm.max_redispatch cannot be negative")
+    if config.farm.compress not in COMPRESS:
+        raise ConfigError(f"farm.compress must be one of {', '.join(COMPRESS)}, got {config.farm.compress!r}")
     policy = config.policy
     if policy.activation not in ("tanh", "relu"):
         raise ConfigError(f"policy.activation must be tanh or relu, got {policy.activation!r}")

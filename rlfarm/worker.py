@@ -197,12 +197,7 @@ class RolloutWorker:
                            farm.get("lease_seconds", 10.0)).__enter__()
             result = self.rollout(task)
             result.task_id = task_id
-            payload = codec.pack(result.to_message())
-            limit = int(farm.get("max_result_bytes", 0))
-            if limit and len(payload) > limit:
-                raise ResultTooLarge(
-                    f"the result is {_mib(len(payload))}, over farm.max_result_bytes ({_mib(limit)}); "
-                    f"make tasks smaller (fewer env.num_envs or farm.steps_per_env) or raise the limit")
+            payload = encode_result(result, farm)
             done = key_text
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
             base.error, base.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)
@@ -242,6 +237,26 @@ class RolloutWorker:
 def _options_key(env_cfg: dict[str, Any]) -> str:
     """Envs are shared by runs with the same id, size and preprocessing."""
     return repr(sorted((k, v) for k, v in env_cfg.items() if k not in ("id", "num_envs")))
+
+
+def encode_result(result: Result, farm: dict[str, Any]) -> bytes:
+    """The result's bytes as the run's `farm.compress` asks, refused when too large for Redis or for
+    the trainer to decode."""
+    message = result.to_message()
+    decoded = codec.array_bytes(message)
+    if decoded > codec.MAX_DECODED_BYTES:  # the trainer would refuse to decompress it
+        raise ResultTooLarge(
+            f"the result's arrays hold {_mib(decoded)}, over the {_mib(codec.MAX_DECODED_BYTES)} a trainer "
+            f"decodes from one result; make tasks smaller (fewer env.num_envs or farm.steps_per_env)")
+    # A run meta without the key was written by a trainer older than compression, which could not
+    # decode a compressed array (an unknown msgpack extension): such runs get raw arrays.
+    payload = codec.pack(message, compress=farm.get("compress", "none"))
+    limit = int(farm.get("max_result_bytes", 0))
+    if limit and len(payload) > limit:  # what goes into Redis: the compressed size
+        raise ResultTooLarge(
+            f"the result is {_mib(len(payload))}, over farm.max_result_bytes ({_mib(limit)}); "
+            f"make tasks smaller (fewer env.num_envs or farm.steps_per_env) or raise the limit")
+    return payload
 
 
 def _mib(n: int) -> str:

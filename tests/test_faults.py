@@ -282,8 +282,10 @@ def test_full_redis_is_one_clear_line(fault_farm, tmp_path):
     assert "is full (maxmemory reached" in line and f"--resume {run_id}" in line
 
 
+# Raw arrays (farm.compress=none): the wide env's all-zero observations would compress to a few KB.
 WIDE = ["--env", "tests.tiny_envs:wide", "--set", "env.num_envs=1", "--set", "farm.num_tasks=1",
-        "--set", "farm.steps_per_env=1000", "--set", "policy.hidden_sizes=[8]", "--total-steps", "1000"]
+        "--set", "farm.steps_per_env=1000", "--set", "policy.hidden_sizes=[8]", "--set", "farm.compress=none",
+        "--total-steps", "1000"]
 
 
 def test_results_over_100_mib_decode_and_over_the_limit_are_refused_by_the_worker(farm, tmp_path):
