@@ -7,8 +7,12 @@ then an ablation at high policy lag: V-trace on against off.
 Solved: the mean return of the last 20 training episodes reaches 475 (as in vs_sb3.py); times from
 the start of learning. rlfarm runs on the embedded default with 2 worker processes: SYNC is preset
 cartpole-ppo, ASYNC cartpole-appo (2 tasks in flight, one result per update). The ablation runs
-cartpole-appo with 8 tasks in flight and a version per result (lag of several versions) with
-ppo.vtrace true and false, and reports how many seeds solve and the best rolling return.
+cartpole-appo with 8 tasks in flight and a version per result (lag of several versions, tasks act
+with the version they started with) with ppo.vtrace true and false, and reports how many seeds solve
+and the best rolling return. The third table (`--farm-seeds`) stands in for a farm whose workers have
+cores of their own: CartPole sleeping 0.25 ms a step (benchmarks/slow_envs.py), so collection costs
+wall time but no CPU and the learner can overlap it, as on separate machines; ASYNC with and without
+`async.refresh_steps` (tasks switching to newer versions while they run) against SYNC.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_sb3 import ROOT, THRESHOLD, WINDOW, rlfarm_time_to_solve, rolling_solve, sb3_time_to_solve  # noqa: E402
 
-HIGH_LAG = ("--set", "async.tasks_in_flight=8", "--set", "async.results_per_update=1")
+HIGH_LAG = ("--set", "async.tasks_in_flight=8", "--set", "async.results_per_update=1", "--set",
+            "async.refresh_steps=0")
+SLEEPY = ("--env", "benchmarks.slow_envs:cartpole_sleepy")  # a step costs 0.25 ms of wall time, no CPU
 
 
 def median(xs: list[float]) -> float:
@@ -50,6 +56,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--farm-seeds", type=int, nargs="*", default=[1, 2, 3],
+                        help="seeds of the sleep-bound table (none: skip it)")
     args = parser.parse_args()
     print(f"cores: {os.cpu_count()}; solved: mean of the last {WINDOW} training episodes >= {THRESHOLD:g}")
     print(f"{'seed':>4} {'ASYNC s':>8} {'steps':>7} {'SYNC s':>7} {'steps':>7} {'SB3 s':>6} {'steps':>7} "
@@ -80,6 +88,25 @@ def main() -> None:
         rs = results[vtrace]
         print(f"V-trace {'on' if vtrace else 'off'}: solved {sum(not math.isnan(r[0]) for r in rs)} of {len(rs)}, "
               f"median best rolling return {statistics.median(r[2] for r in rs):.1f}")
+
+    if args.farm_seeds:
+        sleep_bound(args.farm_seeds, args.workers)
+
+
+def sleep_bound(seeds: list[int], workers: int) -> None:
+    print(f"\nsleep-bound CartPole ({' '.join(SLEEPY)}): collection costs wall time, not CPU")
+    print(f"{'seed':>4} {'ASYNC s':>8} {'steps':>7} {'no refresh s':>12} {'steps':>7} {'SYNC s':>7} {'steps':>7}")
+    rows = []
+    for seed in seeds:
+        a = rlfarm_time_to_solve(seed, workers, "ppo", preset="cartpole-appo", extra=SLEEPY)
+        n = rlfarm_time_to_solve(seed, workers, "ppo", preset="cartpole-appo",
+                                 extra=(*SLEEPY, "--set", "async.refresh_steps=0"))
+        s = rlfarm_time_to_solve(seed, workers, "ppo", extra=SLEEPY)
+        rows.append((a, n, s))
+        print(f"{seed:>4} {a[0]:>8.1f} {a[1]:>7} {n[0]:>12.1f} {n[1]:>7} {s[0]:>7.1f} {s[1]:>7}", flush=True)
+    ma, mn, ms = (median([r[i][0] for r in rows]) for i in range(3))
+    print(f"median time to solve: ASYNC {ma:.1f} s, ASYNC without refresh {mn:.1f} s, SYNC {ms:.1f} s -> "
+          f"ASYNC/SYNC {ma / ms:.2f}x, without refresh {mn / ms:.2f}x")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ EVAL_TASK = "rlfarm.evaluate"
 Key = tuple[str, int, int]  # (kind, iteration, index): a task's identity within its run
 
 # Collect options the worker reads from `act`; the rest are acting options for the actor.
-COLLECT_OPTIONS = ("keep_next_obs",)
+COLLECT_OPTIONS = ("keep_next_obs", "refresh_steps")
 
 
 class ProtocolError(ValueError):
@@ -112,6 +112,7 @@ class Result:
     task_id: str | None = None
     worker: str = ""
     version: int | None = None  # the version acted with (for "latest": the one it resolved to)
+    last_version: int | None = None  # ASYNC with async.refresh_steps: the version acting at the end
     duration: float | None = None  # seconds the task ran on its worker
     finished: float | None = None  # when the worker pushed it (its wall clock, epoch seconds)
     policy_fetched: bool = False  # the worker fetched the policy from Redis (not from its cache)

@@ -140,11 +140,15 @@ def as_obs(spec: "SpaceSpec", obs: Any, n: int) -> np.ndarray:
 
 def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[int],
             action_seed: int, deterministic: bool = False, keep_next_obs: bool = False,
-            stream: EnvStream | None = None) -> Rollout:
+            stream: EnvStream | None = None, refresh: Callable[[], "Actor | None"] | None = None,
+            refresh_steps: int = 0) -> Rollout:
     """Step `envs` (SAME_STEP autoreset, see envs.make_vector_env) for n_steps with `policy`.
     `keep_next_obs`: also keep every step's real next observation (off-policy learners).
     `stream` ("continue"): go on from where the stream's last task left its envs (`envs` and
-    `env_seeds` are then the stream's), and leave it where this task ends."""
+    `env_seeds` are then the stream's), and leave it where this task ends.
+    `refresh` (ASYNC): called every `refresh_steps` steps; a policy it returns acts from then on (a
+    newer version, as IMPALA's actors pick up new weights mid-rollout). Every step's log-probability
+    and value are those of the policy that acted, so the learner's correction sees the truth."""
     if stream is not None:
         envs = stream.envs
     n = envs.num_envs
@@ -172,6 +176,8 @@ def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[in
         running_return = np.zeros(n, np.float64)
         running_length = np.zeros(n, np.int64)
     for t in range(n_steps):
+        if refresh is not None and t and t % refresh_steps == 0:
+            policy = refresh() or policy
         action, logprob, value = policy.act(obs, rng, deterministic)
         env_action = action if spec.discrete else np.clip(action, low, high)
         next_obs, reward, terminated, truncated, info = envs.step(env_action)

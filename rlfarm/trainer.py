@@ -239,6 +239,8 @@ class Trainer:
         act = dict(self.algo.acting(progress))
         if self.algo.collect_next_obs:
             act["keep_next_obs"] = True
+        if self.config.mode == "async" and self.config.async_.refresh_steps:
+            act["refresh_steps"] = self.config.async_.refresh_steps
         return act
 
     def handle_eval(self, message: Result) -> None:
@@ -567,6 +569,8 @@ class AsyncTrainer(Trainer):
         self.updates = 0  # algorithm updates; a version is published every algo.publish_every
         self._task_counter = 0
         self._lags: list[int] = []
+        self._end_lags: list[int] = []
+        self.results_refreshed = 0  # results whose task picked up a newer version while it ran
         self.lag_counts: dict[int, int] = {}  # whole-run histogram of policy lag, consumed or dropped
         # NaN until learning starts, so every progress.csv row has the same columns.
         self._losses = dict.fromkeys(self.algo.loss_keys, math.nan)
@@ -642,6 +646,11 @@ class AsyncTrainer(Trainer):
         cfg = self.config
         lag = self.version - message.version
         self._lags.append(lag)
+        # With async.refresh_steps a task may end acting with a newer version than it started with:
+        # lag is counted from the oldest (what max_policy_lag bounds), this from the newest.
+        last = message.last_version if message.last_version is not None else message.version
+        self._end_lags.append(self.version - last)
+        self.results_refreshed += last != message.version
         self.lag_counts[lag] = self.lag_counts.get(lag, 0) + 1
         if lag > cfg.async_.max_policy_lag:
             self.dropped_stale += 1
@@ -670,18 +679,20 @@ class AsyncTrainer(Trainer):
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors, state = super().checkpoint_state()
         return tensors, {**state, "task_counter": self._task_counter, "updates": self.updates,
-                         "dropped_stale": self.dropped_stale,
+                         "dropped_stale": self.dropped_stale, "results_refreshed": self.results_refreshed,
                          "lag_counts": {str(k): v for k, v in self.lag_counts.items()}}
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         super().restore(tensors, state)
         self._task_counter = state["task_counter"] + self.RESUME_TASK_OFFSET
         self.updates, self.dropped_stale = state["updates"], state["dropped_stale"]
+        self.results_refreshed = state.get("results_refreshed", 0)  # (checkpoints before it: 0)
         self.lag_counts = {int(k): v for k, v in state["lag_counts"].items()}
 
     def summary_extras(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.start
         return {"policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
+                "results_refreshed": self.results_refreshed,
                 "slots_waiting": round(self._slot_wait_total / (self.tasks_in_flight * elapsed), 4)
                 if elapsed > 0 else 0.0}
 
@@ -696,6 +707,7 @@ class AsyncTrainer(Trainer):
             "farm/policy_lag": float(lags.mean()),
             "farm/policy_lag_min": int(lags.min()),
             "farm/policy_lag_max": int(lags.max()),
+            "farm/policy_lag_end": float(np.mean(self._end_lags or [0])),
             "farm/results_dropped_stale": self.dropped_stale,
             **farm,
             "eval/mean_return": self.eval_mean_return,
@@ -704,7 +716,7 @@ class AsyncTrainer(Trainer):
         self._slot_wait, self._interval_start = 0.0, time.perf_counter()
         if self._lags:
             self.logger.histogram("farm/policy_lag_distribution", lags, self.env_steps)
-        self._lags = []
+        self._lags, self._end_lags = [], []
         self.heartbeat(farm=farm)
         self._on_event()
 

@@ -137,23 +137,44 @@ class RolloutWorker:
             actor = actor.with_options(**spec.acting_options())
             env_seeds, action_seed = task_seeds(spec.seed, spec.iteration, spec.index, env_cfg["num_envs"])
             keep_next_obs = bool(spec.act.get("keep_next_obs", False))
+            refresh_steps = int(spec.act.get("refresh_steps", 0))
+            refresh = None
+            if spec.version == "latest" and refresh_steps > 0:
+                refresh = self._refresher(spec, result)
+            collect_kw = {"keep_next_obs": keep_next_obs, "refresh": refresh, "refresh_steps": refresh_steps}
             if run_meta["config"]["farm"].get("episodes", "fresh") == "continue":
                 stream = self.streams.get(spec.run, lambda generation: EnvStream(
                     make_vector_env(env_cfg["id"], env_cfg["num_envs"], trusted=False, options=env_cfg),
                     stream_seeds(spec.seed, self.identity, generation, env_cfg["num_envs"])))
                 try:
-                    rollout = collect(actor, stream.envs, spec.steps, env_seeds, action_seed,
-                                      keep_next_obs=keep_next_obs, stream=stream)
+                    rollout = collect(actor, stream.envs, spec.steps, env_seeds, action_seed, stream=stream,
+                                      **collect_kw)
                 except BaseException:
                     self.streams.drop(spec.run)  # half-stepped: the next task starts it afresh
                     raise
             else:
                 envs = self._vector_env(env_cfg)
-                rollout = collect(actor, envs, spec.steps, env_seeds, action_seed, keep_next_obs=keep_next_obs)
+                rollout = collect(actor, envs, spec.steps, env_seeds, action_seed, **collect_kw)
             result.rollout = rollout.to_dict()
         result.duration = time.perf_counter() - started
         result.finished = time.time()
         return result
+
+    def _refresher(self, spec: TaskSpec, result: Result) -> Any:
+        """For a task acting with "latest": a callable returning the actor of a version newer than the
+        one acting (or None), which it records as the result's `last_version`. One GET of the
+        version pointer per call; the blob only when the version is new to this process."""
+        store = PolicyStore(self.client, spec.run)
+        result.last_version = result.version
+
+        def refresh() -> Any:
+            latest = store.latest()
+            if latest is None or latest <= result.last_version:
+                return None
+            actor, result.last_version, _ = self._actor(spec.run, latest)
+            return actor.with_options(**spec.acting_options())
+
+        return refresh
 
     def _single_env(self, env_cfg: dict[str, Any]) -> Any:
         key = (env_cfg["id"], 0, _options_key(env_cfg))

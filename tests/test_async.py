@@ -120,3 +120,24 @@ def test_a_slow_learner_applies_back_pressure_and_says_how_long_the_farm_waited(
     assert summary["env_steps"] >= 16384
     status = redis.Redis.from_url(farm.redis_url).hgetall(f"rlfarm:{run_id}:status")
     assert b"slots_waiting" in status
+
+
+def test_tasks_pick_up_newer_versions_while_they_run(farm, tmp_path):
+    """async.refresh_steps: APPO with 8 tasks in flight on 2 workers and a version per result. Tasks
+    started with an old version switch to the newest every 16 steps, so results end acting with newer
+    versions than they started with (counted), the lag at a task's end is below the lag at its start,
+    and the learner still sees the truth: every step's log-probability is that of the policy that
+    acted, so V-trace's weights stay near 1 where the data is fresh."""
+    from .conftest import read_csv
+
+    r = run_cli("train", "--redis", farm.redis_url, "--preset", "cartpole-appo", "--run-id", "refresh",
+                "--logdir", str(tmp_path), "--total-steps", "30000", "--set", "async.tasks_in_flight=8",
+                "--set", "async.results_per_update=1", "--set", "async.refresh_steps=16",
+                "--set", "farm.steps_per_env=256")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = read_summary(tmp_path / "refresh")
+    assert summary["results_refreshed"] > 0
+    rows = [row for row in read_csv(tmp_path / "refresh" / "progress.csv") if int(row["policy_version"]) > 0]
+    start = sum(float(row["farm/policy_lag"]) for row in rows)
+    end = sum(float(row["farm/policy_lag_end"]) for row in rows)
+    assert end < start, (start, end)

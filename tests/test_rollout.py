@@ -198,3 +198,30 @@ def test_episode_returns_are_the_real_score_and_a_lost_life_is_a_terminal_withou
     assert r.terminations[:, 0].tolist() == r.dones[:, 0].tolist()
     assert r.obs[:, 0, 0].tolist() == [0, 1, 2, 3, 0, 1]
     assert r.next_obs[1, 0, 0] == 2  # the real next observation after the lost life
+
+
+class ConstantPolicy(CountValue):
+    """Always `action`, with log-probability `logp`: tells which policy acted at each step."""
+
+    def __init__(self, action: int, logp: float):
+        self.action, self.logp = action, logp
+
+    def act(self, obs, rng, deterministic=False):
+        n = len(obs)
+        return np.full(n, self.action, np.int64), np.full(n, self.logp, np.float32), self.value(obs)
+
+
+def test_a_refreshed_policy_acts_from_the_step_it_arrives_and_its_logprobs_are_recorded():
+    """async.refresh_steps: every 4 steps the task asks for a newer version; the second ask brings one."""
+    envs = make_vector_env("tests.tiny_envs:truncating", 2)
+    answers = iter([None, ConstantPolicy(1, -0.5), None])
+    asked = []
+
+    def refresh():
+        asked.append(True)
+        return next(answers)
+
+    r = collect(ConstantPolicy(0, -0.1), envs, 12, [0, 1], 0, refresh=refresh, refresh_steps=4)
+    assert len(asked) == 2  # at steps 4 and 8
+    assert r.actions[:, 0].tolist() == [0] * 8 + [1] * 4
+    np.testing.assert_allclose(r.logprobs[:, 1], [-0.1] * 8 + [-0.5] * 4)
