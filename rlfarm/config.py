@@ -79,6 +79,10 @@ class PolicyConfig:
     cnn_kernels: tuple[int, ...] = (8, 4, 3)
     cnn_strides: tuple[int, ...] = (4, 2, 1)
     cnn_features: int = 512  # the encoder's output size (a linear layer after the convolutions)
+    # Vector observations: normalise by running mean and variance, kept in the network's state (so
+    # every version carries the statistics it acts with) and updated by the learner (rlfarm.normalize).
+    normalize_obs: bool = False
+    normalize_clip: float = 10.0  # normalised observations are clipped to [-clip, clip]
 
 
 class AlgoSection:
@@ -426,6 +430,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("policy.cnn_channels, policy.cnn_kernels and policy.cnn_strides must be lists of "
                           "positive integers of the same length (one entry per convolution)")
     _at_least_1(config, "policy.cnn_features")
+    if not config.policy.normalize_clip > 0:
+        raise ConfigError(f"policy.normalize_clip must be positive, got {config.policy.normalize_clip}")
     if config.eval.confirm_episodes < 0:
         raise ConfigError("eval.confirm_episodes cannot be negative (0: no confirmation)")
     if config.async_.max_policy_lag < 0 or config.eval.interval < 0:

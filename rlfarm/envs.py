@@ -148,8 +148,24 @@ def make_env(env_id: str, trusted: bool = True, render_mode: str | None = None,
         return env
     except EnvError:
         raise
+    except gym.error.DependencyNotInstalled as exc:
+        extra = _EXTRAS.get(_entry_package(env_id))
+        if extra is None:
+            raise EnvError(f"env {env_id!r} needs a package that is not installed: {exc}") from exc
+        raise EnvError(f"env {env_id!r} needs the {extra} extra, which is not installed: "
+                       f'pip install -e ".[{extra}]" ({exc})') from exc
     except Exception as exc:  # noqa: BLE001 - any user constructor: gym.make, a class, a factory function
         raise EnvError(f"env {env_id!r} could not be constructed: {type(exc).__name__}: {exc}") from exc
+
+
+_EXTRAS = {"gymnasium.envs.mujoco": "mujoco", "ale_py": "atari"}  # env package -> rlfarm's extra
+
+
+def _entry_package(env_id: str) -> str:
+    """The package of a registered env's entry point ("gymnasium.envs.mujoco" for HalfCheetah-v5)."""
+    entry = gym.registry[env_id].entry_point if env_id in gym.registry else None
+    module = entry.partition(":")[0] if isinstance(entry, str) else ""
+    return next((package for package in _EXTRAS if module == package or module.startswith(package + ".")), "")
 
 
 def make_vector_env(env_id: str, num_envs: int, trusted: bool = True,

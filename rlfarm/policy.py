@@ -22,6 +22,7 @@ from torch import nn
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
+from rlfarm.normalize import ObsNormalizer
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 _NUMPY_ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x: np.maximum(x, 0)}
@@ -102,6 +103,12 @@ class NatureCNN(nn.Module):
 
 # ---- networks --------------------------------------------------------------------------------------
 
+def obs_normalizer(spec: SpaceSpec, config: PolicyConfig) -> ObsNormalizer | None:
+    """A running-statistics normaliser for vector observations when `policy.normalize_obs` asks for
+    one (images are scaled to [0, 1] instead)."""
+    return ObsNormalizer(spec.obs_dim, config.normalize_clip) if config.normalize_obs and not spec.is_image else None
+
+
 class ActorCritic(nn.Module):
     """Categorical or diagonal-Gaussian policy and a state value. Vectors: separate actor and critic
     MLPs. Images: one CNN encoder, a linear actor head and a linear critic head."""
@@ -118,11 +125,14 @@ class ActorCritic(nn.Module):
             hidden = list(config.hidden_sizes)
             self.critic = mlp([spec.obs_dim, *hidden, 1], config.activation, out_std=1.0)
             self.actor = mlp([spec.obs_dim, *hidden, spec.action_dim], config.activation, out_std=0.01)
+        self.obs_norm = obs_normalizer(spec, config)
         if not spec.discrete:
             self.actor_logstd = nn.Parameter(torch.full((1, spec.action_dim), config.init_log_std))
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.encoder(obs) if self.encoder is not None else obs
+        if self.encoder is not None:
+            return self.encoder(obs)
+        return self.obs_norm(obs) if self.obs_norm is not None else obs
 
     def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._features(obs)
@@ -271,13 +281,17 @@ class NumpyActor(PolicyActor):
         self.spec = policy.spec
         self.actor = _numpy_mlp(policy.actor)
         self.critic = _numpy_mlp(policy.critic)
+        self.normalize = policy.obs_norm.numpy() if policy.obs_norm is not None else None
         self._gaussian(policy)
 
     def value(self, obs: np.ndarray) -> np.ndarray:
+        if self.normalize is not None:
+            obs = self.normalize(obs)
         return _run_numpy_mlp(self.critic, obs)[:, 0]
 
     def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _run_numpy_mlp(self.actor, obs), self.value(obs)
+        x = self.normalize(obs) if self.normalize is not None else obs
+        return _run_numpy_mlp(self.actor, x), _run_numpy_mlp(self.critic, x)[:, 0]
 
 
 class TorchPolicyActor(PolicyActor):

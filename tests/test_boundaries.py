@@ -19,7 +19,7 @@ import pytest
 
 from .conftest import ROOT
 
-PURE = ["rlfarm.config", "rlfarm.codec", "rlfarm.envs", "rlfarm.atari", "rlfarm.policy", "rlfarm.rollout", "rlfarm.replay",
+PURE = ["rlfarm.config", "rlfarm.codec", "rlfarm.envs", "rlfarm.atari", "rlfarm.normalize", "rlfarm.policy", "rlfarm.rollout", "rlfarm.replay",
         "rlfarm.protocol", "rlfarm.signing", "rlfarm.algos", "rlfarm.algos.base", "rlfarm.algos.ppo",
         "rlfarm.algos.appo", "rlfarm.algos.dqn"]
 FORBIDDEN_FOR_PURE = ["redis", "celery", "kombu", "rlfarm.store", "rlfarm.worker", "rlfarm.dispatch",

@@ -47,7 +47,7 @@ def test_cartpole_ppo_solves_within_100k_steps(tmp_path):
 
 def test_pendulum_ppo_learns_within_200k_steps(tmp_path):
     best = best_of_run(tmp_path, "pendulum", "pendulum-ppo", 200_000, "--preset", "pendulum-ppo", "--workers", "2")
-    assert best >= -700  # random play is about -1200
+    assert best >= -250  # random play is about -1200
 
 
 def test_cartpole_dqn_async_greedy_eval_reaches_475_within_100k_steps(tmp_path):

@@ -114,6 +114,7 @@ class APPO(PPO):
         # PPO, solved CartPole ~20 % faster at low lag but collapsed in 1 of 5 runs at a lag of 10.)
         metrics = self._optimize(rollout, rollout.logprobs, values, advantages, returns,
                                  impala_loss=cfg.pg_loss == "impala", between=between)
+        self.update_normalizer(rollout)
         metrics["vtrace/rho_mean"] = float(np.minimum(cfg.rho_bar, ratios).mean())
         # (a hair above rho_bar: numpy acting and torch learning differ in the last float bits)
         metrics["vtrace/rho_clipped_frac"] = float((ratios > cfg.rho_bar * (1 + 1e-5)).mean())

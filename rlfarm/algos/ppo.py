@@ -82,7 +82,16 @@ class PPO(Algorithm):
         cfg = self.config
         self._anneal(progress_remaining)
         advantages, returns = compute_gae(rollout, cfg.gamma, cfg.gae_lambda)
-        return self._optimize(rollout, rollout.logprobs, rollout.values, advantages, returns)
+        metrics = self._optimize(rollout, rollout.logprobs, rollout.values, advantages, returns)
+        self.update_normalizer(rollout)
+        return metrics
+
+    def update_normalizer(self, rollout: Rollout) -> None:
+        """Fold the batch's observations into the running statistics, after the update: the batch was
+        acted and learned with the same statistics (PPO's ratio starts at 1), the next version
+        carries the new ones to the workers."""
+        if self.policy.obs_norm is not None:
+            self.policy.obs_norm.update(rollout.obs.reshape(-1, self.spec.obs_dim))
 
     def _anneal(self, progress_remaining: float) -> None:
         if self.config.anneal_lr:
