@@ -21,7 +21,7 @@ from .conftest import ROOT
 
 PURE = ["rlfarm.config", "rlfarm.codec", "rlfarm.envs", "rlfarm.atari", "rlfarm.policy", "rlfarm.rollout", "rlfarm.replay",
         "rlfarm.protocol", "rlfarm.signing", "rlfarm.algos", "rlfarm.algos.base", "rlfarm.algos.ppo",
-        "rlfarm.algos.appo", "rlfarm.algos.dqn"]
+        "rlfarm.algos.appo", "rlfarm.algos.offpolicy", "rlfarm.algos.dqn"]
 FORBIDDEN_FOR_PURE = ["redis", "celery", "kombu", "rlfarm.store", "rlfarm.worker", "rlfarm.dispatch",
                       "rlfarm.checkpoint", "rlfarm.metrics", "rlfarm.cluster", "rlfarm.trainer",
                       "rlfarm.outage", "rlfarm.celery_app", "tensorboard", "tasks", "cli"]
