@@ -187,9 +187,8 @@ class DQNConfig(AlgoSection):
     per_eps: float = 1e-6
 
     def check(self, run: "RunConfig") -> None:
-        _at_least_1(run, "dqn.batch_size", "dqn.buffer_size", "dqn.n_step", "dqn.target_update_interval")
-        if self.replay_ratio < 0:
-            raise ConfigError("dqn.replay_ratio cannot be negative")
+        _check_replay(run, "dqn")
+        _at_least_1(run, "dqn.target_update_interval")
         if not 0 < self.tau <= 1:
             raise ConfigError(f"dqn.tau must be in (0, 1], got {self.tau}")
 
@@ -197,6 +196,62 @@ class DQNConfig(AlgoSection):
     def check_spaces(cls, spec: "SpaceSpec") -> None:
         if not spec.discrete:
             raise ConfigError("algo 'dqn' needs a discrete action space; use ppo for continuous actions")
+
+
+@dataclass(frozen=True)
+class SACConfig(AlgoSection):
+    """[sac]: Soft Actor-Critic with automatic entropy tuning (Haarnoja et al. 2018; rlfarm.algos.sac).
+    Names and defaults as CleanRL's sac_continuous_action and SB3's SAC."""
+
+    algo: ClassVar[str] = "sac"
+    modes: ClassVar[dict[str, str]] = {
+        "async": "tasks act with the newest version when they start; results feed a replay buffer"}
+    mode_hint: ClassVar[str] = ("SAC learns off-policy from a replay buffer, so it never waits for whole "
+                                "groups acted with one version; use --mode async")
+
+    learning_rate: float = 3e-4  # actor, both critics and the entropy coefficient (one, as SB3)
+    gamma: float = 0.99
+    tau: float = 0.005  # Polyak coefficient of the target critics
+    n_step: int = 1  # n-step returns, computed inside each task's transitions
+    batch_size: int = 256
+    buffer_size: int = 1_000_000
+    learning_starts: int = 5_000  # heatup: uniform random actions in the bounds, no training
+    replay_ratio: float = 1.0  # gradient steps per consumed env step (CleanRL and SB3: one per step)
+    # CleanRL's delayed policy updates (TD3's trick): every policy_frequency gradient steps the actor
+    # (and alpha) take policy_frequency steps, so they get as many steps as the critics.
+    policy_frequency: int = 2
+    target_network_frequency: int = 1  # gradient steps between Polyak updates of the target critics
+    autotune: bool = True  # tune the entropy coefficient towards a target entropy of -action_dim
+    initial_alpha: float = 1.0  # where autotune starts (SB3's "auto"; CleanRL's log_alpha = 0)
+    alpha: float = 0.2  # the fixed entropy coefficient when autotune = false
+    prioritized: bool = False  # prioritized replay by the critics' mean absolute TD error
+    per_alpha: float = 0.6
+    per_beta: float = 0.4  # importance-sampling exponent, annealed to 1 over the run
+    per_eps: float = 1e-6
+
+    def check(self, run: "RunConfig") -> None:
+        _check_replay(run, "sac")
+        _at_least_1(run, "sac.policy_frequency", "sac.target_network_frequency")
+        if not 0 < self.tau <= 1:
+            raise ConfigError(f"sac.tau must be in (0, 1], got {self.tau}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"sac.learning_rate must be positive, got {self.learning_rate}")
+        if not self.initial_alpha > 0:  # autotune learns log(alpha)
+            raise ConfigError(f"sac.initial_alpha must be positive, got {self.initial_alpha}")
+        if self.alpha < 0:
+            raise ConfigError(f"sac.alpha cannot be negative, got {self.alpha}")
+
+    @classmethod
+    def check_spaces(cls, spec: "SpaceSpec") -> None:
+        if spec.discrete:
+            raise ConfigError(f"algo 'sac' needs a Box (continuous) action space, the env has "
+                              f"{spec.action_dim} discrete actions; use ppo or dqn for discrete actions")
+        bounds = (*spec.action_low, *spec.action_high)
+        if not all(math.isfinite(x) for x in bounds):
+            raise ConfigError(f"algo 'sac' scales its tanh-squashed actions to the action space's bounds "
+                              f"and needs finite ones, the env's are low={list(spec.action_low)} "
+                              f"high={list(spec.action_high)}; wrap the env in gymnasium's RescaleAction "
+                              f"with finite bounds, or use ppo")
 
 
 @dataclass(frozen=True)
@@ -236,7 +291,7 @@ class RunConfig:
     logdir: str = "runs"
     torch_threads: int = 1  # trainer threads; small MLPs run fastest (and reproducibly) on one
     # Trainer checkpoint (for --resume) at most every this many seconds, at a published version, and at
-    # the end; 0: at every published version. The DQN replay buffer is saved with it when checkpoint_replay.
+    # the end; 0: at every published version. Off-policy replay buffers are saved with it when checkpoint_replay.
     checkpoint_interval: float = 10.0
     checkpoint_replay: bool = True
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -244,6 +299,7 @@ class RunConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     dqn: DQNConfig = field(default_factory=DQNConfig)
+    sac: SACConfig = field(default_factory=SACConfig)
     async_: AsyncConfig = field(default_factory=AsyncConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -278,13 +334,21 @@ class RunConfig:
 
 # Every algorithm's section, by name: the registry of what a config can name (the learners are
 # found from these names by rlfarm.algos.learner).
-ALGORITHMS: dict[str, type[AlgoSection]] = {section.algo: section for section in (PPOConfig, DQNConfig)}
+ALGORITHMS: dict[str, type[AlgoSection]] = {section.algo: section
+                                             for section in (PPOConfig, DQNConfig, SACConfig)}
 
 
 def _at_least_1(run: RunConfig, *keys: str) -> None:
     for key in keys:
         if get(run, key) < 1:
             raise ConfigError(f"{key} must be at least 1, got {get(run, key)}")
+
+
+def _check_replay(run: RunConfig, section: str) -> None:
+    """The replay fields every off-policy section has (rlfarm.algos.offpolicy reads them)."""
+    _at_least_1(run, f"{section}.batch_size", f"{section}.buffer_size", f"{section}.n_step")
+    if get(run, f"{section}.replay_ratio") < 0:
+        raise ConfigError(f"{section}.replay_ratio cannot be negative")
 
 
 # `async` is a Python keyword: the field is `async_`, users and files say `async`.

@@ -4,6 +4,7 @@ the network follows the observation space (MLP for vectors, CNN for uint8 images
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -14,13 +15,28 @@ from torch import nn
 from rlfarm import config as C
 from rlfarm.algos import learner, names
 from rlfarm.envs import EnvError, describe, make_vector_env
-from rlfarm.policy import NatureCNN, NumpyActor, NumpyQActor, TorchPolicyActor, TorchQActor, cnn_layers
+from rlfarm.policy import (NatureCNN, NumpyActor, NumpyQActor, NumpySACActor, TorchPolicyActor, TorchQActor,
+                           TorchSACActor, cnn_layers)
 from rlfarm.rollout import collect
 
 ENVS = {"vector": "CartPole-v1", "image": "tests.tiny_envs:image", "image-hwc": "tests.tiny_envs:image_hwc"}
+# The same kinds with Box actions, for the algorithms that cannot act in ENVS (SAC).
+BOX_ENVS = {"vector": "Pendulum-v1", "image": "tests.tiny_envs:image_box", "image-hwc": "tests.tiny_envs:image_box_hwc"}
 # Small and quick: learning starts at once, small batches and networks.
 OVERRIDES = ["dqn.learning_starts=0", "dqn.batch_size=32", "dqn.buffer_size=4096", "dqn.replay_ratio=0.05",
+             "sac.learning_starts=0", "sac.batch_size=32", "sac.buffer_size=4096", "sac.replay_ratio=0.05",
              "policy.cnn_features=32", "policy.hidden_sizes=[32, 32]"]
+
+
+@functools.cache
+def env_for(algo: str, kind: str) -> str:
+    """The env of this kind the algorithm can act in: ENVS' (discrete actions) unless its own checks
+    refuse them, then BOX_ENVS'."""
+    try:
+        C.ALGORITHMS[algo].check_spaces(describe(ENVS[kind]))
+        return ENVS[kind]
+    except C.ConfigError:
+        return BOX_ENVS[kind]
 
 
 def make(algo: str, env: str, seed: int = 0, mode: str | None = None):
@@ -61,9 +77,10 @@ CASES = [(algo, mode, kind) for algo, mode in LEARNERS for kind in ENVS]
 
 @pytest.mark.parametrize("algo, mode, kind", CASES)
 def test_one_update_changes_parameters_with_finite_losses(algo, mode, kind):
-    algorithm, _ = make(algo, ENVS[kind], mode=mode)
+    env = env_for(algo, kind)
+    algorithm, _ = make(algo, env, mode=mode)
     before = params(algorithm)
-    metrics = train_once(algorithm, rollout_for(algorithm, ENVS[kind], seed=3))
+    metrics = train_once(algorithm, rollout_for(algorithm, env, seed=3))
     assert set(type(algorithm).loss_keys) <= set(metrics)
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     after = algorithm.state()
@@ -73,7 +90,7 @@ def test_one_update_changes_parameters_with_finite_losses(algo, mode, kind):
 
 @pytest.mark.parametrize("algo, mode, kind", CASES)
 def test_checkpoint_restore_update_is_bit_identical(algo, mode, kind):
-    env = ENVS[kind]
+    env = env_for(algo, kind)
     first, second = rollout_for(make(algo, env, seed=1, mode=mode)[0], env, seed=5), None
     whole, _ = make(algo, env, mode=mode)
     train_once(whole, first)
@@ -93,22 +110,22 @@ def test_checkpoint_restore_update_is_bit_identical(algo, mode, kind):
 def test_network_follows_the_observation_space(algo):
     cls = learner(algo)
     policy_cfg = C.PolicyConfig()
-    vector = cls.build_network(describe(ENVS["vector"]), policy_cfg)
+    vector = cls.build_network(describe(env_for(algo, "vector")), policy_cfg)
     assert not any(isinstance(m, nn.Conv2d) for m in vector.modules())
-    assert type(cls.actor(vector)) in (NumpyActor, NumpyQActor)  # numpy acting for MLPs
+    assert type(cls.actor(vector)) in (NumpyActor, NumpyQActor, NumpySACActor)  # numpy acting for MLPs
 
     for kind in ("image", "image-hwc"):
-        spec = describe(ENVS[kind])
+        spec = describe(env_for(algo, kind))
         assert spec.is_image and spec.obs_dtype == "uint8"
         image = cls.build_network(spec, policy_cfg)
         assert isinstance(image.encoder, NatureCNN)
-        assert type(cls.actor(image)) in (TorchPolicyActor, TorchQActor)
+        assert type(cls.actor(image)) in (TorchPolicyActor, TorchQActor, TorchSACActor)
         # A 16x16 image is too small for the Nature CNN's 8x8/4 kernels: the small default applies.
         assert cnn_layers(spec, policy_cfg) == [(16, 3, 1), (32, 3, 1)]
         obs = np.random.default_rng(0).integers(0, 256, (3, *spec.obs_shape), dtype=np.uint8)
         actor = cls.actor(image)
         action, _, value = actor.act(obs, np.random.default_rng(0), deterministic=True)
-        assert action.shape == (3,) and value.shape == (3,) and value.dtype == np.float32
+        assert action.shape == (3, *spec.action_shape) and value.shape == (3,) and value.dtype == np.float32
 
 
 def test_an_atari_sized_image_gets_the_nature_cnn():

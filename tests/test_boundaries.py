@@ -17,11 +17,13 @@ import textwrap
 
 import pytest
 
+from rlfarm.config import ALGORITHMS
+
 from .conftest import ROOT
 
 PURE = ["rlfarm.config", "rlfarm.codec", "rlfarm.envs", "rlfarm.atari", "rlfarm.normalize", "rlfarm.policy", "rlfarm.rollout", "rlfarm.replay",
         "rlfarm.protocol", "rlfarm.signing", "rlfarm.algos", "rlfarm.algos.base", "rlfarm.algos.ppo",
-        "rlfarm.algos.appo", "rlfarm.algos.dqn"]
+        "rlfarm.algos.appo", "rlfarm.algos.offpolicy", "rlfarm.algos.dqn", "rlfarm.algos.sac"]
 FORBIDDEN_FOR_PURE = ["redis", "celery", "kombu", "rlfarm.store", "rlfarm.worker", "rlfarm.dispatch",
                       "rlfarm.checkpoint", "rlfarm.metrics", "rlfarm.cluster", "rlfarm.trainer",
                       "rlfarm.outage", "rlfarm.celery_app", "tensorboard", "tasks", "cli"]
@@ -95,6 +97,6 @@ def test_no_algorithm_switch_outside_algos():
                 sides = [node.left, *node.comparators]
                 names = {ast.unparse(s) for s in sides}
                 strings = {s.value for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)}
-                if strings & {"ppo", "dqn"} and any("algo" in n for n in names):
+                if strings & set(ALGORITHMS) and any("algo" in n for n in names):
                     offenders.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, offenders

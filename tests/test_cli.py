@@ -30,6 +30,7 @@ def test_presets_lists_each_with_a_line():
     lines = result.output.strip().splitlines()
     assert any(line.startswith("cartpole-ppo ") for line in lines)
     assert any(line.startswith("pendulum-ppo ") for line in lines)
+    assert any(line.startswith("pendulum-sac ") for line in lines)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -46,6 +47,13 @@ def test_presets_lists_each_with_a_line():
     (["--set", "ppo.num_minibatches=3"], "must divide the steps per iteration"),
     (["--preset", "cartpole-dqn", "--mode", "sync"], "algo 'dqn' cannot run in --mode sync"),
     (["--preset", "cartpole-dqn", "--env", "Pendulum-v1"], "needs a discrete action space"),
+    (["--preset", "pendulum-sac", "--mode", "sync"], "algo 'sac' cannot run in --mode sync"),
+    (["--preset", "pendulum-sac", "--env", "CartPole-v1"],
+     "algo 'sac' needs a Box (continuous) action space, the env has 2 discrete actions; use ppo or dqn"),
+    (["--preset", "pendulum-sac", "--env", "tests.tiny_envs:unbounded"],
+     "algo 'sac' scales its tanh-squashed actions to the action space's bounds and needs finite ones"),
+    (["--preset", "pendulum-sac", "--set", "sac.tau=1.5"], "sac.tau must be in (0, 1], got 1.5"),
+    (["--preset", "pendulum-sac", "--set", "sac.replay_ratio=-1"], "sac.replay_ratio cannot be negative"),
 ])
 def test_bad_input_fails_before_dispatch(tmp_path, args, message):
     result = run_cli("train", "--logdir", str(tmp_path), *args)

@@ -19,6 +19,8 @@ TRAIN = {
             "--set", "dqn.learning_starts=256", "--set", "eval.interval=0", "--set", "target_return=inf"],
     "ppo": ["--preset", "cartpole-ppo", "--total-steps", "2048", "--set", "farm.num_tasks=2",
             "--set", "env.num_envs=1", "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2"],
+    "sac": ["--preset", "pendulum-sac", "--total-steps", "1000", "--set", "sac.learning_starts=400",
+            "--set", "policy.hidden_sizes=[32,32]", "--set", "eval.interval=0", "--set", "target_return=inf"],
 }
 HAS_MOVIEPY = importlib.util.find_spec("moviepy") is not None
 NO_MOVIEPY = 'moviepy is not installed (pip install -e ".[video]" or ".[test]"): --video cannot record'
@@ -26,7 +28,8 @@ NO_MOVIEPY = 'moviepy is not installed (pip install -e ".[video]" or ".[test]"):
 
 @pytest.fixture(scope="module")
 def runs(farm, tmp_path_factory):
-    """{algo: (run id, run directory)}: one tiny CartPole run of each algorithm, trained by the CLI."""
+    """{algo: (run id, run directory)}: one tiny run of each algorithm (CartPole; SAC: Pendulum),
+    trained by the CLI."""
     logdir = tmp_path_factory.mktemp("eval-runs")
     done = {}
     for algo, args in TRAIN.items():
@@ -58,8 +61,20 @@ def test_eval_plays_every_algorithm_from_a_file_and_from_redis(runs, farm, algo,
 
 
 @pytest.mark.parametrize("kind", ["policy", "run"])
+def test_eval_plays_sac_from_a_file_and_from_redis(runs, farm, kind):
+    result = run_cli("eval", *source(runs, farm, "sac", kind), "--episodes", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith("Pendulum-v1, policy v") and line.endswith("over 2 greedy episodes")
+    mean = float(line.split("mean return ")[1].split(" ")[0])
+    assert -2000 <= mean <= 0  # Pendulum's rewards are at most 0, at least about -16.3 a step
+
+
+@pytest.mark.parametrize("kind", ["policy", "run"])
 @pytest.mark.parametrize("algo, env, what", [
     ("dqn", "Pendulum-v1", "it acts with 2 discrete actions, the env takes 1-dimensional continuous actions"),
+    ("sac", "CartPole-v1", "it acts with 1-dimensional continuous actions, the env takes 2 discrete actions"),
+    ("sac", "MountainCarContinuous-v0", "it takes observations of size 3, the env's have size 2"),
     ("dqn", "Acrobot-v1", "it takes observations of size 4, the env's have size 6"),
     ("ppo", "Pendulum-v1", "it takes observations of size 4, the env's have size 3"),
     ("ppo", "Acrobot-v1", "it acts with 2 discrete actions, the env takes 3 discrete actions"),

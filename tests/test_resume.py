@@ -101,6 +101,28 @@ def test_async_dqn_resumes_with_its_replay_buffer_and_optimizer(tmp_path):
     assert_cleaned_up(run_dir, "dqn")
 
 
+def test_async_sac_resumes_with_its_critics_alpha_and_replay(tmp_path):
+    """SAC's checkpoint (actor, twin critics and targets, log_alpha, three optimizers, its noise
+    generator, the replay buffer) goes through the file and back into a resumed run."""
+    args = ["--preset", "pendulum-sac", "--workers", "2", "--total-steps", "5000", "--target-return", "1e9",
+            "--set", "policy.hidden_sizes=[32,32]", "--set", "eval.interval=0", "--set", "checkpoint_interval=0.5"]
+    state = start_and_sigkill(tmp_path, "sac", args, kill_after_steps=1600)
+    killed_at = state["env_steps"]
+    assert state["algo"]["replay"]["size"] == killed_at and state["algo"]["gradient_steps"] > 0
+    resumed = run_cli("train", "--resume", "sac", "--logdir", str(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"from its checkpoint: {killed_at} env steps" in resumed.stdout + resumed.stderr
+    run_dir = tmp_path / "sac"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tensors, final = checkpoint.load(run_dir)
+    assert final["env_steps"] == summary["env_steps"] >= 5000
+    assert final["algo"]["replay"]["size"] == summary["env_steps"]  # restored, not refilled
+    # one gradient step per env step after the 100 of heatup, counted on from the checkpoint
+    assert final["algo"]["gradient_steps"] >= summary["env_steps"] - 100 - 400
+    assert tensors["log_alpha"].item() != 0.0  # alpha moved from its initial 1.0
+    assert_cleaned_up(run_dir, "sac")
+
+
 def test_resume_refuses_config_changes_and_missing_checkpoints(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text("{}")

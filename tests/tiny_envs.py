@@ -234,6 +234,65 @@ def image_hwc() -> gym.Env:
     return SideEnv(channels_last=True)
 
 
+class SideBoxEnv(SideEnv):
+    """SideEnv with a Box action in [-1, 1]: reward 1 when the action's sign names the lit half
+    (negative: left). Image observations for continuous-action learners."""
+
+    def __init__(self, channels_last: bool = False):
+        super().__init__(channels_last)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def step(self, action):
+        return super().step(int(np.asarray(action).reshape(-1)[0] > 0))
+
+
+def image_box() -> gym.Env:
+    return SideBoxEnv()
+
+
+def image_box_hwc() -> gym.Env:
+    return SideBoxEnv(channels_last=True)
+
+
+class BoundsEnv(gym.Env):
+    """A 2-D Box action with asymmetric bounds, low [-1, 0] and high [3, 10]; obs = the last action,
+    reward = -|action - (1, 5)| (the midpoints), 20-step episodes. Records every action it is given."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-20, 20, (2,), np.float32)
+        self.action_space = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([3.0, 10.0], np.float32))
+        self.received: list[np.ndarray] = []
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        action = np.asarray(action, np.float32)
+        self.received.append(action.copy())
+        self.t += 1
+        reward = -float(np.abs(action - np.array([1.0, 5.0])).sum())
+        return action.copy(), reward, False, self.t >= 20, {}
+
+
+def bounds() -> gym.Env:
+    return BoundsEnv()
+
+
+class UnboundedEnv(SlowEnv):
+    """CartPole-shaped observations, a Box action without bounds (-inf, inf)."""
+
+    def __init__(self):
+        super().__init__(step_seconds=0.0)
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+
+def unbounded() -> gym.Env:
+    return UnboundedEnv()
+
+
 class DictEnv(SlowEnv):
     """CartPole-shaped actions, a Dict observation space: rlfarm cannot act on it."""
 

@@ -2,27 +2,26 @@
 prioritized replay. Exploration (epsilon-greedy) happens on the workers, with the epsilon this
 learner asks for in each task's acting options.
 
-ASYNC only. Heatup (`learning_starts` random steps), the epsilon schedule, the replay ratio
-(gradient steps per consumed env step) and PER's beta schedule all live here; the trainer only
-hands results in and asks whether an update is ready.
+ASYNC only. Replay, heatup (`learning_starts` random steps), the replay ratio (gradient steps per
+consumed env step) and PER's beta schedule are rlfarm.algos.offpolicy's, shared with SAC; this module
+is the Q-network, the epsilon schedule and the gradient step.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from rlfarm.algos.base import (Algorithm, to_device, load_optimizer_state, optimizer_state, prefixed, register,
-                               unprefixed)
+from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, register, to_device, unprefixed
+from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.policy import QNetwork
-from rlfarm.replay import Batch, PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
-from rlfarm.rollout import Rollout
+from rlfarm.replay import Batch
 
 
 def linear_schedule(start: float, end: float, fraction: float, progress: float) -> float:
@@ -42,11 +41,9 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 
 
 @register
-class DQN(Algorithm):
+class DQN(OffPolicy):
     name = "dqn"
-    serves = ("async",)
     head = "q"  # the output MLP of a saved policy (rlfarm.policy.load_network)
-    collect_next_obs = True  # replay needs each step's real next observation
     loss_keys = ("losses/td_loss", "losses/q_values", "losses/grad_norm", "charts/learning_rate")
 
     @classmethod
@@ -55,57 +52,32 @@ class DQN(Algorithm):
 
     def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
         super().__init__(config, spec, device)
-        cfg = self.config = config.dqn
         self.q_network = self.build_network(spec, config.policy).to(device)
         self.target_network = copy.deepcopy(self.q_network)
         # fused Adam and a foreach gradient clip: a 64x64 MLP step is dominated by per-op dispatch,
         # so fewer kernels make the learner ~35 % faster (1.0 -> 0.67 ms per step on one core).
-        self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=cfg.learning_rate, fused=True)
+        self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=self.config.learning_rate, fused=True)
         self._params = list(self.q_network.parameters())
-        self.gradient_steps = 0
-        buffer = PrioritizedReplayBuffer if cfg.prioritized else ReplayBuffer
-        extra = {"alpha": cfg.per_alpha, "eps": cfg.per_eps} if cfg.prioritized else {}
-        self.replay = buffer(cfg.buffer_size, spec.obs_shape, obs_dtype=spec.obs_dtype, seed=config.seed, **extra)
-        self.env_steps = 0  # transitions observed (heatup counts these)
-        self.grad_budget = 0.0  # gradient steps owed by the replay ratio
 
     @property
     def policy(self) -> QNetwork:
         return self.q_network
 
     def epsilon(self, progress: float) -> float:
-        if self.env_steps < self.config.learning_starts:
-            return 1.0  # heatup: uniform random actions
+        if self.heatup:
+            return 1.0  # uniform random actions
         c = self.config
         return linear_schedule(c.exploration_initial_eps, c.exploration_final_eps, c.exploration_fraction,
                                progress)
 
-    def acting(self, progress: float) -> dict[str, Any]:
+    def random_acting(self) -> dict[str, Any]:
+        return {"epsilon": 1.0}
+
+    def policy_acting(self, progress: float) -> dict[str, Any]:
         return {"epsilon": self.epsilon(progress)}
 
-    def observe(self, rollout: Rollout, policy_lag: int) -> None:
-        cfg = self.config
-        self.env_steps += rollout.num_steps
-        self.replay.add(nstep_transitions(rollout, cfg.n_step, cfg.gamma))
-        if self.env_steps >= cfg.learning_starts:
-            self.grad_budget += rollout.num_steps * cfg.replay_ratio
-
-    def ready(self) -> bool:
-        return self.grad_budget >= 1.0
-
-    def update(self, progress: float, between: Callable[[], None] | None = None) -> dict[str, float]:
-        """One gradient step on a replayed batch; PER's beta anneals from per_beta to 1 over the run."""
-        cfg = self.config
-        beta = cfg.per_beta + (1.0 - cfg.per_beta) * progress
-        batch = self.replay.sample(cfg.batch_size, beta=beta)
-        metrics, td_errors = self.train_step(batch, progress)
-        self.replay.update_priorities(batch.indices, td_errors)
-        self.grad_budget -= 1.0
-        return metrics
-
     def scalars(self, progress: float) -> dict[str, float]:
-        return {"charts/epsilon": self.epsilon(progress), "charts/gradient_steps": self.gradient_steps,
-                "farm/replay_size": len(self.replay)}
+        return {"charts/epsilon": self.epsilon(progress), **super().scalars(progress)}
 
     def train_step(self, batch: Batch, progress: float = 0.0) -> tuple[dict[str, float], np.ndarray]:
         """One gradient step; returns metrics and the absolute TD errors (for priorities).
@@ -135,7 +107,6 @@ class DQN(Algorithm):
         loss.backward()
         grad_norm = clip_grad_norm(self._params, self.config.max_grad_norm)
         self.optimizer.step()
-        self.gradient_steps += 1
         self._update_target()
         metrics = {"losses/td_loss": loss.item(), "losses/q_values": q.mean().item(),
                    "losses/grad_norm": float(grad_norm),
@@ -155,25 +126,13 @@ class DQN(Algorithm):
     def state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.q_network.state_dict().items()}
 
-    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Networks, optimizer, counters and (with checkpoint_replay) the replay buffer."""
+    def learner_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         optim_tensors, optim_meta = optimizer_state(self.optimizer)
         tensors = {**prefixed("policy", self.q_network.state_dict()),
                    **prefixed("target", self.target_network.state_dict()), **optim_tensors}
-        replay_meta = None
-        if self.run_config.checkpoint_replay:
-            arrays, replay_meta = self.replay.state()
-            tensors.update(prefixed("replay", {k: torch.from_numpy(np.ascontiguousarray(v))
-                                               for k, v in arrays.items()}))
-        return tensors, {"gradient_steps": self.gradient_steps, "optimizer": optim_meta,
-                         "env_steps": self.env_steps, "grad_budget": self.grad_budget, "replay": replay_meta}
+        return tensors, {"optimizer": optim_meta}
 
-    def restore(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
+    def restore_learner(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
         self.q_network.load_state_dict(unprefixed("policy", tensors))
         self.target_network.load_state_dict(unprefixed("target", tensors))
         load_optimizer_state(self.optimizer, tensors, state["optimizer"])
-        self.gradient_steps = state["gradient_steps"]
-        self.env_steps, self.grad_budget = state["env_steps"], state["grad_budget"]
-        if state["replay"] is not None:
-            self.replay.restore({k: v.numpy() for k, v in unprefixed("replay", tensors).items()}, state["replay"])
-        # else: the replay buffer was not saved (checkpoint_replay = false); it refills from new results.

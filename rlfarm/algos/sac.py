@@ -1,0 +1,188 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications") with
+automatic entropy tuning, CleanRL-style: twin soft Q-networks with Polyak-averaged targets, a
+tanh-squashed Gaussian policy scaled to the env's bounds, and an entropy coefficient alpha tuned by
+its own Adam towards a target entropy of -action_dim.
+
+ASYNC only. Replay, heatup, the replay ratio and PER are rlfarm.algos.offpolicy's, shared with DQN;
+this module is the networks and the gradient step. Workers act with a numpy snapshot of the policy
+(rlfarm.policy.SACActor): during heatup uniformly in the bounds (acting option `random`), then by
+sampling the policy; greedy evaluation takes the mean action. Replay holds the actions as the env
+took them; the critics see them mapped to [-1, 1], the scale the policy's tanh produces.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, register, to_device, unprefixed
+from rlfarm.algos.offpolicy import OffPolicy
+from rlfarm.config import PolicyConfig, RunConfig
+from rlfarm.envs import SpaceSpec
+from rlfarm.policy import SoftQNetwork, SquashedGaussianPolicy
+from rlfarm.replay import Batch
+
+# The networks in a checkpoint, by prefix.
+_NETWORKS = ("actor", "qf1", "qf2", "qf1_target", "qf2_target")
+_ACTOR_KEYS = ("losses/actor_loss", "losses/alpha_loss", "losses/entropy")
+
+
+@contextmanager
+def frozen(params: list[torch.Tensor]) -> Iterator[None]:
+    """No gradients for `params` inside: the actor's loss runs through the critics, whose weight
+    gradients it would compute for nothing (and leave behind)."""
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+@register
+class SAC(OffPolicy):
+    name = "sac"
+    head = "actor"  # the mean's MLP of a saved policy (rlfarm.policy.load_network)
+    loss_keys = ("losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss",
+                 "losses/qf_loss", *_ACTOR_KEYS, "losses/alpha")
+
+    @classmethod
+    def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> SquashedGaussianPolicy:
+        return SquashedGaussianPolicy(spec, config)
+
+    def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
+        super().__init__(config, spec, device)
+        cfg = self.config
+        self.actor = self.build_network(spec, config.policy).to(device)
+        self.qf1 = SoftQNetwork(spec, config.policy).to(device)
+        self.qf2 = SoftQNetwork(spec, config.policy).to(device)
+        self.qf1_target = copy.deepcopy(self.qf1).requires_grad_(False)
+        self.qf2_target = copy.deepcopy(self.qf2).requires_grad_(False)
+        self._q_params = [*self.qf1.parameters(), *self.qf2.parameters()]
+        self._target_params = [*self.qf1_target.parameters(), *self.qf2_target.parameters()]
+        # fused Adam: one kernel for all parameters (per-op dispatch dominates at these sizes, as in DQN).
+        self.q_optimizer = torch.optim.Adam(self._q_params, lr=cfg.learning_rate, fused=True)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate, fused=True)
+        self.target_entropy = -float(spec.action_dim)
+        # alpha is learned as log(alpha): it stays positive, and steps are relative to its size.
+        self.log_alpha = torch.full((1,), math.log(cfg.initial_alpha), device=device, requires_grad=True)
+        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.learning_rate, fused=True)
+        # The policy's noise in the learner comes from a private generator, saved in checkpoints, so a
+        # resumed run draws the same noise as an uninterrupted one.
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)
+        self._actor_metrics: dict[str, float] = dict.fromkeys(_ACTOR_KEYS, math.nan)
+
+    @property
+    def policy(self) -> SquashedGaussianPolicy:
+        return self.actor
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        """The entropy coefficient now (not differentiable)."""
+        if self.config.autotune:
+            return self.log_alpha.detach().exp()
+        return torch.full((1,), self.config.alpha, device=self.device)
+
+    def random_acting(self) -> dict[str, Any]:
+        return {"random": True}  # uniform in the bounds (rlfarm.policy.SACActor)
+
+    def policy_acting(self, progress: float) -> dict[str, Any]:
+        return {}  # sampling the policy is SAC's exploration
+
+    def train_step(self, batch: Batch, progress: float = 0.0) -> tuple[dict[str, float], np.ndarray]:
+        """A critic step on the batch; every `policy_frequency` gradient steps, that many actor (and
+        alpha) steps; every `target_network_frequency`, a Polyak update of the target critics."""
+        cfg = self.config
+        dev = self.device
+        obs = to_device(batch.obs, dev)
+        next_obs = to_device(batch.next_obs, dev)
+        actions = self.actor.to_unit(to_device(batch.actions, dev))
+        rewards = to_device(batch.rewards, dev)
+        not_done = 1.0 - to_device(batch.dones, dev).float()
+        discounts = to_device(batch.discounts, dev)
+        weights = to_device(batch.weights, dev)
+
+        with torch.no_grad():
+            # The soft target: the smaller target critic of a fresh action from the current policy,
+            # minus its log-probability times alpha.
+            next_actions, next_logprob = self.actor.sample(next_obs, self.generator)
+            next_q = torch.min(self.qf1_target(next_obs, next_actions), self.qf2_target(next_obs, next_actions))
+            target = rewards + discounts * not_done * (next_q - self.alpha * next_logprob)
+        qf1_values = self.qf1(obs, actions)
+        qf2_values = self.qf2(obs, actions)
+        td1, td2 = qf1_values - target, qf2_values - target
+        qf1_loss = (weights * td1.pow(2)).mean()
+        qf2_loss = (weights * td2.pow(2)).mean()
+        qf_loss = qf1_loss + qf2_loss
+        self.q_optimizer.zero_grad()
+        qf_loss.backward()
+        self.q_optimizer.step()
+
+        if self.gradient_steps % cfg.policy_frequency == 0:
+            for _ in range(cfg.policy_frequency):
+                self._actor_metrics = self._policy_step(obs)
+        if self.gradient_steps % cfg.target_network_frequency == 0:
+            with torch.no_grad():  # target <- (1 - tau) target + tau online
+                torch._foreach_lerp_(self._target_params, self._q_params, cfg.tau)
+
+        metrics = {"losses/qf1_values": qf1_values.mean().item(), "losses/qf2_values": qf2_values.mean().item(),
+                   "losses/qf1_loss": qf1_loss.item(), "losses/qf2_loss": qf2_loss.item(),
+                   "losses/qf_loss": qf_loss.item() / 2.0,  # CleanRL logs the mean of the two
+                   **self._actor_metrics, "losses/alpha": self.alpha.item()}
+        td_errors = 0.5 * (td1.detach().abs() + td2.detach().abs())  # PER priorities: both critics' error
+        return metrics, td_errors.cpu().numpy()
+
+    def _policy_step(self, obs: torch.Tensor) -> dict[str, float]:
+        """One actor step, maximising min(Q1, Q2) - alpha log pi, then (autotune) one alpha step."""
+        alpha = self.alpha
+        pi, log_pi = self.actor.sample(obs, self.generator)
+        with frozen(self._q_params):
+            q_pi = torch.min(self.qf1(obs, pi), self.qf2(obs, pi))
+        actor_loss = (alpha * log_pi - q_pi).mean()
+        self.actor_optimizer.zero_grad()
+        actor_loss.backward()
+        self.actor_optimizer.step()
+        alpha_loss = torch.zeros(())
+        if self.config.autotune:
+            # J(alpha) = E[-alpha (log pi + target entropy)]: alpha grows while the policy's entropy is
+            # below the target and shrinks above it.
+            alpha_loss = (-self.log_alpha.exp() * (log_pi.detach() + self.target_entropy)).mean()
+            self.a_optimizer.zero_grad()
+            alpha_loss.backward()
+            self.a_optimizer.step()
+        return {"losses/actor_loss": actor_loss.item(), "losses/alpha_loss": alpha_loss.item(),
+                "losses/entropy": -log_pi.detach().mean().item()}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The policy alone: workers never run the critics."""
+        return {k: v.detach().cpu() for k, v in self.actor.state_dict().items()}
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"q_optim": self.q_optimizer, "actor_optim": self.actor_optimizer, "alpha_optim": self.a_optimizer}
+
+    def learner_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors: dict[str, torch.Tensor] = {"log_alpha": self.log_alpha.detach().clone(),
+                                            "rng.sac": self.generator.get_state()}
+        for prefix in _NETWORKS:
+            tensors.update(prefixed(prefix, getattr(self, prefix).state_dict()))
+        meta: dict[str, Any] = {"actor_metrics": self._actor_metrics}
+        for prefix, optimizer in self._optimizers().items():
+            optim_tensors, meta[prefix] = optimizer_state(optimizer, prefix)
+            tensors.update(optim_tensors)
+        return tensors, meta
+
+    def restore_learner(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
+        for prefix in _NETWORKS:
+            getattr(self, prefix).load_state_dict(unprefixed(prefix, tensors))
+        with torch.no_grad():
+            self.log_alpha.copy_(tensors["log_alpha"])
+        for prefix, optimizer in self._optimizers().items():
+            load_optimizer_state(optimizer, tensors, state[prefix], prefix)
+        self.generator.set_state(tensors["rng.sac"])
+        self._actor_metrics = dict(state["actor_metrics"])
