@@ -245,6 +245,8 @@ class SquashedGaussianPolicy(nn.Module):
             features = config.hidden_sizes[-1]
             self.actor = mlp([spec.obs_dim, *config.hidden_sizes, spec.action_dim], config.activation, out_std=0.01)
         self.actor_logstd = layer_init(nn.Linear(features, spec.action_dim), std=0.01)
+        # The statistics the critics see observations with too (rlfarm.algos.sac): one set per run.
+        self.obs_norm = obs_normalizer(spec, config)
         scale, bias = action_scale_bias(spec)
         # Not part of the saved weights: the bounds are the env's, read from its spec when built.
         self.register_buffer("action_scale", torch.as_tensor(scale, dtype=torch.float32), persistent=False)
@@ -252,9 +254,13 @@ class SquashedGaussianPolicy(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The Gaussian's mean and log-std over pre-squash actions u."""
-        h = self.encoder(obs) if self.encoder is not None else obs
+        h = self.encoder(obs) if self.encoder is not None else self.normalize(obs)
         h = self.actor[:-1](h)  # the shared hidden layers (none for images: the encoder's features)
         return self.actor[-1](h), log_std_from_tanh(torch.tanh(self.actor_logstd(h)))
+
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        """Vector observations as the networks see them (identity without policy.normalize_obs)."""
+        return self.obs_norm(obs) if self.obs_norm is not None else obs
 
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -533,9 +539,10 @@ class NumpySACActor(SACActor):
         steps = _numpy_mlp(policy.actor)
         self.hidden, self.mean_head = steps[:-1], steps[-1]
         (self.logstd_head,) = _numpy_mlp(nn.Sequential(policy.actor_logstd))
+        self.normalize = policy.obs_norm.numpy() if policy.obs_norm is not None else None
 
     def gaussian(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        h = _run_numpy_mlp(self.hidden, obs)
+        h = _run_numpy_mlp(self.hidden, self.normalize(obs) if self.normalize is not None else obs)
         mean = h @ self.mean_head[0] + self.mean_head[1]
         log_std = log_std_from_tanh(np.tanh(h @ self.logstd_head[0] + self.logstd_head[1]))
         return mean.astype(np.float64), log_std.astype(np.float64)

@@ -92,3 +92,27 @@ def test_statistics_survive_a_checkpoint_and_keep_updating_identically():
     resumed.update(0.2)
     a, b = whole.state(), resumed.state()
     assert "obs_norm.mean" in a and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sac_workers_act_with_the_learners_statistics_and_critics_see_them_too():
+    cfg = C.build(None, ["algo=sac", "mode=async", "env.id=Pendulum-v1", "env.num_envs=1", "farm.steps_per_env=64",
+                         "policy.normalize_obs=true", "policy.hidden_sizes=[32,32]", "sac.learning_starts=0",
+                         "sac.batch_size=32", "sac.buffer_size=1000", "sac.replay_ratio=0.1"])
+    spec = describe("Pendulum-v1")
+    algorithm = learner("sac", "async")(cfg, spec, torch.device("cpu"))
+    r = collect(type(algorithm).actor(algorithm.policy), make_vector_env("Pendulum-v1", 1), 64, [1], 1,
+                keep_next_obs=True)
+    r.obs, r.next_obs = r.obs * 5.0 + 20.0, r.next_obs * 5.0 + 20.0
+    algorithm.observe(r, 0)
+    while algorithm.ready():
+        algorithm.update(0.5)
+    assert algorithm.actor.obs_norm.count.item() == 64 and algorithm.actor.obs_norm.mean.mean().item() > 15
+
+    state, _ = codec.decode_policy(codec.encode_policy(algorithm.state(), {"version": "1", "algo": "sac"}))
+    network = learner("sac").build_network(spec, C.policy_config(C.to_dict(cfg)["policy"]))
+    network.load_state_dict(state)
+    obs = np.random.default_rng(3).normal(20.0, 5.0, (8, spec.obs_dim)).astype(np.float32)
+    action, _, _ = learner("sac").actor(network).act(obs, np.random.default_rng(0), deterministic=True)
+    with torch.no_grad():
+        greedy = algorithm.actor.to_env(algorithm.actor.greedy(torch.from_numpy(obs))).numpy()
+    np.testing.assert_allclose(action, greedy, rtol=1e-5, atol=1e-5)

@@ -26,6 +26,7 @@ from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.policy import SoftQNetwork, SquashedGaussianPolicy
 from rlfarm.replay import Batch
+from rlfarm.rollout import Rollout
 
 # The networks in a checkpoint, by prefix.
 _NETWORKS = ("actor", "qf1", "qf2", "qf1_target", "qf2_target")
@@ -89,6 +90,12 @@ class SAC(OffPolicy):
             return self.log_alpha.detach().exp()
         return torch.full((1,), self.config.alpha, device=self.device)
 
+    def observe(self, rollout: Rollout, policy_lag: int) -> None:
+        """Into replay (raw observations), and the observations into the running statistics."""
+        super().observe(rollout, policy_lag)
+        if self.actor.obs_norm is not None:
+            self.actor.obs_norm.update(rollout.obs.reshape(-1, self.spec.obs_dim))
+
     def random_acting(self) -> dict[str, Any]:
         return {"random": True}  # uniform in the bounds (rlfarm.policy.SACActor)
 
@@ -102,6 +109,9 @@ class SAC(OffPolicy):
         dev = self.device
         obs = to_device(batch.obs, dev)
         next_obs = to_device(batch.next_obs, dev)
+        # Replay keeps raw observations; the actor normalises its own input, the critics get theirs
+        # normalised here with the same (current) statistics.
+        q_obs, q_next_obs = self.actor.normalize(obs), self.actor.normalize(next_obs)
         actions = self.actor.to_unit(to_device(batch.actions, dev))
         rewards = to_device(batch.rewards, dev)
         not_done = 1.0 - to_device(batch.dones, dev).float()
@@ -112,10 +122,10 @@ class SAC(OffPolicy):
             # The soft target: the smaller target critic of a fresh action from the current policy,
             # minus its log-probability times alpha.
             next_actions, next_logprob = self.actor.sample(next_obs, self.generator)
-            next_q = torch.min(self.qf1_target(next_obs, next_actions), self.qf2_target(next_obs, next_actions))
+            next_q = torch.min(self.qf1_target(q_next_obs, next_actions), self.qf2_target(q_next_obs, next_actions))
             target = rewards + discounts * not_done * (next_q - self.alpha * next_logprob)
-        qf1_values = self.qf1(obs, actions)
-        qf2_values = self.qf2(obs, actions)
+        qf1_values = self.qf1(q_obs, actions)
+        qf2_values = self.qf2(q_obs, actions)
         td1, td2 = qf1_values - target, qf2_values - target
         qf1_loss = (weights * td1.pow(2)).mean()
         qf2_loss = (weights * td2.pow(2)).mean()
@@ -126,7 +136,7 @@ class SAC(OffPolicy):
 
         if self.gradient_steps % cfg.policy_frequency == 0:
             for _ in range(cfg.policy_frequency):
-                self._actor_metrics = self._policy_step(obs)
+                self._actor_metrics = self._policy_step(obs, q_obs)
         if self.gradient_steps % cfg.target_network_frequency == 0:
             with torch.no_grad():  # target <- (1 - tau) target + tau online
                 torch._foreach_lerp_(self._target_params, self._q_params, cfg.tau)
@@ -138,12 +148,13 @@ class SAC(OffPolicy):
         td_errors = 0.5 * (td1.detach().abs() + td2.detach().abs())  # PER priorities: both critics' error
         return metrics, td_errors.cpu().numpy()
 
-    def _policy_step(self, obs: torch.Tensor) -> dict[str, float]:
-        """One actor step, maximising min(Q1, Q2) - alpha log pi, then (autotune) one alpha step."""
+    def _policy_step(self, obs: torch.Tensor, q_obs: torch.Tensor) -> dict[str, float]:
+        """One actor step, maximising min(Q1, Q2) - alpha log pi, then (autotune) one alpha step.
+        `q_obs`: the observations as the critics see them (normalised)."""
         alpha = self.alpha
         pi, log_pi = self.actor.sample(obs, self.generator)
         with frozen(self._q_params):
-            q_pi = torch.min(self.qf1(obs, pi), self.qf2(obs, pi))
+            q_pi = torch.min(self.qf1(q_obs, pi), self.qf2(q_obs, pi))
         actor_loss = (alpha * log_pi - q_pi).mean()
         self.actor_optimizer.zero_grad()
         actor_loss.backward()
