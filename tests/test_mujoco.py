@@ -42,3 +42,18 @@ def test_a_mujoco_preset_without_the_extra_is_one_line_saying_what_to_install(tm
                        env={**os.environ, **WORKER_ENV})
     assert r.returncode != 0
     assert 'needs the mujoco extra, which is not installed: pip install -e ".[mujoco]"' in one_error_line(r.stderr)
+
+
+def test_halfcheetah_sac_trains_through_the_cli(farm, tmp_path):
+    """A few thousand steps of the halfcheetah-sac preset on real workers: heatup, then SAC's gradient
+    steps with finite losses, and whole 1000-step episodes reported from continued streams."""
+    r = run_cli("train", "--redis", farm.redis_url, "--preset", "halfcheetah-sac", "--total-steps", "3000",
+                "--set", "sac.learning_starts=1000", "--set", "eval.interval=0", "--run-id", "cheetah-sac",
+                "--logdir", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [row for row in read_csv(tmp_path / "cheetah-sac" / "progress.csv")
+            if not math.isnan(float(row["losses/qf_loss"]))]
+    assert rows and all(math.isfinite(float(row[key])) for row in rows
+                        for key in ("losses/qf_loss", "losses/actor_loss", "losses/alpha"))
+    episodes = read_csv(tmp_path / "cheetah-sac" / "episodes.csv")
+    assert episodes and {int(e["episodic_length"]) for e in episodes} == {1000}
