@@ -29,59 +29,23 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vs_sb3 import CONFIRM, ROOT, greedy_eval_callback, greedy_returns  # noqa: E402
+
 TARGET = -250.0
 EVAL_EVERY = 1_000
-CONFIRM = 20
-
-
-def greedy_returns(model, env, episodes: int, first_seed: int) -> list[float]:
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=first_seed + episode)
-        done, total = False, 0.0
-        while not done:
-            action, _ = model.predict(obs, deterministic=True)
-            obs, r, term, trunc, _ = env.step(action)
-            total, done = total + float(r), term or trunc
-        returns.append(total)
-    return returns
 
 
 def sb3_pendulum(seed: int, max_steps: int = 20_000) -> tuple[float, int]:
     """(seconds of learning to a confirmed greedy -250 or nan, env steps) of SB3 SAC, zoo settings."""
     import gymnasium as gym
-    import numpy as np
     import torch
     from stable_baselines3 import SAC
-    from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
     model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, seed=seed, device="cpu", verbose=0)
     eval_env = gym.make("Pendulum-v1")
-
-    class GreedyEval(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.solved_at: tuple[float, int] | None = None
-            self.paused, self.next_eval = 0.0, EVAL_EVERY
-
-        def _on_training_start(self) -> None:
-            self.t0 = time.perf_counter()
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps < self.next_eval:
-                return True
-            self.next_eval += EVAL_EVERY
-            t = time.perf_counter()
-            solved = (np.mean(greedy_returns(self.model, eval_env, 10, 10_000)) >= TARGET
-                      and np.mean(greedy_returns(self.model, eval_env, CONFIRM, 20_000)) >= TARGET)
-            self.paused += time.perf_counter() - t
-            if solved:
-                self.solved_at = (time.perf_counter() - self.t0 - self.paused, self.num_timesteps)
-            return not solved
-
-    callback = GreedyEval()
+    callback = greedy_eval_callback(eval_env, EVAL_EVERY, TARGET)
     model.learn(total_timesteps=max_steps, callback=callback)
     return callback.solved_at if callback.solved_at else (float("nan"), -1)
 

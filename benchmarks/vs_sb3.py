@@ -94,7 +94,6 @@ def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int =
     import numpy as np
     import torch
     from stable_baselines3 import DQN
-    from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
     t_start = time.perf_counter()
@@ -104,13 +103,40 @@ def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int =
                 gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
                 policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu", verbose=0)
     eval_env = gym.make("CartPole-v1")
+    callback = greedy_eval_callback(eval_env, eval_every, DQN_TARGET)
+    result = _learn_until_solved(model, callback, max_steps, t_start)
+    # What a user takes home: the model as it stopped, on fresh seeds.
+    return (*result, float(np.mean(greedy_returns(model, eval_env, TAKE_HOME, 50_000))))
+
+
+def greedy_returns(model, env, episodes: int, first_seed: int) -> list[float]:
+    """Returns of `episodes` greedy episodes of an SB3 model on `env`, seeded first_seed, +1, ..."""
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=first_seed + episode)
+        done, total = False, 0.0
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, r, term, trunc, _ = env.step(action)
+            total, done = total + float(r), term or trunc
+        returns.append(total)
+    return returns
+
+
+def greedy_eval_callback(eval_env, eval_every: int, target: float):
+    """An SB3 callback that stops learning once a greedy evaluation (10 episodes, every `eval_every`
+    env steps) reaches `target` and CONFIRM more episodes with other seeds agree, the rule rlfarm's
+    runs use (eval.confirm_episodes: one lucky evaluation cannot stop a run). Its clock pauses while
+    it evaluates (rlfarm evaluates on the workers, off the training path); `solved_at` is (seconds of
+    learning, env steps) or None."""
+    import numpy as np
+    from stable_baselines3.common.callbacks import BaseCallback
 
     class GreedyEval(BaseCallback):
         def __init__(self):
             super().__init__()
             self.solved_at: tuple[float, int] | None = None
-            self.paused = 0.0
-            self.next_eval = eval_every
+            self.paused, self.next_eval = 0.0, eval_every
 
         def _on_training_start(self) -> None:
             self.t0 = time.perf_counter()
@@ -120,32 +146,14 @@ def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int =
                 return True
             self.next_eval += eval_every
             t = time.perf_counter()
-            returns = greedy_returns(self.model, 10, 10_000)
-            # The rule rlfarm's runs use (eval.confirm_episodes): an evaluation at the threshold counts
-            # only once CONFIRM more episodes with other seeds agree, so one lucky evaluation cannot stop it.
-            if np.mean(returns) >= DQN_TARGET and np.mean(greedy_returns(self.model, CONFIRM, 20_000)) >= DQN_TARGET:
-                self.paused += time.perf_counter() - t
-                self.solved_at = (time.perf_counter() - self.t0 - self.paused, self.num_timesteps)
-                return False
+            solved = (np.mean(greedy_returns(self.model, eval_env, 10, 10_000)) >= target
+                      and np.mean(greedy_returns(self.model, eval_env, CONFIRM, 20_000)) >= target)
             self.paused += time.perf_counter() - t
-            return True
+            if solved:
+                self.solved_at = (time.perf_counter() - self.t0 - self.paused, self.num_timesteps)
+            return not solved
 
-    def greedy_returns(model, episodes: int, first_seed: int) -> list[float]:
-        returns = []
-        for episode in range(episodes):
-            obs, _ = eval_env.reset(seed=first_seed + episode)
-            done, total = False, 0.0
-            while not done:
-                action, _ = model.predict(obs, deterministic=True)
-                obs, r, term, trunc, _ = eval_env.step(action)
-                total, done = total + r, term or trunc
-            returns.append(total)
-        return returns
-
-    callback = GreedyEval()
-    result = _learn_until_solved(model, callback, max_steps, t_start)
-    # What a user takes home: the model as it stopped, on fresh seeds.
-    return (*result, float(np.mean(greedy_returns(model, TAKE_HOME, 50_000))))
+    return GreedyEval()
 
 
 def rlfarm_time_to_solve(seed: int, workers: int, algo: str = "ppo", preset: str | None = None,
