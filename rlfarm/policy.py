@@ -350,6 +350,12 @@ class Actor:
             raise ValueError(f"{type(self).__name__} takes no acting options, got {sorted(options)}")
         return self
 
+    def _with(self, **attributes: Any) -> "Actor":
+        """A shallow copy acting with other options: the weights are shared, not copied."""
+        other = copy.copy(self)
+        other.__dict__.update(attributes)
+        return other
+
 
 class PolicyActor(Actor):
     """Samples from the policy's distribution with a numpy generator; subclasses compute the outputs."""
@@ -439,11 +445,7 @@ class QActor(Actor):
     def with_options(self, epsilon: float | None = None, **options: Any) -> "QActor":
         """The same weights acting with another exploration rate (no copy of the weights)."""
         super().with_options(**options)
-        if epsilon is None:
-            return self
-        other = copy.copy(self)
-        other.epsilon = float(epsilon)
-        return other
+        return self if epsilon is None else self._with(epsilon=float(epsilon))
 
     def with_epsilon(self, epsilon: float) -> "QActor":
         return self.with_options(epsilon=epsilon)
@@ -505,11 +507,7 @@ class SACActor(Actor):
     def with_options(self, random: bool | None = None, **options: Any) -> "SACActor":
         """The same weights acting uniformly at random (heatup) or from the policy (no copy of the weights)."""
         super().with_options(**options)
-        if random is None:
-            return self
-        other = copy.copy(self)
-        other.random = bool(random)
-        return other
+        return self if random is None else self._with(random=bool(random))
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         return np.zeros(len(obs), np.float32)
