@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_sb3 import ROOT, THRESHOLD, WINDOW, rlfarm_time_to_solve, rolling_solve, sb3_time_to_solve  # noqa: E402
 
 HIGH_LAG = ("--set", "async.tasks_in_flight=8", "--set", "async.results_per_update=1", "--set",
-            "async.refresh_steps=0")
+            "async.refresh_steps=0", "--total-steps", "102400")
 SLEEPY = ("--env", "benchmarks.slow_envs:cartpole_sleepy")  # a step costs 0.25 ms of wall time, no CPU
 
 
@@ -56,6 +56,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ablation-seeds", type=int, nargs="*", default=[1, 2, 3, 4, 5],
+                        help="seeds of the high-lag ablation (none: skip it)")
     parser.add_argument("--farm-seeds", type=int, nargs="*", default=[1, 2, 3],
                         help="seeds of the sleep-bound table (none: skip it)")
     args = parser.parse_args()
@@ -76,10 +78,17 @@ def main() -> None:
           f"{ma / ms:.2f}x, ASYNC/SB3 {ma / mb:.2f}x; unsolved: ASYNC {unsolved[0]}, SYNC {unsolved[1]}, "
           f"SB3 {unsolved[2]} of {len(rows)}")
 
+    if args.ablation_seeds:
+        ablation(args.ablation_seeds)
+    if args.farm_seeds:
+        sleep_bound(args.farm_seeds, args.workers)
+
+
+def ablation(seeds: list[int]) -> None:
     print(f"\nablation at high lag ({' '.join(HIGH_LAG)}):")
     print(f"{'seed':>4} {'V-trace':>8} {'solved s':>9} {'steps':>7} {'best':>7} {'max lag':>8}")
     results: dict[bool, list] = {True: [], False: []}
-    for seed in args.seeds:
+    for seed in seeds:
         for vtrace in (True, False):
             r = ablation_run(seed, vtrace)
             results[vtrace].append(r)
@@ -88,9 +97,6 @@ def main() -> None:
         rs = results[vtrace]
         print(f"V-trace {'on' if vtrace else 'off'}: solved {sum(not math.isnan(r[0]) for r in rs)} of {len(rs)}, "
               f"median best rolling return {statistics.median(r[2] for r in rs):.1f}")
-
-    if args.farm_seeds:
-        sleep_bound(args.farm_seeds, args.workers)
 
 
 def sleep_bound(seeds: list[int], workers: int) -> None:

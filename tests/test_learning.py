@@ -113,7 +113,7 @@ def test_async_ppo_as_typed_reaches_475_within_150k_steps(tmp_path):
 def test_appo_at_high_lag_corrects_with_vtrace_and_learns(tmp_path):
     """8 tasks in flight on 2 workers and a version per result: results act with versions several
     updates old; V-trace's weights show it (mean below 1, some clipped) and the policy still learns."""
-    run_dir = train_embedded(tmp_path, "appo-lag", "--preset", "cartpole-appo", "--seed", "1",
+    run_dir = train_embedded(tmp_path, "appo-lag", "--preset", "cartpole-appo", "--seed", "1", "--total-steps", "102400",
                              "--set", "async.tasks_in_flight=8", "--set", "async.results_per_update=1",
                              "--set", "async.refresh_steps=0")  # tasks act with the version they started with
     with open(run_dir / "progress.csv") as f:
