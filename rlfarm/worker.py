@@ -127,6 +127,7 @@ class RolloutWorker:
         run_meta = self._run_meta(spec.run)
         env_cfg = run_meta["config"]["env"]
         actor, version, fetched = self._actor(spec.run, spec.version)
+        acting = time.perf_counter()
         result = Result(spec.kind, spec.iteration, spec.index, version=version, worker=self.identity,
                         policy_fetched=fetched)
         if spec.kind == "eval":
@@ -158,6 +159,7 @@ class RolloutWorker:
             result.rollout = rollout.to_dict()
         result.duration = time.perf_counter() - started
         result.finished = time.time()
+        result.timings = {"policy": acting - started, "collect": result.duration - (acting - started)}
         return result
 
     def _refresher(self, spec: TaskSpec, result: Result) -> Any:
@@ -189,6 +191,7 @@ class RolloutWorker:
         without running and answered with a one-line note; one of a run whose trainer is gone is
         dropped silently.
         """
+        taken = time.perf_counter()
         run = spec["run"]
         key_text = task_key_text(spec.get("kind", "rollout"), spec.get("iteration"), spec.get("index"))
         attempts_key = f"{run_prefix(run)}attempts:{task_id}"
@@ -216,8 +219,10 @@ class RolloutWorker:
             farm = self._run_meta(run)["config"]["farm"]
             lease = _Lease(self.client, lease_key(run, key_text), self.identity,
                            farm.get("lease_seconds", 10.0)).__enter__()
+            checked = time.perf_counter()
             result = self.rollout(task)
             result.task_id = task_id
+            result.timings = {"checks": checked - taken, **(result.timings or {})}
             payload = encode_result(result, farm)
             done = key_text
         except Exception as exc:  # reported to the trainer, which decides; never silently lost

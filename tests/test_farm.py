@@ -43,6 +43,10 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
         assert (v is None and getattr(remote, k) is None) or (v == getattr(remote, k)).all(), k
     # Policies are fetched once per process and version, then reused.
     assert sum(r.policy_fetched for r in results) <= 2
+    # The worker says where each task's time went: the policy lookup and the collect make its duration.
+    for r in results:
+        assert set(r.timings) == {"checks", "policy", "collect"} and min(r.timings.values()) >= 0
+        assert r.timings["policy"] + r.timings["collect"] == pytest.approx(r.duration)
     assert connect(farm.redis_url).llen(results_key("group")) == 0  # consumed results are gone
 
 
