@@ -50,6 +50,35 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     assert connect(farm.redis_url).llen(results_key("group")) == 0  # consumed results are gone
 
 
+def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weights(redis_only):
+    """A worker process builds a run's network once and loads each new version into it (building it
+    was most of a fetch); the actors of versions cached beside it are snapshots and keep acting with
+    their own weights."""
+    import numpy as np
+
+    from rlfarm.envs import describe
+    from rlfarm.policy import build_policy
+    from rlfarm.worker import RolloutWorker
+
+    cfg, store = make_run(redis_only.redis_url, "reuse")
+    state0, _ = store.get(0)
+    store.publish(1, {k: v + 0.5 if v.is_floating_point() else v for k, v in state0.items()}, "ppo")
+    worker = RolloutWorker(redis_only.redis_url)
+    obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    actor0, _, fetched = worker._actor("reuse", 0)
+    network = worker.networks["reuse"]
+    values0 = actor0.value(obs).copy()
+    actor1, _, fetched_again = worker._actor("reuse", 1)
+    assert fetched and fetched_again and worker.networks["reuse"] is network and len(worker.networks) == 1
+    fresh = build_policy(describe(cfg.env.id), cfg.policy)
+    fresh.load_state_dict(store.get(1)[0])  # version 1 as a newly built network acts
+    np.testing.assert_array_equal(actor1.value(obs), fresh.actor_snapshot().value(obs))
+    assert not np.allclose(actor1.value(obs), values0)
+    cached0, _, refetched = worker._actor("reuse", 0)
+    assert not refetched and cached0 is actor0
+    np.testing.assert_array_equal(cached0.value(obs), values0)
+
+
 def test_failed_task_reports_a_clear_error(farm):
     make_run(farm.redis_url, "missing")
     d = dispatcher(farm.redis_url, "missing")
