@@ -42,29 +42,50 @@ log = logging.getLogger("rlfarm.worker")
 class _Lease:
     """Holds `rlfarm:<run>:lease:<task>` while a task runs: set with a short expiry and renewed from a
     thread, so the trainer can tell a task that is running (however long) from one whose worker died
-    (the lease expires within `seconds`). A hung env keeps renewing; the task's time limit ends it."""
+    (the lease expires within `seconds`). A hung env keeps renewing; the task's time limit ends it.
 
-    def __init__(self, client: redis.Redis, key: str, holder: str, seconds: float):
-        self.client, self.key, self.holder = client, key, holder
-        self.ms = max(int(seconds * 1000), 100)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name="rlfarm-lease", daemon=True)
+    One per worker process, whose thread is started by the first task and kept: a thread started
+    and joined for every task cost each task 0.3-0.5 ms on an idle machine and several ms on a busy
+    one (benchmarks/task_cost.py, scale.py), more than the rest of its checks. A renewal racing the
+    result's push may set the key once more after the push deleted it, as a renewal in flight always
+    could; it expires within `seconds`, and the trainer looks at leases of tasks still wanted only."""
 
-    def __enter__(self) -> "_Lease":
-        self.client.set(self.key, self.holder, px=self.ms)
-        self._thread.start()
-        return self
+    def __init__(self, client: redis.Redis):
+        self.client = client
+        self._held: tuple[str, str, int] | None = None  # key, holder, expiry in ms
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, key: str, holder: str, seconds: float) -> None:
+        """Set the lease now and renew it until `release` (or the next `hold`)."""
+        ms = max(int(seconds * 1000), 100)
+        self.client.set(key, holder, px=ms)
+        with self._changed:
+            self._held = (key, holder, ms)
+            self._changed.notify()
+        if self._thread is None or not self._thread.is_alive():  # first task (of this forked process)
+            self._thread = threading.Thread(target=self._renew, name="rlfarm-lease", daemon=True)
+            self._thread.start()
+
+    def release(self) -> None:
+        """Stop renewing; the key itself is deleted with the result (RolloutWorker._push)."""
+        with self._changed:
+            self._held = None
+            self._changed.notify()
 
     def _renew(self) -> None:
-        while not self._stop.wait(self.ms / 4000):
+        while True:
+            with self._changed:
+                while self._held is None:
+                    self._changed.wait()
+                held = self._held
+                self._changed.wait(held[2] / 4000)
+                if self._held is not held:  # released or replaced meanwhile: look again
+                    continue
             try:
-                self.client.set(self.key, self.holder, px=self.ms)
+                self.client.set(held[0], held[1], px=held[2])
             except Exception as exc:  # noqa: BLE001 - the task goes on; an outage may outlast the lease
-                log.warning("cannot renew lease %s: %s", self.key, exc)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()  # the key itself is deleted with the result (RolloutWorker._push)
+                log.warning("cannot renew lease %s: %s", held[0], exc)
 
 
 class ResultTooLarge(ValueError):
@@ -90,6 +111,7 @@ class RolloutWorker:
         self.envs: dict[tuple[str, int, str], Any] = {}
         self.streams = StreamCache(MAX_STREAMS)  # farm.episodes = "continue": envs kept per run
         self.runs: dict[str, dict[str, Any]] = {}
+        self.lease = _Lease(self.client)
 
     def _run_meta(self, run: str) -> dict[str, Any]:
         if run not in self.runs:
@@ -236,8 +258,8 @@ class RolloutWorker:
                 raise RuntimeError(f"task {task_id} was delivered {attempts} times; each delivery "
                                    f"lost its worker, so it is refused")
             farm = self._run_meta(run)["config"]["farm"]
-            lease = _Lease(self.client, lease_key(run, key_text), self.identity,
-                           farm.get("lease_seconds", 10.0)).__enter__()
+            lease = lease_key(run, key_text)
+            self.lease.hold(lease, self.identity, farm.get("lease_seconds", 10.0))
             checked = time.perf_counter()
             result = self.rollout(task)
             result.task_id = task_id
@@ -249,10 +271,10 @@ class RolloutWorker:
             payload = codec.pack(base.to_message())
             done = None
         try:
-            self._push(run, payload, attempts_key, lease.key if lease else None, done)
+            self._push(run, payload, attempts_key, lease, done)
         finally:
             if lease is not None:
-                lease.__exit__()
+                self.lease.release()
 
     def _push(self, run: str, message: dict[str, Any] | bytes, attempts_key: str,
               lease: str | None = None, done: str | None = None) -> None:
