@@ -233,6 +233,21 @@ class Farm:
         self.d.submit({"iteration": self.task, "index": 0, "version": version, "steps": steps, "seed": 1})
         self.task += 1
 
+    def submit_group(self, steps: int, version: int | str, count: int, sent: dict[int, float]) -> None:
+        """A SYNC group, sent as Dispatcher.gather_group sends it (submit_many where this checkout
+        has it, else one submit after another); each task's `sent` is when the group's sending began."""
+        now = time.time()
+        specs = [{"iteration": self.task + i, "index": 0, "version": version, "steps": steps, "seed": 1}
+                 for i in range(count)]
+        for i in range(count):
+            sent[self.task + i] = now
+        if hasattr(self.d, "submit_many"):
+            self.d.submit_many(specs)
+        else:
+            for spec in specs:
+                self.d.submit(spec)
+        self.task += count
+
     def next(self) -> Any:
         message = None
         while message is None:
