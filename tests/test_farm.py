@@ -14,7 +14,7 @@ from rlfarm import codec
 from rlfarm.celery_app import ROLLOUT_TASK, make_app
 from rlfarm.dispatch import Dispatcher, RolloutError
 from rlfarm.rollout import Rollout, collect, task_seeds
-from rlfarm.store import connect
+from rlfarm.store import LIVE, connect
 from rlfarm.worker import results_key
 
 from .conftest import dispatcher, make_run, running_tasks, task_specs
@@ -77,6 +77,22 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
     cached0, _, refetched = worker._actor("reuse", 0)
     assert not refetched and cached0 is actor0
     np.testing.assert_array_equal(cached0.value(obs), values0)
+
+
+def test_a_group_is_listed_as_wanted_in_one_command_before_any_task_is_sent(redis_only):
+    d = dispatcher(redis_only.redis_url, "batch")
+    sadds = []
+    sadd = d.client.sadd
+    d.client.sadd = lambda *args: sadds.append(args) or sadd(*args)
+    assert d.submit_many(task_specs(0, 3, 8)) == [("rollout", 0, i) for i in range(3)]
+    assert len(sadds) == 1 and set(sadds[0][1:]) == {LIVE, "rollout:0:0", "rollout:0:1", "rollout:0:2"}
+    assert d.in_flight == 3 and d.stats.dispatched == 3
+    with pytest.raises(ValueError, match="already in flight"):
+        d.submit_many(task_specs(0, 1, 8))
+    with pytest.raises(ValueError, match="already in flight"):
+        d.submit_many(task_specs(1, 1, 8) * 2)
+    assert d.stats.dispatched == 3  # nothing of a refused group was sent
+    connect(redis_only.redis_url).delete(d.app.conf.task_default_queue)  # no worker will take them
 
 
 def test_failed_task_reports_a_clear_error(farm):
