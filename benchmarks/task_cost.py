@@ -251,6 +251,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             fs.make_run(client, f"a-{name}", env_id, num_envs)
             network = fs.make_run(client, f"b-{name}", env_id, num_envs)
             a = in_process(cluster.redis_url, f"a-{name}", steps, n_a, rounds=min(n_a, 6))
+            a["policy_bytes"] = client.strlen(f"rlfarm:a-{name}:policy:0")
             b = farm_serial(cluster, cluster.redis_url, f"b-{name}", network, steps, n_b)
         out[name] = {"env": env_id, "num_envs": num_envs, "steps": steps, "a": a, "b": b}
     return out
@@ -303,6 +304,7 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str]]:
          f"{sum(sum(a[k]['redis_usec'].values()) for k in phases):.0f}"),
         ("BYTES per task: task message (broker)", f"{a['message_bytes']:.0f}"),
         ("    result payload", f"{a['payload']:.0f}"),
+        ("    policy version (GET once per process per version)", f"{a['policy_bytes']:.0f}"),
         ("    Redis net in + out, (A) in-process",
          f"{sum(a[k]['net_in'] + a[k]['net_out'] for k in phases):.0f}"),
         ("    Redis net in + out, (B) farm", f"{cached['net_in'] + cached['net_out']:.0f}"),
