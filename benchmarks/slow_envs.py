@@ -1,5 +1,6 @@
 """Envs whose step costs wall time but no CPU: a simulator running on a machine of its own, on a
-machine with fewer cores than workers. Used by benchmarks/appo.py (`--env benchmarks.slow_envs:...`)."""
+machine with fewer cores than workers. Used by benchmarks/appo.py and scale.py
+(`--env benchmarks.slow_envs:...`); `frames` gives task_cost.py Atari-shaped results without ale_py."""
 
 from __future__ import annotations
 
@@ -27,9 +28,16 @@ def cartpole_sleepy() -> gym.Env:
 
 
 def cartpole_sleep_4ms() -> gym.Env:
-    """CartPole-v1 at 4 ms a step (benchmarks/scale.py): the policy and CartPole's own CPU, ~45 us a
-    step, is ~1% of it, so 32 processes on 2 cores leave the cores to the farm itself."""
+    """CartPole-v1 at 4 ms a step (benchmarks/scale.py's default). Back to back the policy and
+    CartPole take ~45 us a step; after each sleep ~0.2-0.3 ms (see cartpole_sleep_16ms)."""
     return Sleepy(gym.make("CartPole-v1"), 0.004)
+
+
+def cartpole_sleep_16ms() -> gym.Env:
+    """CartPole-v1 at 16 ms a step: on this project's 2-core VM a step after a sleep costs ~0.2-0.3 ms
+    of CPU (caches gone cold) however long the sleep, so fewer, longer steps make a task of the same
+    length nearly free of CPU (4 steps: a 64 ms task)."""
+    return Sleepy(gym.make("CartPole-v1"), 0.016)
 
 
 def cartpole_sleep_1ms() -> gym.Env:
