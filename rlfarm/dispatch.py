@@ -151,17 +151,27 @@ class Dispatcher:
 
     def submit(self, spec: TaskSpec | dict[str, Any]) -> Key:
         """Send a task; a dict is read as TaskSpec fields, `run` being this dispatcher's run."""
-        if not isinstance(spec, TaskSpec):
-            spec = TaskSpec.from_kwargs({"run": self.run_id, **spec})
-        key = spec.key
-        if key in self.pending:
-            raise ValueError(f"task {key} is already in flight")
-        self.client.sadd(self.wanted, LIVE, task_key_text(*key))
-        task_id = self._send(spec)
-        now = time.monotonic()
-        self.pending[key] = Pending(spec, task_id, now, sent=now)
-        self.on_event()
-        return key
+        return self.submit_many([spec])[0]
+
+    def submit_many(self, specs: list[TaskSpec] | list[dict[str, Any]]) -> list[Key]:
+        """Send tasks, all listed as wanted by one SADD before the first is sent (a worker skips a
+        task not yet listed): a SYNC group of W tasks costs W + 1 round trips to Redis, not 2 W,
+        and its last task starts sooner (benchmarks/scale.py)."""
+        specs = [s if isinstance(s, TaskSpec) else TaskSpec.from_kwargs({"run": self.run_id, **s})
+                 for s in specs]
+        keys = [s.key for s in specs]
+        seen: set[Key] = set()
+        for key in keys:
+            if key in self.pending or key in seen:
+                raise ValueError(f"task {key} is already in flight")
+            seen.add(key)
+        self.client.sadd(self.wanted, LIVE, *[task_key_text(*k) for k in keys])
+        for spec in specs:
+            task_id = self._send(spec)
+            now = time.monotonic()
+            self.pending[spec.key] = Pending(spec, task_id, now, sent=now)
+            self.on_event()
+        return keys
 
     def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False) -> None:
         if not backup and p.copies > self.max_redispatch:
@@ -364,7 +374,7 @@ class Dispatcher:
 
         Results of other pending tasks (evaluations) that arrive meanwhile go to `on_other`.
         """
-        keys = [self.submit(s) for s in specs]
+        keys = self.submit_many(specs)
         wanted = set(keys)
         results: dict[Key, Result] = {}
         while len(results) < len(keys):

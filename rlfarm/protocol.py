@@ -116,6 +116,11 @@ class Result:
     duration: float | None = None  # seconds the task ran on its worker
     finished: float | None = None  # when the worker pushed it (its wall clock, epoch seconds)
     policy_fetched: bool = False  # the worker fetched the policy from Redis (not from its cache)
+    # Where the task's time went on its worker, in seconds (benchmarks/task_cost.py reads them):
+    # "checks" (the Redis checks, the signature and the lease before the rollout), "policy" (finding
+    # the actor: cache or fetch) and "collect" (the rest of `duration`: stepping the envs). The task
+    # started on the worker at finished - duration - checks. Encoding and pushing come after.
+    timings: dict[str, float] | None = None
     rollout: dict[str, Any] | None = None  # rollout.Rollout.to_dict()
     returns: Any = None  # eval: episode returns
     error: str | None = None

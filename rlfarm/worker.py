@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import traceback
+from collections import OrderedDict
 from typing import Any
 
 import redis
@@ -31,6 +32,7 @@ from rlfarm.store import (LIVE, PolicyCache, PolicyStore, lease_key, redact, res
 
 RESULT_TTL = 3600  # backstop only: the trainer pops results as they come
 MAX_STREAMS = 4  # runs whose env streams ("continue" episodes) one process keeps; LRU beyond
+MAX_NETWORKS = 4  # runs whose network one process keeps to load new versions into; LRU beyond
 MAX_ATTEMPTS = 4  # deliveries of one task id before it is refused (a task that kills its worker)
 
 
@@ -40,29 +42,50 @@ log = logging.getLogger("rlfarm.worker")
 class _Lease:
     """Holds `rlfarm:<run>:lease:<task>` while a task runs: set with a short expiry and renewed from a
     thread, so the trainer can tell a task that is running (however long) from one whose worker died
-    (the lease expires within `seconds`). A hung env keeps renewing; the task's time limit ends it."""
+    (the lease expires within `seconds`). A hung env keeps renewing; the task's time limit ends it.
 
-    def __init__(self, client: redis.Redis, key: str, holder: str, seconds: float):
-        self.client, self.key, self.holder = client, key, holder
-        self.ms = max(int(seconds * 1000), 100)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name="rlfarm-lease", daemon=True)
+    One per worker process, whose thread is started by the first task and kept: a thread started
+    and joined for every task cost each task 0.3-0.5 ms on an idle machine and several ms on a busy
+    one (benchmarks/task_cost.py, scale.py), more than the rest of its checks. A renewal racing the
+    result's push may set the key once more after the push deleted it, as a renewal in flight always
+    could; it expires within `seconds`, and the trainer looks at leases of tasks still wanted only."""
 
-    def __enter__(self) -> "_Lease":
-        self.client.set(self.key, self.holder, px=self.ms)
-        self._thread.start()
-        return self
+    def __init__(self, client: redis.Redis):
+        self.client = client
+        self._held: tuple[str, str, int] | None = None  # key, holder, expiry in ms
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, key: str, holder: str, seconds: float) -> None:
+        """Set the lease now and renew it until `release` (or the next `hold`)."""
+        ms = max(int(seconds * 1000), 100)
+        self.client.set(key, holder, px=ms)
+        with self._changed:
+            self._held = (key, holder, ms)
+            self._changed.notify()
+        if self._thread is None or not self._thread.is_alive():  # first task (of this forked process)
+            self._thread = threading.Thread(target=self._renew, name="rlfarm-lease", daemon=True)
+            self._thread.start()
+
+    def release(self) -> None:
+        """Stop renewing; the key itself is deleted with the result (RolloutWorker._push)."""
+        with self._changed:
+            self._held = None
+            self._changed.notify()
 
     def _renew(self) -> None:
-        while not self._stop.wait(self.ms / 4000):
+        while True:
+            with self._changed:
+                while self._held is None:
+                    self._changed.wait()
+                held = self._held
+                self._changed.wait(held[2] / 4000)
+                if self._held is not held:  # released or replaced meanwhile: look again
+                    continue
             try:
-                self.client.set(self.key, self.holder, px=self.ms)
+                self.client.set(held[0], held[1], px=held[2])
             except Exception as exc:  # noqa: BLE001 - the task goes on; an outage may outlast the lease
-                log.warning("cannot renew lease %s: %s", self.key, exc)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()  # the key itself is deleted with the result (RolloutWorker._push)
+                log.warning("cannot renew lease %s: %s", held[0], exc)
 
 
 class ResultTooLarge(ValueError):
@@ -79,9 +102,16 @@ class RolloutWorker:
         self.secret = signing.secret_from_env()  # RLFARM_SECRET: task specs must carry its signature
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
         self.policies = PolicyCache(size=4)
+        # One network per run, built once and loaded with each new version's weights: building it
+        # (torch's weight initialisation) was 80% of fetching a version, 1.5 ms for CartPole's MLP
+        # and 59 ms for the Nature CNN, paid by every process for every version (benchmarks/task_cost.py).
+        # Actors are snapshots (numpy copies, or a deep copy for torch), so older cached versions
+        # keep their own weights.
+        self.networks: OrderedDict[str, Any] = OrderedDict()
         self.envs: dict[tuple[str, int, str], Any] = {}
         self.streams = StreamCache(MAX_STREAMS)  # farm.episodes = "continue": envs kept per run
         self.runs: dict[str, dict[str, Any]] = {}
+        self.lease = _Lease(self.client)
 
     def _run_meta(self, run: str) -> dict[str, Any]:
         if run not in self.runs:
@@ -102,14 +132,25 @@ class RolloutWorker:
         # get() checks sha256, the hmac (RLFARM_SECRET) and that the blob is the version of its key;
         # the cache is keyed by the version fetched, never by what the blob says about itself.
         state, _ = store.get(version)
-        run_meta = self._run_meta(run)
-        algorithm = learner(run_meta["config"]["algo"])
-        network = algorithm.build_network(SpaceSpec.from_dict(run_meta["space"]),
-                                          policy_config(run_meta["config"]["policy"]))
+        algorithm = learner(self._run_meta(run)["config"]["algo"])
+        network = self._network(run)
         network.load_state_dict(state)
         actor = algorithm.actor(network)
         self.policies.put((run, int(version)), actor)
         return actor, int(version), True
+
+    def _network(self, run: str) -> Any:
+        """The run's network, to load a version's weights into (built on first use; LRU of runs)."""
+        if run in self.networks:
+            self.networks.move_to_end(run)
+            return self.networks[run]
+        run_meta = self._run_meta(run)
+        network = learner(run_meta["config"]["algo"]).build_network(
+            SpaceSpec.from_dict(run_meta["space"]), policy_config(run_meta["config"]["policy"]))
+        self.networks[run] = network
+        while len(self.networks) > MAX_NETWORKS:
+            self.networks.popitem(last=False)
+        return network
 
     def _vector_env(self, env_cfg: dict[str, Any]) -> Any:
         key = (env_cfg["id"], env_cfg["num_envs"], _options_key(env_cfg))
@@ -127,6 +168,7 @@ class RolloutWorker:
         run_meta = self._run_meta(spec.run)
         env_cfg = run_meta["config"]["env"]
         actor, version, fetched = self._actor(spec.run, spec.version)
+        acting = time.perf_counter()
         result = Result(spec.kind, spec.iteration, spec.index, version=version, worker=self.identity,
                         policy_fetched=fetched)
         if spec.kind == "eval":
@@ -158,6 +200,7 @@ class RolloutWorker:
             result.rollout = rollout.to_dict()
         result.duration = time.perf_counter() - started
         result.finished = time.time()
+        result.timings = {"policy": acting - started, "collect": result.duration - (acting - started)}
         return result
 
     def _refresher(self, spec: TaskSpec, result: Result) -> Any:
@@ -189,6 +232,7 @@ class RolloutWorker:
         without running and answered with a one-line note; one of a run whose trainer is gone is
         dropped silently.
         """
+        taken = time.perf_counter()
         run = spec["run"]
         key_text = task_key_text(spec.get("kind", "rollout"), spec.get("iteration"), spec.get("index"))
         attempts_key = f"{run_prefix(run)}attempts:{task_id}"
@@ -214,10 +258,12 @@ class RolloutWorker:
                 raise RuntimeError(f"task {task_id} was delivered {attempts} times; each delivery "
                                    f"lost its worker, so it is refused")
             farm = self._run_meta(run)["config"]["farm"]
-            lease = _Lease(self.client, lease_key(run, key_text), self.identity,
-                           farm.get("lease_seconds", 10.0)).__enter__()
+            lease = lease_key(run, key_text)
+            self.lease.hold(lease, self.identity, farm.get("lease_seconds", 10.0))
+            checked = time.perf_counter()
             result = self.rollout(task)
             result.task_id = task_id
+            result.timings = {"checks": checked - taken, **(result.timings or {})}
             payload = encode_result(result, farm)
             done = key_text
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
@@ -225,10 +271,10 @@ class RolloutWorker:
             payload = codec.pack(base.to_message())
             done = None
         try:
-            self._push(run, payload, attempts_key, lease.key if lease else None, done)
+            self._push(run, payload, attempts_key, lease, done)
         finally:
             if lease is not None:
-                lease.__exit__()
+                self.lease.release()
 
     def _push(self, run: str, message: dict[str, Any] | bytes, attempts_key: str,
               lease: str | None = None, done: str | None = None) -> None:

@@ -14,7 +14,7 @@ from rlfarm import codec
 from rlfarm.celery_app import ROLLOUT_TASK, make_app
 from rlfarm.dispatch import Dispatcher, RolloutError
 from rlfarm.rollout import Rollout, collect, task_seeds
-from rlfarm.store import connect
+from rlfarm.store import LIVE, connect
 from rlfarm.worker import results_key
 
 from .conftest import dispatcher, make_run, running_tasks, task_specs
@@ -43,7 +43,56 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
         assert (v is None and getattr(remote, k) is None) or (v == getattr(remote, k)).all(), k
     # Policies are fetched once per process and version, then reused.
     assert sum(r.policy_fetched for r in results) <= 2
+    # The worker says where each task's time went: the policy lookup and the collect make its duration.
+    for r in results:
+        assert set(r.timings) == {"checks", "policy", "collect"} and min(r.timings.values()) >= 0
+        assert r.timings["policy"] + r.timings["collect"] == pytest.approx(r.duration)
     assert connect(farm.redis_url).llen(results_key("group")) == 0  # consumed results are gone
+
+
+def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weights(redis_only):
+    """A worker process builds a run's network once and loads each new version into it (building it
+    was most of a fetch); the actors of versions cached beside it are snapshots and keep acting with
+    their own weights."""
+    import numpy as np
+
+    from rlfarm.envs import describe
+    from rlfarm.policy import build_policy
+    from rlfarm.worker import RolloutWorker
+
+    cfg, store = make_run(redis_only.redis_url, "reuse")
+    state0, _ = store.get(0)
+    store.publish(1, {k: v + 0.5 if v.is_floating_point() else v for k, v in state0.items()}, "ppo")
+    worker = RolloutWorker(redis_only.redis_url)
+    obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    actor0, _, fetched = worker._actor("reuse", 0)
+    network = worker.networks["reuse"]
+    values0 = actor0.value(obs).copy()
+    actor1, _, fetched_again = worker._actor("reuse", 1)
+    assert fetched and fetched_again and worker.networks["reuse"] is network and len(worker.networks) == 1
+    fresh = build_policy(describe(cfg.env.id), cfg.policy)
+    fresh.load_state_dict(store.get(1)[0])  # version 1 as a newly built network acts
+    np.testing.assert_array_equal(actor1.value(obs), fresh.actor_snapshot().value(obs))
+    assert not np.allclose(actor1.value(obs), values0)
+    cached0, _, refetched = worker._actor("reuse", 0)
+    assert not refetched and cached0 is actor0
+    np.testing.assert_array_equal(cached0.value(obs), values0)
+
+
+def test_a_group_is_listed_as_wanted_in_one_command_before_any_task_is_sent(redis_only):
+    d = dispatcher(redis_only.redis_url, "batch")
+    sadds = []
+    sadd = d.client.sadd
+    d.client.sadd = lambda *args: sadds.append(args) or sadd(*args)
+    assert d.submit_many(task_specs(0, 3, 8)) == [("rollout", 0, i) for i in range(3)]
+    assert len(sadds) == 1 and set(sadds[0][1:]) == {LIVE, "rollout:0:0", "rollout:0:1", "rollout:0:2"}
+    assert d.in_flight == 3 and d.stats.dispatched == 3
+    with pytest.raises(ValueError, match="already in flight"):
+        d.submit_many(task_specs(0, 1, 8))
+    with pytest.raises(ValueError, match="already in flight"):
+        d.submit_many(task_specs(1, 1, 8) * 2)
+    assert d.stats.dispatched == 3  # nothing of a refused group was sent
+    connect(redis_only.redis_url).delete(d.app.conf.task_default_queue)  # no worker will take them
 
 
 def test_failed_task_reports_a_clear_error(farm):

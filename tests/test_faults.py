@@ -333,6 +333,26 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     assert not client.keys("rlfarm:skips:lease:*") and not client.keys("rlfarm:skips:attempts:*")
 
 
+def test_one_lease_thread_renews_each_task_while_it_runs_and_not_after(redis_only):
+    """A worker process's lease thread, started by its first task and kept: it renews the running
+    task's lease past its expiry, moves on to the next task's, and lets a released one expire."""
+    from rlfarm.worker import _Lease
+
+    client = redis.Redis.from_url(redis_only.redis_url)
+    lease = _Lease(client)
+    lease.hold("lease-test:a", "me", 1.0)  # expires 1 s after each renewal, renewed every 0.25 s
+    time.sleep(2.0)  # twice the expiry: only renewals keep it
+    assert client.get("lease-test:a") == b"me"
+    thread = lease._thread
+    lease.hold("lease-test:b", "me", 1.0)  # the process's next task
+    assert lease._thread is thread
+    time.sleep(2.0)
+    assert client.get("lease-test:a") is None and client.get("lease-test:b") == b"me"
+    lease.release()
+    time.sleep(1.5)
+    assert client.get("lease-test:b") is None and thread.is_alive()
+
+
 def test_queued_tasks_are_not_late(farm):
     """Six 1-second tasks on two processes with task_timeout 2 s: the last ones wait ~2 s in the
     queue, which once made them 'late' and re-sent. Now only time since a task started counts."""

@@ -54,3 +54,6 @@ def test_result_messages_keep_set_fields_only_and_read_back():
     back = Result.from_message(message)
     assert back.key == ("eval", 4, 1) and back.version == 0 and back.returns.tolist() == [500.0, 480.0]
     assert not back.skipped and back.error is None
+    # A worker's timings travel as a plain map; a trainer without the field would drop it unread.
+    timed = Result("rollout", 0, 0, duration=0.5, timings={"checks": 0.001, "policy": 0.002, "collect": 0.498})
+    assert Result.from_message(codec.unpack(codec.pack(timed.to_message()))).timings == timed.timings
