@@ -175,6 +175,7 @@ def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[in
         obs = as_obs(spec, obs, n)
         running_return = np.zeros(n, np.float64)
         running_length = np.zeros(n, np.int64)
+    no_flags = np.zeros(n, bool)  # read-only default of the per-step info flags
     for t in range(n_steps):
         if refresh is not None and t and t % refresh_steps == 0:
             policy = refresh() or policy
@@ -186,7 +187,7 @@ def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[in
         done = terminated | truncated
         # A life lost (Atari, env.terminal_on_life_loss) is a termination for learning, but the game
         # and its episode go on: no reset, no episode reported.
-        life_lost = _info_values(info, "life_lost", done, np.zeros(n, bool)).astype(bool)
+        life_lost = _info_values(info, "life_lost", done, no_flags)
         terminated = terminated | life_lost
         done_buf[t] = done | life_lost
         # Truncated (not terminated) episodes continue in truth: bootstrap from the value of the
@@ -225,8 +226,11 @@ def _info_values(info: dict[str, Any], key: str, done: np.ndarray, default: np.n
     """A per-step info key of a vector env as (n,) values, `default` where no sub-env set it. Where
     an episode ended, SAME_STEP autoreset puts the reset's info in `info` and the step's own in
     info["final_info"]: read it from there."""
+    final_info = info.get("final_info", {})
+    if key not in info and key not in final_info:  # most envs, every step: no copy, no work
+        return default
     values = np.array(default, copy=True)
-    for source, rows in ((info, ~done), (info.get("final_info", {}), done)):
+    for source, rows in ((info, ~done), (final_info, done)):
         if key in source:
             present = np.asarray(source.get(f"_{key}", np.ones(len(values), bool)), bool) & rows
             values[present] = np.asarray(source[key])[present]
