@@ -2,8 +2,8 @@
 
 - Vector observations: MLPs (separate actor and critic, as in CleanRL's PPO).
 - Image observations (uint8, HWC or CHW): a Nature-CNN encoder (Mnih et al. 2015) shared by the
-  heads. Pixels are scaled to [0, 1] inside the network, so the learner and the workers see the same
-  numbers and uint8 travels everywhere else.
+  heads. Pixels are scaled to [0, 1] inside the network (by its first layer), so the learner and the
+  workers see the same numbers and uint8 travels everywhere else.
 - SAC (Box actions): a tanh-squashed Gaussian policy scaled to the env's bounds, and soft Q-networks
   on (observation, action) that only its learner runs.
 
@@ -15,7 +15,10 @@ numpy Generator, so a task is a pure function of (weights, env seeds, action see
 from __future__ import annotations
 
 import copy
+import io
 import math
+import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -79,16 +82,26 @@ def chw_shape(spec: SpaceSpec) -> tuple[int, int, int]:
     return tuple(shape) if spec.image_layout == "CHW" else (shape[2], shape[0], shape[1])  # type: ignore[return-value]
 
 
+class PixelConv2d(nn.Conv2d):
+    """A convolution on raw 0-255 pixels that sees them scaled to [0, 1]: the 1/255 is folded into
+    its weights (a few thousand multiplications per call instead of one per input value, a pass over
+    the batch that cost the learner as much as a layer: benchmarks/learner.py --profile)."""
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(pixels, self.weight * (1.0 / 255.0), self.bias)
+
+
 class NatureCNN(nn.Module):
     """uint8 images -> features: convolutions with ReLU, then one linear layer with ReLU."""
 
     def __init__(self, spec: SpaceSpec, config: PolicyConfig):
         super().__init__()
-        self.channels_last = spec.image_layout == "HWC"
+        self.hwc = spec.image_layout == "HWC"
         c, h, w = chw_shape(spec)
         layers: list[nn.Module] = []
         for channels, kernel, stride in cnn_layers(spec, config):
-            layers += [layer_init(nn.Conv2d(c, channels, kernel, stride)), nn.ReLU()]
+            conv = PixelConv2d if not layers else nn.Conv2d
+            layers += [layer_init(conv(c, channels, kernel, stride)), nn.ReLU()]
             c = channels
         layers.append(nn.Flatten())
         self.convs = nn.Sequential(*layers)
@@ -98,10 +111,30 @@ class NatureCNN(nn.Module):
         self.features = config.cnn_features
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float() / 255.0  # scaled here, on the learner and on the worker alike
-        if self.channels_last:
-            x = x.permute(0, 3, 1, 2)
-        return self.linear(self.convs(x))
+        x = obs.permute(0, 3, 1, 2) if self.hwc else obs  # an HWC batch is already NHWC in memory
+        if x.is_cpu:
+            # oneDNN's convolutions are fastest on NHWC ("channels last") on CPU, forward and backward
+            # (benchmarks/learner.py): reorder the uint8 pixels, a quarter of float32's bytes, once.
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.linear(self.convs(x.float()))  # pixels scaled to [0, 1] by the first layer (PixelConv2d)
+
+
+def place(network: nn.Module, device: torch.device) -> nn.Module:
+    """`network` on `device`; on the CPU with its convolution weights in channels-last memory format,
+    the layout oneDNN computes in (NatureCNN.forward), so no layer reorders its weights per call. An
+    MLP has no 4-D weights and is only moved; on CUDA the layout is left as it was built."""
+    network = network.to(device)
+    return network.to(memory_format=torch.channels_last) if device.type == "cpu" else network
+
+
+def pixel_layout(batch: torch.Tensor, spec: SpaceSpec) -> torch.Tensor:
+    """A learner's batch of CHW images (N, C, H, W) on the CPU in channels-last memory, reordered once
+    per update: minibatches indexed from it keep the layout, so NatureCNN.forward has nothing left to
+    reorder. HWC images already are (the network permutes them to a channels-last view); anything
+    else is returned as it is."""
+    if spec.is_image and spec.image_layout == "CHW" and batch.is_cpu:
+        return batch.contiguous(memory_format=torch.channels_last)
+    return batch
 
 
 # ---- networks --------------------------------------------------------------------------------------
@@ -165,8 +198,12 @@ class ActorCritic(nn.Module):
         return logprob, entropy, value
 
     def actor_snapshot(self) -> "PolicyActor":
-        """A frozen copy for acting: numpy for MLPs, torch on the CPU for a CNN."""
-        return TorchPolicyActor(self) if self.encoder is not None else NumpyActor(self)
+        """A frozen copy for acting: numpy for MLPs; for a CNN, ONNX Runtime where it is installed
+        (the `atari` extra), else torch on the CPU."""
+        if self.encoder is None:
+            return NumpyActor(self)
+        graph = onnx_graph(self, _Heads(self), self.spec)
+        return OnnxPolicyActor(self, graph) if graph is not None else TorchPolicyActor(self)
 
 
 class QNetwork(nn.Module):
@@ -434,6 +471,21 @@ class TorchPolicyActor(PolicyActor):
         return out.numpy(), value.numpy().astype(np.float32)
 
 
+class OnnxPolicyActor(PolicyActor):
+    """Acts with ONNX Runtime on the graph of a CNN ActorCritic's heads, loaded with this version's
+    weights (one thread, as torch on a worker): about 1.8x torch's eager speed at a task's batch of 8
+    Atari frames on one core (benchmarks/cnn_cpu.py)."""
+
+    def __init__(self, policy: ActorCritic, graph: "OnnxGraph"):
+        self.spec = policy.spec
+        self.session = graph.session(policy.state_dict())
+        self._gaussian(policy)
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out, value = self.session.run(None, {"obs": np.ascontiguousarray(obs)})
+        return out, value.astype(np.float32)
+
+
 class QActor(Actor):
     """Greedy or epsilon-greedy acting from Q-values; subclasses compute them."""
 
@@ -557,6 +609,95 @@ class TorchSACActor(SACActor):
     def gaussian(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mean, log_std = self.net(torch.from_numpy(np.ascontiguousarray(obs)))
         return mean.numpy().astype(np.float64), log_std.numpy().astype(np.float64)
+
+
+# ---- ONNX Runtime for acting with CNNs -------------------------------------------------------------
+
+# "auto": ONNX Runtime for CNN actors where onnx and onnxruntime import, else torch; "torch": always
+# torch (the benchmarks compare the two). Read by each worker process from its environment.
+ACTOR_RUNTIME_VARIABLE = "RLFARM_ACTOR_RUNTIME"
+
+
+class _Heads(nn.Module):
+    """ActorCritic._heads as a module's forward, the function exported for acting."""
+
+    def __init__(self, policy: ActorCritic):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.policy._heads(obs)
+
+
+class OnnxGraph:
+    """A network's acting function exported to ONNX once per network (on the worker, from rlfarm's
+    own classes: no graph is ever read from Redis), then run by ONNX Runtime with each version's
+    weights written into the graph's initializers."""
+
+    def __init__(self, module: nn.Module, prefix: str, example: torch.Tensor):
+        import onnx
+
+        exported = copy.deepcopy(module).cpu().eval()
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # distinct values: the exporter merges initializers that are equal (zero biases)
+            for parameter in exported.parameters():
+                parameter.normal_(generator=generator)
+        buffer = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
+            # No constant folding: it would bake the first layer's 1/255 into a new, unnamed weight.
+            torch.onnx.export(exported, (example,), buffer, input_names=["obs"], output_names=["out", "value"],
+                              dynamic_axes={"obs": {0: "batch"}}, dynamo=False, do_constant_folding=False)
+        self.model = onnx.load_from_string(buffer.getvalue())
+        self.keys = {}
+        for init in self.model.graph.initializer:
+            if not init.name.startswith(prefix):
+                raise ValueError(f"ONNX initializer {init.name!r} is not a weight of the network")
+            self.keys[init.name] = init.name[len(prefix):]
+        # Every weight the function uses must be an initializer of its own, to be replaced per version.
+        used = {name for name, _ in exported.named_parameters() if name.startswith(prefix)}
+        if used - set(self.keys):
+            raise ValueError(f"weights folded into the ONNX graph: {sorted(used - set(self.keys))}")
+
+    def session(self, state: dict[str, torch.Tensor]) -> Any:
+        import onnxruntime
+        from onnx import numpy_helper
+
+        for init in self.model.graph.initializer:
+            array = state[self.keys[init.name]].detach().cpu().contiguous().numpy()
+            init.CopyFrom(numpy_helper.from_array(array, init.name))
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1  # one core per worker process, as torch there
+        options.inter_op_num_threads = 1
+        return onnxruntime.InferenceSession(self.model.SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
+
+
+def onnx_graph(network: nn.Module, module: nn.Module, spec: SpaceSpec) -> OnnxGraph | None:
+    """The network's OnnxGraph, exported on first use and kept on the network (a worker loads every
+    version into one network per run), or None where ONNX Runtime is not to be used: not installed,
+    RLFARM_ACTOR_RUNTIME=torch, or a network the exporter cannot take."""
+    cached = network.__dict__.get("_onnx_graph", False)
+    if cached is not False:
+        return cached
+    graph = None
+    if os.environ.get(ACTOR_RUNTIME_VARIABLE, "auto") != "torch" and _onnx_installed():
+        example = torch.zeros((1, *spec.obs_shape), dtype=torch.uint8)
+        try:
+            graph = OnnxGraph(module, "policy.", example)
+        except Exception:  # an exporter gap must not stop acting: torch acts instead
+            graph = None
+    network.__dict__["_onnx_graph"] = graph
+    return graph
+
+
+def _onnx_installed() -> bool:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # ---- saved policies ----------------------------------------------------------------------------------

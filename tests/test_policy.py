@@ -44,3 +44,67 @@ def test_gaussian_sampling_uses_log_std():
     actions, _, _ = actor.act(obs, np.random.default_rng(0))
     mean, _, _ = actor.act(obs[:1], np.random.default_rng(0), deterministic=True)
     assert abs((actions - mean).std() - np.exp(-1.0)) < 0.01
+
+
+# ---- CNNs: the layout the learner computes in, and ONNX Runtime for acting ---------------------------
+
+def _pong_like_spec():
+    from rlfarm.envs import SpaceSpec
+
+    return SpaceSpec(4 * 84 * 84, True, 6, obs_shape=(4, 84, 84), obs_dtype="uint8")
+
+
+def test_the_cnn_computes_the_same_in_channels_last_with_the_pixel_scale_in_its_first_layer():
+    """The learner's CPU network (channels-last weights, PixelConv2d) is the plain Nature CNN on
+    pixels / 255: same outputs as convolutions written out by hand on an NCHW float batch."""
+    from torch.nn import functional as F
+
+    from rlfarm.policy import ActorCritic, pixel_layout, place
+
+    spec = _pong_like_spec()
+    torch.manual_seed(0)
+    net = place(ActorCritic(spec, PolicyConfig()), torch.device("cpu"))
+    assert net.encoder.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        out, value = net._heads(pixel_layout(obs, spec))
+        x = obs.float() / 255.0
+        for conv in net.encoder.convs:
+            if isinstance(conv, torch.nn.Conv2d):
+                x = F.relu(F.conv2d(x, conv.weight.contiguous(), conv.bias, conv.stride))
+        h = F.relu(F.linear(x.flatten(1), net.encoder.linear[0].weight, net.encoder.linear[0].bias))
+    torch.testing.assert_close(out, net.actor(h), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(value, net.critic(h).squeeze(-1), rtol=1e-4, atol=1e-5)
+
+
+def test_onnx_actor_acts_as_torch_does_for_every_version_loaded_into_the_network():
+    """The worker exports the CNN's heads once per network and loads each version's weights into the
+    graph: actions, log-probabilities and values agree with the torch actor for each version."""
+    import pytest
+
+    pytest.importorskip("onnxruntime", reason="ONNX Runtime acting needs the atari extra (onnx, onnxruntime)")
+    from rlfarm.policy import ActorCritic, OnnxPolicyActor, TorchPolicyActor
+
+    spec = _pong_like_spec()
+    torch.manual_seed(0)
+    net = ActorCritic(spec, PolicyConfig())
+    obs = np.random.default_rng(0).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8)
+    for version in range(3):
+        actor = net.actor_snapshot()
+        assert isinstance(actor, OnnxPolicyActor)
+        reference = TorchPolicyActor(net)
+        got = actor.act(obs, np.random.default_rng(version))
+        want = reference.act(obs, np.random.default_rng(version))
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], atol=1e-4)
+        np.testing.assert_allclose(got[2], want[2], rtol=1e-4, atol=1e-4)
+        with torch.no_grad():  # the next version: every weight moves, biases included
+            for parameter in net.parameters():
+                parameter.add_(0.05 * torch.randn_like(parameter))
+
+
+def test_actor_runtime_torch_is_honoured(monkeypatch):
+    from rlfarm.policy import ACTOR_RUNTIME_VARIABLE, ActorCritic, TorchPolicyActor
+
+    monkeypatch.setenv(ACTOR_RUNTIME_VARIABLE, "torch")
+    assert isinstance(ActorCritic(_pong_like_spec(), PolicyConfig()).actor_snapshot(), TorchPolicyActor)

@@ -126,7 +126,7 @@ class APPO(PPO):
         """Target log-probabilities and values (T, N) of the behaviour's actions under the current
         network, and its values of the observations after the last step (N,)."""
         T, N = rollout.rewards.shape
-        obs = to_device(rollout.obs.reshape(T * N, *rollout.obs.shape[2:]), self.device)
+        obs = self._observations(rollout)
         act = rollout.actions
         actions = to_device(act.reshape(T * N, *act.shape[2:]), self.device)
         logprobs, _, values = self.policy.evaluate(obs, actions)

@@ -20,7 +20,7 @@ from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, r
 from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.policy import QNetwork
+from rlfarm.policy import QNetwork, place
 from rlfarm.replay import Batch
 
 
@@ -52,7 +52,7 @@ class DQN(OffPolicy):
 
     def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
         super().__init__(config, spec, device)
-        self.q_network = self.build_network(spec, config.policy).to(device)
+        self.q_network = place(self.build_network(spec, config.policy), device)
         self.target_network = copy.deepcopy(self.q_network)
         # fused Adam and a foreach gradient clip: a 64x64 MLP step is dominated by per-op dispatch,
         # so fewer kernels make the learner ~35 % faster (1.0 -> 0.67 ms per step on one core).

@@ -15,7 +15,7 @@ from rlfarm.algos.base import (Algorithm, to_device, load_optimizer_state, optim
                                unprefixed)
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.policy import ActorCritic
+from rlfarm.policy import ActorCritic, pixel_layout, place
 from rlfarm.rollout import Rollout
 
 
@@ -60,7 +60,7 @@ class PPO(Algorithm):
     def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
         super().__init__(config, spec, device)
         self.config = config.ppo
-        self.policy = self.build_network(spec, config.policy).to(device)
+        self.policy = place(self.build_network(spec, config.policy), device)
         # fused: one kernel for all parameters; per-op overhead dominates for networks this small.
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.learning_rate, eps=1e-5,
                                           fused=True)
@@ -93,6 +93,13 @@ class PPO(Algorithm):
         if self.policy.obs_norm is not None:
             self.policy.obs_norm.update(rollout.obs.reshape(-1, self.spec.obs_dim))
 
+    def _observations(self, rollout: Rollout) -> torch.Tensor:
+        """The (T, N, ...) observations as one (T x N, ...) batch on the device, shape and dtype kept,
+        images in the layout the network computes in."""
+        obs = rollout.obs
+        return pixel_layout(to_device(obs.reshape(obs.shape[0] * obs.shape[1], *obs.shape[2:]), self.device),
+                            self.spec)
+
     def _anneal(self, progress_remaining: float) -> None:
         if self.config.anneal_lr:
             for group in self.optimizer.param_groups:
@@ -108,7 +115,7 @@ class PPO(Algorithm):
         cfg = self.config
         dev = self.device
         steps = rollout.num_steps  # T x N, flattened: observations keep their shape and dtype
-        b_obs = to_device(rollout.obs.reshape(steps, *rollout.obs.shape[2:]), dev)
+        b_obs = self._observations(rollout)
         act = rollout.actions
         b_actions = to_device(act.reshape(-1) if act.ndim == 2 else act.reshape(-1, act.shape[-1]), dev)
         b_logprobs = to_device(logprobs.reshape(-1), dev)

@@ -24,7 +24,7 @@ from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, r
 from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.policy import SoftQNetwork, SquashedGaussianPolicy
+from rlfarm.policy import SoftQNetwork, SquashedGaussianPolicy, place
 from rlfarm.replay import Batch
 from rlfarm.rollout import Rollout
 
@@ -60,9 +60,9 @@ class SAC(OffPolicy):
     def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
         super().__init__(config, spec, device)
         cfg = self.config
-        self.actor = self.build_network(spec, config.policy).to(device)
-        self.qf1 = SoftQNetwork(spec, config.policy).to(device)
-        self.qf2 = SoftQNetwork(spec, config.policy).to(device)
+        self.actor = place(self.build_network(spec, config.policy), device)
+        self.qf1 = place(SoftQNetwork(spec, config.policy), device)
+        self.qf2 = place(SoftQNetwork(spec, config.policy), device)
         self.qf1_target = copy.deepcopy(self.qf1).requires_grad_(False)
         self.qf2_target = copy.deepcopy(self.qf2).requires_grad_(False)
         self._q_params = [*self.qf1.parameters(), *self.qf2.parameters()]
