@@ -63,11 +63,17 @@ def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
     check_mode(cfg.algo, cfg.mode)
     check_env(cfg.algo, describe(cfg.env.id, dataclasses.asdict(cfg.env)))
     if embedded and cfg.mode == "async":
-        C.check_results_per_update(cfg, cfg.async_.tasks_in_flight or cfg.farm.workers)
+        C.check_results_per_update(cfg, cfg.async_.tasks_in_flight or embedded_in_flight(cfg))
     if cfg.device == "cuda":
         from rlfarm.trainer import resolve_device
 
         resolve_device(cfg.device)
+
+
+def embedded_in_flight(cfg: C.RunConfig) -> int:
+    """ASYNC tasks in flight on the embedded default: one per local worker process, at least 2, so a
+    lone worker finds its next task queued when it finishes one instead of waiting for the trainer."""
+    return max(2, C.local_workers(cfg))
 
 
 def with_run_id(cfg: C.RunConfig) -> C.RunConfig:
@@ -128,6 +134,7 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         farm = localfarm.running()
         if farm is not None:
             redis_url, processes = farm["redis_url"], farm["workers"]  # no need to ask the workers
+            options["local_workers"] = processes  # on this machine: the trainer's threads leave them their cores
             notify(f"no --redis given: training on the local farm started by `rlfarm up` ({farm['workers']} "
                    f"worker processes; `rlfarm down` stops it)")
     if redis_url:
@@ -145,10 +152,11 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
     from rlfarm.envs import allowed_modules_env
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    notify(f"no --redis given: starting an embedded Redis and {cfg.farm.workers} local worker processes "
+    workers = C.local_workers(cfg)
+    notify(f"no --redis given: starting an embedded Redis and {workers} local worker processes "
            f"(logs in {run_dir}/)")
     # The user's own `module:callable` env is trusted on the user's own local workers.
-    cluster = LocalCluster(workers=cfg.farm.workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir,
+    cluster = LocalCluster(workers=workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir,
                            extra_env=allowed_modules_env(cfg.env.id))
     try:
         cluster.start(wait=False)  # the workers import torch while the trainer builds its network
@@ -156,7 +164,8 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
             {"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
         from rlfarm.trainer import make_trainer  # torch: imported while the workers start
 
-        trainer = make_trainer(cfg, cluster.redis_url, run_dir, tasks_in_flight=cfg.farm.workers, **options)
+        trainer = make_trainer(cfg, cluster.redis_url, run_dir, tasks_in_flight=embedded_in_flight(cfg),
+                               local_workers=workers, **options)
         cluster.wait_ready()
         return trainer.train()
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import difflib
+import os
 import tomllib
 import types
 import typing
@@ -49,7 +50,9 @@ class EnvConfig:
 class FarmConfig:
     num_tasks: int = 4  # rollout tasks per SYNC iteration: fixed by the run, never by the worker count
     steps_per_env: int = 256  # env steps each sub-env takes in one task
-    workers: int = 2  # worker processes the embedded default starts
+    # Worker processes the embedded default starts; 0 ("auto"): half the machine's cores, at least 1
+    # (local_workers), the split the Atari presets use: learner and actors then share the cores.
+    workers: int = 2
     # A running task (one whose worker holds its lease) without a result this many seconds after it
     # started gets one backup copy; queued tasks are never late (see rlfarm.dispatch).
     task_timeout: float = 120.0
@@ -289,7 +292,9 @@ class RunConfig:
     device: str = "auto"
     run_id: str = ""  # empty: generated at start
     logdir: str = "runs"
-    torch_threads: int = 1  # trainer threads; small MLPs run fastest (and reproducibly) on one
+    # Trainer threads; 0 ("auto", trainer_threads): one for MLPs (fastest and reproducible at their
+    # sizes), for CNNs the cores the embedded default's local workers leave free.
+    torch_threads: int = 0
     # Trainer checkpoint (for --resume) at most every this many seconds, at a published version, and at
     # the end; 0: at every published version. Off-policy replay buffers are saved with it when checkpoint_replay.
     checkpoint_interval: float = 10.0
@@ -371,6 +376,40 @@ def valid_keys() -> list[str]:
     return sorted(keys)
 
 
+# Integer keys whose 0 means "chosen for you"; "auto" may be written for it.
+AUTO_KEYS = frozenset({"torch_threads", "farm.workers", "async.tasks_in_flight", "async.results_per_update"})
+
+
+def machine_cores() -> int:
+    """Cores this process may run on (its CPU affinity, as a container's cpuset limits it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def local_workers(config: "RunConfig", cores: int | None = None) -> int:
+    """Worker processes the embedded default starts: `farm.workers`, or for 0 ("auto") half the cores,
+    at least 1. On Pong a step costs the learner about as much CPU as the env and the actor together
+    (benchmarks/pong.py), so an even split keeps both busy on 2 cores and on 16."""
+    if config.farm.workers:
+        return config.farm.workers
+    return max(1, (cores or machine_cores()) // 2)
+
+
+def trainer_threads(config: "RunConfig", image: bool, local: int, cores: int | None = None) -> int:
+    """The trainer's torch threads: `torch_threads`, or for 0 ("auto") one for MLPs (per-op overhead
+    dominates at their sizes, and one thread keeps SYNC bit-reproducible) and, for CNNs, the cores
+    left by the `local` worker processes this machine runs for the run, at least 1: more threads
+    than free cores slow the learner down (OpenMP threads wait for each other whenever one is
+    descheduled)."""
+    if config.torch_threads:
+        return config.torch_threads
+    if not image:
+        return 1
+    return max(1, (cores or machine_cores()) - local)
+
+
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check `value` against the annotated type, converting only where no information is lost."""
     origin = typing.get_origin(tp)
@@ -390,6 +429,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if value == "auto" and key in AUTO_KEYS:
+            return 0
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
@@ -460,9 +501,11 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {config.mode!r}")
     if config.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {config.device!r}")
-    _at_least_1(config, "env.num_envs", "env.frame_stack", "farm.num_tasks", "farm.steps_per_env", "farm.workers",
-                "farm.keep_versions", "total_steps", "torch_threads", "async.publish_interval",
-                "eval.episodes", "eval.tasks")
+    _at_least_1(config, "env.num_envs", "env.frame_stack", "farm.num_tasks", "farm.steps_per_env",
+                "farm.keep_versions", "total_steps", "async.publish_interval", "eval.episodes", "eval.tasks")
+    for key in ("farm.workers", "torch_threads"):
+        if get(config, key) < 0:
+            raise ConfigError(f"{key} must be at least 1, or 0 (\"auto\"), got {get(config, key)}")
     if config.farm.keep_versions < 2:
         raise ConfigError("farm.keep_versions must be at least 2 (the acting and the newest version)")
     if config.seed < 0:  # numpy seeds must be >= 0: a negative one would fail only on the workers

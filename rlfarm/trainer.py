@@ -36,7 +36,7 @@ from rich.console import Console
 from rlfarm import checkpoint, codec, logs
 from rlfarm.algos import check_mode, learner
 from rlfarm.celery_app import make_app
-from rlfarm.config import ConfigError, RunConfig, check_results_per_update, to_dict
+from rlfarm.config import ConfigError, RunConfig, check_results_per_update, to_dict, trainer_threads
 from rlfarm.dispatch import Dispatcher
 from rlfarm.envs import describe
 from rlfarm.metrics import RunLogger
@@ -105,9 +105,12 @@ class Trainer:
     RESUME_TASK_OFFSET = 1_000_000
 
     def __init__(self, config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
-                 resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None):
+                 resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None,
+                 local_workers: int = 0):
         """`resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.checkpoint).
-        `callback(LogStep)`: called after each log step; returning False stops the run."""
+        `callback(LogStep)`: called after each log step; returning False stops the run.
+        `local_workers`: worker processes of this run on this machine (the embedded default's), whose
+        cores the trainer's threads leave to them (rlfarm.config.trainer_threads)."""
         self.callback = callback
         self._stop_requested = False
         check_mode(config.algo, config.mode)
@@ -128,7 +131,8 @@ class Trainer:
         self._log = logging.getLogger("rlfarm.trainer")
         self._log_file: logging.Handler | None = None
 
-        torch.set_num_threads(config.torch_threads)
+        self.threads = trainer_threads(config, self.space.is_image, local_workers)
+        torch.set_num_threads(self.threads)
         torch.manual_seed(config.seed)  # the network's initial weights
         self.algo = learner(config.algo, config.mode)(config, self.space, self.device)
         self.logger: RunLogger | None = None
@@ -467,6 +471,7 @@ class Trainer:
         summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()}
         summary["target_reached_at"] = self._target_reached_at
         summary["receive_cpu_seconds"] = stats.receive_seconds
+        summary["trainer_threads"] = self.threads  # torch threads the learner ran with (torch_threads)
         summary["dispatched"] = stats.dispatched
         summary["unique_task_ids_accepted"] = len(set(stats.accepted_task_ids))
         summary["faults"] = {"leases_expired": stats.leases_expired, "messages_lost": stats.messages_lost,
