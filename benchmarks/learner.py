@@ -4,6 +4,7 @@ CartPole MLP. Synthetic batches of the shapes a real result has; no farm.
 
     python benchmarks/learner.py                       # every preset below, on cpu (and cuda if present)
     python benchmarks/learner.py --device cuda --batches 20
+    python benchmarks/learner.py --threads 1 --profile # torch.profiler's table of one pong update
 
 samples/s = samples in the batch x update epochs / seconds per update: the rate at which the learner
 consumes env steps is batch / seconds; divide the farm's env steps/s by it to see whether one learner
@@ -19,8 +20,11 @@ import time
 import numpy as np
 
 CASES = {  # name: (preset, mode, overrides)
-    "pong (APPO, Nature CNN, 8x128 per update)": ("pong", "async", []),
-    "pong (APPO, Nature CNN, 4 results per update)": ("pong", "async", ["async.results_per_update=4"]),
+    "pong as shipped (APPO, one pass, 8x128)": ("pong", "async", []),
+    # V-trace's targets by a forward over the batch first, then one epoch: the cost of the two-pass
+    # path (the ablation without V-trace takes it too, with the same forwards).
+    "pong, targets first, then 1 epoch": ("pong", "async", ["ppo.vtrace=false"]),
+    "pong, PPO's 4 epochs (targets first)": ("pong", "async", ["ppo.update_epochs=4"]),
     "cartpole-ppo (SYNC, MLP 64x64, 4096 per update)": ("cartpole-ppo", "sync", []),
 }
 
@@ -77,6 +81,30 @@ def bench(preset: str, mode: str, overrides: list[str], device_name: str, batche
     return samples, seconds, samples * cfg.ppo.update_epochs / seconds
 
 
+def profile(preset: str, mode: str, overrides: list[str]) -> None:
+    """torch.profiler's operators of one update (after a warm-up one), by self time and input shape."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from rlfarm import config as C
+    from rlfarm.algos import learner
+    from rlfarm.envs import SpaceSpec
+
+    cfg = C.build(preset, [f"mode={mode}", *overrides])
+    spec = SpaceSpec(4 * 84 * 84, True, 6, obs_shape=(4, 84, 84), obs_dtype="uint8")
+    algorithm = learner(cfg.algo, cfg.mode)(cfg, spec, torch.device("cpu"))
+    rollout = synthetic_rollout(spec, cfg.farm.steps_per_env, cfg.env.num_envs, np.random.default_rng(0))
+    for record in (False, True):
+        algorithm.observe(rollout, 0)
+        if not record:
+            algorithm.update(0.0)
+            continue
+        with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            algorithm.update(0.0)
+    print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=25))
+
+
 def main() -> None:
     import torch
 
@@ -84,8 +112,12 @@ def main() -> None:
     parser.add_argument("--device", nargs="+", default=["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
     parser.add_argument("--batches", type=int, default=5, help="updates timed per case (median)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads on CPU")
+    parser.add_argument("--profile", action="store_true", help="profile one update of the pong preset instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.profile:
+        profile("pong", "async", [])
+        return
     print(f"cores: {os.cpu_count()}, torch threads: {args.threads}, torch {torch.__version__}")
     print(f"{'case':<50} {'device':>6} {'batch':>6} {'s/update':>9} {'env steps/s':>12} {'samples/s':>10}")
     for name, (preset, mode, overrides) in CASES.items():

@@ -65,7 +65,8 @@ def test_unknown_key_lists_valid_keys():
     ("seed=abc", "expected an integer"), ("ppo.anneal_lr=1", "expected true or false"),
     ("ppo.gamma=fast", "expected a number"), ("mode=fast", "mode must be one of"),
     ("farm.num_tasks=0", "at least 1"), ("ppo.num_minibatches=7", "must divide"),
-    ("novalue", "key=value"),
+    ("novalue", "key=value"), ("torch_threads=-1", "or 0"), ("farm.workers=-2", "or 0"),
+    ("seed=auto", "expected an integer"),  # "auto" only where 0 means chosen for you
 ])
 def test_bad_values_are_clear(override, fragment):
     with pytest.raises(C.ConfigError, match=fragment):
@@ -77,3 +78,20 @@ def test_unknown_preset_and_dict_roundtrip():
         C.build("cartpole-pp")
     cfg = C.build("pendulum-ppo")
     assert C.from_dict(C.to_dict(cfg)) == cfg
+
+
+def test_auto_threads_and_workers_split_the_cores():
+    """torch_threads and farm.workers "auto" (0): MLPs learn on one thread; a CNN's learner takes the
+    cores the embedded default's workers leave, which take half of them; explicit values win."""
+    cfg = C.build("pong", ["torch_threads=auto", "farm.workers=auto"])
+    assert cfg.torch_threads == 0 and cfg.farm.workers == 0
+    assert [C.local_workers(cfg, cores) for cores in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert C.trainer_threads(cfg, image=True, local=1, cores=2) == 1
+    assert C.trainer_threads(cfg, image=True, local=8, cores=16) == 8
+    assert C.trainer_threads(cfg, image=True, local=0, cores=16) == 16  # a remote farm: every core
+    assert C.trainer_threads(cfg, image=True, local=4, cores=2) == 1  # never below one
+    assert C.trainer_threads(cfg, image=False, local=0, cores=16) == 1
+    fixed = C.build("pong", ["torch_threads=3", "farm.workers=5"])
+    assert C.trainer_threads(fixed, image=True, local=5, cores=2) == 3 and C.local_workers(fixed, 2) == 5
+    assert C.local_workers(C.build("cartpole-ppo"), 16) == 2  # presets that name a count keep it
+    assert 1 <= C.machine_cores()

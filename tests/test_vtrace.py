@@ -62,3 +62,72 @@ def test_envs_are_independent_columns():
                         np.array([7.0, 7.0]), GAMMA)
     np.testing.assert_allclose(vs[:, 0], vs[:, 1])
     np.testing.assert_allclose(adv[:, 0], [1.85, 0.5, 9.15, 6.5, 2.2], rtol=1e-6)
+
+
+# ---- APPO's one pass (update_epochs = 1) -----------------------------------------------------------
+
+def _lagged_rollout(spec, T: int, N: int, seed: int):
+    """A batch acted by an older policy: behaviour log-probabilities a little off the learner's."""
+    from rlfarm.rollout import Rollout
+
+    rng = np.random.default_rng(seed)
+    shape = (T, N, *spec.obs_shape)
+    obs = (rng.integers(0, 256, shape, dtype=np.uint8) if spec.obs_dtype == "uint8"
+           else rng.standard_normal(shape).astype(np.float32))
+    z = np.zeros((T, N), np.float32)
+    return Rollout(obs=obs, actions=rng.integers(0, spec.action_dim, (T, N)),
+                   logprobs=(-np.log(spec.action_dim) + 0.1 * rng.standard_normal((T, N))).astype(np.float32),
+                   values=z.copy(), rewards=rng.choice([-1.0, 0.0, 1.0], (T, N)).astype(np.float32),
+                   dones=rng.random((T, N)) < 0.05, final_values=z.copy(), last_values=np.zeros(N, np.float32),
+                   episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64), last_obs=obs[-1].copy())
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "tests.tiny_envs:image"])
+def test_one_pass_is_the_two_pass_update_when_the_network_cannot_move_in_between(env_id):
+    """With one minibatch, V-trace's targets from the loss's own forward (one pass) are the targets of
+    a separate forward first (two passes): the same gradient step, the same weights after it."""
+    import torch
+
+    from rlfarm import config as C
+    from rlfarm.algos.appo import APPO
+    from rlfarm.envs import describe
+
+    spec = describe(env_id)
+    cfg = C.build("cartpole-appo", [f"env.id={env_id}", "ppo.update_epochs=1", "ppo.num_minibatches=1"])
+    rollout = _lagged_rollout(spec, T=16, N=4, seed=0)
+    weights = []
+    for path in ("_learn_in_one_pass", "_learn_after_targets"):
+        torch.manual_seed(0)
+        learner = APPO(cfg, spec, torch.device("cpu"))
+        assert learner._one_pass(rollout)
+        metrics, ratios = getattr(learner, path)(rollout, None)
+        assert np.isfinite(metrics["losses/policy_loss"]) and ratios.size == 64
+        weights.append(learner.state())
+    one, two = weights
+    for key in one:
+        torch.testing.assert_close(one[key], two[key], rtol=1e-4, atol=1e-6)
+
+
+def test_one_pass_takes_whole_trajectories_and_learns():
+    """Several minibatches of whole env columns: every weight that should move moves, the ratios are
+    reported for every sample, and a batch whose columns do not divide takes the two-pass path."""
+    import torch
+
+    from rlfarm import config as C
+    from rlfarm.algos.appo import APPO
+    from rlfarm.envs import describe
+
+    spec = describe("CartPole-v1")
+    cfg = C.build("cartpole-appo", ["ppo.update_epochs=1", "ppo.num_minibatches=4"])
+    torch.manual_seed(0)
+    learner = APPO(cfg, spec, torch.device("cpu"))
+    before = {k: v.clone() for k, v in learner.state().items()}
+    rollout = _lagged_rollout(spec, T=16, N=8, seed=1)
+    learner.observe(rollout, 2)
+    while not learner.ready():
+        learner.observe(_lagged_rollout(spec, T=16, N=8, seed=2), 2)
+    metrics = learner.update(0.0)
+    assert 0 < metrics["vtrace/rho_mean"] <= 1 and metrics["vtrace/policy_lag_mean"] == 2
+    after = learner.state()
+    assert any(not torch.equal(before[k], after[k]) for k in before if "actor" in k)
+    assert not learner._one_pass(_lagged_rollout(spec, T=16, N=6, seed=3))  # 6 columns, 4 minibatches

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rlfarm.algos.base import register, to_device
+from rlfarm.policy import pixel_layout
 from rlfarm.algos.ppo import PPO, compute_gae
 from rlfarm.config import RunConfig
 from rlfarm.envs import SpaceSpec
@@ -100,6 +101,72 @@ class APPO(PPO):
         taken, self._results = self._results[:self.results_per_update], self._results[self.results_per_update:]
         rollout = concat([r for r, _ in taken])
         self._anneal(1.0 - progress)
+        if self._one_pass(rollout):
+            metrics, ratios = self._learn_in_one_pass(rollout, between)
+        else:
+            metrics, ratios = self._learn_after_targets(rollout, between)
+        self.update_normalizer(rollout)
+        metrics["vtrace/rho_mean"] = float(np.minimum(cfg.rho_bar, ratios).mean())
+        # (a hair above rho_bar: numpy acting and torch learning differ in the last float bits)
+        metrics["vtrace/rho_clipped_frac"] = float((ratios > cfg.rho_bar * (1 + 1e-5)).mean())
+        metrics["vtrace/policy_lag_mean"] = float(np.mean([lag for _, lag in taken]))
+        return metrics
+
+    def _one_pass(self, rollout: Rollout) -> bool:
+        """Whether this batch is learned as IMPALA learns: one pass (update_epochs = 1) of minibatches of
+        whole trajectories, V-trace computed inside each from the same forward as its loss."""
+        cfg = self.config
+        columns = rollout.rewards.shape[1]
+        return (cfg.update_epochs == 1 and cfg.vtrace and rollout.last_obs is not None
+                and columns % cfg.num_minibatches == 0)
+
+    def _learn_in_one_pass(self, rollout: Rollout, between: Callable[[], None] | None
+                           ) -> tuple[dict[str, float], np.ndarray]:
+        """update_epochs = 1: each minibatch is N / num_minibatches whole trajectories (env columns,
+        in an order drawn from the minibatch generator) and their observations after the last step.
+        One forward gives the target log-probabilities and values V-trace needs (detached) and the
+        loss's, so a sample costs one forward-backward; the two-pass path below pays one more forward
+        over the whole batch first (benchmarks/learner.py). Targets come from the network as it is
+        when the minibatch's turn comes: fresher than the update's start, as in IMPALA."""
+        cfg = self.config
+        T, N = rollout.rewards.shape
+        per = N // cfg.num_minibatches
+        order = torch.randperm(N, generator=self.generator).numpy()
+        act = rollout.actions
+        clipfracs, ratios, values_seen, returns_seen = [], [], [], []
+        for start in range(0, N, per):
+            cols = np.sort(order[start:start + per])
+            steps = T * per
+            obs = np.concatenate([rollout.obs[:, cols].reshape(steps, *rollout.obs.shape[2:]), rollout.last_obs[cols]])
+            actions = act[:, cols].reshape(steps, *act.shape[2:])
+            padded = np.concatenate([actions, np.zeros((per, *act.shape[2:]), actions.dtype)])
+            logprob, entropy, value = self.policy.evaluate(pixel_layout(to_device(obs, self.device), self.spec),
+                                                           to_device(padded, self.device))
+            newlogprob, entropy, newvalue = logprob[:steps], entropy[:steps], value[:steps]
+            target = newlogprob.detach().cpu().numpy().reshape(T, per)
+            values = newvalue.detach().cpu().numpy().reshape(T, per)
+            last_values = value[steps:].detach().cpu().numpy().astype(np.float64)
+            behaviour = rollout.logprobs[:, cols]
+            vs, advantages, raw = vtrace(behaviour, target, rollout.rewards[:, cols], values, rollout.dones[:, cols],
+                                         rollout.final_values[:, cols], last_values, cfg.gamma, cfg.rho_bar,
+                                         cfg.c_bar, cfg.gae_lambda)
+            dev = self.device
+            last = self._step(newlogprob, entropy, newvalue, to_device(behaviour.reshape(-1), dev),
+                              to_device(values.reshape(-1), dev), to_device(advantages.reshape(-1), dev),
+                              to_device(vs.reshape(-1), dev), impala_loss=cfg.pg_loss == "impala")
+            clipfracs.append(last[-1])
+            ratios.append(raw.reshape(-1))
+            values_seen.append(values.reshape(-1))
+            returns_seen.append(vs.reshape(-1))
+            if between is not None:
+                between()
+        metrics = self._metrics(last[:4], clipfracs, False, np.concatenate(values_seen), np.concatenate(returns_seen))
+        return metrics, np.concatenate(ratios)
+
+    def _learn_after_targets(self, rollout: Rollout, between: Callable[[], None] | None
+                             ) -> tuple[dict[str, float], np.ndarray]:
+        """Targets for the whole batch from the network as the update begins, then PPO's epochs."""
+        cfg = self.config
         target_logprobs, values, last_values = self._evaluate(rollout)
         if cfg.vtrace:
             returns, advantages, ratios = vtrace(
@@ -114,12 +181,7 @@ class APPO(PPO):
         # PPO, solved CartPole ~20 % faster at low lag but collapsed in 1 of 5 runs at a lag of 10.)
         metrics = self._optimize(rollout, rollout.logprobs, values, advantages, returns,
                                  impala_loss=cfg.pg_loss == "impala", between=between)
-        self.update_normalizer(rollout)
-        metrics["vtrace/rho_mean"] = float(np.minimum(cfg.rho_bar, ratios).mean())
-        # (a hair above rho_bar: numpy acting and torch learning differ in the last float bits)
-        metrics["vtrace/rho_clipped_frac"] = float((ratios > cfg.rho_bar * (1 + 1e-5)).mean())
-        metrics["vtrace/policy_lag_mean"] = float(np.mean([lag for _, lag in taken]))
-        return metrics
+        return metrics, ratios
 
     @torch.no_grad()
     def _evaluate(self, rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

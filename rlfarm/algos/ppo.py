@@ -108,10 +108,8 @@ class PPO(Algorithm):
     def _optimize(self, rollout: Rollout, logprobs: np.ndarray, values: np.ndarray, advantages: np.ndarray,
                   returns: np.ndarray, impala_loss: bool = False,
                   between: Callable[[], None] | None = None) -> dict[str, float]:
-        """Minibatch epochs on (T, N) arrays: the clipped surrogate against `logprobs` (or, with
-        `impala_loss`, the IMPALA policy gradient -log pi(a) * advantage), the value loss towards
-        `returns` (clipped around `values` with clip_vloss) and the entropy bonus. `between()` runs after
-        each minibatch (the ASYNC trainer keeps the farm fed there)."""
+        """Minibatch epochs on (T, N) arrays, a `_step` per minibatch of samples drawn across the batch.
+        `between()` runs after each minibatch (the ASYNC trainer keeps the farm fed there)."""
         cfg = self.config
         dev = self.device
         steps = rollout.num_steps  # T x N, flattened: observations keep their shape and dtype
@@ -131,42 +129,23 @@ class PPO(Algorithm):
             for start in range(0, batch_size, minibatch_size):
                 mb = order[start:start + minibatch_size]
                 newlogprob, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_actions[mb])
-                logratio = newlogprob - b_logprobs[mb]
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
-                    clipfracs.append(((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item())
-
-                mb_adv = b_adv[mb]
-                if cfg.norm_adv:
-                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                if impala_loss:
-                    pg_loss = -(mb_adv * newlogprob).mean()
-                else:
-                    pg_loss1 = -mb_adv * ratio
-                    pg_loss2 = -mb_adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                if cfg.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb]) ** 2
-                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -cfg.clip_coef, cfg.clip_coef)
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - b_returns[mb]) ** 2).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
-
-                entropy_loss = entropy.mean()
-                loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
-                self.optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                self.optimizer.step()
+                pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
+                    newlogprob, entropy, newvalue, b_logprobs[mb], b_values[mb], b_adv[mb], b_returns[mb], impala_loss)
+                clipfracs.append(clipfrac)
                 if between is not None:
                     between()
             if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
                 stopped = True
                 break
 
-        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        return self._metrics((pg_loss, v_loss, entropy_loss, approx_kl), clipfracs, stopped,
+                             b_values.cpu().numpy(), b_returns.cpu().numpy())
+
+    def _metrics(self, last: tuple[torch.Tensor, ...], clipfracs: list[float], stopped: bool,
+                 y_pred: np.ndarray, y_true: np.ndarray) -> dict[str, float]:
+        """An update's metrics: the last minibatch's loss terms, the mean clip fraction, and how much
+        of the returns' variance the values the advantages were computed with explain."""
+        pg_loss, v_loss, entropy_loss, approx_kl = last
         var_y = np.var(y_true)
         explained_var = float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
         return {
@@ -179,6 +158,44 @@ class PPO(Algorithm):
             "losses/explained_variance": explained_var,
             "losses/early_stopped": float(stopped),
         }
+
+    def _step(self, newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: torch.Tensor,
+              logprobs: torch.Tensor, values: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+              impala_loss: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """One gradient step on a minibatch's loss: the clipped surrogate against `logprobs` (or, with
+        `impala_loss`, the IMPALA policy gradient -log pi(a) * advantage), the value loss towards
+        `returns` (clipped around `values` with clip_vloss) and the entropy bonus. Returns the policy,
+        value and entropy terms, approx_kl and the clip fraction."""
+        cfg = self.config
+        logratio = newlogprob - logprobs
+        ratio = logratio.exp()
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
+            clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item()
+
+        if cfg.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if impala_loss:
+            pg_loss = -(advantages * newlogprob).mean()
+        else:
+            pg_loss1 = -advantages * ratio
+            pg_loss2 = -advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        if cfg.clip_vloss:
+            v_loss_unclipped = (newvalue - returns) ** 2
+            v_clipped = values + torch.clamp(newvalue - values, -cfg.clip_coef, cfg.clip_coef)
+            v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
+        self.optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        return pg_loss, v_loss, entropy_loss, approx_kl, clipfrac
 
     def state(self) -> dict[str, torch.Tensor]:
         """Weights the workers act with (CPU tensors)."""
