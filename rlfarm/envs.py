@@ -169,14 +169,20 @@ def _entry_package(env_id: str) -> str:
 
 
 def make_vector_env(env_id: str, num_envs: int, trusted: bool = True,
-                    options: Mapping[str, Any] | None = None) -> SyncVectorEnv:
-    """Sub-envs in this process, with SAME_STEP autoreset.
+                    options: Mapping[str, Any] | None = None) -> "gym.vector.VectorEnv":
+    """Sub-envs in this process, with SAME_STEP autoreset (ALE ids with Atari preprocessing: ale-py's
+    own vector env where it has one, rlfarm.atari.NativeVector).
 
     gymnasium >= 1.0 defaults to NEXT_STEP autoreset: the step after an episode ends is a reset whose
     action is ignored. SAME_STEP instead resets inside the ending step and hands the real final
     observation over in info["final_obs"], which is what truncation bootstrapping needs.
     """
     _factory(env_id, trusted)  # the checks once, before any sub-env is made
+    if preprocessing(env_id, options) == "atari" and _is_atari_id(env_id):
+        from rlfarm import atari
+
+        if atari.native_vector_available() and "game" in gym.registry[env_id].kwargs:  # same frames, no Python per frame
+            return atari.NativeVector(env_id, num_envs, options or {})
     return SyncVectorEnv([lambda: make_env(env_id, trusted, options=options)] * num_envs,
                          autoreset_mode=AutoresetMode.SAME_STEP)
 
