@@ -1,0 +1,266 @@
+"""Pong on this machine's cores: rlfarm's training throughput against one Stable-Baselines3 PPO process,
+and how much of the machine's attainable FLOP rate the learner and the actors use. One run, one machine.
+
+    pip install -e ".[atari,bench]"
+    python benchmarks/pong.py                    # 240 s of each side, after a 30 s warm-up
+    python benchmarks/pong.py --seconds 120 --skip-sb3
+
+1. Attainable FLOP rate: a 2048x2048 float32 matmul on 1 thread and on all cores (median of rounds).
+2. In isolation: one learner update of the `pong` preset as shipped (synthetic batch of its shape, the
+   threads the trainer takes on this machine) and one acting step of a task's batch (the worker's actor, one thread), in
+   GFLOP/s and as a fraction of that rate. FLOPs are counted from the network's layers: forward
+   2 x multiply-adds; backward twice the forward, less the first layer's input gradient, which
+   nothing needs.
+3. Training: `rlfarm train --preset pong` (embedded default, the preset as shipped) for `--seconds`,
+   then SB3 PPO with rl-baselines3-zoo's Atari settings (8 envs x 128 steps, 4 epochs of minibatch
+   256, lr and clip 2.5e-4 and 0.1 annealed, ent 0.01, vf 0.5; AtariWrapper with frame stack 4),
+   one process, DummyVecEnv, torch on all cores, for the same seconds. Env steps/s of each are taken
+   after `--warmup` seconds of its own (start-up, imports, first versions excluded), and their ratio
+   printed, with the FLOP rates the learner (env steps learned x FLOPs per step learned) and the
+   actors (env steps acted x forward FLOPs) delivered as a fraction of the whole machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def matmul_gflops(threads: int, size: int = 2048, rounds: int = 7) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(2):
+        a @ b
+    rates = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(3):
+            a @ b
+        rates.append(3 * 2 * size ** 3 / (time.perf_counter() - t) / 1e9)
+    return statistics.median(rates)
+
+
+def layer_flops(network, example) -> tuple[float, float]:
+    """(forward FLOPs per observation, the first layer's share) from the Conv2d and Linear layers."""
+    import torch
+    from torch import nn
+
+    counted: list[float] = []
+
+    def hook(module, inputs, output):
+        if isinstance(module, nn.Conv2d):
+            k = module.kernel_size[0] * module.kernel_size[1] * module.in_channels // module.groups
+            counted.append(2.0 * output[0].numel() * k)
+        else:
+            counted.append(2.0 * module.in_features * module.out_features)
+
+    handles = [m.register_forward_hook(hook) for m in network.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    with torch.no_grad():
+        network.evaluate(example, torch.zeros(1, dtype=torch.long))
+    for h in handles:
+        h.remove()
+    return sum(counted), counted[0]
+
+
+def pong_setup():
+    import torch
+
+    from rlfarm import config as C
+    from rlfarm.envs import describe
+
+    cfg = C.build("pong", [])
+    spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
+    from rlfarm.policy import ActorCritic
+
+    net = ActorCritic(spec, cfg.policy)
+    fwd, first = layer_flops(net, torch.zeros((1, *spec.obs_shape), dtype=torch.uint8))
+    return cfg, spec, fwd, first
+
+
+def learner_update_seconds(cfg, spec, threads: int, updates: int = 5) -> float:
+    import torch
+
+    from learner import synthetic_rollout
+    from rlfarm.algos import learner
+
+    torch.set_num_threads(threads)
+    algorithm = learner(cfg.algo, cfg.mode)(cfg, spec, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    results = max(1, cfg.async_.results_per_update or 1)
+    rollouts = [synthetic_rollout(spec, cfg.farm.steps_per_env, cfg.env.num_envs, rng) for _ in range(results)]
+    times = []
+    for i in range(updates + 1):
+        for r in rollouts:
+            algorithm.observe(r, 0)
+        t = time.perf_counter()
+        while algorithm.ready():
+            algorithm.update(0.0)
+        if i:  # the first is a warm-up
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def actor_step_seconds(spec, num_envs: int, steps: int = 200) -> tuple[float, str]:
+    import torch
+
+    from rlfarm.config import PolicyConfig
+    from rlfarm.policy import ActorCritic
+
+    torch.set_num_threads(1)  # as on a worker
+    actor = ActorCritic(spec, PolicyConfig()).actor_snapshot()
+    obs = np.random.default_rng(0).integers(0, 256, (num_envs, *spec.obs_shape), dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        actor.act(obs, rng)
+    rounds = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(steps // 5):
+            actor.act(obs, rng)
+        rounds.append((time.perf_counter() - t) / (steps // 5))
+    return statistics.median(rounds), type(actor).__name__
+
+
+def rlfarm_sps(seconds: float, warmup: float, extra: list[str]) -> tuple[float, dict]:
+    """Env steps/s of `rlfarm train --preset pong` over `seconds` after `warmup` seconds of its loop."""
+    with tempfile.TemporaryDirectory() as logdir:
+        cmd = [sys.executable, "-m", "cli", "train", "--preset", "pong", "--total-steps", str(10 ** 9),
+               "--logdir", logdir, "--run-id", "bench", *extra]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        progress = Path(logdir) / "bench" / "progress.csv"
+        try:
+            deadline = time.monotonic() + 600
+            rows: list[dict] = []
+            while time.monotonic() < deadline:  # until the loop has run warmup + seconds
+                if proc.poll() is not None:
+                    raise RuntimeError(f"rlfarm train exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+                if progress.exists():
+                    rows = [r for r in csv.DictReader(progress.open()) if r.get("wall_time")]
+                    if rows and float(rows[-1]["wall_time"]) >= warmup + seconds:
+                        break
+                time.sleep(1.0)  # polling a file another process appends to
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)  # a clean stop: workers and Redis go with it
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        window = [r for r in rows if float(r["wall_time"]) >= warmup]
+        first, last = window[0], window[-1]
+        sps = (float(last["global_step"]) - float(first["global_step"])) / (
+            float(last["wall_time"]) - float(first["wall_time"]))
+        return sps, last
+
+
+def sb3_sps(seconds: float, warmup: float) -> float:
+    """Env steps/s of SB3 PPO (zoo Atari settings) over `seconds` after `warmup` seconds of learning."""
+    import gymnasium as gym
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    import ale_py
+
+    gym.register_envs(ale_py)
+    torch.set_num_threads(os.cpu_count() or 1)
+    env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=8, seed=0), n_stack=4)
+
+    def linear(start: float):
+        return lambda remaining: remaining * start
+
+    marks: list[tuple[float, int]] = []
+
+    class Clock(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.start = time.perf_counter()
+
+        def _on_rollout_end(self) -> None:
+            marks.append((time.perf_counter() - self.start, self.num_timesteps))
+
+        def _on_step(self) -> bool:
+            return time.perf_counter() - self.start < warmup + seconds
+
+    model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=linear(2.5e-4),
+                clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, verbose=0, seed=0, device="cpu")
+    model.learn(total_timesteps=10 ** 8, callback=Clock())
+    window = [m for m in marks if m[0] >= warmup]
+    if len(window) < 2:  # a run too short for two rollouts after the warm-up
+        window = marks[-2:]
+    (t0, s0), (t1, s1) = window[0], window[-1]
+    return (s1 - s0) / (t1 - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=240, help="measured seconds of each side's training")
+    parser.add_argument("--warmup", type=float, default=30, help="seconds of each side's training not measured")
+    parser.add_argument("--skip-sb3", action="store_true", help="rlfarm only")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for the rlfarm run (e.g. ppo.update_epochs=2)")
+    parser.add_argument("--workers", type=int, help="rlfarm's local worker processes (default: the preset's choice)")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+
+    peak1, peakn = matmul_gflops(1), matmul_gflops(cores)
+    print(f"cores: {cores}; attainable (2048^2 float32 matmul): {peak1:.0f} GFLOP/s on 1 thread, "
+          f"{peakn:.0f} on {cores}", flush=True)
+
+    cfg, spec, fwd, first = pong_setup()
+    from rlfarm.config import local_workers, trainer_threads
+
+    threads = trainer_threads(cfg, spec.is_image, local_workers(cfg), cores)
+    epochs = cfg.ppo.update_epochs
+    fwd_bwd = 3 * fwd - first  # backward = 2 x forward, less the first layer's input gradient
+    # APPO with one epoch learns in one pass (V-trace's targets from the loss's own forward); with
+    # more, a forward over the batch gives the targets first.
+    learned_per_step = epochs * fwd_bwd + (0 if epochs == 1 else fwd)
+    batch = cfg.farm.steps_per_env * cfg.env.num_envs * max(1, cfg.async_.results_per_update or 1)
+    update = learner_update_seconds(cfg, spec, threads)
+    peak_t = peak1 if threads == 1 else matmul_gflops(threads)
+    learner_rate = batch * learned_per_step / update / 1e9
+    print(f"Nature CNN: {fwd / 1e6:.1f} MFLOP forward per observation, {fwd_bwd / 1e6:.1f} forward+backward; "
+          f"learned per env step: {learned_per_step / 1e6:.1f} MFLOP ({epochs} epoch(s))")
+    print(f"learner alone ({threads} thread(s)): {update:.2f} s per update of {batch}, {batch / update:.0f} env "
+          f"steps/s, {learner_rate:.1f} GFLOP/s = {learner_rate / peak_t:.2f} of attainable", flush=True)
+    act, kind = actor_step_seconds(spec, cfg.env.num_envs)
+    actor_rate = cfg.env.num_envs * fwd / act / 1e9
+    print(f"actor alone ({kind}, 1 thread, batch {cfg.env.num_envs}): {act * 1e3:.2f} ms per step, "
+          f"{actor_rate:.1f} GFLOP/s = {actor_rate / peak1:.2f} of attainable", flush=True)
+
+    extra = [f"--set={o}" for o in args.overrides] + ([f"--workers={args.workers}"] if args.workers else [])
+    sps, last = rlfarm_sps(args.seconds, args.warmup, extra)
+    print(f"rlfarm train --preset pong {' '.join(extra)}: {sps:.0f} env steps/s "
+          f"(slots waiting {float(last.get('farm/slots_waiting') or 0):.2f}, policy lag "
+          f"{float(last.get('farm/policy_lag') or 0):.1f})", flush=True)
+    print(f"  learner delivered {sps * learned_per_step / 1e9:.1f} GFLOP/s, actors "
+          f"{sps * fwd / 1e9:.1f}: {(sps * (learned_per_step + fwd)) / 1e9 / peakn:.2f} of the machine's attainable")
+    if not args.skip_sb3:
+        sb3 = sb3_sps(args.seconds, args.warmup)
+        sb3_flops = sb3 * (fwd + 4 * fwd_bwd) / 1e9  # acting (actions and values in one forward), 4 epochs
+        print(f"SB3 PPO (zoo Atari settings, 1 process, {cores} threads): {sb3:.0f} env steps/s, "
+              f"{sb3_flops:.1f} GFLOP/s = {sb3_flops / peakn:.2f} of attainable")
+        print(f"rlfarm / SB3: {sps / sb3:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
