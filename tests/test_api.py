@@ -44,6 +44,8 @@ def test_train_embedded_from_python_with_evaluations_and_a_best_policy(tmp_path)
     assert result.best_policy.exists() and result.best_version is not None
     cluster = json.loads((result.run_dir / "cluster.json").read_text())
     assert not [pid for pid in cluster["pids"] if pid_alive(pid)]  # its Redis and workers are gone
+    # torch_threads "auto": an MLP learns on one thread, whatever the machine.
+    assert json.loads((result.run_dir / "summary.json").read_text())["trainer_threads"] == 1
 
 
 def test_bad_input_is_an_exception_before_anything_starts(tmp_path):

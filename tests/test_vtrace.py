@@ -108,9 +108,35 @@ def test_one_pass_is_the_two_pass_update_when_the_network_cannot_move_in_between
         torch.testing.assert_close(one[key], two[key], rtol=1e-4, atol=1e-6)
 
 
-def test_one_pass_takes_whole_trajectories_and_learns():
-    """Several minibatches of whole env columns: every weight that should move moves, the ratios are
-    reported for every sample, and a batch whose columns do not divide takes the two-pass path."""
+def test_chunks_of_time_taken_from_the_last_give_the_targets_of_the_whole():
+    """V-trace over T steps equals V-trace over its chunks, the last computed first, each earlier one
+    bootstrapping from the next chunk's first values and continuing its recursion (`carry`)."""
+    rng = np.random.default_rng(7)
+    T, N = 12, 3
+    behaviour = -np.log(2) + 0.3 * rng.standard_normal((T, N))
+    target = -np.log(2) + 0.3 * rng.standard_normal((T, N))
+    rewards = rng.standard_normal((T, N))
+    values = rng.standard_normal((T, N))
+    dones = rng.random((T, N)) < 0.2
+    final = np.where(rng.random((T, N)) < 0.5, 0.0, rng.standard_normal((T, N)))
+    last = rng.standard_normal(N)
+    args = dict(gamma=0.97, rho_bar=1.0, c_bar=0.9, lam=0.95)
+    whole_vs, whole_adv, _ = vtrace(behaviour, target, rewards, values, dones, final, last, **args)
+    boot, carry, parts = last, np.zeros(N), []
+    for start in (8, 4, 0):
+        rows = slice(start, start + 4)
+        vs, adv, _ = vtrace(behaviour[rows], target[rows], rewards[rows], values[rows], dones[rows], final[rows],
+                            boot, carry=carry, **args)
+        parts.insert(0, (vs, adv))
+        boot, carry = values[start], vs[0] - values[start]
+    np.testing.assert_allclose(np.concatenate([p[0] for p in parts]), whole_vs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate([p[1] for p in parts]), whole_adv, rtol=1e-5, atol=1e-5)
+
+
+def test_one_pass_learns_in_chunks_of_time():
+    """Several minibatches, each a chunk of time across every env: every weight that should move
+    moves, the ratios are reported for every sample, and a batch whose steps do not divide into the
+    minibatches takes the two-pass path."""
     import torch
 
     from rlfarm import config as C
@@ -130,4 +156,4 @@ def test_one_pass_takes_whole_trajectories_and_learns():
     assert 0 < metrics["vtrace/rho_mean"] <= 1 and metrics["vtrace/policy_lag_mean"] == 2
     after = learner.state()
     assert any(not torch.equal(before[k], after[k]) for k in before if "actor" in k)
-    assert not learner._one_pass(_lagged_rollout(spec, T=16, N=6, seed=3))  # 6 columns, 4 minibatches
+    assert not learner._one_pass(_lagged_rollout(spec, T=18, N=8, seed=3))  # 18 steps, 4 minibatches

@@ -30,8 +30,8 @@ from rlfarm.rollout import Rollout, concat
 
 def vtrace(behaviour_logprobs: np.ndarray, target_logprobs: np.ndarray, rewards: np.ndarray,
            values: np.ndarray, dones: np.ndarray, final_values: np.ndarray, last_values: np.ndarray,
-           gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0, lam: float = 1.0
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+           gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0, lam: float = 1.0,
+           carry: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """V-trace targets and policy-gradient advantages for (T, N) arrays; also the raw ratios pi/mu.
 
         rho_t = min(rho_bar, pi/mu),  c_t = lam * min(c_bar, pi/mu)
@@ -43,6 +43,10 @@ def vtrace(behaviour_logprobs: np.ndarray, target_logprobs: np.ndarray, rewards:
     terminated, the real final observation's value when truncated) and nothing flows back from the
     next episode; after the last step they are `last_values`. With rho_bar = c_bar = lam = 1 and pi = mu
     this is the n-step return to the end of the task.
+
+    `carry` (N,): vs - V of the observation after the last step, when these T steps are a chunk whose
+    continuation was computed first (0, the default, for the end of a task): chunks taken from the
+    last backwards give the targets of the whole.
     """
     ratios = np.exp(target_logprobs.astype(np.float64) - behaviour_logprobs.astype(np.float64))
     rhos = np.minimum(rho_bar, ratios)
@@ -55,14 +59,15 @@ def vtrace(behaviour_logprobs: np.ndarray, target_logprobs: np.ndarray, rewards:
     next_values = np.where(dones, final_values, next_values)
     deltas = rhos * (rewards + gamma * next_values - values)
     vs_minus_v = np.zeros_like(values)
-    carry = np.zeros(values.shape[1])
+    after = np.zeros(values.shape[1]) if carry is None else np.asarray(carry, np.float64)
+    running = after
     for t in reversed(range(len(values))):
-        carry = deltas[t] + gamma * cs[t] * np.where(dones[t], 0.0, carry)
-        vs_minus_v[t] = carry
+        running = deltas[t] + gamma * cs[t] * np.where(dones[t], 0.0, running)
+        vs_minus_v[t] = running
     vs = values + vs_minus_v
     next_vs = np.empty_like(vs)
     next_vs[:-1] = vs[1:]
-    next_vs[-1] = last_values
+    next_vs[-1] = last_values + after
     next_vs = np.where(dones, final_values, next_vs)
     advantages = rhos * (rewards + gamma * next_vs - values)
     return vs.astype(np.float32), advantages.astype(np.float32), ratios
@@ -113,44 +118,51 @@ class APPO(PPO):
         return metrics
 
     def _one_pass(self, rollout: Rollout) -> bool:
-        """Whether this batch is learned as IMPALA learns: one pass (update_epochs = 1) of minibatches of
-        whole trajectories, V-trace computed inside each from the same forward as its loss."""
+        """Whether this batch is learned as IMPALA learns: one pass (update_epochs = 1), V-trace
+        computed inside each minibatch from the same forward as its loss."""
         cfg = self.config
-        columns = rollout.rewards.shape[1]
+        steps = rollout.rewards.shape[0]
         return (cfg.update_epochs == 1 and cfg.vtrace and rollout.last_obs is not None
-                and columns % cfg.num_minibatches == 0)
+                and steps % cfg.num_minibatches == 0)
 
     def _learn_in_one_pass(self, rollout: Rollout, between: Callable[[], None] | None
                            ) -> tuple[dict[str, float], np.ndarray]:
-        """update_epochs = 1: each minibatch is N / num_minibatches whole trajectories (env columns,
-        in an order drawn from the minibatch generator) and their observations after the last step.
+        """update_epochs = 1: the batch's T steps are cut into num_minibatches chunks of time, each
+        holding every trajectory (so a minibatch's advantages are normalised across all the batch's
+        envs, not one env's stretch without a point scored), learned from the last chunk backwards.
         One forward gives the target log-probabilities and values V-trace needs (detached) and the
-        loss's, so a sample costs one forward-backward; the two-pass path below pays one more forward
-        over the whole batch first (benchmarks/learner.py). Targets come from the network as it is
-        when the minibatch's turn comes: fresher than the update's start, as in IMPALA."""
+        loss's, so a sample costs one forward-backward; the two-pass path pays one more forward over
+        the whole batch first (benchmarks/learner.py). Each chunk bootstraps from the values of the
+        chunk after it, computed one gradient step earlier, and continues its V-trace recursion
+        (`carry`); the last from the observations after the task. Targets come from the network as
+        it is when the chunk's turn comes, as in IMPALA."""
         cfg = self.config
         T, N = rollout.rewards.shape
-        per = N // cfg.num_minibatches
-        order = torch.randperm(N, generator=self.generator).numpy()
+        chunk = T // cfg.num_minibatches
         act = rollout.actions
+        dev = self.device
         clipfracs, ratios, values_seen, returns_seen = [], [], [], []
-        for start in range(0, N, per):
-            cols = np.sort(order[start:start + per])
-            steps = T * per
-            obs = np.concatenate([rollout.obs[:, cols].reshape(steps, *rollout.obs.shape[2:]), rollout.last_obs[cols]])
-            actions = act[:, cols].reshape(steps, *act.shape[2:])
-            padded = np.concatenate([actions, np.zeros((per, *act.shape[2:]), actions.dtype)])
-            logprob, entropy, value = self.policy.evaluate(pixel_layout(to_device(obs, self.device), self.spec),
-                                                           to_device(padded, self.device))
+        boot, carry = None, np.zeros(N)
+        for start in reversed(range(0, T, chunk)):
+            rows = slice(start, start + chunk)
+            steps = chunk * N
+            obs = rollout.obs[rows].reshape(steps, *rollout.obs.shape[2:])
+            actions = act[rows].reshape(steps, *act.shape[2:])
+            if boot is None:  # the last chunk: its bootstrap values come from this forward too
+                obs = np.concatenate([obs, rollout.last_obs])
+                actions = np.concatenate([actions, np.zeros((N, *act.shape[2:]), actions.dtype)])
+            logprob, entropy, value = self.policy.evaluate(pixel_layout(to_device(obs, dev), self.spec),
+                                                           to_device(actions, dev))
             newlogprob, entropy, newvalue = logprob[:steps], entropy[:steps], value[:steps]
-            target = newlogprob.detach().cpu().numpy().reshape(T, per)
-            values = newvalue.detach().cpu().numpy().reshape(T, per)
-            last_values = value[steps:].detach().cpu().numpy().astype(np.float64)
-            behaviour = rollout.logprobs[:, cols]
-            vs, advantages, raw = vtrace(behaviour, target, rollout.rewards[:, cols], values, rollout.dones[:, cols],
-                                         rollout.final_values[:, cols], last_values, cfg.gamma, cfg.rho_bar,
-                                         cfg.c_bar, cfg.gae_lambda)
-            dev = self.device
+            if boot is None:
+                boot = value[steps:].detach().cpu().numpy().astype(np.float64)
+            target = newlogprob.detach().cpu().numpy().reshape(chunk, N)
+            values = newvalue.detach().cpu().numpy().reshape(chunk, N)
+            behaviour = rollout.logprobs[rows]
+            vs, advantages, raw = vtrace(behaviour, target, rollout.rewards[rows], values, rollout.dones[rows],
+                                         rollout.final_values[rows], boot, cfg.gamma, cfg.rho_bar, cfg.c_bar,
+                                         cfg.gae_lambda, carry=carry)
+            boot, carry = values[0].astype(np.float64), vs[0].astype(np.float64) - values[0]
             last = self._step(newlogprob, entropy, newvalue, to_device(behaviour.reshape(-1), dev),
                               to_device(values.reshape(-1), dev), to_device(advantages.reshape(-1), dev),
                               to_device(vs.reshape(-1), dev), impala_loss=cfg.pg_loss == "impala")
