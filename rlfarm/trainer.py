@@ -576,6 +576,7 @@ class AsyncTrainer(Trainer):
         self._lags: list[int] = []
         self._end_lags: list[int] = []
         self.results_refreshed = 0  # results whose task picked up a newer version while it ran
+        self.results_unused = 0  # received after the run was over (discard_backlog)
         self.lag_counts: dict[int, int] = {}  # whole-run histogram of policy lag, consumed or dropped
         # NaN until learning starts, so every progress.csv row has the same columns.
         self._losses = dict.fromkeys(self.algo.loss_keys, math.nan)
@@ -644,7 +645,20 @@ class AsyncTrainer(Trainer):
                 self._log.info("target return %g reached after %d env steps", cfg.target_return,
                                self.env_steps)
                 break
+        self.discard_backlog()
         self.log()
+
+    def discard_backlog(self) -> None:
+        """Results received while the last ones were learned from, once the run is over: never
+        learned from, so they are not counted as accepted either (summary: results_unused), and
+        every accepted result's steps are in env_steps. A slow learner leaves more of them."""
+        stats = self.dispatcher.stats
+        while self._backlog:
+            message = self._backlog.popleft()
+            if message.task_id in stats.accepted_task_ids:
+                stats.accepted_task_ids.remove(message.task_id)
+                stats.accepted -= 1
+            self.results_unused += 1
 
     def consume(self, message: Result) -> None:
         """Lag accounting, then the algorithm takes the result in and runs what updates it is ready for."""
@@ -697,7 +711,7 @@ class AsyncTrainer(Trainer):
     def summary_extras(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.start
         return {"policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
-                "results_refreshed": self.results_refreshed,
+                "results_refreshed": self.results_refreshed, "results_unused": self.results_unused,
                 "slots_waiting": round(self._slot_wait_total / (self.tasks_in_flight * elapsed), 4)
                 if elapsed > 0 else 0.0}
 
