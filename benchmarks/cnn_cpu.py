@@ -31,25 +31,14 @@ from typing import Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pong import layer_flops, matmul_gflops  # noqa: E402 - the same FLOP count and attainable rate as pong.py
 
 
 def spec():
     from rlfarm.envs import SpaceSpec
 
     return SpaceSpec(4 * 84 * 84, True, 6, obs_shape=(4, 84, 84), obs_dtype="uint8")
-
-
-def matmul_gflops(size: int = 2048) -> float:
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    rates = []
-    for _ in range(5):
-        t = time.perf_counter()
-        a @ b
-        rates.append(2 * size ** 3 / (time.perf_counter() - t) / 1e9)
-    return statistics.median(rates)
 
 
 def rounds(variants: dict[str, Callable[[], None]], repeats: int, n_rounds: int = 6) -> dict[str, float]:
@@ -68,9 +57,6 @@ def rounds(variants: dict[str, Callable[[], None]], repeats: int, n_rounds: int 
 
 
 def flops_per_obs() -> tuple[float, float]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from pong import layer_flops
-
     import torch
 
     from rlfarm.config import PolicyConfig
@@ -193,24 +179,22 @@ def main() -> None:
     print(f"Nature CNN: {fwd / 1e6:.1f} MFLOP forward, {fwd_bwd / 1e6:.1f} forward+backward per frame; "
           f"{cores} cores, torch {torch.__version__}")
     for threads in sorted({1, cores}):
-        torch.set_num_threads(threads)
-        peak = matmul_gflops()
+        peak = matmul_gflops(threads)  # also sets torch's threads
         print(f"learner, {threads} thread(s), minibatch {args.batch} (attainable {peak:.0f} GFLOP/s):")
-        results = rounds(learner_variants(args.batch, not args.no_compile), repeats=3)
-        base = results["nchw"]
-        for name, seconds in results.items():
-            rate = args.batch * fwd_bwd / seconds / 1e9
-            print(f"  {name:<16} {seconds * 1e3:7.1f} ms  {args.batch / seconds:6.0f} frames/s  "
-                  f"{rate:5.1f} GFLOP/s = {rate / peak:.2f} of attainable  {base / seconds:.2f}x nchw")
-    torch.set_num_threads(1)
-    peak = matmul_gflops()
+        report(rounds(learner_variants(args.batch, not args.no_compile), repeats=3), "nchw", args.batch,
+               fwd_bwd, peak)
+    peak = matmul_gflops(1)
     print(f"actor, 1 thread, {args.act_batch} frames a step (attainable {peak:.0f} GFLOP/s):")
-    results = rounds(actor_variants(args.act_batch, not args.no_compile), repeats=40)
-    base = results["torch no_grad (rlfarm before)"]
+    report(rounds(actor_variants(args.act_batch, not args.no_compile), repeats=40),
+           "torch no_grad (rlfarm before)", args.act_batch, fwd, peak)
+
+
+def report(results: dict[str, float], base: str, frames: int, flops_per_frame: float, peak: float) -> None:
+    """One line per variant: time per call, frames/s, GFLOP/s, its share of `peak`, speed-up over `base`."""
     for name, seconds in results.items():
-        rate = args.act_batch * fwd / seconds / 1e9
-        print(f"  {name:<30} {seconds * 1e3:6.2f} ms  {rate:5.1f} GFLOP/s = {rate / peak:.2f} of attainable  "
-              f"{base / seconds:.2f}x torch")
+        rate = frames * flops_per_frame / seconds / 1e9
+        print(f"  {name:<30} {seconds * 1e3:7.2f} ms  {frames / seconds:6.0f} frames/s  {rate:5.1f} GFLOP/s = "
+              f"{rate / peak:.2f} of attainable  {results[base] / seconds:.2f}x {base}")
 
 
 if __name__ == "__main__":

@@ -252,6 +252,13 @@ class Dispatcher:
         self.on_event()
         return message
 
+    def unaccept(self, message: Result) -> None:
+        """A result received but never used (its run ended first): no longer counted as accepted, so
+        accepted results are exactly those learned from."""
+        if message.task_id in self.stats.accepted_task_ids:
+            self.stats.accepted_task_ids.remove(message.task_id)
+            self.stats.accepted -= 1
+
     # ---- liveness --------------------------------------------------------------------------------
     def check(self, force: bool = False) -> None:
         """Once a second: is the run's state still in Redis, and is every pending task queued,

@@ -181,7 +181,8 @@ def make_vector_env(env_id: str, num_envs: int, trusted: bool = True,
     if preprocessing(env_id, options) == "atari" and _is_atari_id(env_id):
         from rlfarm import atari
 
-        if atari.native_vector_available() and "game" in gym.registry[env_id].kwargs:  # same frames, no Python per frame
+        # The wrapper chain's frames, without a Python call per emulated frame.
+        if atari.native_vector_available() and "game" in gym.registry[env_id].kwargs:
             return atari.NativeVector(env_id, num_envs, options or {})
     return SyncVectorEnv([lambda: make_env(env_id, trusted, options=options)] * num_envs,
                          autoreset_mode=AutoresetMode.SAME_STEP)

@@ -652,12 +652,8 @@ class AsyncTrainer(Trainer):
         """Results received while the last ones were learned from, once the run is over: never
         learned from, so they are not counted as accepted either (summary: results_unused), and
         every accepted result's steps are in env_steps. A slow learner leaves more of them."""
-        stats = self.dispatcher.stats
         while self._backlog:
-            message = self._backlog.popleft()
-            if message.task_id in stats.accepted_task_ids:
-                stats.accepted_task_ids.remove(message.task_id)
-                stats.accepted -= 1
+            self.dispatcher.unaccept(self._backlog.popleft())
             self.results_unused += 1
 
     def consume(self, message: Result) -> None:
