@@ -254,7 +254,7 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
     from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
     from rlfarm.outage import RedisUnavailable, is_oom
-    from rlfarm.store import RedisAuthError, redact
+    from rlfarm.store import RedisAuthError, RedisEvicts, redact
 
     try:  # start-up notes go through logging: `rlfarm: ...` on stderr, hidden by -q
         return run(cfg, redis_url, resume=resume, notify=logging.getLogger("rlfarm.cli").info)
@@ -262,7 +262,7 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
         fail(str(exc), 2)
     except (ConfigError, CheckpointError) as exc:
         fail(str(exc))
-    except (RolloutError, TaskLostError) as exc:
+    except (RolloutError, TaskLostError, RedisEvicts) as exc:
         fail(str(exc), 1)
     except RedisUnavailable as exc:
         fail(f"{exc}; the run can continue once Redis is back: rlfarm train --resume {cfg.run_id}", 1)
@@ -323,12 +323,16 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
     import logging
 
     from rlfarm import logs
-    from rlfarm.store import RedisAuthError, connect, no_password_warning
+    from rlfarm.store import RedisAuthError, connect, eviction_error, no_password_warning
 
     try:
-        connect(redis_url).close()
+        probe = connect(redis_url)
     except ConnectionError as exc:
         fail(str(exc), 2 if isinstance(exc, RedisAuthError) else 1)
+    evicts = eviction_error(probe, redis_url)
+    probe.close()
+    if evicts:
+        fail(evicts, 1)
     warning = no_password_warning(redis_url)  # it let us in without one
     if warning:
         logging.getLogger("rlfarm.worker").warning("%s", warning)
@@ -628,7 +632,7 @@ def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
 
     from rlfarm import status as S
     from rlfarm.celery_app import make_app
-    from rlfarm.store import connect, redact
+    from rlfarm.store import connect, eviction_error, redact
 
     if not interval > 0:  # also rejects NaN
         fail(f"--interval must be a positive number of seconds, got {interval}")
@@ -636,6 +640,9 @@ def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
         client = connect(redis_url)
     except ConnectionError as exc:
         fail(str(exc))
+    evicts = eviction_error(client, redis_url)
+    if evicts:  # status only reads: it still shows what is there, after saying why runs would fail
+        click.echo(f"rlfarm: warning: {evicts}", err=True)
     app = make_app(redis_url)
     # Piped or redirected, rich would assume 80 columns and squeeze the tables; COLUMNS still wins.
     console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS", 200)))

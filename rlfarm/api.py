@@ -122,7 +122,7 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         notify: Callable[[str], None] | None = None):
     """Train `cfg` (already checked, with a run id) on the farm at `redis_url`, or on an embedded one.
     `notify(text)`: where start-up notes go (default: the "rlfarm" logger)."""
-    from rlfarm.store import connect, redact
+    from rlfarm.store import connect, redact, refuse_eviction
 
     notify = notify or log.info
     run_dir = Path(cfg.logdir) / cfg.run_id
@@ -138,7 +138,11 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
             notify(f"no --redis given: training on the local farm started by `rlfarm up` ({farm['workers']} "
                    f"worker processes; `rlfarm down` stops it)")
     if redis_url:
-        connect(redis_url).close()  # ConnectionError (RedisAuthError: credentials) before anything else
+        probe = connect(redis_url)  # ConnectionError (RedisAuthError: credentials) before anything else
+        try:
+            refuse_eviction(probe, redis_url)
+        finally:
+            probe.close()
         if processes is None:
             processes = online_processes(redis_url)  # a broadcast that waits 1 s for answers
         if not processes:

@@ -154,7 +154,7 @@ class LocalCluster:
             path.write_text(f"requirepass {self.password}\n")
             conf = [str(path)]
         cmd = [find_redis_server(), *conf, "--port", str(self.port), "--bind", LOOPBACK,
-               "--protected-mode", "yes", "--save", "", "--appendonly", "no",
+               "--protected-mode", "yes", "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
                "--dir", str(self.data_dir or self._tmp.name), "--daemonize", "no", "--loglevel", "warning",
                # Rollout results can be large; never disconnect a slow consumer for buffering them.
                "--client-output-buffer-limit", "pubsub", "0", "0", "0", *self.redis_args]

@@ -70,6 +70,36 @@ def connect(url: str, timeout: float = 5.0) -> redis.Redis:
     return client
 
 
+class RedisEvicts(RuntimeError):
+    """Redis is set to drop keys under memory pressure: a run's metadata, policies and queued tasks
+    would vanish mid-run (seen as a flush, then as missing policy versions)."""
+
+
+def eviction_policy(client: redis.Redis) -> str | None:
+    """Redis's `maxmemory-policy` if it evicts keys (anything but noeviction), else None. Read from
+    INFO, which managed services that disable CONFIG still answer; None if it does not say."""
+    policy = str(client.info("memory").get("maxmemory_policy", "noeviction"))
+    return None if policy == "noeviction" else policy
+
+
+def eviction_error(client: redis.Redis, url: str) -> str | None:
+    """The one line to stop on when Redis evicts keys, or None."""
+    policy = eviction_policy(client)
+    if policy is None:
+        return None
+    return (f"Redis at {redact(url)} evicts keys when memory runs short (maxmemory-policy {policy}): it "
+            f"would drop a run's policies, metadata and queued tasks; set it to keep them with "
+            f"`redis-cli CONFIG SET maxmemory-policy noeviction` (and `maxmemory-policy noeviction` in its "
+            f"redis.conf)")
+
+
+def refuse_eviction(client: redis.Redis, url: str) -> None:
+    """RedisEvicts unless Redis keeps every key (maxmemory-policy noeviction)."""
+    error = eviction_error(client, url)
+    if error:
+        raise RedisEvicts(error)
+
+
 def _tls_hint(url: str, exc: Exception) -> str:
     """A plain client on a TLS port sees its connection reset; a TLS client on a plain one waits
     for a handshake that never comes. Say so, since neither message mentions TLS."""

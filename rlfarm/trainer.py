@@ -43,7 +43,7 @@ from rlfarm.metrics import RunLogger
 from rlfarm.protocol import Result, TaskSpec
 from rlfarm.rollout import Rollout, concat
 from rlfarm.outage import OutageRetry, resilient_client
-from rlfarm.store import PolicyStore, connect, queue_depth, redact, write_status
+from rlfarm.store import PolicyStore, connect, queue_depth, redact, refuse_eviction, write_status
 
 
 def resolve_device(name: str) -> torch.device:
@@ -121,7 +121,11 @@ class Trainer:
         self.device = resolve_device(config.device)
         self.space = describe(config.env.id, to_dict(config)["env"])
         config.algo_config.check_spaces(self.space)
-        connect(redis_url).close()  # fails fast and clearly when Redis is not there at the start
+        probe = connect(redis_url)  # fails fast and clearly when Redis is not there at the start
+        try:
+            refuse_eviction(probe, redis_url)  # before anything is written that Redis could drop
+        finally:
+            probe.close()
         # From here on, every Redis command waits out an outage of up to farm.redis_outage_timeout.
         self.retry = OutageRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}",
                                  notify=self.warn)
