@@ -254,6 +254,7 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
     from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
     from rlfarm.outage import RedisUnavailable, is_oom
+    from rlfarm.rundir import RunDirError
     from rlfarm.store import RedisAuthError, RedisEvicts, redact
 
     try:  # start-up notes go through logging: `rlfarm: ...` on stderr, hidden by -q
@@ -264,6 +265,9 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
         fail(str(exc))
     except (RolloutError, TaskLostError, RedisEvicts) as exc:
         fail(str(exc), 1)
+    except RunDirError as exc:  # disk full, directory read-only: files are whole, the checkpoint too
+        fail(f"{exc}; the run stopped with its last checkpoint whole: make room (or make "
+             f"{exc.path.parent} writable), then rlfarm train --resume {cfg.run_id}", 1)
     except RedisUnavailable as exc:
         fail(f"{exc}; the run can continue once Redis is back: rlfarm train --resume {cfg.run_id}", 1)
     except ConnectionError as exc:  # Redis unreachable at the start

@@ -3,20 +3,21 @@
 One safetensors file in the run directory. Its tensors: network(s), optimizer moments, torch RNG
 states, the replay buffer; its metadata: one JSON document with everything else (counters, optimizer
 hyper-parameters, numpy generator states, logger state). No pickle: loading it runs no code.
-It is written to a temporary file and renamed, so a trainer killed mid-write leaves the previous
-checkpoint whole.
+It is written to a temporary file and renamed (rlfarm.rundir.write_atomic), so a trainer killed
+mid-write, or a disk that fills up, leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from rlfarm.rundir import write_atomic
 
 FILENAME = "checkpoint.safetensors"
 FORMAT = "rlfarm-trainer-checkpoint/2"  # 2: the algorithm owns its replay buffer
@@ -31,17 +32,10 @@ def path_in(run_dir: Path) -> Path:
 
 
 def save(run_dir: Path, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> Path:
-    target = path_in(run_dir)
-    tmp = target.with_suffix(".tmp")
     # safetensors refuses shared or strided storage; copies are cheap at these sizes.
     plain = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
     blob = st_save(plain, metadata={"format": FORMAT, "state": json.dumps(state)})
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    return target
+    return write_atomic(path_in(run_dir), blob)
 
 
 def load(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

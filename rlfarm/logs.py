@@ -14,6 +14,7 @@ handler and in the run directory.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 from rich.console import Console, ConsoleRenderable
@@ -95,9 +96,31 @@ class _RunFileHandler(logging.FileHandler):
     def __init__(self, path: Path):
         super().__init__(path, encoding="utf-8", delay=True)
 
+    failed = False  # it could not write: a full disk or a read-only directory
+
     def _open(self):  # noqa: ANN202 - logging.FileHandler's own hook
         Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
         return super()._open()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        """Once, a warning line instead of logging's traceback per record; the console still has it all."""
+        if self.failed:
+            return
+        self.failed = True
+        exc = sys.exc_info()[1]
+        reason = getattr(exc, "strerror", None) or exc
+        logging.getLogger(LOGGER).warning("cannot write %s (%s): the run's messages go to the console only",
+                                          self.baseFilename, reason)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the buffered end of a file it could not write: already said
+            pass
 
 
 def log_to_file(run_dir: str | Path) -> logging.Handler:

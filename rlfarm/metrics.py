@@ -12,12 +12,12 @@ otherwise; evals.csv and TensorBoard hold all of them.
 
 from __future__ import annotations
 
-import csv
 import datetime
 import json
 import logging
 import math
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -30,6 +30,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
 
 from rlfarm import logs
 from rlfarm.config import ConfigError, json_safe
+from rlfarm.rundir import RowFile, RunDirError, csv_text, read_whole_rows, write_atomic
 
 ROLLING_EPISODES = 20
 EVAL_LINE_EVERY = 10  # greedy evaluations: one console line every this many (and the last one)
@@ -52,18 +53,54 @@ def summary_writer_class() -> type:
 
 
 def _truncate_csv(path: Path, max_step: int) -> list[str] | None:
-    """Keep the header and the rows with global_step <= max_step; returns the header (None: no file)."""
+    """Keep the header and the rows with global_step <= max_step; returns the header (None: no file).
+    Replaced whole (rlfarm.rundir): a full disk here leaves the file as it was."""
     if not path.exists():
         return None
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    rows = read_whole_rows(path)
     if not rows:
         return None
     header, body = rows[0], rows[1:]
-    kept = [r for r in body if r and int(float(r[0])) <= max_step]
-    with open(path, "w", newline="") as f:
-        csv.writer(f).writerows([header, *kept])
+    kept = [r for r in body if len(r) == len(header) and int(float(r[0])) <= max_step]
+    write_atomic(path, csv_text([header, *kept]))
     return header
+
+
+class _GuardedWriter:
+    """TensorBoard's SummaryWriter whose write errors name the run directory (RunDirError). Its writer
+    thread meets them and TensorBoard raises them on the trainer's next call, which lands here."""
+
+    def __init__(self, writer: Any, run_dir: Path):
+        self._writer = writer
+        self._run_dir = run_dir
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._writer, name)
+        if not callable(attr):
+            return attr
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except OSError as exc:
+                raise RunDirError(self._run_dir / "events.out.tfevents.*", exc) from None
+        return guarded
+
+
+def _quiet_event_thread_errors() -> None:
+    """TensorBoard's writer thread re-raises a write error (a full disk) after keeping it for the
+    trainer's next call: without this, Python prints that thread's traceback too."""
+    previous = threading.excepthook
+    if getattr(previous, "rlfarm_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        if issubclass(args.exc_type, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+            return
+        previous(args)
+
+    hook.rlfarm_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 class RunLogger:
@@ -76,8 +113,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Strict JSON: target_return inf is written as null (rlfarm.config.from_dict reads it back).
-        (self.run_dir / "config.json").write_text(
-            json.dumps(json_safe(config), indent=2, allow_nan=False) + "\n")
+        write_atomic(self.run_dir / "config.json", json.dumps(json_safe(config), indent=2, allow_nan=False) + "\n")
         self.console = console or Console()
         self.total_steps = total_steps
         self.start = time.time() - (resume["elapsed"] if resume else 0.0)
@@ -88,31 +124,29 @@ class RunLogger:
         self.best_eval = resume.get("best_eval", -math.inf) if resume else -math.inf
         self.last_eval = resume.get("last_eval", math.nan) if resume else math.nan
         self._last_eval_line: str | None = None  # the latest evaluation's line, until it is shown
-        self._progress_csv: csv.DictWriter | None = None
-        self._evals_file = None
-        self._evals_csv: Any = None
+        # CSV files grow by whole rows only (rlfarm.rundir.RowFile): a full disk never leaves half a row.
+        self._progress_fields: list[str] | None = None
+        self._evals_file: RowFile | None = None
         if resume:
             step = resume["env_steps"]
-            progress_fields = _truncate_csv(self.run_dir / "progress.csv", step)
-            self._progress_file = open(self.run_dir / "progress.csv", "a", newline="")
-            if progress_fields:
-                self._progress_csv = csv.DictWriter(self._progress_file, fieldnames=progress_fields,
-                                                    extrasaction="ignore")
+            self._progress_fields = _truncate_csv(self.run_dir / "progress.csv", step)
+            self._progress_file = RowFile(self.run_dir / "progress.csv")
             _truncate_csv(self.run_dir / "episodes.csv", step)
-            self._episodes_file = open(self.run_dir / "episodes.csv", "a", newline="")
-            self._episodes_csv = csv.writer(self._episodes_file)
+            self._episodes_file = RowFile(self.run_dir / "episodes.csv")
             if _truncate_csv(self.run_dir / "evals.csv", step):
-                self._evals_file = open(self.run_dir / "evals.csv", "a", newline="")
-                self._evals_csv = csv.writer(self._evals_file)
+                self._evals_file = RowFile(self.run_dir / "evals.csv")
         else:
-            self._progress_file = open(self.run_dir / "progress.csv", "w", newline="")
-            self._episodes_file = open(self.run_dir / "episodes.csv", "w", newline="")
-            self._episodes_csv = csv.writer(self._episodes_file)
-            self._episodes_csv.writerow(["global_step", "wall_time", "episodic_return", "episodic_length",
-                                         "policy_version"])
-        self.writer = None
+            self._progress_file = RowFile(self.run_dir / "progress.csv", "w")
+            self._episodes_file = RowFile(self.run_dir / "episodes.csv", "w")
+            self._episodes_file.append([["global_step", "wall_time", "episodic_return", "episodic_length",
+                                         "policy_version"]])
+        self.writer: Any = None
         if writer_class is not None:
-            self.writer = writer_class(str(self.run_dir))
+            _quiet_event_thread_errors()
+            try:
+                self.writer = _GuardedWriter(writer_class(str(self.run_dir)), self.run_dir)
+            except OSError as exc:
+                raise RunDirError(self.run_dir, exc) from None
         self._live = self.console.is_terminal
         self._last_line = 0.0
         self.progress = Progress(
@@ -150,29 +184,27 @@ class RunLogger:
 
     def episodes(self, global_step: int, returns: Any, lengths: Any, version: int) -> None:
         wall = time.time() - self.start
+        self._episodes_file.append([[global_step, f"{wall:.3f}", f"{float(ret):.4f}", int(length), version]
+                                    for ret, length in zip(returns, lengths)])
         for ret, length in zip(returns, lengths):
-            self._episodes_csv.writerow([global_step, f"{wall:.3f}", f"{float(ret):.4f}", int(length), version])
             self.recent_returns.append(float(ret))
             if self.writer:
                 self.writer.add_scalar("charts/episodic_return", float(ret), global_step)
                 self.writer.add_scalar("charts/episodic_length", int(length), global_step)
         if len(self.recent_returns) == ROLLING_EPISODES:
             self.best_rolling = max(self.best_rolling, self.rolling_return)
-        self._episodes_file.flush()
 
     def evaluation(self, global_step: int, returns: list[float], version: int,
                    confirmation: bool = False) -> None:
         """A finished greedy evaluation, logged at the env step it was sent at. `confirmation`: the
         extra episodes that confirm an evaluation at the target (a row of its own, always on the console)."""
         mean, std = float(np.mean(returns)), float(np.std(returns))
-        if self._evals_csv is None:
-            self._evals_file = open(self.run_dir / "evals.csv", "w", newline="")
-            self._evals_csv = csv.writer(self._evals_file)
-            self._evals_csv.writerow(["global_step", "wall_time", "mean_return", "std_return", "episodes",
-                                      "policy_version", "confirmation"])
-        self._evals_csv.writerow([global_step, f"{time.time() - self.start:.3f}", f"{mean:.4f}",
-                                  f"{std:.4f}", len(returns), version, int(confirmation)])
-        self._evals_file.flush()
+        if self._evals_file is None:
+            self._evals_file = RowFile(self.run_dir / "evals.csv", "w")
+            self._evals_file.append([["global_step", "wall_time", "mean_return", "std_return", "episodes",
+                                      "policy_version", "confirmation"]])
+        self._evals_file.append([[global_step, f"{time.time() - self.start:.3f}", f"{mean:.4f}",
+                                  f"{std:.4f}", len(returns), version, int(confirmation)]])
         if confirmation:
             if self.writer:
                 self.writer.add_scalar("eval/confirmation_mean_return", mean, global_step)
@@ -202,12 +234,10 @@ class RunLogger:
     def scalars(self, global_step: int, values: Mapping[str, float]) -> None:
         row = {"global_step": global_step, "wall_time": round(time.time() - self.start, 3),
                "charts/rolling_return": self.rolling_return, **values}
-        if self._progress_csv is None:
-            self._progress_csv = csv.DictWriter(self._progress_file, fieldnames=list(row),
-                                                extrasaction="ignore")
-            self._progress_csv.writeheader()
-        self._progress_csv.writerow(row)
-        self._progress_file.flush()
+        if self._progress_fields is None:
+            self._progress_fields = list(row)
+            self._progress_file.append([self._progress_fields])
+        self._progress_file.append([[row.get(key, "") for key in self._progress_fields]])
         if self.writer:
             for key, value in row.items():
                 if key not in ("global_step", "wall_time") and value == value:  # skip NaN
@@ -231,6 +261,7 @@ class RunLogger:
     def close(self) -> None:
         """Stop the display and close the files. A run that ends normally (no exception on its way
         out through the caller's `finally`) also gets its last evaluation's line if it was not shown."""
+        failing = sys.exc_info()[1]  # the run's own error, if one is on its way out: it is the one to tell
         if self._last_eval_line is not None and sys.exc_info()[0] is None:
             log.info("%s", self._last_eval_line)
             self._last_eval_line = None
@@ -238,7 +269,11 @@ class RunLogger:
             logs.set_live_console(None)
         self.progress.stop()
         if self.writer:
-            self.writer.close()
+            try:
+                self.writer.close()
+            except RunDirError:
+                if failing is None:
+                    raise
         self._progress_file.close()
         self._episodes_file.close()
         if self._evals_file:

@@ -43,6 +43,7 @@ from rlfarm.metrics import RunLogger
 from rlfarm.protocol import Result, TaskSpec
 from rlfarm.rollout import Rollout, concat
 from rlfarm.outage import OutageRetry, resilient_client
+from rlfarm.rundir import write_atomic
 from rlfarm.store import PolicyStore, connect, queue_depth, redact, refuse_eviction, write_status
 
 
@@ -303,9 +304,7 @@ class Trainer:
                      "eval_mean_return": f"{score:.3f}"})
         meta.pop("hmac", None)
         blob = codec.encode_policy(state, meta, self.store.secret)
-        tmp = self.run_dir / "best_policy.safetensors.tmp"
-        tmp.write_bytes(blob)
-        tmp.replace(self.run_dir / "best_policy.safetensors")
+        write_atomic(self.run_dir / "best_policy.safetensors", blob)
 
     def drain_evaluations(self) -> None:
         """Wait for evaluation tasks still in flight (confirmations they start included), so the
@@ -457,7 +456,7 @@ class Trainer:
                                            "run": self.config.run_id, "env": self.config.env.id,
                                            "policy": json.dumps(to_dict(self.config)["policy"])},
                                    self.store.secret)
-        (self.run_dir / "final_policy.safetensors").write_bytes(blob)
+        write_atomic(self.run_dir / "final_policy.safetensors", blob)
         best = self.run_dir / "best_policy.safetensors"
         stats = self.dispatcher.stats
         result = TrainResult(
@@ -487,8 +486,7 @@ class Trainer:
         summary.update(self.summary_extras())
         from rlfarm.config import json_safe  # strict JSON: no evaluation (NaN), best -inf -> null
 
-        (self.run_dir / "summary.json").write_text(
-            json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n")
+        write_atomic(self.run_dir / "summary.json", json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n")
         return result
 
 
