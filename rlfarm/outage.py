@@ -13,6 +13,7 @@ stays resumable from its checkpoint). `run()` applies the same clock to calls ou
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from typing import Callable, TypeVar
 
@@ -28,6 +29,9 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.T
                                                   ConnectionError)
 # Answers, not outages: a wrong password stays wrong however long we wait.
 NOT_OUTAGES: tuple[type[BaseException], ...] = (redis.AuthenticationError,)
+# A connection that stays open but gets no answer: Redis is busy (a slow command, a fork for a save,
+# DEBUG SLEEP, a paused container), not gone; said differently so an operator looks in the right place.
+STALL_ERRORS: tuple[type[BaseException], ...] = (redis.TimeoutError, socket.timeout, TimeoutError)
 NOTICE_SECONDS = 10.0  # while an outage lasts, say so this often
 DEFAULT_LIMIT = 120.0  # seconds; `farm.redis_outage_timeout` for trainers, RLFARM_REDIS_OUTAGE_TIMEOUT for workers
 
@@ -53,7 +57,11 @@ class OutageRetry(Retry):
         self.notify = notify or (lambda text: None)
         self.enabled = True
         self.outage_started: float | None = None
+        self._stall = False  # the current outage began with a timeout, not a lost connection
         self._last_notice = 0.0
+        # redis-py runs a reconnect under the same Retry inside a command's retry: only the outermost
+        # call of a thread may end an outage (a TCP connect to a stalled Redis succeeds at once).
+        self._depth = threading.local()
         self.outages = 0  # outages ridden out so far (a trainer re-checks its run state after each)
         self.outage_seconds = 0.0
 
@@ -65,22 +73,31 @@ class OutageRetry(Retry):
 
     __hash__ = object.__hash__
 
-    def _failed(self, error: BaseException, failures: int) -> None:
+    def _failed(self, error: BaseException, failures: int, attempt_started: float) -> None:
         if is_oom(error):  # kombu may wrap Redis's answer in its own error: it is no outage
             raise error
         now = time.monotonic()
         if self.outage_started is None:
-            self.outage_started = self._last_notice = now
-            self.notify(f"lost {self.where} ({type(error).__name__}: {error}); retrying for up to "
-                        f"{self.limit:g} s")
+            self._stall = isinstance(error, STALL_ERRORS)
+            self._last_notice = now
+            if self._stall:  # Redis has not answered since the attempt was sent
+                self.outage_started = attempt_started
+                self.notify(f"{self.where} did not answer for {now - attempt_started:.0f} s "
+                            f"({type(error).__name__}: {error}): it is stalled (a slow command, a save, "
+                            f"a paused or overloaded server), not gone; waiting for up to {self.limit:g} s")
+            else:
+                self.outage_started = now
+                self.notify(f"lost {self.where} ({type(error).__name__}: {error}); retrying for up to "
+                            f"{self.limit:g} s")
         elif now - self._last_notice >= NOTICE_SECONDS and now - self.outage_started <= self.limit:
             self._last_notice = now
             self.notify(f"still waiting for {self.where}: {now - self.outage_started:.0f} s of "
                         f"{self.limit:g} s")
         if now - self.outage_started > self.limit:
             self.outage_started = None
+            what = "did not answer" if self._stall else "unreachable"
             raise RedisUnavailable(
-                f"{self.where} unreachable for more than {self.limit:g} s (last error: "
+                f"{self.where} {what} for more than {self.limit:g} s (last error: "
                 f"{type(error).__name__}: {error})") from None
         time.sleep(self._backoff.compute(failures))
 
@@ -90,44 +107,47 @@ class OutageRetry(Retry):
             self.outage_started = None
             self.outages += 1
             self.outage_seconds += seconds
-            self.notify(f"{self.where} is back after {seconds:.1f} s")
+            if self._stall:
+                self.notify(f"{self.where} answered again after {seconds:.1f} s")
+            else:
+                self.notify(f"{self.where} is back after {seconds:.1f} s")
+
+    def _attempts(self, fn: Callable[[], T], errors: tuple[type[BaseException], ...],
+                  retryable: Callable[[BaseException], bool] | None = None,
+                  fail: Callable[[BaseException, int], None] | None = None) -> T:
+        depth = getattr(self._depth, "value", 0)
+        self._depth.value = depth + 1
+        try:
+            failures = 0
+            while True:
+                started = time.monotonic()
+                try:
+                    result = fn()
+                except errors as error:
+                    if isinstance(error, NOT_OUTAGES) or (retryable and not retryable(error)):
+                        raise
+                    failures += 1
+                    if fail is not None:
+                        fail(error, failures)
+                    self._failed(error, failures, started)
+                    continue
+                if depth == 0:
+                    self._recovered()
+                return result
+        finally:
+            self._depth.value = depth
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[override]
         if not self.enabled:  # one attempt (e.g. best-effort cleanup after the outage limit)
             return do()
-        failures = 0
-        while True:
-            try:
-                result = do()
-            except self._supported_errors as error:
-                if isinstance(error, NOT_OUTAGES) or (is_retryable and not is_retryable(error)):
-                    raise
-                failures += 1
-                if with_failure_count:
-                    fail(error, failures)
-                else:
-                    fail(error)
-                self._failed(error, failures)
-                continue
-            self._recovered()
-            return result
+        on_fail = (lambda error, n: fail(error, n)) if with_failure_count else (lambda error, n: fail(error))
+        return self._attempts(do, self._supported_errors, is_retryable, on_fail)
 
     def run(self, fn: Callable[[], T], errors: tuple[type[BaseException], ...] = ()) -> T:
         """Call `fn` under the same outage clock, also retrying on `errors` (e.g. kombu's)."""
         if not self.enabled:
             return fn()
-        failures = 0
-        while True:
-            try:
-                result = fn()
-            except (*OUTAGE_ERRORS, *errors) as error:
-                if isinstance(error, NOT_OUTAGES):
-                    raise
-                failures += 1
-                self._failed(error, failures)
-                continue
-            self._recovered()
-            return result
+        return self._attempts(fn, (*OUTAGE_ERRORS, *errors))
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -137,7 +157,14 @@ def is_oom(exc: BaseException) -> bool:
             or "used memory > 'maxmemory'" in text)
 
 
-def resilient_client(url: str, retry: OutageRetry, connect_timeout: float = 5.0) -> redis.Redis:
-    """A client whose commands and pipelines wait out outages under `retry`'s clock."""
+def resilient_client(url: str, retry: OutageRetry, connect_timeout: float = 5.0,
+                     stall_timeout: float = 10.0) -> redis.Redis:
+    """A client whose commands and pipelines wait out outages under `retry`'s clock.
+
+    `stall_timeout`: seconds without a byte of an answer before a command counts as stalled (set
+    here because redis-py's default differs between versions: none in 5.x, 5 s in 8.x). Longer than
+    any blocking command rlfarm sends (BLPOP waits at most a second).
+    """
     return redis.Redis.from_url(url, retry=retry, socket_connect_timeout=connect_timeout,
-                                socket_keepalive=True, health_check_interval=30)
+                                socket_timeout=stall_timeout, socket_keepalive=True,
+                                health_check_interval=30)

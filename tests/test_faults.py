@@ -156,6 +156,33 @@ def test_outage_past_the_limit_is_one_line_and_the_run_resumes(fault_farm, tmp_p
     assert fault_farm.workers_alive()
 
 
+def test_a_stalled_redis_is_named_as_a_stall_not_a_lost_one(tmp_path):
+    """`DEBUG SLEEP 15` freezes Redis with its connections open (as a slow command or a fork for a
+    save does): the trainer says Redis did not answer and when it answered again, once each, with
+    the stall's real length, and the run goes on; before, it printed "lost Redis ... back after
+    0.1 s" pairs (a reconnect to the sleeping server counted as the end of the outage)."""
+    farm = Farm(tmp_path, redis_args=["--enable-debug-command", "local"])
+    try:
+        run_id = "stall"
+        proc = farm.train(run_id, *SLOW_DQN, "--total-steps", "3000")
+        wait_for_rows(proc, tmp_path / run_id)
+        # no socket timeout and no retry: this client must not re-send the sleep
+        redis.Redis.from_url(farm.url, socket_timeout=None, retry=None).execute_command("DEBUG", "SLEEP", "15")
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        stalled = [line for line in stderr.splitlines() if "did not answer for" in line]
+        back = [line for line in stderr.splitlines() if "answered again after" in line]
+        assert len(stalled) == 1 and "stalled" in stalled[0], stderr[-3000:]
+        assert len(back) == 1, stderr[-3000:]
+        assert float(back[0].split("answered again after ")[1].split(" s")[0]) >= 10  # the stall timeout
+        assert "lost Redis" not in stderr and "is back after" not in stderr
+        s = read_summary(tmp_path / run_id)
+        assert s["faults"]["redis_outages"] >= 1
+        assert_nothing_lost_or_double_counted(s, 250)
+    finally:
+        farm.stop()
+
+
 def _pool_pids(url: str) -> set[int]:
     app = make_app(url)
     try:
