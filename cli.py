@@ -56,7 +56,43 @@ class PolicyVersion(click.ParamType):
         fail(f"{flag} must be a non-negative integer or 'latest', got {value!r}")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _UsageLine(click.ClickException):
+    """A usage error shown as every other rlfarm error is: one line, exit 2 (click's default is a
+    usage block of four lines; `--help` still shows the usage)."""
+
+    exit_code = 2
+
+    def show(self, file: object = None) -> None:
+        click.echo(f"rlfarm: error: {self.format_message()}", err=True)
+
+
+def _one_line(exc: click.UsageError) -> click.ClickException:
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+        return exc  # a bare `rlfarm` or `rlfarm checkpoints` shows its help
+    message = exc.format_message().rstrip(".")
+    message = message[:1].lower() + message[1:]
+    if exc.ctx is not None:
+        message += f" (see {exc.ctx.command_path} --help)"
+    return _UsageLine(message)
+
+
+class OneLineErrors(click.Group):
+    """Turns the usage errors of this group and of its subcommands into one `rlfarm: error:` line."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="rlfarm")
 @click.option("-v", "--verbose", count=True,
               help="More messages: debug lines too (on stderr; a run's are also in RUN_DIR/rlfarm.log).")
@@ -253,31 +289,36 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
     from rlfarm.checkpoint import CheckpointError
     from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
+    from rlfarm.logs import log_fatal
     from rlfarm.outage import RedisUnavailable, is_oom
     from rlfarm.rundir import RunDirError
     from rlfarm.store import RedisAuthError, RedisEvicts, redact
 
+    def fatal(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+        log_fatal(Path(cfg.logdir) / cfg.run_id, message)  # the console's last line, in the run's log too
+        fail(message, code)
+
     try:  # start-up notes go through logging: `rlfarm: ...` on stderr, hidden by -q
         return run(cfg, redis_url, resume=resume, notify=logging.getLogger("rlfarm.cli").info)
     except RedisAuthError as exc:  # wrong credentials are a usage error (2), like a bad option
-        fail(str(exc), 2)
+        fatal(str(exc), 2)
     except (ConfigError, CheckpointError) as exc:
-        fail(str(exc))
+        fatal(str(exc))
     except (RolloutError, TaskLostError, RedisEvicts) as exc:
-        fail(str(exc), 1)
+        fatal(str(exc), 1)
     except RunDirError as exc:  # disk full, directory read-only: files are whole, the checkpoint too
-        fail(f"{exc}; the run stopped with its last checkpoint whole: make room (or make "
-             f"{exc.path.parent} writable), then rlfarm train --resume {cfg.run_id}", 1)
+        fatal(f"{exc}; the run stopped with its last checkpoint whole: make room (or make "
+              f"{exc.path.parent} writable), then rlfarm train --resume {cfg.run_id}", 1)
     except RedisUnavailable as exc:
-        fail(f"{exc}; the run can continue once Redis is back: rlfarm train --resume {cfg.run_id}", 1)
+        fatal(f"{exc}; the run can continue once Redis is back: rlfarm train --resume {cfg.run_id}", 1)
     except ConnectionError as exc:  # Redis unreachable at the start
-        fail(str(exc), 1)
+        fatal(str(exc), 1)
     except Exception as exc:  # noqa: BLE001 - only Redis refusing writes is turned into one line here
         if not is_oom(exc):
             raise
-        fail(f"Redis at {redact(redis_url or 'the embedded Redis')} is full (maxmemory reached, it "
-             f"refuses writes): free memory (e.g. `rlfarm checkpoints delete` old runs) or raise its "
-             f"maxmemory; then rlfarm train --resume {cfg.run_id}", 1)
+        fatal(f"Redis at {redact(redis_url or 'the embedded Redis')} is full (maxmemory reached, it "
+              f"refuses writes): free memory (e.g. `rlfarm checkpoints delete` old runs) or raise its "
+              f"maxmemory; then rlfarm train --resume {cfg.run_id}", 1)
 
 
 def _allow_env_modules(modules: tuple[str, ...]) -> None:
@@ -443,7 +484,14 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     try:
         if policy_file:
             # With RLFARM_SECRET set, the file's hmac must verify (CodecError otherwise).
-            state, meta = codec.decode_policy(Path(policy_file).read_bytes(), secret_from_env())
+            try:
+                state, meta = codec.decode_policy(Path(policy_file).read_bytes(), secret_from_env())
+            except SignatureError as exc:
+                fail(f"policy file {policy_file}: {exc}", 1)
+            except codec.CodecError as exc:
+                fail(f"{policy_file} is not a policy file rlfarm wrote ({exc})", 1)
+            except OSError as exc:
+                fail(f"cannot read {policy_file}: {exc.strerror or exc}", 1)
             policy_cfg = json.loads(meta.get("policy", "{}"))
             env_options = json.loads(meta.get("env_options", "{}"))  # preprocessing (Atari)
         else:
@@ -523,7 +571,7 @@ def _play(network, algo: str, env, env_id: str, episodes: int, seed: int, render
              f"{type(exc).__name__}: {' '.join(str(exc).split())}", 1)
 
 
-@main.group()
+@main.group(cls=OneLineErrors)
 def checkpoints() -> None:
     """List, export and delete runs and their policy versions stored in Redis."""
 

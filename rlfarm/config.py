@@ -262,7 +262,9 @@ class AsyncConfig:
     tasks_in_flight: int = 0  # 0: one per online worker process (at least 2)
     # APPO: results per update (0: as many as tasks in flight); more could never be in flight at once.
     results_per_update: int = 0
-    max_policy_lag: int = 8  # results acted with a version older than this many versions are dropped
+    # Results acted with a version older than this many versions are dropped; 0 ("auto"): derived
+    # from the tasks in flight (rlfarm.trainer.auto_policy_lag).
+    max_policy_lag: int = 8
     publish_interval: int = 32  # gradient steps between published versions
     # A running task checks for a newer version every this many steps and acts with it from then on,
     # as IMPALA's actors do (0: a task acts with the version it started with throughout). With tasks
@@ -377,7 +379,8 @@ def valid_keys() -> list[str]:
 
 
 # Integer keys whose 0 means "chosen for you"; "auto" may be written for it.
-AUTO_KEYS = frozenset({"torch_threads", "farm.workers", "async.tasks_in_flight", "async.results_per_update"})
+AUTO_KEYS = frozenset({"torch_threads", "farm.workers", "async.tasks_in_flight", "async.results_per_update",
+                       "async.max_policy_lag"})
 
 
 def machine_cores() -> int:

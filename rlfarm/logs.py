@@ -6,7 +6,8 @@ handler and in the run directory.
   (users and tests grep for them): `rlfarm: warning: ...`, `rlfarm: error: ...`, `rlfarm: ...` (info),
   `rlfarm: debug: ...`. -1 shows warnings and errors only, 0 adds info, 1 or more adds debug.
 - `log_to_file(run_dir)` adds RUN_DIR/rlfarm.log (plain text, one timestamped line per record) to the
-  same logger, at info (debug with `-v`) whatever the console shows; `remove(handler)` takes it off.
+  same logger, at info (debug with `-v`) whatever the console shows; `remove(handler)` takes it off;
+  `log_fatal(run_dir, line)` adds the error line the run ended with, after that.
 - While a run's live progress bar is on the terminal (`set_live_console`), console lines are printed
   through the bar's console, so they appear above the bar instead of breaking it.
 """
@@ -14,6 +15,7 @@ handler and in the run directory.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +32,7 @@ _PREFIXES = {logging.DEBUG: ("rlfarm: debug: ", "dim"), logging.INFO: ("rlfarm: 
 
 _live_console: Console | None = None
 _verbosity = 0
+_run_logs: set[Path] = set()  # the rlfarm.log files this process has written a run's records to
 
 
 def level_for(verbosity: int) -> int:
@@ -136,7 +139,24 @@ def log_to_file(run_dir: str | Path) -> logging.Handler:
     handler = _RunFileHandler(Path(run_dir) / LOG_FILE)
     handler.setFormatter(logging.Formatter(FILE_FORMAT))
     logger.addHandler(handler)
+    _run_logs.add(Path(handler.baseFilename))
     return handler
+
+
+def log_fatal(run_dir: str | Path, message: str, name: str = "rlfarm.cli") -> None:
+    """Append the error line a run ended with to RUN_DIR/rlfarm.log, which the run's own handler
+    has closed by the time the CLI turns the exception into that line: the log is what is kept.
+    Only a log this process wrote (a second trainer refused at start must not write into the log of
+    the run it collided with); nothing when it cannot write (the console has the line)."""
+    path = Path(os.path.abspath(Path(run_dir) / LOG_FILE))  # as logging.FileHandler names it
+    if path not in _run_logs:
+        return
+    record = logging.LogRecord(name, logging.ERROR, __file__, 0, message, None, None)
+    try:
+        with path.open("a", encoding="utf-8") as file:
+            file.write(logging.Formatter(FILE_FORMAT).format(record) + "\n")
+    except OSError:
+        pass
 
 
 def remove(handler: logging.Handler | None) -> None:

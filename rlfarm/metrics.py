@@ -127,6 +127,9 @@ class RunLogger:
         # CSV files grow by whole rows only (rlfarm.rundir.RowFile): a full disk never leaves half a row.
         self._progress_fields: list[str] | None = None
         self._evals_file: RowFile | None = None
+        # One progress row per step: a row at a step already logged (a resumed run's first log before
+        # any new step, the closing log right after a periodic one) repeats it and adds nothing.
+        self._last_row_step = resume["env_steps"] if resume else -1
         if resume:
             step = resume["env_steps"]
             self._progress_fields = _truncate_csv(self.run_dir / "progress.csv", step)
@@ -232,6 +235,9 @@ class RunLogger:
             self.writer.add_histogram(key, np.asarray(values), global_step)
 
     def scalars(self, global_step: int, values: Mapping[str, float]) -> None:
+        if global_step <= self._last_row_step:
+            return
+        self._last_row_step = global_step
         row = {"global_step": global_step, "wall_time": round(time.time() - self.start, 3),
                "charts/rolling_return": self.rolling_return, **values}
         if self._progress_fields is None:

@@ -23,8 +23,10 @@ SMALL_DQN = ["--preset", "cartpole-dqn", "--set", "policy.hidden_sizes=[32,32]",
              "--set", "eval.interval=0", "--set", "target_return=inf"]
 
 
-@pytest.mark.parametrize("max_lag, stale_expected", [(0, True), (100_000, False)])
+@pytest.mark.parametrize("max_lag, stale_expected", [(1, True), (100_000, False), ("auto", False)])
 def test_stale_results_are_dropped_and_counted(farm, tmp_path, max_lag, stale_expected):
+    """4 tasks in flight, 128 versions per result (512 steps x replay 0.25 / 1): lag is at least 128,
+    so a bound of 1 drops results; "auto" (2 x 4 x 128 = 1024) keeps them all."""
     run_id = f"stale-{max_lag}"
     result = run_cli("train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(tmp_path),
                      "--total-steps", "6000", *SMALL_DQN, "--set", f"async.max_policy_lag={max_lag}",
@@ -40,6 +42,7 @@ def test_stale_results_are_dropped_and_counted(farm, tmp_path, max_lag, stale_ex
         assert max(int(r["farm/policy_lag_max"]) for r in rows) > 0
     else:
         assert summary["dropped_stale"] == 0
+    assert summary["max_policy_lag"] == (1024 if max_lag == "auto" else max_lag)
 
 
 def test_sigkilled_worker_during_async_run(farm, tmp_path):

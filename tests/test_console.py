@@ -230,3 +230,19 @@ def test_evaluation_lines_at_the_default_verbosity_and_with_v(farm, tmp_path):
     assert lines[0].startswith("rlfarm: debug: eval 1 at step 1024 (policy v1): mean return "), lines
     assert lines[-1].startswith("rlfarm: eval 2 at step 2048"), lines
     assert " DEBUG rlfarm.metrics: eval 1 at step 1024" in (tmp_path / "evals-v" / "rlfarm.log").read_text()
+
+
+def test_progress_has_one_row_per_step_across_a_resume(tmp_path):
+    """A resumed run's first log before any new step, and a run's closing log right after a periodic
+    one, repeated the row of that step in progress.csv (the curves then had two points at one step)."""
+    logger = _logger(tmp_path)
+    for step in (1000, 2000, 2000):  # the closing log at the step of the last periodic one
+        logger.scalars(step, {"losses/loss": 1.0})
+    state = logger.state(2000)
+    logger.close()
+    resumed = _logger(tmp_path, resume=state)
+    for step in (2000, 3000):  # logged once more at the checkpoint's step before new results arrive
+        resumed.scalars(step, {"losses/loss": 1.0})
+    resumed.close()
+    rows = (tmp_path / "progress.csv").read_text().splitlines()
+    assert [int(r.split(",")[0]) for r in rows[1:]] == [1000, 2000, 3000]

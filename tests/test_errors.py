@@ -52,6 +52,31 @@ def test_bad_train_input_is_one_line_and_writes_nothing(tmp_path, args, message)
     assert not any(tmp_path.iterdir())  # no run directory, nothing published: nothing started
 
 
+@pytest.mark.parametrize("args, message", [
+    (["train", "--total-steps", "-5"], "invalid value for '--total-steps': -5 is not in the range x>=1 "
+                                       "(see "),
+    (["worker", "-c", "0"], "invalid value for '-c' / '--concurrency': 0 is not in the range x>=1"),
+    (["train", "--no-such-option"], "no such option '--no-such-option'"),
+    (["no-such-command"], "no such command 'no-such-command'"),
+    (["checkpoints", "list", "--bogus"], "no such option '--bogus'"),
+])
+def test_click_usage_errors_are_one_line_too(args, message):
+    """Bad values caught by click's own types were its four-line usage block; now one line like the
+    others, naming `--help` (exit 2, nothing started)."""
+    result = run_cli(*args)
+    assert result.returncode == 2
+    line = error_line(result)
+    assert message in line and "--help)" in line, line
+
+
+def test_eval_of_a_file_that_is_not_a_policy_names_the_file(tmp_path):
+    not_policy = tmp_path / "passwd"
+    not_policy.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    result = run_cli("eval", "--policy", str(not_policy))
+    assert result.returncode == 1
+    assert f"{not_policy} is not a policy file rlfarm wrote (not a safetensors blob" in error_line(result)
+
+
 # ---- A.2: a port that answers, but not as Redis -----------------------------------------------------
 class _NotRedis(socketserver.BaseRequestHandler):
     def handle(self) -> None:

@@ -307,6 +307,9 @@ def test_full_redis_is_one_clear_line(fault_farm, tmp_path):
     assert proc.returncode == 1
     line = one_error_line(stderr)
     assert "is full (maxmemory reached" in line and f"--resume {run_id}" in line
+    # the line the run ended with is the last line of its log, which is what a user keeps
+    last = (tmp_path / run_id / "rlfarm.log").read_text().splitlines()[-1]
+    assert " ERROR rlfarm.cli: " in last and last.endswith(line.removeprefix("rlfarm: error: "))
 
 
 # Raw arrays (farm.compress=none): the wide env's all-zero observations would compress to a few KB.

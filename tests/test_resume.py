@@ -98,6 +98,9 @@ def test_async_dqn_resumes_with_its_replay_buffer_and_optimizer(tmp_path):
     with open(run_dir / "episodes.csv") as f:
         steps = [int(r["global_step"]) for r in csv.DictReader(f)]
     assert steps == sorted(steps) and steps[0] <= killed_at < steps[-1]
+    # one progress row per step: none repeated at the resumed step or by the closing log
+    progress = read_steps(run_dir / "progress.csv")
+    assert progress == sorted(set(progress)) and progress[-1] == summary["env_steps"]
     assert_cleaned_up(run_dir, "dqn")
 
 

@@ -95,6 +95,9 @@ class APPO(PPO):
     def publish_every(self) -> int:
         return 1  # every update is a batch of whole results: publish it, so lag stays small
 
+    def versions_per_result(self) -> float:
+        return 1.0 / self.results_per_update
+
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
         self._results.append((rollout, policy_lag))
 

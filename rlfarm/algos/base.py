@@ -87,6 +87,11 @@ class Algorithm(ABC):
         """ASYNC: updates between published versions."""
         return self.run_config.async_.publish_interval
 
+    def versions_per_result(self) -> float:
+        """ASYNC: policy versions published per result taken in, what a result's policy lag grows by
+        for each result learned from while it is in flight (`async.max_policy_lag = "auto"`)."""
+        return 1.0 / self.publish_every
+
     def scalars(self, progress: float) -> dict[str, float]:
         """Extra values for every log line (exploration rate, replay size, ...)."""
         return {}

@@ -88,6 +88,11 @@ class OffPolicy(Algorithm):
     def ready(self) -> bool:
         return self.grad_budget >= 1.0
 
+    def versions_per_result(self) -> float:
+        run = self.run_config
+        steps = run.env.num_envs * run.farm.steps_per_env
+        return steps * self.config.replay_ratio / self.publish_every
+
     def update(self, progress: float, between: Callable[[], None] | None = None) -> dict[str, float]:
         """One gradient step on a replayed batch. One step per update keeps each update short: the
         ASYNC trainer pumps results and publishes between them (a version every publish_interval)."""
