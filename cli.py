@@ -251,6 +251,7 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
     """rlfarm.api.run, with every failure it can meet turned into one line and an exit status."""
     from rlfarm.api import run
     from rlfarm.checkpoint import CheckpointError
+    from rlfarm.claim import ClaimLost, RunInUse
     from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
     from rlfarm.outage import RedisUnavailable, is_oom
@@ -264,6 +265,8 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
     except (ConfigError, CheckpointError) as exc:
         fail(str(exc))
     except (RolloutError, TaskLostError, RedisEvicts) as exc:
+        fail(str(exc), 1)
+    except (RunInUse, ClaimLost) as exc:  # another trainer has the run id or its directory
         fail(str(exc), 1)
     except RunDirError as exc:  # disk full, directory read-only: files are whole, the checkpoint too
         fail(f"{exc}; the run stopped with its last checkpoint whole: make room (or make "
