@@ -130,12 +130,7 @@ class RolloutWorker:
 
     def _run_meta(self, run: str) -> dict[str, Any]:
         if run not in self.runs:
-            meta = PolicyStore(self.client, run).run_meta()
-            expected = self.incarnations.get(run)
-            if expected is not None and meta.get("incarnation") not in (None, expected):  # replaced since the task's check
-                raise RuntimeError(f"run {run!r} in Redis is another trainer's than this task's (incarnation "
-                                   f"{meta.get('incarnation')}, not {expected}): the task is stale")
-            self.runs[run] = meta
+            self.runs[run] = PolicyStore(self.client, run).run_meta()
         return self.runs[run]
 
     def _actor(self, run: str, version: int | str) -> tuple[Any, int, bool]:
