@@ -287,6 +287,7 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
     """rlfarm.api.run, with every failure it can meet turned into one line and an exit status."""
     from rlfarm.api import run
     from rlfarm.checkpoint import CheckpointError
+    from rlfarm.claim import ClaimLost, RunInUse
     from rlfarm.config import ConfigError
     from rlfarm.dispatch import RolloutError, TaskLostError
     from rlfarm.logs import log_fatal
@@ -306,6 +307,8 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
         fatal(str(exc))
     except (RolloutError, TaskLostError, RedisEvicts) as exc:
         fatal(str(exc), 1)
+    except (RunInUse, ClaimLost) as exc:  # another trainer has the run id or its directory
+        fatal(str(exc), 1)  # (into this process's own run log only, never the other trainer's)
     except RunDirError as exc:  # disk full, directory read-only: files are whole, the checkpoint too
         fatal(f"{exc}; the run stopped with its last checkpoint whole: make room (or make "
               f"{exc.path.parent} writable), then rlfarm train --resume {cfg.run_id}", 1)

@@ -148,14 +148,19 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         if not processes:
             notify(f"no worker answered on {redact(redis_url)}; tasks wait in the queue until one starts "
                    f"(`rlfarm worker --redis URL`)")
+        from rlfarm.claim import RunDirLock
         from rlfarm.trainer import make_trainer
 
-        return make_trainer(cfg, redis_url, run_dir, tasks_in_flight=max(2, processes), **options).train()
+        trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=max(2, processes), **options)
+        with RunDirLock(run_dir):  # RunInUse: another trainer writes this directory
+            return trainer.train()
 
+    from rlfarm.claim import RunDirLock
     from rlfarm.cluster import LocalCluster
     from rlfarm.envs import allowed_modules_env
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunDirLock(run_dir)  # before anything is written into the directory (the farm's logs)
+    lock.acquire()
     workers = C.local_workers(cfg)
     notify(f"no --redis given: starting an embedded Redis and {workers} local worker processes "
            f"(logs in {run_dir}/)")
@@ -174,6 +179,7 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         return trainer.train()
     finally:
         cluster.stop()
+        lock.release()
 
 
 def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = None,

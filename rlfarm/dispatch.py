@@ -33,6 +33,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from rlfarm import codec, signing
+from rlfarm.claim import Claim
 from rlfarm.outage import OutageRetry
 from rlfarm.protocol import Key, Result, TaskSpec
 from rlfarm.store import LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
@@ -93,11 +94,14 @@ class Dispatcher:
     def __init__(self, app: Celery, client: redis.Redis, run_id: str, task_timeout: float,
                  max_redispatch: int, on_event: Callable[[], None] | None = None, env: str | None = None,
                  lease_seconds: float = 10.0, time_limit: float = 0.0, retry: OutageRetry | None = None,
-                 on_state_lost: Callable[[], None] | None = None, notify: Callable[[str], None] | None = None):
+                 on_state_lost: Callable[[], None] | None = None, notify: Callable[[str], None] | None = None,
+                 claim: Claim | None = None):
         """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
         durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
         `on_state_lost`: called when the run's metadata vanished from Redis (FLUSHALL, a Redis
-        restarted without its data), after the dispatcher has written back its own state."""
+        restarted without its data), after the dispatcher has written back its own state.
+        `claim`: the trainer's claim of the run (rlfarm.claim), whose incarnation every task carries;
+        without one the dispatcher claims the run itself when it first sends a task."""
         self.app = app
         self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
         self.client = client
@@ -122,6 +126,8 @@ class Dispatcher:
         self._outages_seen = self.retry.outages
         self._queue = app.conf.task_default_queue
         self.secret = signing.secret_from_env()
+        self._own_claim = claim is None
+        self.claim = claim or Claim(client, run_id)
 
     @property
     def in_flight(self) -> int:
@@ -138,6 +144,7 @@ class Dispatcher:
     def _send(self, spec: TaskSpec) -> str:
         if self.env is not None:
             spec = dataclasses.replace(spec, env=self.env)
+        spec = dataclasses.replace(spec, incarnation=self.claim.incarnation)  # workers run it while we live
         kwargs = signing.sign_spec(spec.to_kwargs(), self.secret)  # with RLFARM_SECRET: workers verify it
         limit = self.time_limit_for(spec.kind)
         # kwargsrepr is what Flower and worker events show: a short label instead of the dict repr.
@@ -165,6 +172,8 @@ class Dispatcher:
             if key in self.pending or key in seen:
                 raise ValueError(f"task {key} is already in flight")
             seen.add(key)
+        if self._own_claim and not self.claim.held:
+            self.claim.acquire()
         self.client.sadd(self.wanted, LIVE, *[task_key_text(*k) for k in keys])
         for spec in specs:
             task_id = self._send(spec)
@@ -225,6 +234,9 @@ class Dispatcher:
         if message is None:
             return None
         key = message.key
+        if message.incarnation is not None and message.incarnation != self.claim.incarnation:
+            self.stats.duplicates += 1  # sent by an earlier trainer of this run id: not ours
+            return None
         if message.skipped:  # a copy that found its task already counted: a free duplicate
             self.stats.skipped += 1
             self.stats.duplicates += 1
@@ -266,6 +278,7 @@ class Dispatcher:
         now = time.monotonic()
         if not force and now < self._next_check:
             return
+        self.claim.check()  # another trainer took the run over: stop before touching it
         self._next_check = now + min(CHECK_SECONDS, self.task_timeout / 4, self.lease_seconds / 4)
         if self.retry.outages != self._outages_seen:  # Redis was away: give workers time to renew
             self._outages_seen = self.retry.outages
@@ -358,6 +371,8 @@ class Dispatcher:
         self._restored_at = now  # errors of copies sent before now (no policy, no meta) are retried
         self.declare_queue()
         self.client.sadd(self.wanted, LIVE, *[task_key_text(*k) for k in self.pending])
+        if self.claim.held:
+            self.claim.renew()  # the claim went with the rest: until it is back workers drop our tasks
         if self.on_state_lost is not None:
             self.on_state_lost()
         self._grace(now)
@@ -374,6 +389,8 @@ class Dispatcher:
     def finish(self) -> None:
         """The run is over: workers skip whatever of it is still queued."""
         self.client.delete(self.wanted, self.key)
+        if self._own_claim:
+            self.claim.release()
 
     def gather_group(self, specs: list[TaskSpec] | list[dict[str, Any]],
                      on_other: Callable[[Result], None] | None = None) -> list[Result]:

@@ -38,6 +38,7 @@ class TaskSpec:
     steps: int = 0
     episodes: int = 0
     act: dict[str, Any] = field(default_factory=dict)  # the algorithm's acting and collect options
+    incarnation: str | None = None  # the sending trainer's nonce (rlfarm.claim): workers run the task only while it lives
     env: str | None = None  # the run's env id, a label for Flower only: workers take it from the run
     sig: str | None = None  # HMAC over all other fields (rlfarm.signing), when RLFARM_SECRET is set
 
@@ -66,6 +67,8 @@ class TaskSpec:
                 kwargs[name] = getattr(self, name)
         if self.act:
             kwargs["act"] = dict(self.act)
+        if self.incarnation is not None:
+            kwargs["incarnation"] = self.incarnation
         for name in ("env", "sig"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
@@ -110,6 +113,7 @@ class Result:
     iteration: int
     index: int
     task_id: str | None = None
+    incarnation: str | None = None  # the task's (rlfarm.claim): a trainer drops results of another one
     worker: str = ""
     version: int | None = None  # the version acted with (for "latest": the one it resolved to)
     last_version: int | None = None  # ASYNC with async.refresh_steps: the version acting at the end

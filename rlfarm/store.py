@@ -312,6 +312,11 @@ class PolicyCache:
         while len(self._items) > self.size:
             self._items.popitem(last=False)
 
+    def drop_run(self, run: str) -> None:
+        """Forget every version of `run` (a new trainer of that run id: rlfarm.claim)."""
+        for key in [k for k in self._items if k[0] == run]:
+            del self._items[key]
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -36,6 +36,7 @@ from rich.console import Console
 from rlfarm import checkpoint, codec, logs
 from rlfarm.algos import check_mode, learner
 from rlfarm.celery_app import make_app
+from rlfarm.claim import Claim
 from rlfarm.config import ConfigError, RunConfig, check_results_per_update, to_dict, trainer_threads
 from rlfarm.dispatch import Dispatcher
 from rlfarm.envs import describe
@@ -132,6 +133,7 @@ class Trainer:
                                  notify=self.warn)
         self.client = resilient_client(redis_url, self.retry)
         self.store = PolicyStore(self.client, config.run_id, keep=config.farm.keep_versions)
+        self.claim = Claim(self.client, config.run_id)  # taken by train(), before the run is touched
         self.app = make_app(redis_url)
         self._log = logging.getLogger("rlfarm.trainer")
         self._log_file: logging.Handler | None = None
@@ -147,7 +149,7 @@ class Trainer:
                                      env=config.env.id,  # shown in Flower's task labels
                                      lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
                                      retry=self.retry, on_state_lost=self.restore_run_state,
-                                     notify=self.warn)
+                                     notify=self.warn, claim=self.claim)
         self.env_steps = 0
         self.version = 0
         self.dropped_stale = 0  # ASYNC: results older than async.max_policy_lag
@@ -177,12 +179,18 @@ class Trainer:
         what the trainer owns, so workers can go on building the env and fetching the policy."""
         self.warn(f"run {self.config.run_id}'s state is gone from Redis (flushed, or restarted without "
                   f"its data): writing back its metadata and policy v{self.version}, re-sending lost tasks")
-        self.store.set_run_meta({"config": to_dict(self.config), "space": self.space.to_dict()})
+        self.store.set_run_meta(self.run_meta())
         self.store.restore_pinned()  # the best version and those being evaluated
         latest = self.store.latest()
         if latest is None or latest < self.version:
             self.publish()
         self.heartbeat()
+
+    def run_meta(self) -> dict[str, Any]:
+        """What workers read of the run; `incarnation` tells this trainer's run from an earlier one of
+        the same id, whose cached metadata and policies a worker must not use."""
+        return {"config": to_dict(self.config), "space": self.space.to_dict(),
+                "incarnation": self.claim.incarnation}
 
     def _on_event(self) -> None:
         if self.logger:
@@ -383,11 +391,15 @@ class Trainer:
 
     def train(self) -> TrainResult:
         """Run to the end; the run's messages also go to RUN_DIR/rlfarm.log, from the first one on."""
-        self._log_file = logs.log_to_file(self.run_dir)
+        self.claim.acquire()  # RunInUse: another trainer has the run id; nothing of it was touched
         try:
-            return self._train()
+            self._log_file = logs.log_to_file(self.run_dir)
+            try:
+                return self._train()
+            finally:
+                logs.remove(self._log_file)
         finally:
-            logs.remove(self._log_file)
+            self.claim.release()
 
     def _train(self) -> TrainResult:
         cfg = self.config
@@ -396,7 +408,7 @@ class Trainer:
             raise ConfigError(f"run {cfg.run_id!r} already has policies in this Redis (latest "
                               f"v{self.store.latest()}); choose another --run-id, or --resume it from "
                               f"its run directory")
-        self.store.set_run_meta({"config": to_dict(cfg), "space": self.space.to_dict()})
+        self.store.set_run_meta(self.run_meta())
         self.logger = RunLogger(self.run_dir, to_dict(cfg), cfg.total_steps, self.console,
                                 resume=resume_state["logger"] if resume_state else None)
         elapsed = resume_state["logger"]["elapsed"] if resume_state else 0.0
@@ -421,6 +433,7 @@ class Trainer:
             if state == "failed":
                 self.retry.enabled = False  # Redis may be what failed: one attempt at the cleanup
             try:
+                self.claim.check()  # the run is another trainer's now: leave its keys alone
                 self.heartbeat(state)
                 # Tasks still queued are skipped by workers; results still in flight are of no use now.
                 self.dispatcher.finish()

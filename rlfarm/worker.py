@@ -21,6 +21,7 @@ import redis
 
 from rlfarm import codec, signing
 from rlfarm.algos import learner
+from rlfarm.claim import claim_incarnation, claim_key
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
 from rlfarm.protocol import Result, TaskSpec
@@ -111,7 +112,21 @@ class RolloutWorker:
         self.envs: dict[tuple[str, int, str], Any] = {}
         self.streams = StreamCache(MAX_STREAMS)  # farm.episodes = "continue": envs kept per run
         self.runs: dict[str, dict[str, Any]] = {}
+        self.incarnations: dict[str, str] = {}  # run -> the trainer incarnation the caches above are of
         self.lease = _Lease(self.client)
+
+    def _enter(self, run: str, incarnation: str) -> None:
+        """A task of `incarnation` of `run`: if this process cached another one (a run id reused after
+        `rlfarm checkpoints delete`, a resumed trainer), forget all of it: metadata, network,
+        policies and env streams could be the old run's (another num_envs, other weights)."""
+        if self.incarnations.get(run) == incarnation:
+            return
+        if run in self.incarnations:
+            self.runs.pop(run, None)
+            self.networks.pop(run, None)
+            self.policies.drop_run(run)
+            self.streams.drop(run)
+        self.incarnations[run] = incarnation
 
     def _run_meta(self, run: str) -> dict[str, Any]:
         if run not in self.runs:
@@ -240,10 +255,13 @@ class RolloutWorker:
         pipe.incr(attempts_key)
         pipe.expire(attempts_key, RESULT_TTL)
         pipe.smismember(wanted_key(run), [LIVE, key_text])
-        attempts, _, (live, wanted) = pipe.execute()
+        pipe.get(claim_key(run))
+        attempts, _, (live, wanted), claim = pipe.execute()
+        incarnation = spec.get("incarnation")
+        live = live and incarnation is not None and claim_incarnation(claim) == incarnation
         base = Result(spec.get("kind", "rollout"), spec.get("iteration"), spec.get("index"),
-                      worker=self.identity, task_id=task_id)
-        if not live:
+                      worker=self.identity, task_id=task_id, incarnation=incarnation)
+        if not live:  # its trainer is gone (its claim expired or was released) or was replaced
             log.info("skipped task %s of run %s: the run has no live trainer", key_text, run)
             self.client.delete(attempts_key)
             return
@@ -254,6 +272,7 @@ class RolloutWorker:
         lease = None
         try:
             task = TaskSpec.from_kwargs(signing.verify_spec(spec, self.secret))
+            self._enter(run, incarnation)
             if attempts > MAX_ATTEMPTS:
                 raise RuntimeError(f"task {task_id} was delivered {attempts} times; each delivery "
                                    f"lost its worker, so it is refused")

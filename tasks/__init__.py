@@ -57,7 +57,7 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
 
     limit = exception.args[0] if exception.args else "?"
     message = Result(kwargs.get("kind", "rollout"), kwargs.get("iteration"), kwargs.get("index"),
-                     task_id=task_id, retryable=True,
+                     task_id=task_id, retryable=True, incarnation=kwargs.get("incarnation"),
                      worker=f"{socket.gethostname()} (worker main process {os.getpid()})",
                      error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s and its "
                            f"process was killed and replaced (a hung env?)").to_message()

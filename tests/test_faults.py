@@ -341,6 +341,7 @@ def test_results_over_100_mib_decode_and_over_the_limit_are_refused_by_the_worke
 def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     """The check a worker makes before it starts a task, on a real Redis, in-process."""
     from rlfarm import codec
+    from rlfarm.claim import Claim
     from rlfarm.store import LIVE, results_key, wanted_key
     from rlfarm.worker import RolloutWorker
 
@@ -349,17 +350,21 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     make_run(redis_only.redis_url, "skips", ["env.num_envs=1"])
     client = redis.Redis.from_url(redis_only.redis_url)
     worker = RolloutWorker(redis_only.redis_url)
-    spec = {"run": "skips", "iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1}
+    claim = Claim(client, "skips")  # what a live trainer holds
+    spec = {"run": "skips", "iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1,
+            "incarnation": claim.incarnation}
     worker.handle(spec, "ended-run")  # no live trainer: dropped, nothing pushed
     assert client.llen(results_key("skips")) == 0
+    claim.acquire()
     client.sadd(wanted_key("skips"), LIVE, "rollout:0:0")
     worker.handle(spec, "first")  # wanted: runs, and takes its key out of the wanted set
     worker.handle(spec, "copy")  # already counted: skipped unrun, with a note
     first, copy = [codec.unpack(m) for m in client.lrange(results_key("skips"), 0, -1)]
     assert first["task_id"] == "first" and first["rollout"]["rewards"].size == 8
     assert copy == {"kind": "rollout", "iteration": 0, "index": 0, "worker": worker.identity,
-                    "task_id": "copy", "skipped": True}
+                    "task_id": "copy", "incarnation": claim.incarnation, "skipped": True}
     assert client.smembers(wanted_key("skips")) == {LIVE.encode()}
+    claim.release()
     assert not client.keys("rlfarm:skips:lease:*") and not client.keys("rlfarm:skips:attempts:*")
 
 
