@@ -34,7 +34,7 @@ from kombu.exceptions import OperationalError
 
 from rlfarm import codec, signing
 from rlfarm.outage import OutageRetry
-from rlfarm.protocol import Key, Result, TaskSpec
+from rlfarm.protocol import PROTOCOL, Key, Result, TaskSpec, legacy_refusal
 from rlfarm.store import LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
 
 
@@ -68,6 +68,7 @@ class Pending:
     backups: int = 0  # straggler copies sent
     lease_gone: float | None = None  # when its lease was first seen gone while results waited
     reason: str = ""  # why it was last re-sent
+    refused: float | None = None  # when a worker of another protocol refused it (re-sent at the next check)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class DispatchStats:
     stragglers: int = 0  # backup copies of tasks running longer than task_timeout
     forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
     state_restored: int = 0  # times the run's state was found lost in Redis and written back
+    refused: int = 0  # copies refused unrun by workers of another protocol version (re-sent)
     receive_seconds: float = 0.0  # trainer CPU time spent decoding results
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
     accepted_task_ids: list[str] = field(default_factory=list)
@@ -113,6 +115,7 @@ class Dispatcher:
         self.on_state_lost = on_state_lost
         self.notify = notify or (lambda text: None)
         self.stats = DispatchStats()
+        self.refusing: dict[str, Any] = {}  # workers of another protocol version -> theirs
         self.pending: dict[Key, Pending] = {}
         self.longest: dict[str, float] = {}  # longest task duration seen, per kind
         self._next_check = 0.0
@@ -173,14 +176,17 @@ class Dispatcher:
             self.on_event()
         return keys
 
-    def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False) -> None:
-        if not backup and p.copies > self.max_redispatch:
+    def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False, count: bool = True) -> None:
+        """`count=False`: a copy that says nothing about the task (refused unrun by a worker of another
+        version) does not count towards max_redispatch."""
+        if count and not backup and p.copies > self.max_redispatch:
             raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; "
                                 f"last: {reason}")
         self.client.sadd(self.wanted, LIVE, task_key_text(*key))  # a timed-out copy may have left it
         p.task_id = self._send(p.spec)
-        p.copies += 1
+        p.copies += count
         p.reason = reason
+        p.refused = None
         p.last_seen = p.sent = time.monotonic()
         p.lease_gone = None
         if backup:
@@ -233,6 +239,9 @@ class Dispatcher:
         if p is None:
             self.stats.duplicates += 1  # a late copy of a task that already counted
             return None
+        if message.refused or legacy_refusal(message.error):
+            self._refused(p, message)
+            return None
         if message.error is not None:
             where = f"{describe_key(key)} failed on {message.worker}: {message.error}"
             self.check_state()  # a task that found no policy or metadata: was the run's state lost?
@@ -251,6 +260,20 @@ class Dispatcher:
         self.stats.accepted_task_ids.append(message.task_id)
         self.on_event()
         return message
+
+    def _refused(self, p: Pending, message: Result) -> None:
+        """A worker of another protocol version refused the task unrun: warn once per worker, and send
+        the task again at the next check (a second later), for the other workers to take."""
+        if message.task_id != p.task_id:  # a newer copy is already on its way
+            return
+        self.stats.refused += 1
+        p.refused = time.monotonic()
+        theirs = message.protocol if message.refused else 0  # 0: a worker from before versions
+        if message.worker not in self.refusing:
+            self.refusing[message.worker] = theirs
+            self.notify(f"worker {message.worker} speaks rlfarm protocol {theirs}, this trainer "
+                        f"{PROTOCOL}: it refuses this run's tasks, which go to the other workers; "
+                        f"upgrade it to this trainer's rlfarm")
 
     def unaccept(self, message: Result) -> None:
         """A result received but never used (its run ended first): no longer counted as accepted, so
@@ -289,6 +312,9 @@ class Dispatcher:
         unseen: list[Key] = []
         for key, is_wanted, leased in zip(keys, wanted, leases):
             p = self.pending[key]
+            if p.refused is not None:
+                self._resend(key, p, "refused by a worker of another protocol version", count=False)
+                continue
             if not is_wanted:
                 continue  # its result has been pushed and waits in the results list
             if leased:
@@ -316,9 +342,15 @@ class Dispatcher:
             self._last_progress = now
         elif now - self._last_progress > IDLE_WARNING_SECONDS:
             self._last_progress = now  # again in another IDLE_WARNING_SECONDS if nothing changes
-            self.notify(f"{len(self.pending)} tasks waiting and none started for "
-                        f"{IDLE_WARNING_SECONDS:.0f} s: are workers running, connected to the same Redis "
-                        f"(`rlfarm worker --redis URL`)?")
+            if self.refusing:
+                self.notify(f"{len(self.pending)} tasks waiting and none started for "
+                            f"{IDLE_WARNING_SECONDS:.0f} s: only workers of another protocol version took "
+                            f"them ({', '.join(f'{w}: protocol {v}' for w, v in self.refusing.items())}; "
+                            f"this trainer's is {PROTOCOL}): start workers of this trainer's rlfarm")
+            else:
+                self.notify(f"{len(self.pending)} tasks waiting and none started for "
+                            f"{IDLE_WARNING_SECONDS:.0f} s: are workers running, connected to the same Redis "
+                            f"(`rlfarm worker --redis URL`)?")
         if unseen:
             queued = self.queued_task_ids()
             for key in unseen:

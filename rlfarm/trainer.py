@@ -40,7 +40,7 @@ from rlfarm.config import ConfigError, RunConfig, check_results_per_update, to_d
 from rlfarm.dispatch import Dispatcher
 from rlfarm.envs import describe
 from rlfarm.metrics import RunLogger
-from rlfarm.protocol import Result, TaskSpec
+from rlfarm.protocol import PROTOCOL, Result, TaskSpec
 from rlfarm.rollout import Rollout, concat
 from rlfarm.outage import OutageRetry, resilient_client
 from rlfarm.rundir import write_atomic
@@ -177,7 +177,8 @@ class Trainer:
         what the trainer owns, so workers can go on building the env and fetching the policy."""
         self.warn(f"run {self.config.run_id}'s state is gone from Redis (flushed, or restarted without "
                   f"its data): writing back its metadata and policy v{self.version}, re-sending lost tasks")
-        self.store.set_run_meta({"config": to_dict(self.config), "space": self.space.to_dict()})
+        self.store.set_run_meta({"config": to_dict(self.config), "space": self.space.to_dict(),
+                                 "protocol": PROTOCOL})
         self.store.restore_pinned()  # the best version and those being evaluated
         latest = self.store.latest()
         if latest is None or latest < self.version:
@@ -396,7 +397,7 @@ class Trainer:
             raise ConfigError(f"run {cfg.run_id!r} already has policies in this Redis (latest "
                               f"v{self.store.latest()}); choose another --run-id, or --resume it from "
                               f"its run directory")
-        self.store.set_run_meta({"config": to_dict(cfg), "space": self.space.to_dict()})
+        self.store.set_run_meta({"config": to_dict(cfg), "space": self.space.to_dict(), "protocol": PROTOCOL})
         self.logger = RunLogger(self.run_dir, to_dict(cfg), cfg.total_steps, self.console,
                                 resume=resume_state["logger"] if resume_state else None)
         elapsed = resume_state["logger"]["elapsed"] if resume_state else 0.0
@@ -480,6 +481,7 @@ class Trainer:
         summary["faults"] = {"leases_expired": stats.leases_expired, "messages_lost": stats.messages_lost,
                              "time_limits": stats.time_limits, "stragglers": stats.stragglers,
                              "skipped_copies": stats.skipped, "state_restored": stats.state_restored,
+                             "refused": stats.refused,
                              "redis_outages": self.retry.outages,
                              "redis_outage_seconds": round(self.retry.outage_seconds, 3)}
         summary["accepted_task_ids"] = stats.accepted_task_ids

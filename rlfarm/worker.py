@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from rlfarm import codec, signing
+from rlfarm import codec, protocol, signing
 from rlfarm.algos import learner
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
@@ -225,12 +225,13 @@ class RolloutWorker:
             self.envs[key] = make_env(env_cfg["id"], trusted=False, options=env_cfg)
         return self.envs[key]
 
-    def handle(self, spec: dict[str, Any], task_id: str) -> None:
+    def handle(self, spec: dict[str, Any], task_id: str, node: str | None = None) -> None:
         """Run a task and push its result, or its error, to the run's results list.
 
         A task the trainer no longer wants (its result already counted, a superseded copy) is skipped
         without running and answered with a one-line note; one of a run whose trainer is gone is
-        dropped silently.
+        dropped silently. One of another protocol version is refused unrun, in one line naming both
+        (`node`: the Celery node name, which the trainer's warning names).
         """
         taken = time.perf_counter()
         run = spec["run"]
@@ -251,13 +252,25 @@ class RolloutWorker:
             base.skipped = True
             self._push(run, base.to_message(), attempts_key)
             return
+        # Before anything reads the spec or the run's config: their fields mean what this protocol says.
+        refusal = protocol.protocol_mismatch(protocol.spec_protocol(spec), node or self.identity)
+        if refusal is not None:
+            self._refuse(run, base, refusal, node, attempts_key)
+            return
         lease = None
         try:
             task = TaskSpec.from_kwargs(signing.verify_spec(spec, self.secret))
             if attempts > MAX_ATTEMPTS:
                 raise RuntimeError(f"task {task_id} was delivered {attempts} times; each delivery "
                                    f"lost its worker, so it is refused")
-            farm = self._run_meta(run)["config"]["farm"]
+            run_meta = self._run_meta(run)
+            # Metadata without a version was written by a trainer before versions (or by hand).
+            refusal = protocol.protocol_mismatch(run_meta.get("protocol", protocol.PROTOCOL), node or self.identity)
+            if refusal is not None:
+                self._refuse(run, base, refusal.replace("the task protocol", "the run's metadata protocol"),
+                             node, attempts_key)
+                return
+            farm = run_meta["config"]["farm"]
             lease = lease_key(run, key_text)
             self.lease.hold(lease, self.identity, farm.get("lease_seconds", 10.0))
             checked = time.perf_counter()
@@ -275,6 +288,13 @@ class RolloutWorker:
         finally:
             if lease is not None:
                 self.lease.release()
+
+    def _refuse(self, run: str, base: Result, refusal: str, node: str | None, attempts_key: str) -> None:
+        """Answer a task of another protocol without running it; the trainer sends it to others."""
+        log.warning("%s", refusal)
+        base.refused, base.protocol, base.error = True, protocol.PROTOCOL, refusal
+        base.worker = node or self.identity
+        self._push(run, base.to_message(), attempts_key)
 
     def _push(self, run: str, message: dict[str, Any] | bytes, attempts_key: str,
               lease: str | None = None, done: str | None = None) -> None:

@@ -11,6 +11,7 @@ import os
 import socket
 from collections import deque
 
+from celery import bootsteps
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, worker_init, worker_process_init
 from celery.worker.request import Request
@@ -22,6 +23,20 @@ app = make_app(os.environ.get("RLFARM_REDIS_URL", DEFAULT_REDIS_URL), main="task
 _worker = None
 _main_client = None  # the worker main process's own Redis client (time-limit reports)
 _reported: deque[str] = deque(maxlen=1000)  # task ids whose time limit was reported already
+
+
+class VersionInfo(bootsteps.StartStopStep):
+    """Adds this worker's rlfarm and protocol versions to Celery's `stats` reply, which `rlfarm status`
+    reads anyway (no second broadcast; a worker from before it simply lacks the key)."""
+
+    def info(self, worker):
+        from rlfarm import __version__
+        from rlfarm.protocol import PROTOCOL
+
+        return {"rlfarm": {"version": __version__, "protocol": PROTOCOL}}
+
+
+app.steps["worker"].add(VersionInfo)
 
 
 class RolloutRequest(Request):
@@ -100,7 +115,7 @@ def _rollout_worker():
 def _run(request) -> None:
     # Exactly the kwargs the trainer sent (signed with RLFARM_SECRET when it is set), not the
     # signature's defaults: the worker verifies the signature over them before anything runs.
-    _rollout_worker().handle(dict(request.kwargs), request.id)
+    _rollout_worker().handle(dict(request.kwargs), request.id, node=request.hostname)
 
 
 # The kwargs are the fields of rlfarm.protocol.TaskSpec, defined there once; `env` among them is a

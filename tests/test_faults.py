@@ -319,7 +319,9 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     make_run(redis_only.redis_url, "skips", ["env.num_envs=1"])
     client = redis.Redis.from_url(redis_only.redis_url)
     worker = RolloutWorker(redis_only.redis_url)
-    spec = {"run": "skips", "iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1}
+    from rlfarm.protocol import PROTOCOL
+
+    spec = {"run": "skips", "iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1, "protocol": PROTOCOL}
     worker.handle(spec, "ended-run")  # no live trainer: dropped, nothing pushed
     assert client.llen(results_key("skips")) == 0
     client.sadd(wanted_key("skips"), LIVE, "rollout:0:0")
