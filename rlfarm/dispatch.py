@@ -86,6 +86,7 @@ class DispatchStats:
     forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
     state_restored: int = 0  # times the run's state was found lost in Redis and written back
     refused: int = 0  # copies refused unrun by workers of another protocol version (re-sent)
+    handed_back: int = 0  # copies handed back unfinished by workers shutting down (re-sent at once)
     receive_seconds: float = 0.0  # trainer CPU time spent decoding results
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
     accepted_task_ids: list[str] = field(default_factory=list)
@@ -238,6 +239,13 @@ class Dispatcher:
         p = self.pending.get(key)
         if p is None:
             self.stats.duplicates += 1  # a late copy of a task that already counted
+            return None
+        if message.handed_back:  # its worker is shutting down (SIGTERM): not the task's fault
+            if message.task_id == p.task_id:
+                self.stats.handed_back += 1
+                reason = f"{describe_key(key)} was handed back by {message.worker}, shutting down"
+                self.notify(f"{reason}; sending it again")
+                self._resend(key, p, reason, count=False)
             return None
         if message.refused or legacy_refusal(message.error):
             self._refused(p, message)

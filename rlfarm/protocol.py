@@ -161,6 +161,7 @@ class Result:
     skipped: bool = False
     refused: bool = False  # not run: the task is of another protocol than the worker's (`protocol`)
     protocol: int | None = None  # with `refused`: the worker's protocol version
+    handed_back: bool = False  # not finished: its worker is shutting down (SIGTERM); sent again at once
 
     @property
     def key(self) -> Key:

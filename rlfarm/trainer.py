@@ -481,7 +481,7 @@ class Trainer:
         summary["faults"] = {"leases_expired": stats.leases_expired, "messages_lost": stats.messages_lost,
                              "time_limits": stats.time_limits, "stragglers": stats.stragglers,
                              "skipped_copies": stats.skipped, "state_restored": stats.state_restored,
-                             "refused": stats.refused,
+                             "refused": stats.refused, "handed_back": stats.handed_back,
                              "redis_outages": self.retry.outages,
                              "redis_outage_seconds": round(self.retry.outage_seconds, 3)}
         summary["accepted_task_ids"] = stats.accepted_task_ids

@@ -24,6 +24,7 @@ from rlfarm.algos import learner
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
 from rlfarm.protocol import Result, TaskSpec
+from rlfarm.node import hand_back_reason
 from rlfarm.rollout import EnvStream, StreamCache, collect, run_episodes, stream_seeds, task_seeds
 from rlfarm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 from rlfarm.outage import OutageRetry, is_oom, resilient_client
@@ -88,6 +89,11 @@ class _Lease:
                 log.warning("cannot renew lease %s: %s", held[0], exc)
 
 
+class HandedBack(Exception):
+    """Raised in a pool process's task when its worker shuts down (SIGTERM to the main process, which
+    signals the pool process; rlfarm.node): the task is answered as handed back and left unfinished."""
+
+
 class ResultTooLarge(ValueError):
     """A result over the run's `farm.max_result_bytes`: refused before it is sent."""
 
@@ -112,6 +118,16 @@ class RolloutWorker:
         self.streams = StreamCache(MAX_STREAMS)  # farm.episodes = "continue": envs kept per run
         self.runs: dict[str, dict[str, Any]] = {}
         self.lease = _Lease(self.client)
+        self.running = False  # a task is between its lease and its result: a hand-back may interrupt it
+        self.hand_back = False  # set by the hand-back signal: this and any later task is handed back
+
+    def on_hand_back(self) -> None:
+        """The hand-back signal's handler (tasks/__init__.py): interrupt the running task where it is
+        (it is only ever raised between its lease and its result), or the next one at its start."""
+        self.hand_back = True
+        if self.running:
+            self.running = False
+            raise HandedBack()
 
     def _run_meta(self, run: str) -> dict[str, Any]:
         if run not in self.runs:
@@ -272,14 +288,25 @@ class RolloutWorker:
                 return
             farm = run_meta["config"]["farm"]
             lease = lease_key(run, key_text)
+            self.running = True
+            if self.hand_back:
+                raise HandedBack()
             self.lease.hold(lease, self.identity, farm.get("lease_seconds", 10.0))
             checked = time.perf_counter()
             result = self.rollout(task)
+            self.running = False
             result.task_id = task_id
             result.timings = {"checks": checked - taken, **(result.timings or {})}
             payload = encode_result(result, farm)
             done = key_text
+        except HandedBack:  # the trainer sends it again at once; the key stays wanted
+            self.running = False
+            base.error, base.retryable, base.handed_back = hand_back_reason(node or self.identity), True, True
+            base.worker = node or self.identity
+            payload = codec.pack(base.to_message())
+            done = None
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
+            self.running = False
             base.error, base.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)
             payload = codec.pack(base.to_message())
             done = None

@@ -13,7 +13,7 @@ from collections import deque
 
 from celery import bootsteps
 from celery.exceptions import TimeLimitExceeded
-from celery.signals import task_failure, worker_init, worker_process_init
+from celery.signals import task_failure, worker_init, worker_process_init, worker_shutting_down
 from celery.worker.request import Request
 
 from rlfarm.celery_app import DEFAULT_REDIS_URL, EVAL_TASK, ROLLOUT_TASK, make_app
@@ -23,6 +23,7 @@ app = make_app(os.environ.get("RLFARM_REDIS_URL", DEFAULT_REDIS_URL), main="task
 _worker = None
 _main_client = None  # the worker main process's own Redis client (time-limit reports)
 _reported: deque[str] = deque(maxlen=1000)  # task ids whose time limit was reported already
+_hand_back_early = False  # a pool process told to hand back before its first task
 
 
 class VersionInfo(bootsteps.StartStopStep):
@@ -101,6 +102,68 @@ def _init_process(**_: object) -> None:
 
     torch.set_num_threads(1)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import signal
+
+    from rlfarm.node import HAND_BACK_SIGNAL
+
+    signal.signal(HAND_BACK_SIGNAL, _hand_back_signalled)
+
+
+def _hand_back_signalled(signum: int, frame: object) -> None:
+    """In a pool process: its worker is shutting down (rlfarm.node): hand the running task back."""
+    global _hand_back_early
+    if _worker is None:
+        _hand_back_early = True
+    else:
+        _worker.on_hand_back()  # raises HandedBack inside the running task, if there is one
+
+
+@worker_shutting_down.connect
+def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
+    """SIGTERM (or SIGINT) to the worker's main process: Celery's warm shutdown would wait for the
+    running tasks, minutes for an Atari or MuJoCo task, past a spot instance's notice. Hand them back
+    at once instead (the trainer re-sends them immediately) and exit within RLFARM_SHUTDOWN_GRACE s.
+    Runs in a signal handler: the work is done on a thread."""
+    if how != "Warm":
+        return
+    import threading
+
+    threading.Thread(target=_hand_back, args=(str(sender),), name="rlfarm-hand-back", daemon=True).start()
+
+
+def _running_tasks(only: set[str] | None = None) -> list:
+    from celery.worker import state
+
+    from rlfarm.node import task_of
+
+    tasks = []
+    for request in list(state.active_requests):
+        task = task_of(request.id, request.kwargs, request.worker_pid)
+        if task is not None and (only is None or task.task_id in only):
+            tasks.append(task)
+    return tasks
+
+
+def _hand_back(node: str) -> None:
+    import logging
+    import time
+
+    from rlfarm import node as N
+
+    tasks = _running_tasks()
+    if not tasks:
+        return
+    grace = float(os.environ.get("RLFARM_SHUTDOWN_GRACE") or N.DEFAULT_SHUTDOWN_GRACE)
+    logging.getLogger("rlfarm.worker").warning(
+        "shutting down: handing back %d running task(s) to their trainers", len(tasks))
+    N.ask_to_hand_back(tasks)
+    deadline = time.monotonic() + grace
+    ids = {t.task_id for t in tasks}
+    while time.monotonic() < deadline:
+        if not _running_tasks(ids):
+            return
+        time.sleep(0.1)  # polling the pool's bookkeeping, at most `grace` seconds
+    N.force_hand_back(N.client_for(app.conf.broker_url), _running_tasks(ids), node, grace)
 
 
 def _rollout_worker():
@@ -109,6 +172,7 @@ def _rollout_worker():
         from rlfarm.worker import RolloutWorker
 
         _worker = RolloutWorker(app.conf.broker_url)
+        _worker.hand_back = _hand_back_early
     return _worker
 
 

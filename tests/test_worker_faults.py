@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from rlfarm.cluster import LocalCluster
 from rlfarm.protocol import PROTOCOL
@@ -85,5 +86,53 @@ def test_a_worker_of_another_protocol_refuses_in_one_line_and_the_run_goes_on_wi
         assert len(refusals) >= s["faults"]["refused"]  # a refusal of a superseded copy is not counted
         ids = s["accepted_task_ids"]
         assert len(ids) == len(set(ids)) and s["env_steps"] == len(ids) * 250
+    finally:
+        c.stop()
+
+
+# ---- item 8: SIGTERM to a worker mid-task (a spot instance's notice) ------------------------------
+def _active_on(c: LocalCluster, node: str, run_id: str) -> list[str]:
+    """Ids of the tasks of `run_id` that worker `node` is running right now."""
+    from rlfarm.celery_app import make_app
+
+    app = make_app(c.redis_url)
+    try:
+        active = app.control.inspect(destination=[node], timeout=1.0).active() or {}
+    finally:
+        app.close()
+    return [t["id"] for t in active.get(node, []) if t["kwargs"].get("run") == run_id]
+
+
+def test_sigterm_hands_running_tasks_back_at_once_and_the_worker_exits(tmp_path):
+    """SIGTERM to an `rlfarm worker` a few seconds into a ~20 s task: the task is handed back at
+    once (its lease deleted, a `handed_back` answer), the trainer sends it again to the other worker
+    and the run finishes with nothing counted twice, while the stopped worker has exited cleanly
+    without finishing its task. Before, Celery's warm shutdown waited for the task to end."""
+    c = cluster(tmp_path, "sigterm")
+    try:
+        victim = c.add_worker(1, command=[*RLFARM_WORKER, "--shutdown-grace", "5"])
+        victim_node = c._nodes[0]
+        c.add_worker(1)  # a plain `celery -A tasks worker`, which takes the task handed back
+        proc = train(c, tmp_path, "spot", "--preset", "cartpole-ppo", "--env", "tests.tiny_envs:long_slow",
+                     "--set", "env.num_envs=1", "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=20000",
+                     "--set", "ppo.num_minibatches=2", "--set", "policy.hidden_sizes=[16]",
+                     "--set", "eval.interval=0", "--total-steps", "40000")
+        [task_id] = poll(lambda: _active_on(c, victim_node, "spot"), "the worker runs a task", proc)
+        client = redis.Redis.from_url(c.redis_url)
+        poll(lambda: client.keys("rlfarm:spot:lease:*"), "its lease is held", proc)
+        sent = time.monotonic()
+        victim.send_signal(signal.SIGTERM)
+        code = victim.wait(timeout=600)  # a guard against a hang, not a measurement
+        print(f"SIGTERM to exit: {time.monotonic() - sent:.1f} s")
+        assert code == 0
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert f"was handed back by {victim_node}, shutting down; sending it again" in stderr
+        s = read_summary(tmp_path / "spot")
+        assert s["faults"]["handed_back"] == 1 and s["faults"]["leases_expired"] == 0
+        assert task_id not in s["accepted_task_ids"]  # the stopped worker never finished it
+        ids = s["accepted_task_ids"]
+        assert len(ids) == len(set(ids)) == 2 and s["env_steps"] == 40000  # nothing counted twice
+        assert "handing back 1 running task" in worker_log(c, victim)
     finally:
         c.stop()
