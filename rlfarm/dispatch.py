@@ -40,6 +40,7 @@ from rlfarm.store import LIVE, lease_key, results_key, run_prefix, task_key_text
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
 IDLE_WARNING_SECONDS = 60.0  # pending tasks, none running: say so on the console this often
+STALL_NOTICE_SECONDS = 60.0  # tasks running, none finished: say what runs where, and its time limit
 AUTO_TIME_LIMIT_FIRST = 600.0  # hard time limit before any task of a kind has reported its duration
 AUTO_TIME_LIMIT_MIN = 60.0
 AUTO_TIME_LIMIT_FACTOR = 10.0  # times the longest duration seen so far
@@ -123,6 +124,8 @@ class Dispatcher:
         self._grace_until = 0.0
         self._restored_at = -1.0
         self._last_progress = time.monotonic()
+        self._last_finish = time.monotonic()  # a task finished, or tasks were sent to an idle farm
+        self._stall_noticed = 0.0
         self._outages_seen = self.retry.outages
         self._queue = app.conf.task_default_queue
         self.secret = signing.secret_from_env()
@@ -164,6 +167,8 @@ class Dispatcher:
         specs = [s if isinstance(s, TaskSpec) else TaskSpec.from_kwargs({"run": self.run_id, **s})
                  for s in specs]
         keys = [s.key for s in specs]
+        if not self.pending:  # nothing was running: the wait for a finished task starts now
+            self._last_finish = time.monotonic()
         seen: set[Key] = set()
         for key in keys:
             if key in self.pending or key in seen:
@@ -243,7 +248,8 @@ class Dispatcher:
         if message.handed_back:  # its worker is shutting down (SIGTERM): not the task's fault
             if message.task_id == p.task_id:
                 self.stats.handed_back += 1
-                reason = f"{describe_key(key)} was handed back by {message.worker}, shutting down"
+                reason = (f"{describe_key(key)} was handed back by {message.worker}: "
+                          f"{(message.error or '').removeprefix('HandedBack: ')}")
                 self.notify(f"{reason}; sending it again")
                 self._resend(key, p, reason, count=False)
             return None
@@ -262,6 +268,7 @@ class Dispatcher:
                 self._resend(key, p, where)
             return None
         del self.pending[key]
+        self._last_finish = time.monotonic()
         if message.duration is not None:
             self.longest[message.kind] = max(self.longest.get(message.kind, 0.0), float(message.duration))
         self.stats.accepted += 1
@@ -310,7 +317,7 @@ class Dispatcher:
         pipe.llen(self.key)
         pipe.smismember(self.wanted, texts)
         for text in texts:
-            pipe.exists(lease_key(self.run_id, text))
+            pipe.get(lease_key(self.run_id, text))  # its holder: the worker process running it
         meta_exists, backlog, wanted, *leases = pipe.execute()
         if not meta_exists:
             self._state_lost(now)
@@ -346,6 +353,7 @@ class Dispatcher:
                 self._resend(key, p, reason)
             elif now - p.last_seen > self.lease_seconds:
                 unseen.append(key)
+        self._notice_stall(now, keys, leases)
         if any(leases) or not any(wanted):
             self._last_progress = now
         elif now - self._last_progress > IDLE_WARNING_SECONDS:
@@ -370,6 +378,39 @@ class Dispatcher:
                     reason = f"the message of {describe_key(key)} was lost (neither queued nor running)"
                     self.notify(f"{reason}; sending it again")
                     self._resend(key, p, reason)
+
+    def _notice_stall(self, now: float, keys: list[Key], leases: list[Any]) -> None:
+        """Tasks run but none has finished for a minute: say what runs, where, for how long and what
+        limit applies, every minute. A hung env looks like this until its time limit speaks (600 s
+        for a run's first tasks, by default)."""
+        if now - self._last_finish < STALL_NOTICE_SECONDS or now - self._stall_noticed < STALL_NOTICE_SECONDS:
+            return
+        running = [(key, self.pending[key], holder) for key, holder in zip(keys, leases)
+                   if holder and self.pending[key].started is not None]
+        if not running:
+            return
+        self._stall_noticed = now
+        shown = ", ".join(f"{describe_key(key)} for {now - p.started:.0f} s on "
+                          f"{holder.decode(errors='replace') if isinstance(holder, bytes) else holder}"
+                          for key, p, holder in running[:4])
+        more = f" and {len(running) - 4} more" if len(running) > 4 else ""
+        kinds = sorted({key[0] for key, _, _ in running})
+        self.notify(f"no task has finished for {now - self._last_finish:.0f} s; running: {shown}{more}; "
+                    + "; ".join(self.describe_time_limit(kind) for kind in kinds)
+                    + ": an env that hangs looks like this")
+
+    def describe_time_limit(self, kind: str) -> str:
+        """The hard time limit a task of `kind` is sent with, and where it comes from."""
+        limit = self.time_limit_for(kind)
+        if self.time_limit > 0:
+            source = "farm.task_time_limit"
+        elif kind not in self.longest:
+            source = f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FIRST:g} s until a {kind} task has finished"
+        else:
+            source = (f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FACTOR:g}x the longest {kind} task, "
+                      f"at least {AUTO_TIME_LIMIT_MIN:g} s")
+        return (f"a {kind} task is killed at its time limit of {limit:g} s ({source}; a worker's "
+                f"--time-limit may lower it)")
 
     def check_state(self) -> None:
         """Only the first part of `check`: is the run's metadata still in Redis?"""

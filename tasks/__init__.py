@@ -13,7 +13,7 @@ from collections import deque
 
 from celery import bootsteps
 from celery.exceptions import TimeLimitExceeded
-from celery.signals import task_failure, worker_init, worker_process_init, worker_shutting_down
+from celery.signals import task_failure, worker_init, worker_process_init, worker_ready, worker_shutting_down
 from celery.worker.request import Request
 
 from rlfarm.celery_app import DEFAULT_REDIS_URL, EVAL_TASK, ROLLOUT_TASK, make_app
@@ -75,8 +75,9 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     message = Result(kwargs.get("kind", "rollout"), kwargs.get("iteration"), kwargs.get("index"),
                      task_id=task_id, retryable=True,
                      worker=f"{socket.gethostname()} (worker main process {os.getpid()})",
-                     error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s and its "
-                           f"process was killed and replaced (a hung env?)").to_message()
+                     error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s "
+                           f"({_limit_source(limit)}) in env {kwargs.get('env') or '?'}, and its process was "
+                           f"killed and replaced (a hung env?)").to_message()
     key = results_key(kwargs["run"])
     pipe = _main_client.pipeline(transaction=True)
     pipe.rpush(key, signing.seal_result(kwargs["run"], codec.pack(message), signing.secret_from_env()))
@@ -84,6 +85,16 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     # The killed process can no longer renew its lease; drop it so it is not also taken for a lost worker.
     pipe.delete(lease_key(kwargs["run"], task_key_text(message["kind"], message["iteration"], message["index"])))
     pipe.execute()
+
+
+def _limit_source(limit: object) -> str:
+    """Whose time limit it was: this worker's cap, or the run's."""
+    cap = float(os.environ.get("RLFARM_TASK_TIME_LIMIT") or 0)
+    try:
+        mine = cap > 0 and float(limit) >= cap  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        mine = False
+    return "this worker's --time-limit" if mine else "the run's farm.task_time_limit, or 10x its longest task when 0"
 
 
 @worker_init.connect
@@ -118,6 +129,15 @@ def _hand_back_signalled(signum: int, frame: object) -> None:
         _worker.on_hand_back()  # raises HandedBack inside the running task, if there is one
 
 
+@worker_ready.connect
+def _keep_leases(**_: object) -> None:
+    """In the worker's main process, once its pool runs: renew running tasks' leases from here too,
+    where an env hung in GIL-holding C code cannot stop it (rlfarm.node.LeaseKeeper)."""
+    from rlfarm.node import LeaseKeeper
+
+    LeaseKeeper(app.conf.broker_url, _running_tasks).start()
+
+
 @worker_shutting_down.connect
 def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
     """SIGTERM (or SIGINT) to the worker's main process: Celery's warm shutdown would wait for the
@@ -136,8 +156,16 @@ def _running_tasks(only: set[str] | None = None) -> list:
 
     from rlfarm.node import task_of
 
+    for _ in range(10):  # the main thread may change the set while another thread copies it
+        try:
+            requests = list(state.active_requests)
+            break
+        except RuntimeError:
+            continue
+    else:
+        return []
     tasks = []
-    for request in list(state.active_requests):
+    for request in requests:
         task = task_of(request.id, request.kwargs, request.worker_pid)
         if task is not None and (only is None or task.task_id in only):
             tasks.append(task)

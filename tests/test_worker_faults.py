@@ -127,12 +127,81 @@ def test_sigterm_hands_running_tasks_back_at_once_and_the_worker_exits(tmp_path)
         assert code == 0
         _, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 0, stderr[-3000:]
-        assert f"was handed back by {victim_node}, shutting down; sending it again" in stderr
+        assert (f"was handed back by {victim_node}: worker {victim_node} is shutting down (SIGTERM); "
+                f"sending it again") in stderr
         s = read_summary(tmp_path / "spot")
         assert s["faults"]["handed_back"] == 1 and s["faults"]["leases_expired"] == 0
         assert task_id not in s["accepted_task_ids"]  # the stopped worker never finished it
         ids = s["accepted_task_ids"]
         assert len(ids) == len(set(ids)) == 2 and s["env_steps"] == 40000  # nothing counted twice
         assert "handing back 1 running task" in worker_log(c, victim)
+    finally:
+        c.stop()
+
+
+# ---- item 7: an env that hangs in C code holding the GIL ------------------------------------------
+def test_an_env_hung_holding_the_gil_keeps_its_lease_and_its_time_limit_names_it(tmp_path):
+    """step() blocks forever in C code that holds the GIL: no thread of the pool process runs again,
+    so the lease its thread renews would expire and the task be taken for a lost worker. The
+    worker's main process renews it instead: a minute in, the console says what runs where, for how
+    long and what limit applies; at the time limit the process is killed and the run fails with the
+    time limit and the env named, never a lost worker."""
+    c = cluster(tmp_path, "hang-gil")
+    try:
+        c.add_worker(1, command=RLFARM_WORKER)
+        proc = train(c, tmp_path, "hang-gil", *SLOW_PPO, "--env", "tests.tiny_envs:hang_gil",
+                     "--set", "farm.num_tasks=1", "--set", "farm.task_time_limit=75",
+                     "--set", "farm.max_redispatch=0", "--total-steps", "250")
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 1, stderr[-3000:]
+        line = one_error_line(stderr)
+        assert "TimeLimitExceeded" in line and "time limit of 75" in line, line
+        assert "in env tests.tiny_envs:hang_gil" in line and "hung env" in line, line
+        assert "was lost" not in stderr and "lease expired" not in stderr  # the lease outlived the hang
+        [notice] = [x for x in stderr.splitlines() if "no task has finished for" in x]
+        assert notice.startswith("rlfarm: warning: no task has finished for 6"), notice  # a minute in
+        assert "running: task rollout (iteration 0, index 0) for " in notice and " s on " in notice
+        assert "time limit of 75 s (farm.task_time_limit" in notice
+    finally:
+        c.stop()
+
+
+def test_the_time_limit_a_task_gets_is_described_with_its_source(redis_only):
+    from .conftest import dispatcher
+
+    d = dispatcher(redis_only.redis_url, "limits")
+    assert "time limit of 600 s (farm.task_time_limit 0: 600 s until a rollout task has finished" in \
+        d.describe_time_limit("rollout")
+    d.longest["rollout"] = 2.0
+    assert "time limit of 60 s (farm.task_time_limit 0: 10x the longest rollout task, at least 60 s" in \
+        d.describe_time_limit("rollout")
+    d.time_limit = 30.0
+    assert "time limit of 30 s (farm.task_time_limit;" in d.describe_time_limit("rollout")
+
+
+def test_a_process_that_does_not_let_go_is_answered_for_and_killed_after_the_grace(tmp_path):
+    """The first task hangs deaf to the hand-back signal (an env stuck in C code): on SIGTERM the
+    worker's main process waits --shutdown-grace, then answers for the task and kills the process;
+    the worker exits, the trainer re-sends the task, the other worker runs it and the run finishes."""
+    marker = tmp_path / "hung-deaf"
+    c = cluster(tmp_path, "deaf", RLFARM_TEST_HANG_MARKER=str(marker))
+    try:
+        victim = c.add_worker(1, command=[*RLFARM_WORKER, "--shutdown-grace", "3"])
+        victim_node = c._nodes[0]
+        proc = train(c, tmp_path, "deaf", *SLOW_PPO, "--env", "tests.tiny_envs:hang_deaf_once",
+                     "--set", "farm.num_tasks=1", "--set", "eval.interval=0", "--total-steps", "500")
+        poll(marker.exists, "the first task hangs", proc)
+        poll(lambda: _active_on(c, victim_node, "deaf"), "the worker reports it running", proc)
+        c.add_worker(1)  # the other worker, free to take the task once it is handed back
+        victim.send_signal(signal.SIGTERM)
+        assert victim.wait(timeout=600) == 0  # a guard against a hang, not a measurement
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert (f"did not let go of the task within --shutdown-grace 3 s and was killed; sending it again"
+                in stderr), stderr[-3000:]
+        s = read_summary(tmp_path / "deaf")
+        assert s["faults"]["handed_back"] == 1 and s["faults"]["leases_expired"] == 0
+        ids = s["accepted_task_ids"]
+        assert len(ids) == len(set(ids)) and s["env_steps"] == 250 * len(ids) >= 500
     finally:
         c.stop()
