@@ -90,6 +90,35 @@ def test_a_worker_of_another_protocol_refuses_in_one_line_and_the_run_goes_on_wi
         c.stop()
 
 
+BEFORE_PROTOCOLS = "d89333a"  # the last commit whose workers knew no protocol version
+
+
+def test_a_worker_from_before_protocol_versions_is_told_apart_and_the_run_goes_on(tmp_path):
+    """A real worker of the commit before protocol versions, beside one of this checkout: it fails
+    each task with `unknown fields ['protocol']` (its TaskSpec does not know the field), which the
+    trainer takes for a refusal by a protocol-0 worker: one warning naming it, the run goes on."""
+    old = tmp_path / "old"
+    old.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE_PROTOCOLS], capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"this checkout has no git history with {BEFORE_PROTOCOLS}: {archive.stderr[-200:]!r}")
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    c = cluster(tmp_path, "legacy", PYTHONPATH=str(old))
+    try:
+        c.add_worker(1, command=[sys.executable, str(old / "cli.py"), "worker", "-l", "WARNING"])
+        c.extra_env["PYTHONPATH"] = WORKER_ENV["PYTHONPATH"]
+        c.add_worker(1, command=RLFARM_WORKER)
+        proc = train(c, tmp_path, "legacy", *SLOW_PPO, "--total-steps", "2000")
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        warnings = [line for line in stderr.splitlines() if "refuses this run's tasks" in line]
+        assert len(warnings) == 1 and f"protocol 0, this trainer {PROTOCOL}" in warnings[0], stderr[-3000:]
+        s = read_summary(tmp_path / "legacy")
+        assert s["faults"]["refused"] >= 1 and s["env_steps"] >= 2000
+    finally:
+        c.stop()
+
+
 # ---- item 8: SIGTERM to a worker mid-task (a spot instance's notice) ------------------------------
 def _active_on(c: LocalCluster, node: str, run_id: str) -> list[str]:
     """Ids of the tasks of `run_id` that worker `node` is running right now."""
