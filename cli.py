@@ -359,14 +359,19 @@ def _allow_env_modules(modules: tuple[str, ...]) -> None:
                    "run's own, farm.task_time_limit): a stuck process is killed and replaced.")
 @click.option("--redis-outage-timeout", type=click.FloatRange(min=0, min_open=True), default=300,
               show_default=True, help="Seconds a task waits out a Redis outage before it gives up.")
+@click.option("--shutdown-grace", type=click.FloatRange(min=0), default=10, show_default=True,
+              help="On SIGTERM (a spot instance's notice, docker stop) running tasks are handed back at "
+                   "once, for their trainer to send again; a process that has not let go of its task "
+                   "after this many seconds (an env stuck in C code) is killed, and the worker exits.")
 @click.pass_context
 def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str | None, loglevel: str,
-           events: bool, time_limit: float, redis_outage_timeout: float) -> None:
+           events: bool, time_limit: float, redis_outage_timeout: float, shutdown_grace: float) -> None:
     """Run a Celery worker with rlfarm's defaults: add this machine's cores to a farm.
 
     Tasks hold a lease in Redis while they run, so a trainer notices within seconds when this worker
     dies; a task past its hard time limit (a hung env) is killed, its process replaced, and the
-    trainer told. A Redis restart is waited out. Warm shutdown on SIGTERM finishes running tasks.
+    trainer told. A Redis restart is waited out. On SIGTERM running tasks are handed back to their
+    trainers at once and the worker exits within --shutdown-grace seconds.
     """
     import logging
 
@@ -389,6 +394,7 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
     logs.hand_over_to_celery()  # from here on Celery's logging prints rlfarm's records too
     os.environ["RLFARM_REDIS_URL"] = redis_url
     os.environ["RLFARM_REDIS_OUTAGE_TIMEOUT"] = str(redis_outage_timeout)
+    os.environ["RLFARM_SHUTDOWN_GRACE"] = str(shutdown_grace)
     if time_limit:
         os.environ["RLFARM_TASK_TIME_LIMIT"] = str(time_limit)
     from tasks import app

@@ -35,12 +35,13 @@ from kombu.exceptions import OperationalError
 from rlfarm import codec, signing
 from rlfarm.claim import Claim
 from rlfarm.outage import OutageRetry
-from rlfarm.protocol import Key, Result, TaskSpec
+from rlfarm.protocol import PROTOCOL, Key, Result, TaskSpec, legacy_refusal
 from rlfarm.store import LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
 
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
 IDLE_WARNING_SECONDS = 60.0  # pending tasks, none running: say so on the console this often
+STALL_NOTICE_SECONDS = 60.0  # tasks running, none finished: say what runs where, and its time limit
 AUTO_TIME_LIMIT_FIRST = 600.0  # hard time limit before any task of a kind has reported its duration
 AUTO_TIME_LIMIT_MIN = 60.0
 AUTO_TIME_LIMIT_FACTOR = 10.0  # times the longest duration seen so far
@@ -69,6 +70,7 @@ class Pending:
     backups: int = 0  # straggler copies sent
     lease_gone: float | None = None  # when its lease was first seen gone while results waited
     reason: str = ""  # why it was last re-sent
+    refused: float | None = None  # when a worker of another protocol refused it (re-sent at the next check)
 
 
 @dataclass
@@ -85,6 +87,8 @@ class DispatchStats:
     stragglers: int = 0  # backup copies of tasks running longer than task_timeout
     forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
     state_restored: int = 0  # times the run's state was found lost in Redis and written back
+    refused: int = 0  # copies refused unrun by workers of another protocol version (re-sent)
+    handed_back: int = 0  # copies handed back unfinished by workers shutting down (re-sent at once)
     receive_seconds: float = 0.0  # trainer CPU time spent decoding results
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
     accepted_task_ids: list[str] = field(default_factory=list)
@@ -117,12 +121,15 @@ class Dispatcher:
         self.on_state_lost = on_state_lost
         self.notify = notify or (lambda text: None)
         self.stats = DispatchStats()
+        self.refusing: dict[str, Any] = {}  # workers of another protocol version -> theirs
         self.pending: dict[Key, Pending] = {}
         self.longest: dict[str, float] = {}  # longest task duration seen, per kind
         self._next_check = 0.0
         self._grace_until = 0.0
         self._restored_at = -1.0
         self._last_progress = time.monotonic()
+        self._last_finish = time.monotonic()  # a task finished, or tasks were sent to an idle farm
+        self._stall_noticed = 0.0
         self._outages_seen = self.retry.outages
         self._queue = app.conf.task_default_queue
         self.secret = signing.secret_from_env()
@@ -167,6 +174,8 @@ class Dispatcher:
         specs = [s if isinstance(s, TaskSpec) else TaskSpec.from_kwargs({"run": self.run_id, **s})
                  for s in specs]
         keys = [s.key for s in specs]
+        if not self.pending:  # nothing was running: the wait for a finished task starts now
+            self._last_finish = time.monotonic()
         seen: set[Key] = set()
         for key in keys:
             if key in self.pending or key in seen:
@@ -182,14 +191,17 @@ class Dispatcher:
             self.on_event()
         return keys
 
-    def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False) -> None:
-        if not backup and p.copies > self.max_redispatch:
+    def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False, count: bool = True) -> None:
+        """`count=False`: a copy that says nothing about the task (refused unrun by a worker of another
+        version) does not count towards max_redispatch."""
+        if count and not backup and p.copies > self.max_redispatch:
             raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; "
                                 f"last: {reason}")
         self.client.sadd(self.wanted, LIVE, task_key_text(*key))  # a timed-out copy may have left it
         p.task_id = self._send(p.spec)
-        p.copies += 1
+        p.copies += count
         p.reason = reason
+        p.refused = None
         p.last_seen = p.sent = time.monotonic()
         p.lease_gone = None
         if backup:
@@ -245,6 +257,17 @@ class Dispatcher:
         if p is None:
             self.stats.duplicates += 1  # a late copy of a task that already counted
             return None
+        if message.handed_back:  # its worker is shutting down (SIGTERM): not the task's fault
+            if message.task_id == p.task_id:
+                self.stats.handed_back += 1
+                reason = (f"{describe_key(key)} was handed back by {message.worker}: "
+                          f"{(message.error or '').removeprefix('HandedBack: ')}")
+                self.notify(f"{reason}; sending it again")
+                self._resend(key, p, reason, count=False)
+            return None
+        if message.refused or legacy_refusal(message.error):
+            self._refused(p, message)
+            return None
         if message.error is not None:
             where = f"{describe_key(key)} failed on {message.worker}: {message.error}"
             self.check_state()  # a task that found no policy or metadata: was the run's state lost?
@@ -257,12 +280,27 @@ class Dispatcher:
                 self._resend(key, p, where)
             return None
         del self.pending[key]
+        self._last_finish = time.monotonic()
         if message.duration is not None:
             self.longest[message.kind] = max(self.longest.get(message.kind, 0.0), float(message.duration))
         self.stats.accepted += 1
         self.stats.accepted_task_ids.append(message.task_id)
         self.on_event()
         return message
+
+    def _refused(self, p: Pending, message: Result) -> None:
+        """A worker of another protocol version refused the task unrun: warn once per worker, and send
+        the task again at the next check (a second later), for the other workers to take."""
+        if message.task_id != p.task_id:  # a newer copy is already on its way
+            return
+        self.stats.refused += 1
+        p.refused = time.monotonic()
+        theirs = message.protocol if message.refused else 0  # 0: a worker from before versions
+        if message.worker not in self.refusing:
+            self.refusing[message.worker] = theirs
+            self.notify(f"worker {message.worker} speaks rlfarm protocol {theirs}, this trainer "
+                        f"{PROTOCOL}: it refuses this run's tasks, which go to the other workers; "
+                        f"upgrade it to this trainer's rlfarm")
 
     def unaccept(self, message: Result) -> None:
         """A result received but never used (its run ended first): no longer counted as accepted, so
@@ -292,7 +330,7 @@ class Dispatcher:
         pipe.llen(self.key)
         pipe.smismember(self.wanted, texts)
         for text in texts:
-            pipe.exists(lease_key(self.run_id, text))
+            pipe.get(lease_key(self.run_id, text))  # its holder: the worker process running it
         meta_exists, backlog, wanted, *leases = pipe.execute()
         if not meta_exists:
             self._state_lost(now)
@@ -302,6 +340,9 @@ class Dispatcher:
         unseen: list[Key] = []
         for key, is_wanted, leased in zip(keys, wanted, leases):
             p = self.pending[key]
+            if p.refused is not None:
+                self._resend(key, p, "refused by a worker of another protocol version", count=False)
+                continue
             if not is_wanted:
                 continue  # its result has been pushed and waits in the results list
             if leased:
@@ -325,13 +366,20 @@ class Dispatcher:
                 self._resend(key, p, reason)
             elif now - p.last_seen > self.lease_seconds:
                 unseen.append(key)
+        self._notice_stall(now, keys, leases)
         if any(leases) or not any(wanted):
             self._last_progress = now
         elif now - self._last_progress > IDLE_WARNING_SECONDS:
             self._last_progress = now  # again in another IDLE_WARNING_SECONDS if nothing changes
-            self.notify(f"{len(self.pending)} tasks waiting and none started for "
-                        f"{IDLE_WARNING_SECONDS:.0f} s: are workers running, connected to the same Redis "
-                        f"(`rlfarm worker --redis URL`)?")
+            if self.refusing:
+                self.notify(f"{len(self.pending)} tasks waiting and none started for "
+                            f"{IDLE_WARNING_SECONDS:.0f} s: only workers of another protocol version took "
+                            f"them ({', '.join(f'{w}: protocol {v}' for w, v in self.refusing.items())}; "
+                            f"this trainer's is {PROTOCOL}): start workers of this trainer's rlfarm")
+            else:
+                self.notify(f"{len(self.pending)} tasks waiting and none started for "
+                            f"{IDLE_WARNING_SECONDS:.0f} s: are workers running, connected to the same Redis "
+                            f"(`rlfarm worker --redis URL`)?")
         if unseen:
             queued = self.queued_task_ids()
             for key in unseen:
@@ -343,6 +391,39 @@ class Dispatcher:
                     reason = f"the message of {describe_key(key)} was lost (neither queued nor running)"
                     self.notify(f"{reason}; sending it again")
                     self._resend(key, p, reason)
+
+    def _notice_stall(self, now: float, keys: list[Key], leases: list[Any]) -> None:
+        """Tasks run but none has finished for a minute: say what runs, where, for how long and what
+        limit applies, every minute. A hung env looks like this until its time limit speaks (600 s
+        for a run's first tasks, by default)."""
+        if now - self._last_finish < STALL_NOTICE_SECONDS or now - self._stall_noticed < STALL_NOTICE_SECONDS:
+            return
+        running = [(key, self.pending[key], holder) for key, holder in zip(keys, leases)
+                   if holder and self.pending[key].started is not None]
+        if not running:
+            return
+        self._stall_noticed = now
+        shown = ", ".join(f"{describe_key(key)} for {now - p.started:.0f} s on "
+                          f"{holder.decode(errors='replace') if isinstance(holder, bytes) else holder}"
+                          for key, p, holder in running[:4])
+        more = f" and {len(running) - 4} more" if len(running) > 4 else ""
+        kinds = sorted({key[0] for key, _, _ in running})
+        self.notify(f"no task has finished for {now - self._last_finish:.0f} s; running: {shown}{more}; "
+                    + "; ".join(self.describe_time_limit(kind) for kind in kinds)
+                    + ": an env that hangs looks like this")
+
+    def describe_time_limit(self, kind: str) -> str:
+        """The hard time limit a task of `kind` is sent with, and where it comes from."""
+        limit = self.time_limit_for(kind)
+        if self.time_limit > 0:
+            source = "farm.task_time_limit"
+        elif kind not in self.longest:
+            source = f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FIRST:g} s until a {kind} task has finished"
+        else:
+            source = (f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FACTOR:g}x the longest {kind} task, "
+                      f"at least {AUTO_TIME_LIMIT_MIN:g} s")
+        return (f"a {kind} task is killed at its time limit of {limit:g} s ({source}; a worker's "
+                f"--time-limit may lower it)")
 
     def check_state(self) -> None:
         """Only the first part of `check`: is the run's metadata still in Redis?"""

@@ -13,6 +13,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+# The protocol version: what a task spec, a result and a run's metadata mean between a trainer and a
+# worker. Bump it with any change a worker of the other version would misread or refuse (a new field of
+# TaskSpec, Result or the run meta, a changed config key). Tasks and run metadata carry it; a worker
+# refuses a task of another protocol in one line naming both (docs/architecture.md, decision 13).
+PROTOCOL = 1
+
 KINDS = ("rollout", "eval")
 ROLLOUT_TASK = "rlfarm.rollout"
 EVAL_TASK = "rlfarm.evaluate"
@@ -25,6 +31,31 @@ COLLECT_OPTIONS = ("keep_next_obs", "refresh_steps")
 
 class ProtocolError(ValueError):
     """A task spec or result that does not have the fields it must have."""
+
+
+def spec_protocol(kwargs: dict[str, Any]) -> Any:
+    """The protocol version of a task as it came off the wire (0: sent before there were versions)."""
+    return kwargs.get("protocol", 0)
+
+
+def protocol_mismatch(task_protocol: Any, worker: str) -> str | None:
+    """The one line a worker of this protocol answers a task of `task_protocol` with, or None when
+    it speaks that protocol."""
+    if task_protocol == PROTOCOL:
+        return None
+    newer = isinstance(task_protocol, int) and task_protocol > PROTOCOL
+    fix = ("upgrade this worker to the trainer's rlfarm" if newer else
+           "this trainer is older than this worker: upgrade it, or run a worker of its version")
+    return (f"ProtocolMismatch: worker {worker} speaks rlfarm protocol {PROTOCOL}, the task protocol "
+            f"{task_protocol}{' (sent before protocol versions)' if task_protocol == 0 else ''}; "
+            f"refused without running it ({fix})")
+
+
+def legacy_refusal(error: str | None) -> bool:
+    """A worker older than protocol versions fails a task carrying the field (its TaskSpec does not
+    know it) in this one way: the trainer takes it for a refusal by a protocol-0 worker."""
+    return bool(error) and error.startswith("ProtocolError: task spec has unknown fields") and \
+        "'protocol'" in error
 
 
 @dataclass(frozen=True)
@@ -40,6 +71,7 @@ class TaskSpec:
     act: dict[str, Any] = field(default_factory=dict)  # the algorithm's acting and collect options
     incarnation: str | None = None  # the sending trainer's nonce (rlfarm.claim): workers run the task only while it lives
     env: str | None = None  # the run's env id, a label for Flower only: workers take it from the run
+    protocol: int = PROTOCOL  # the trainer's; on the wire a spec without it is of protocol 0
     sig: str | None = None  # HMAC over all other fields (rlfarm.signing), when RLFARM_SECRET is set
 
     def __post_init__(self) -> None:
@@ -61,7 +93,7 @@ class TaskSpec:
     def to_kwargs(self) -> dict[str, Any]:
         """The Celery kwargs: every field that is set (unset: None, 0 steps or episodes, empty act)."""
         kwargs = {"run": self.run, "kind": self.kind, "iteration": self.iteration, "index": self.index,
-                  "version": self.version, "seed": self.seed}
+                  "version": self.version, "seed": self.seed, "protocol": self.protocol}
         for name in ("steps", "episodes"):
             if getattr(self, name):
                 kwargs[name] = getattr(self, name)
@@ -131,6 +163,9 @@ class Result:
     traceback: str | None = None
     retryable: bool = False  # a failure the trainer re-sends (a hard time limit), not a bug
     skipped: bool = False
+    refused: bool = False  # not run: the task is of another protocol than the worker's (`protocol`)
+    protocol: int | None = None  # with `refused`: the worker's protocol version
+    handed_back: bool = False  # not finished: its worker is shutting down (SIGTERM); sent again at once
 
     @property
     def key(self) -> Key:

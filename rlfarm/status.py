@@ -60,6 +60,8 @@ class WorkerStatus:
     processes: int  # pool processes of this worker node
     pids: list[int] = field(default_factory=list)
     tasks_done: int = 0  # tasks this node has received since it started
+    protocol: int | None = None  # rlfarm's protocol version it speaks (None: a worker from before versions)
+    version: str | None = None  # its rlfarm package version
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ def parse_workers(stats: Mapping[str, Any] | None) -> list[WorkerStatus]:
     for name, s in sorted((stats or {}).items()):
         pool = s.get("pool") or {}
         pids = [int(p) for p in pool.get("processes") or []]
+        rlfarm = s.get("rlfarm") or {}
         workers.append(WorkerStatus(name=name, processes=len(pids) or int(pool.get("max-concurrency", 0)),
-                                    pids=pids, tasks_done=sum(int(n) for n in (s.get("total") or {}).values())))
+                                    pids=pids, tasks_done=sum(int(n) for n in (s.get("total") or {}).values()),
+                                    protocol=rlfarm.get("protocol"), version=rlfarm.get("version")))
     return workers
 
 
@@ -220,6 +224,17 @@ def _memory_line(m: MemoryStatus) -> str:
     return f"{m.used_human}, no maxmemory limit (policy {m.policy})"
 
 
+def _worker_version(w: WorkerStatus) -> Any:
+    """`0.1.0, protocol 1`; in red when it is not this rlfarm's protocol (it refuses this trainer's tasks)."""
+    from rich.text import Text
+
+    from rlfarm.protocol import PROTOCOL
+
+    if w.protocol is None:
+        return Text("before protocol versions", style="red")
+    return Text(f"{w.version or '?'}, protocol {w.protocol}", style="" if w.protocol == PROTOCOL else "red")
+
+
 STATE_STYLE = {"running": "green", "finished": "cyan", "failed": "red"}
 
 
@@ -235,11 +250,12 @@ def render(s: Snapshot) -> Any:
                            "Redis memory: ", _memory_line(s.memory))
 
     if s.workers:
-        workers: Any = Table("worker", "processes", "pids", "tasks received", title=
+        workers: Any = Table("worker", "version", "processes", "pids", "tasks received", title=
                              f"{len(s.workers)} worker(s) online, {s.processes} process(es)",
                              title_justify="left")
         for w in s.workers:
-            workers.add_row(w.name, str(w.processes), " ".join(map(str, w.pids)) or "-", str(w.tasks_done))
+            workers.add_row(w.name, _worker_version(w), str(w.processes), " ".join(map(str, w.pids)) or "-",
+                            str(w.tasks_done))
     else:
         workers = Text(f"no worker answered within {INSPECT_TIMEOUT:g} s", style="yellow")
 

@@ -41,7 +41,7 @@ from rlfarm.config import ConfigError, RunConfig, check_results_per_update, to_d
 from rlfarm.dispatch import Dispatcher
 from rlfarm.envs import describe
 from rlfarm.metrics import RunLogger
-from rlfarm.protocol import Result, TaskSpec
+from rlfarm.protocol import PROTOCOL, Result, TaskSpec
 from rlfarm.rollout import Rollout, concat
 from rlfarm.outage import OutageRetry, resilient_client
 from rlfarm.rundir import write_atomic
@@ -190,7 +190,7 @@ class Trainer:
         """What workers read of the run; `incarnation` tells this trainer's run from an earlier one of
         the same id, whose cached metadata and policies a worker must not use."""
         return {"config": to_dict(self.config), "space": self.space.to_dict(),
-                "incarnation": self.claim.incarnation}
+                "incarnation": self.claim.incarnation, "protocol": PROTOCOL}
 
     def _on_event(self) -> None:
         if self.logger:
@@ -493,6 +493,7 @@ class Trainer:
         summary["faults"] = {"leases_expired": stats.leases_expired, "messages_lost": stats.messages_lost,
                              "time_limits": stats.time_limits, "stragglers": stats.stragglers,
                              "skipped_copies": stats.skipped, "state_restored": stats.state_restored,
+                             "refused": stats.refused, "handed_back": stats.handed_back,
                              "redis_outages": self.retry.outages,
                              "redis_outage_seconds": round(self.retry.outage_seconds, 3)}
         summary["accepted_task_ids"] = stats.accepted_task_ids

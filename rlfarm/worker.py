@@ -19,12 +19,13 @@ from typing import Any
 
 import redis
 
-from rlfarm import codec, signing
+from rlfarm import codec, protocol, signing
 from rlfarm.algos import learner
 from rlfarm.claim import claim_incarnation, claim_key
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
 from rlfarm.protocol import Result, TaskSpec
+from rlfarm.node import hand_back_reason
 from rlfarm.rollout import EnvStream, StreamCache, collect, run_episodes, stream_seeds, task_seeds
 from rlfarm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 from rlfarm.outage import OutageRetry, is_oom, resilient_client
@@ -89,6 +90,11 @@ class _Lease:
                 log.warning("cannot renew lease %s: %s", held[0], exc)
 
 
+class HandedBack(Exception):
+    """Raised in a pool process's task when its worker shuts down (SIGTERM to the main process, which
+    signals the pool process; rlfarm.node): the task is answered as handed back and left unfinished."""
+
+
 class ResultTooLarge(ValueError):
     """A result over the run's `farm.max_result_bytes`: refused before it is sent."""
 
@@ -114,6 +120,16 @@ class RolloutWorker:
         self.runs: dict[str, dict[str, Any]] = {}
         self.incarnations: dict[str, str] = {}  # run -> the trainer incarnation the caches above are of
         self.lease = _Lease(self.client)
+        self.running = False  # a task is between its lease and its result: a hand-back may interrupt it
+        self.hand_back = False  # set by the hand-back signal: this and any later task is handed back
+
+    def on_hand_back(self) -> None:
+        """The hand-back signal's handler (tasks/__init__.py): interrupt the running task where it is
+        (it is only ever raised between its lease and its result), or the next one at its start."""
+        self.hand_back = True
+        if self.running:
+            self.running = False
+            raise HandedBack()
 
     def _enter(self, run: str, incarnation: str) -> None:
         """A task of `incarnation` of `run`: if this process cached another one (a run id reused after
@@ -240,12 +256,13 @@ class RolloutWorker:
             self.envs[key] = make_env(env_cfg["id"], trusted=False, options=env_cfg)
         return self.envs[key]
 
-    def handle(self, spec: dict[str, Any], task_id: str) -> None:
+    def handle(self, spec: dict[str, Any], task_id: str, node: str | None = None) -> None:
         """Run a task and push its result, or its error, to the run's results list.
 
         A task the trainer no longer wants (its result already counted, a superseded copy) is skipped
         without running and answered with a one-line note; one of a run whose trainer is gone is
-        dropped silently.
+        dropped silently. One of another protocol version is refused unrun, in one line naming both
+        (`node`: the Celery node name, which the trainer's warning names).
         """
         taken = time.perf_counter()
         run = spec["run"]
@@ -269,6 +286,11 @@ class RolloutWorker:
             base.skipped = True
             self._push(run, base.to_message(), attempts_key)
             return
+        # Before anything reads the spec or the run's config: their fields mean what this protocol says.
+        refusal = protocol.protocol_mismatch(protocol.spec_protocol(spec), node or self.identity)
+        if refusal is not None:
+            self._refuse(run, base, refusal, node, attempts_key)
+            return
         lease = None
         try:
             task = TaskSpec.from_kwargs(signing.verify_spec(spec, self.secret))
@@ -276,16 +298,34 @@ class RolloutWorker:
             if attempts > MAX_ATTEMPTS:
                 raise RuntimeError(f"task {task_id} was delivered {attempts} times; each delivery "
                                    f"lost its worker, so it is refused")
-            farm = self._run_meta(run)["config"]["farm"]
+            run_meta = self._run_meta(run)
+            # Metadata without a version was written by a trainer before versions (or by hand).
+            refusal = protocol.protocol_mismatch(run_meta.get("protocol", protocol.PROTOCOL), node or self.identity)
+            if refusal is not None:
+                self._refuse(run, base, refusal.replace("the task protocol", "the run's metadata protocol"),
+                             node, attempts_key)
+                return
+            farm = run_meta["config"]["farm"]
             lease = lease_key(run, key_text)
+            self.running = True
+            if self.hand_back:
+                raise HandedBack()
             self.lease.hold(lease, self.identity, farm.get("lease_seconds", 10.0))
             checked = time.perf_counter()
             result = self.rollout(task)
+            self.running = False
             result.task_id = task_id
             result.timings = {"checks": checked - taken, **(result.timings or {})}
             payload = encode_result(result, farm)
             done = key_text
+        except HandedBack:  # the trainer sends it again at once; the key stays wanted
+            self.running = False
+            base.error, base.retryable, base.handed_back = hand_back_reason(node or self.identity), True, True
+            base.worker = node or self.identity
+            payload = codec.pack(base.to_message())
+            done = None
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
+            self.running = False
             base.error, base.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)
             payload = codec.pack(base.to_message())
             done = None
@@ -294,6 +334,13 @@ class RolloutWorker:
         finally:
             if lease is not None:
                 self.lease.release()
+
+    def _refuse(self, run: str, base: Result, refusal: str, node: str | None, attempts_key: str) -> None:
+        """Answer a task of another protocol without running it; the trainer sends it to others."""
+        log.warning("%s", refusal)
+        base.refused, base.protocol, base.error = True, protocol.PROTOCOL, refusal
+        base.worker = node or self.identity
+        self._push(run, base.to_message(), attempts_key)
 
     def _push(self, run: str, message: dict[str, Any] | bytes, attempts_key: str,
               lease: str | None = None, done: str | None = None) -> None:

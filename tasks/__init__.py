@@ -11,8 +11,9 @@ import os
 import socket
 from collections import deque
 
+from celery import bootsteps
 from celery.exceptions import TimeLimitExceeded
-from celery.signals import task_failure, worker_init, worker_process_init
+from celery.signals import task_failure, worker_init, worker_process_init, worker_ready, worker_shutting_down
 from celery.worker.request import Request
 
 from rlfarm.celery_app import DEFAULT_REDIS_URL, EVAL_TASK, ROLLOUT_TASK, make_app
@@ -22,6 +23,21 @@ app = make_app(os.environ.get("RLFARM_REDIS_URL", DEFAULT_REDIS_URL), main="task
 _worker = None
 _main_client = None  # the worker main process's own Redis client (time-limit reports)
 _reported: deque[str] = deque(maxlen=1000)  # task ids whose time limit was reported already
+_hand_back_early = False  # a pool process told to hand back before its first task
+
+
+class VersionInfo(bootsteps.StartStopStep):
+    """Adds this worker's rlfarm and protocol versions to Celery's `stats` reply, which `rlfarm status`
+    reads anyway (no second broadcast; a worker from before it simply lacks the key)."""
+
+    def info(self, worker):
+        from rlfarm import __version__
+        from rlfarm.protocol import PROTOCOL
+
+        return {"rlfarm": {"version": __version__, "protocol": PROTOCOL}}
+
+
+app.steps["worker"].add(VersionInfo)
 
 
 class RolloutRequest(Request):
@@ -59,8 +75,9 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     message = Result(kwargs.get("kind", "rollout"), kwargs.get("iteration"), kwargs.get("index"),
                      task_id=task_id, retryable=True, incarnation=kwargs.get("incarnation"),
                      worker=f"{socket.gethostname()} (worker main process {os.getpid()})",
-                     error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s and its "
-                           f"process was killed and replaced (a hung env?)").to_message()
+                     error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s "
+                           f"({_limit_source(limit)}) in env {kwargs.get('env') or '?'}, and its process was "
+                           f"killed and replaced (a hung env?)").to_message()
     key = results_key(kwargs["run"])
     pipe = _main_client.pipeline(transaction=True)
     pipe.rpush(key, signing.seal_result(kwargs["run"], codec.pack(message), signing.secret_from_env()))
@@ -68,6 +85,16 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     # The killed process can no longer renew its lease; drop it so it is not also taken for a lost worker.
     pipe.delete(lease_key(kwargs["run"], task_key_text(message["kind"], message["iteration"], message["index"])))
     pipe.execute()
+
+
+def _limit_source(limit: object) -> str:
+    """Whose time limit it was: this worker's cap, or the run's."""
+    cap = float(os.environ.get("RLFARM_TASK_TIME_LIMIT") or 0)
+    try:
+        mine = cap > 0 and float(limit) >= cap  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        mine = False
+    return "this worker's --time-limit" if mine else "the run's farm.task_time_limit, or 10x its longest task when 0"
 
 
 @worker_init.connect
@@ -86,6 +113,85 @@ def _init_process(**_: object) -> None:
 
     torch.set_num_threads(1)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import signal
+
+    from rlfarm.node import HAND_BACK_SIGNAL
+
+    signal.signal(HAND_BACK_SIGNAL, _hand_back_signalled)
+
+
+def _hand_back_signalled(signum: int, frame: object) -> None:
+    """In a pool process: its worker is shutting down (rlfarm.node): hand the running task back."""
+    global _hand_back_early
+    if _worker is None:
+        _hand_back_early = True
+    else:
+        _worker.on_hand_back()  # raises HandedBack inside the running task, if there is one
+
+
+@worker_ready.connect
+def _keep_leases(**_: object) -> None:
+    """In the worker's main process, once its pool runs: renew running tasks' leases from here too,
+    where an env hung in GIL-holding C code cannot stop it (rlfarm.node.LeaseKeeper)."""
+    from rlfarm.node import LeaseKeeper
+
+    LeaseKeeper(app.conf.broker_url, _running_tasks).start()
+
+
+@worker_shutting_down.connect
+def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
+    """SIGTERM (or SIGINT) to the worker's main process: Celery's warm shutdown would wait for the
+    running tasks, minutes for an Atari or MuJoCo task, past a spot instance's notice. Hand them back
+    at once instead (the trainer re-sends them immediately) and exit within RLFARM_SHUTDOWN_GRACE s.
+    Runs in a signal handler: the work is done on a thread."""
+    if how != "Warm":
+        return
+    import threading
+
+    threading.Thread(target=_hand_back, args=(str(sender),), name="rlfarm-hand-back", daemon=True).start()
+
+
+def _running_tasks(only: set[str] | None = None) -> list:
+    from celery.worker import state
+
+    from rlfarm.node import task_of
+
+    for _ in range(10):  # the main thread may change the set while another thread copies it
+        try:
+            requests = list(state.active_requests)
+            break
+        except RuntimeError:
+            continue
+    else:
+        return []
+    tasks = []
+    for request in requests:
+        task = task_of(request.id, request.kwargs, request.worker_pid)
+        if task is not None and (only is None or task.task_id in only):
+            tasks.append(task)
+    return tasks
+
+
+def _hand_back(node: str) -> None:
+    import logging
+    import time
+
+    from rlfarm import node as N
+
+    tasks = _running_tasks()
+    if not tasks:
+        return
+    grace = float(os.environ.get("RLFARM_SHUTDOWN_GRACE") or N.DEFAULT_SHUTDOWN_GRACE)
+    logging.getLogger("rlfarm.worker").warning(
+        "shutting down: handing back %d running task(s) to their trainers", len(tasks))
+    N.ask_to_hand_back(tasks)
+    deadline = time.monotonic() + grace
+    ids = {t.task_id for t in tasks}
+    while time.monotonic() < deadline:
+        if not _running_tasks(ids):
+            return
+        time.sleep(0.1)  # polling the pool's bookkeeping, at most `grace` seconds
+    N.force_hand_back(N.client_for(app.conf.broker_url), _running_tasks(ids), node, grace)
 
 
 def _rollout_worker():
@@ -94,13 +200,14 @@ def _rollout_worker():
         from rlfarm.worker import RolloutWorker
 
         _worker = RolloutWorker(app.conf.broker_url)
+        _worker.hand_back = _hand_back_early
     return _worker
 
 
 def _run(request) -> None:
     # Exactly the kwargs the trainer sent (signed with RLFARM_SECRET when it is set), not the
     # signature's defaults: the worker verifies the signature over them before anything runs.
-    _rollout_worker().handle(dict(request.kwargs), request.id)
+    _rollout_worker().handle(dict(request.kwargs), request.id, node=request.hostname)
 
 
 # The kwargs are the fields of rlfarm.protocol.TaskSpec, defined there once; `env` among them is a

@@ -342,6 +342,7 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     """The check a worker makes before it starts a task, on a real Redis, in-process."""
     from rlfarm import codec
     from rlfarm.claim import Claim
+    from rlfarm.protocol import PROTOCOL
     from rlfarm.store import LIVE, results_key, wanted_key
     from rlfarm.worker import RolloutWorker
 
@@ -352,7 +353,7 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     worker = RolloutWorker(redis_only.redis_url)
     claim = Claim(client, "skips")  # what a live trainer holds
     spec = {"run": "skips", "iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1,
-            "incarnation": claim.incarnation}
+            "incarnation": claim.incarnation, "protocol": PROTOCOL}
     worker.handle(spec, "ended-run")  # no live trainer: dropped, nothing pushed
     assert client.llen(results_key("skips")) == 0
     claim.acquire()

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from rlfarm import codec, signing
-from rlfarm.protocol import EVAL_TASK, ROLLOUT_TASK, ProtocolError, Result, TaskSpec
+from rlfarm.protocol import (EVAL_TASK, PROTOCOL, ROLLOUT_TASK, ProtocolError, Result, TaskSpec, legacy_refusal,
+                             protocol_mismatch, spec_protocol)
 
 SECRET = "test-secret-with-enough-entropy-0123456789"
 
@@ -17,7 +18,7 @@ def test_task_spec_round_trips_through_celery_kwargs_and_msgpack():
     kwargs = spec.to_kwargs()
     assert kwargs == {"run": "run-1", "kind": "rollout", "iteration": 12, "index": 1, "version": "latest",
                       "seed": 7, "steps": 256, "act": {"epsilon": 0.05, "keep_next_obs": True},
-                      "env": "CartPole-v1"}
+                      "env": "CartPole-v1", "protocol": PROTOCOL}
     assert TaskSpec.from_kwargs(codec.unpack(codec.pack(kwargs))) == spec
     assert spec.key == ("rollout", 12, 1) and spec.task_name == ROLLOUT_TASK
     assert spec.acting_options() == {"epsilon": 0.05}  # collect options are the worker's, not the actor's
@@ -57,3 +58,21 @@ def test_result_messages_keep_set_fields_only_and_read_back():
     # A worker's timings travel as a plain map; a trainer without the field would drop it unread.
     timed = Result("rollout", 0, 0, duration=0.5, timings={"checks": 0.001, "policy": 0.002, "collect": 0.498})
     assert Result.from_message(codec.unpack(codec.pack(timed.to_message()))).timings == timed.timings
+
+
+def test_a_task_of_another_protocol_is_refused_in_one_line_naming_both_versions():
+    assert spec_protocol(TaskSpec("r", "rollout", 0, 0, 0, 1).to_kwargs()) == PROTOCOL
+    assert spec_protocol({"run": "r", "iteration": 0}) == 0  # sent by a trainer before versions
+    assert protocol_mismatch(PROTOCOL, "w@h") is None
+    newer = protocol_mismatch(PROTOCOL + 1, "w@h")
+    assert f"worker w@h speaks rlfarm protocol {PROTOCOL}, the task protocol {PROTOCOL + 1}" in newer
+    assert "upgrade this worker" in newer and "\n" not in newer
+    assert "(sent before protocol versions)" in protocol_mismatch(0, "w@h")
+    # What a worker from before versions answers a task carrying the field: taken for a refusal.
+    try:
+        TaskSpec.from_kwargs({"run": "r", "iteration": 0, "index": 0, "version": 0, "seed": 1, "protocol": 1,
+                              "future": 1})
+    except ProtocolError as exc:
+        assert not legacy_refusal(f"ProtocolError: {exc}")  # an unknown field of ours is a real error
+    assert legacy_refusal("ProtocolError: task spec has unknown fields ['protocol']")
+    assert not legacy_refusal("RuntimeError: simulator licence not found") and not legacy_refusal(None)

@@ -303,3 +303,41 @@ class DictEnv(SlowEnv):
 
 def dict_obs() -> gym.Env:
     return DictEnv()
+
+
+class GilHangingEnv(SlowEnv):
+    """Blocks forever in step() inside C code that holds the GIL, as a deadlocked simulator binding
+    does: no other thread of its process runs again (a lease renewed from a thread there stops)."""
+
+    def step(self, action):
+        import ctypes
+
+        libc = ctypes.PyDLL(None)  # PyDLL: the call keeps the GIL
+        while True:
+            libc.sleep(3600)
+
+
+def hang_gil() -> gym.Env:
+    return GilHangingEnv()
+
+
+class DeafHangingEnv(SlowEnv):
+    """The first step any process of the machine takes (marker file RLFARM_TEST_HANG_MARKER) blocks
+    forever with SIGUSR2 blocked, as C code stuck outside the interpreter is deaf to Python's
+    signal handlers; every other step is SlowEnv's."""
+
+    def step(self, action):
+        import os
+        import signal
+        import time
+
+        marker = os.environ.get("RLFARM_TEST_HANG_MARKER", "")
+        if marker and _first_to_create(marker):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+            while True:
+                time.sleep(3600)
+        return super().step(action)
+
+
+def hang_deaf_once() -> gym.Env:
+    return DeafHangingEnv()

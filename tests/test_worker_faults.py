@@ -1,0 +1,236 @@
+"""Faults of the workers themselves, done for real: a worker of another rlfarm version, a worker
+stopped by SIGTERM (a spot instance's notice) mid-task, an env that hangs.
+
+Each test starts its own redis-server and real workers on 127.0.0.1 (rlfarm.cluster.LocalCluster,
+stopped by pid) and drives the real `rlfarm train` command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from rlfarm.cluster import LocalCluster
+from rlfarm.protocol import PROTOCOL
+
+from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
+
+pytestmark = pytest.mark.farm
+
+RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING"]
+SLOW_PPO = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
+            "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=250", "--set", "ppo.num_minibatches=2",
+            "--set", "policy.hidden_sizes=[16]"]
+
+
+def cluster(tmp_path: Path, name: str, **env: str) -> LocalCluster:
+    c = LocalCluster(workers=0, name=f"rlfarm-{name}-{os.getpid()}", log_dir=tmp_path,
+                     extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "300", **env})
+    c.start()
+    return c
+
+
+def train(c: LocalCluster, tmp_path: Path, run_id: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(rlfarm_cmd("train", "--redis", c.redis_url, "--run-id", run_id,
+                                       "--logdir", str(tmp_path), *args),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **WORKER_ENV})
+
+
+def worker_log(c: LocalCluster, proc: subprocess.Popen) -> str:
+    return (c.log_dir / f"worker-{c.worker_procs.index(proc)}.log").read_text(errors="replace")
+
+
+# ---- item 9: a worker of another version ---------------------------------------------------------
+def test_a_worker_of_another_protocol_refuses_in_one_line_and_the_run_goes_on_with_the_others(tmp_path):
+    """One `rlfarm worker` of this version and one that speaks protocol PROTOCOL + 6, as a worker of
+    another rlfarm does: the other one refuses every task it takes, unrun, in one line naming both
+    versions; the trainer warns once naming it, sends its tasks to the other worker and finishes;
+    `rlfarm status` shows each worker's version."""
+    other = PROTOCOL + 6
+    c = cluster(tmp_path, "protocol")
+    try:
+        c.add_worker(1, command=RLFARM_WORKER)
+        old = c.add_worker(1, command=[sys.executable, "-m", "tests.worker_of_protocol", str(other),
+                                       "worker", "-l", "WARNING"])
+        old_node = c._nodes[1]
+        status = run_cli("status", "--json", "--redis", c.redis_url)
+        assert status.returncode == 0, status.stderr
+        versions = {w["name"]: w["protocol"] for w in json.loads(status.stdout)["workers"]}
+        assert versions == {c._nodes[0]: PROTOCOL, old_node: other}
+        table = run_cli("status", "--redis", c.redis_url, env={"COLUMNS": "200"}).stdout
+        assert f"protocol {other}" in table and f"protocol {PROTOCOL}" in table
+
+        proc = train(c, tmp_path, "protocol", *SLOW_PPO, "--total-steps", "2000")
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        s = read_summary(tmp_path / "protocol")
+        assert s["env_steps"] >= 2000 and s["faults"]["refused"] >= 1
+        warnings = [line for line in stderr.splitlines() if "refuses this run's tasks" in line]
+        assert len(warnings) == 1, stderr[-3000:]  # once, however many tasks it refused
+        assert warnings[0].startswith("rlfarm: warning: worker ") and old_node in warnings[0]
+        assert f"protocol {other}, this trainer {PROTOCOL}" in warnings[0]
+        assert "Traceback" not in stderr
+        # The old worker's own line names both versions; it never ran a task of this run.
+        refusals = [line for line in worker_log(c, old).splitlines() if "ProtocolMismatch" in line]
+        assert refusals and all(f"speaks rlfarm protocol {other}, the task protocol {PROTOCOL}" in line
+                                for line in refusals)
+        assert len(refusals) >= s["faults"]["refused"]  # a refusal of a superseded copy is not counted
+        ids = s["accepted_task_ids"]
+        assert len(ids) == len(set(ids)) and s["env_steps"] == len(ids) * 250
+    finally:
+        c.stop()
+
+
+BEFORE_PROTOCOLS = "d89333a"  # the last commit whose workers knew no protocol version
+
+
+def test_a_worker_from_before_protocol_versions_is_told_apart_and_the_run_goes_on(tmp_path):
+    """A real worker of the commit before protocol versions, beside one of this checkout: it fails
+    each task with `unknown fields ['protocol']` (its TaskSpec does not know the field), which the
+    trainer takes for a refusal by a protocol-0 worker: one warning naming it, the run goes on."""
+    old = tmp_path / "old"
+    old.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE_PROTOCOLS], capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"this checkout has no git history with {BEFORE_PROTOCOLS}: {archive.stderr[-200:]!r}")
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    c = cluster(tmp_path, "legacy", PYTHONPATH=str(old))
+    try:
+        c.add_worker(1, command=[sys.executable, str(old / "cli.py"), "worker", "-l", "WARNING"])
+        c.extra_env["PYTHONPATH"] = WORKER_ENV["PYTHONPATH"]
+        c.add_worker(1, command=RLFARM_WORKER)
+        proc = train(c, tmp_path, "legacy", *SLOW_PPO, "--total-steps", "2000")
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        warnings = [line for line in stderr.splitlines() if "refuses this run's tasks" in line]
+        assert len(warnings) == 1 and f"protocol 0, this trainer {PROTOCOL}" in warnings[0], stderr[-3000:]
+        s = read_summary(tmp_path / "legacy")
+        assert s["faults"]["refused"] >= 1 and s["env_steps"] >= 2000
+    finally:
+        c.stop()
+
+
+# ---- item 8: SIGTERM to a worker mid-task (a spot instance's notice) ------------------------------
+def _active_on(c: LocalCluster, node: str, run_id: str) -> list[str]:
+    """Ids of the tasks of `run_id` that worker `node` is running right now."""
+    from rlfarm.celery_app import make_app
+
+    app = make_app(c.redis_url)
+    try:
+        active = app.control.inspect(destination=[node], timeout=1.0).active() or {}
+    finally:
+        app.close()
+    return [t["id"] for t in active.get(node, []) if t["kwargs"].get("run") == run_id]
+
+
+def test_sigterm_hands_running_tasks_back_at_once_and_the_worker_exits(tmp_path):
+    """SIGTERM to an `rlfarm worker` a few seconds into a ~20 s task: the task is handed back at
+    once (its lease deleted, a `handed_back` answer), the trainer sends it again to the other worker
+    and the run finishes with nothing counted twice, while the stopped worker has exited cleanly
+    without finishing its task. Before, Celery's warm shutdown waited for the task to end."""
+    c = cluster(tmp_path, "sigterm")
+    try:
+        victim = c.add_worker(1, command=[*RLFARM_WORKER, "--shutdown-grace", "5"])
+        victim_node = c._nodes[0]
+        c.add_worker(1)  # a plain `celery -A tasks worker`, which takes the task handed back
+        proc = train(c, tmp_path, "spot", "--preset", "cartpole-ppo", "--env", "tests.tiny_envs:long_slow",
+                     "--set", "env.num_envs=1", "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=20000",
+                     "--set", "ppo.num_minibatches=2", "--set", "policy.hidden_sizes=[16]",
+                     "--set", "eval.interval=0", "--total-steps", "40000")
+        [task_id] = poll(lambda: _active_on(c, victim_node, "spot"), "the worker runs a task", proc)
+        client = redis.Redis.from_url(c.redis_url)
+        poll(lambda: client.keys("rlfarm:spot:lease:*"), "its lease is held", proc)
+        sent = time.monotonic()
+        victim.send_signal(signal.SIGTERM)
+        code = victim.wait(timeout=600)  # a guard against a hang, not a measurement
+        print(f"SIGTERM to exit: {time.monotonic() - sent:.1f} s")
+        assert code == 0
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert (f"was handed back by {victim_node}: worker {victim_node} is shutting down (SIGTERM); "
+                f"sending it again") in stderr
+        s = read_summary(tmp_path / "spot")
+        assert s["faults"]["handed_back"] == 1 and s["faults"]["leases_expired"] == 0
+        assert task_id not in s["accepted_task_ids"]  # the stopped worker never finished it
+        ids = s["accepted_task_ids"]
+        assert len(ids) == len(set(ids)) == 2 and s["env_steps"] == 40000  # nothing counted twice
+        assert "handing back 1 running task" in worker_log(c, victim)
+    finally:
+        c.stop()
+
+
+# ---- item 7: an env that hangs in C code holding the GIL ------------------------------------------
+def test_an_env_hung_holding_the_gil_keeps_its_lease_and_its_time_limit_names_it(tmp_path):
+    """step() blocks forever in C code that holds the GIL: no thread of the pool process runs again,
+    so the lease its thread renews would expire and the task be taken for a lost worker. The
+    worker's main process renews it instead: a minute in, the console says what runs where, for how
+    long and what limit applies; at the time limit the process is killed and the run fails with the
+    time limit and the env named, never a lost worker."""
+    c = cluster(tmp_path, "hang-gil")
+    try:
+        c.add_worker(1, command=RLFARM_WORKER)
+        proc = train(c, tmp_path, "hang-gil", *SLOW_PPO, "--env", "tests.tiny_envs:hang_gil",
+                     "--set", "farm.num_tasks=1", "--set", "farm.task_time_limit=75",
+                     "--set", "farm.max_redispatch=0", "--total-steps", "250")
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 1, stderr[-3000:]
+        line = one_error_line(stderr)
+        assert "TimeLimitExceeded" in line and "time limit of 75" in line, line
+        assert "in env tests.tiny_envs:hang_gil" in line and "hung env" in line, line
+        assert "was lost" not in stderr and "lease expired" not in stderr  # the lease outlived the hang
+        [notice] = [x for x in stderr.splitlines() if "no task has finished for" in x]
+        assert notice.startswith("rlfarm: warning: no task has finished for 6"), notice  # a minute in
+        assert "running: task rollout (iteration 0, index 0) for " in notice and " s on " in notice
+        assert "time limit of 75 s (farm.task_time_limit" in notice
+    finally:
+        c.stop()
+
+
+def test_the_time_limit_a_task_gets_is_described_with_its_source(redis_only):
+    from .conftest import dispatcher
+
+    d = dispatcher(redis_only.redis_url, "limits")
+    assert "time limit of 600 s (farm.task_time_limit 0: 600 s until a rollout task has finished" in \
+        d.describe_time_limit("rollout")
+    d.longest["rollout"] = 2.0
+    assert "time limit of 60 s (farm.task_time_limit 0: 10x the longest rollout task, at least 60 s" in \
+        d.describe_time_limit("rollout")
+    d.time_limit = 30.0
+    assert "time limit of 30 s (farm.task_time_limit;" in d.describe_time_limit("rollout")
+
+
+def test_a_process_that_does_not_let_go_is_answered_for_and_killed_after_the_grace(tmp_path):
+    """The first task hangs deaf to the hand-back signal (an env stuck in C code): on SIGTERM the
+    worker's main process waits --shutdown-grace, then answers for the task and kills the process;
+    the worker exits, the trainer re-sends the task, the other worker runs it and the run finishes."""
+    marker = tmp_path / "hung-deaf"
+    c = cluster(tmp_path, "deaf", RLFARM_TEST_HANG_MARKER=str(marker))
+    try:
+        victim = c.add_worker(1, command=[*RLFARM_WORKER, "--shutdown-grace", "3"])
+        victim_node = c._nodes[0]
+        proc = train(c, tmp_path, "deaf", *SLOW_PPO, "--env", "tests.tiny_envs:hang_deaf_once",
+                     "--set", "farm.num_tasks=1", "--set", "eval.interval=0", "--total-steps", "500")
+        poll(marker.exists, "the first task hangs", proc)
+        poll(lambda: _active_on(c, victim_node, "deaf"), "the worker reports it running", proc)
+        c.add_worker(1)  # the other worker, free to take the task once it is handed back
+        victim.send_signal(signal.SIGTERM)
+        assert victim.wait(timeout=600) == 0  # a guard against a hang, not a measurement
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert (f"did not let go of the task within --shutdown-grace 3 s and was killed; sending it again"
+                in stderr), stderr[-3000:]
+        s = read_summary(tmp_path / "deaf")
+        assert s["faults"]["handed_back"] == 1 and s["faults"]["leases_expired"] == 0
+        ids = s["accepted_task_ids"]
+        assert len(ids) == len(set(ids)) and s["env_steps"] == 250 * len(ids) >= 500
+    finally:
+        c.stop()
