@@ -172,6 +172,9 @@ class PolicyStore:
         # Versions retention never trims (the best one, those being evaluated), with their blobs, so a
         # trainer can write them back after Redis lost its data. Only the run's trainer pins.
         self.pinned: dict[int, bytes] = {}
+        # The newest version this store published, as it wrote it: what it pins or writes back is its
+        # own copy, never bytes read back from Redis, which anyone who can write to Redis can replace.
+        self.own: tuple[int, bytes] | None = None
 
     def _key(self, version: int) -> str:
         return f"{self.prefix}policy:{version}"
@@ -207,12 +210,20 @@ class PolicyStore:
             pipe.delete(*[self._key(v) for v in old])
             pipe.zrem(f"{self.prefix}versions", *[str(v) for v in old])
         pipe.execute()
+        self.own = (version, blob)
         return blob
 
     def pin(self, version: int) -> bytes:
-        """Keep `version` whatever `keep` says (listed in `rlfarm:<run>:pinned`); returns its blob."""
+        """Keep `version` whatever `keep` says (listed in `rlfarm:<run>:pinned`); returns its blob: the
+        store's own copy when it published it, else the one in Redis once it passes `get`'s checks
+        (PolicyCorrupt if not): a blob forged in Redis is never pinned, nor re-signed from there."""
         if version not in self.pinned:
-            self.pinned[version] = self.get_blob(version)
+            if self.own is not None and self.own[0] == version:
+                self.pinned[version] = self.own[1]
+            else:
+                blob = self.get_blob(version)
+                self._check(version, blob)
+                self.pinned[version] = blob
             self.client.sadd(f"{self.prefix}pinned", version)
         return self.pinned[version]
 
@@ -273,7 +284,9 @@ class PolicyStore:
         if version == "latest":
             latest = self.latest()
             version = "latest" if latest is None else latest  # None: get_blob raises a clear error
-        blob = self.get_blob(version)
+        return self._check(version, self.get_blob(version))
+
+    def _check(self, version: int | str, blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         try:
             state, meta = codec.decode_policy(blob, self.secret)
         except codec.CodecError as exc:

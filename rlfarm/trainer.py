@@ -44,7 +44,7 @@ from rlfarm.protocol import Result, TaskSpec
 from rlfarm.rollout import Rollout, concat
 from rlfarm.outage import OutageRetry, resilient_client
 from rlfarm.rundir import write_atomic
-from rlfarm.store import PolicyStore, connect, queue_depth, redact, refuse_eviction, write_status
+from rlfarm.store import PolicyCorrupt, PolicyStore, connect, queue_depth, redact, refuse_eviction, write_status
 
 
 def resolve_device(name: str) -> torch.device:
@@ -298,7 +298,9 @@ class Trainer:
             self.store.unpin(version)
 
     def _write_best(self, version: int, score: float) -> None:
-        state, meta = codec.decode_policy(self.store.pin(version))
+        # The pinned blob is the trainer's own copy or one that passed the store's checks; verified
+        # again here, since it is re-signed below (rlfarm.store.PolicyStore.pin).
+        state, meta = codec.decode_policy(self.store.pin(version), self.store.secret)
         meta.update({"env": self.config.env.id, "policy": json.dumps(to_dict(self.config)["policy"]),
                      "env_options": json.dumps(to_dict(self.config)["env"]),
                      "eval_mean_return": f"{score:.3f}"})
@@ -376,7 +378,10 @@ class Trainer:
         # Pins of the dead trainer: its evaluations are gone; the best version stays pinned if it is there.
         self.client.delete(f"{self.store.prefix}pinned")
         if self.best_version is not None and self.best_version in self.store.versions():
-            self.store.pin(self.best_version)
+            try:
+                self.store.pin(self.best_version)
+            except PolicyCorrupt as exc:  # replaced in Redis meanwhile: not ours to keep or re-sign
+                self.warn(f"not keeping the best version v{self.best_version}: {exc}")
         self._log.info("resuming run %s from its checkpoint: %d env steps, policy v%d", self.config.run_id,
                        self.env_steps, self.version)
         return state
