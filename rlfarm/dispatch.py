@@ -35,7 +35,7 @@ from kombu.exceptions import OperationalError
 from rlfarm import codec, signing
 from rlfarm.outage import OutageRetry
 from rlfarm.protocol import Key, Result, TaskSpec
-from rlfarm.store import LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
+from rlfarm.store import FROM_ENV, LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
 
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
@@ -88,12 +88,17 @@ class DispatchStats:
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
     accepted_task_ids: list[str] = field(default_factory=list)
 
+    def security(self) -> dict[str, int]:
+        """What was refused for want of a valid signature (RLFARM_SECRET), by what it was."""
+        return {"security/refused_result": self.forged}
+
 
 class Dispatcher:
     def __init__(self, app: Celery, client: redis.Redis, run_id: str, task_timeout: float,
                  max_redispatch: int, on_event: Callable[[], None] | None = None, env: str | None = None,
                  lease_seconds: float = 10.0, time_limit: float = 0.0, retry: OutageRetry | None = None,
-                 on_state_lost: Callable[[], None] | None = None, notify: Callable[[str], None] | None = None):
+                 on_state_lost: Callable[[], None] | None = None, notify: Callable[[str], None] | None = None,
+                 secret: Any = FROM_ENV):
         """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
         durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
         `on_state_lost`: called when the run's metadata vanished from Redis (FLUSHALL, a Redis
@@ -121,7 +126,7 @@ class Dispatcher:
         self._last_progress = time.monotonic()
         self._outages_seen = self.retry.outages
         self._queue = app.conf.task_default_queue
-        self.secret = signing.secret_from_env()
+        self.secret = signing.secret_from_env() if secret is FROM_ENV else secret  # signs specs, checks results
 
     @property
     def in_flight(self) -> int:

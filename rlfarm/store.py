@@ -155,6 +155,19 @@ def no_password_warning(url: str) -> str | None:
             f"queue work on every worker; give it one (requirepass) and use {parts.scheme}://:PASSWORD@host:port/db")
 
 
+def no_secret_warning(url: str, secret: bytes | str | None) -> str | None:
+    """The warning for a Redis off this machine without RLFARM_SECRET (its results, policies and tasks
+    are then taken as they come: whoever can write to it can forge them unnoticed), or None."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if secret or parts.scheme == "unix" or is_loopback(parts.hostname):
+        return None
+    return (f"Redis at {redact(url)} is not on this machine and RLFARM_SECRET is not set: whoever can write "
+            f"to it can forge results, policies and tasks unnoticed; give the trainer and every worker the "
+            f"same secret in RLFARM_SECRET (e.g. `openssl rand -hex 32`)")
+
+
 FROM_ENV: Any = object()  # PolicyStore's default secret: RLFARM_SECRET, read when the store is made
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from rlfarm import checkpoint, codec, logs
+from rlfarm import checkpoint, codec, logs, signing
 from rlfarm.algos import check_mode, learner
 from rlfarm.celery_app import make_app
 from rlfarm.config import ConfigError, RunConfig, check_results_per_update, to_dict, trainer_threads
@@ -44,7 +44,8 @@ from rlfarm.protocol import Result, TaskSpec
 from rlfarm.rollout import Rollout, concat
 from rlfarm.outage import OutageRetry, resilient_client
 from rlfarm.rundir import write_atomic
-from rlfarm.store import PolicyCorrupt, PolicyStore, connect, queue_depth, redact, refuse_eviction, write_status
+from rlfarm.store import (FROM_ENV, PolicyCorrupt, PolicyStore, connect, no_secret_warning, queue_depth, redact,
+                          refuse_eviction, write_status)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -107,11 +108,14 @@ class Trainer:
 
     def __init__(self, config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
                  resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None,
-                 local_workers: int = 0):
+                 local_workers: int = 0, secret: Any = FROM_ENV):
         """`resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.checkpoint).
         `callback(LogStep)`: called after each log step; returning False stops the run.
         `local_workers`: worker processes of this run on this machine (the embedded default's), whose
-        cores the trainer's threads leave to them (rlfarm.config.trainer_threads)."""
+        cores the trainer's threads leave to them (rlfarm.config.trainer_threads).
+        `secret`: what signs and checks the run's data in Redis (default RLFARM_SECRET; the embedded
+        default and `rlfarm up` make one of their own). Files in the run directory are signed with
+        RLFARM_SECRET only, so they verify wherever the user's secret does."""
         self.callback = callback
         self._stop_requested = False
         check_mode(config.algo, config.mode)
@@ -131,7 +135,9 @@ class Trainer:
         self.retry = OutageRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}",
                                  notify=self.warn)
         self.client = resilient_client(redis_url, self.retry)
-        self.store = PolicyStore(self.client, config.run_id, keep=config.farm.keep_versions)
+        self.store = PolicyStore(self.client, config.run_id, keep=config.farm.keep_versions, secret=secret)
+        self.file_secret = signing.secret_from_env()
+        self._secret_warning = no_secret_warning(redis_url, self.store.secret)
         self.app = make_app(redis_url)
         self._log = logging.getLogger("rlfarm.trainer")
         self._log_file: logging.Handler | None = None
@@ -147,7 +153,7 @@ class Trainer:
                                      env=config.env.id,  # shown in Flower's task labels
                                      lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
                                      retry=self.retry, on_state_lost=self.restore_run_state,
-                                     notify=self.warn)
+                                     notify=self.warn, secret=self.store.secret)
         self.env_steps = 0
         self.version = 0
         self.dropped_stale = 0  # ASYNC: results older than async.max_policy_lag
@@ -197,7 +203,8 @@ class Trainer:
                 "farm/redispatched": stats.redispatched,
                 "farm/leases_expired": stats.leases_expired,
                 "farm/time_limits": stats.time_limits,
-                "farm/redis_outages": self.retry.outages}
+                "farm/redis_outages": self.retry.outages,
+                **stats.security()}
 
     def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
         """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone)."""
@@ -305,7 +312,7 @@ class Trainer:
                      "env_options": json.dumps(to_dict(self.config)["env"]),
                      "eval_mean_return": f"{score:.3f}"})
         meta.pop("hmac", None)
-        blob = codec.encode_policy(state, meta, self.store.secret)
+        blob = codec.encode_policy(state, meta, self.file_secret)
         write_atomic(self.run_dir / "best_policy.safetensors", blob)
 
     def drain_evaluations(self) -> None:
@@ -396,6 +403,8 @@ class Trainer:
 
     def _train(self) -> TrainResult:
         cfg = self.config
+        if self._secret_warning:
+            self.warn(self._secret_warning)
         resume_state = self._resume() if self.resume else None
         if resume_state is None and self.store.latest() is not None:
             raise ConfigError(f"run {cfg.run_id!r} already has policies in this Redis (latest "
@@ -460,7 +469,7 @@ class Trainer:
         blob = codec.encode_policy(state, {"version": str(self.version), "algo": self.config.algo,
                                            "run": self.config.run_id, "env": self.config.env.id,
                                            "policy": json.dumps(to_dict(self.config)["policy"])},
-                                   self.store.secret)
+                                   self.file_secret)
         write_atomic(self.run_dir / "final_policy.safetensors", blob)
         best = self.run_dir / "best_policy.safetensors"
         stats = self.dispatcher.stats
@@ -487,6 +496,7 @@ class Trainer:
                              "skipped_copies": stats.skipped, "state_restored": stats.state_restored,
                              "redis_outages": self.retry.outages,
                              "redis_outage_seconds": round(self.retry.outage_seconds, 3)}
+        summary["security"] = {k.split("/", 1)[1]: v for k, v in stats.security().items()}
         summary["accepted_task_ids"] = stats.accepted_task_ids
         summary.update(self.summary_extras())
         from rlfarm.config import json_safe  # strict JSON: no evaluation (NaN), best -inf -> null

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -60,3 +62,158 @@ def test_a_forged_blob_is_never_pinned_nor_signed_into_best_policy(redis_only, t
     with pytest.raises(PolicyCorrupt, match="policy version 0 is corrupt: policy blob has a bad signature"):
         PolicyStore(client, "pin-forged").pin(0)
     trainer.logger.close()
+
+
+# ---- without a secret set by the user (item 10) ------------------------------------------------------
+
+def _queued_tasks(client, run_id: str) -> list[tuple[int, dict]]:
+    """(index in the broker list, kwargs) of the run's task messages waiting in the queue, read as
+    anyone who can reach Redis reads them (kombu: JSON envelope, base64 msgpack body)."""
+    import base64
+    import json
+
+    import msgpack
+
+    found = []
+    for i, raw in enumerate(client.lrange("celery", 0, -1)):
+        try:
+            _, kwargs, _ = msgpack.unpackb(base64.b64decode(json.loads(raw)["body"]), raw=False)
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(kwargs, dict) and kwargs.get("run") == run_id:
+            found.append((i, kwargs))
+    return found
+
+
+@pytest.mark.farm
+def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, monkeypatch):
+    """`rlfarm train` without --redis and without RLFARM_SECRET: while a task waits in the queue, a
+    local process that can reach the embedded Redis pushes a result for it (a real rollout of the
+    run's policy, rewards x100). Without a secret it counted as the task's first copy and the
+    genuine one was dropped as a duplicate, silently; now the run made a secret of its own, so the
+    forgery is dropped, counted and warned about, and the genuine result counts."""
+    import json
+    import subprocess
+
+    import redis
+
+    from rlfarm import codec
+    from rlfarm.protocol import TaskSpec
+    from rlfarm.store import results_key
+    from rlfarm.worker import RolloutWorker
+
+    from .conftest import WORKER_ENV, poll, rlfarm_cmd
+
+    run_id = "embedded-forged"
+    env = {**os.environ, **WORKER_ENV}
+    env.pop("RLFARM_SECRET", None)
+    monkeypatch.delenv("RLFARM_SECRET", raising=False)
+    monkeypatch.setenv("RLFARM_ALLOWED_ENV_MODULES", "tests.tiny_envs")  # the forger builds the env too
+    err = open(tmp_path / "stderr.txt", "w")
+    # One worker process, 4 tasks of ~0.3 s each per iteration: three of them wait in the queue.
+    proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path), "--workers", "1",
+                                       "--env", "tests.tiny_envs:long_slow", "--total-steps", "8192",
+                                       "--set", "farm.num_tasks=4", "--set", "env.num_envs=1",
+                                       "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2"),
+                            env=env, stdout=subprocess.DEVNULL, stderr=err)
+    run_dir = tmp_path / run_id
+    try:
+        url = poll(lambda: (run_dir / "cluster.json").exists() and json.loads((run_dir / "cluster.json")
+                                                                               .read_text())["redis_url"],
+                   "the embedded Redis's URL", proc, tmp_path / "stderr.txt")
+        client = redis.Redis.from_url(url)
+        _, kwargs = poll(lambda: _queued_tasks(client, run_id), "a task of the run waiting in the queue", proc,
+                         tmp_path / "stderr.txt")[0]
+        # The forgery: a real rollout of the run's current policy, its rewards x100.
+        forged = RolloutWorker(url).rollout(TaskSpec.from_kwargs({k: v for k, v in kwargs.items() if k != "sig"}))
+        forged.rollout["rewards"] = forged.rollout["rewards"] * 100
+        forged.task_id = "forged"
+
+        def pushed_while_queued() -> bool:
+            """Pushed as the result of a task still waiting in the queue (atomic with seeing it
+            there, so its genuine result cannot be first); False: none queued, or the queue moved."""
+            with client.pipeline() as pipe:
+                try:
+                    pipe.watch("celery")
+                    waiting = _queued_tasks(pipe, run_id)
+                    if not waiting:
+                        return False
+                    forged.iteration, forged.index = waiting[0][1]["iteration"], waiting[0][1]["index"]
+                    pipe.multi()
+                    pipe.rpush(results_key(run_id), codec.pack(forged.to_message()))
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    return False
+
+        poll(pushed_while_queued, "a forged result pushed while its task waits", proc, tmp_path / "stderr.txt")
+        assert proc.wait(timeout=900) == 0, (tmp_path / "stderr.txt").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        err.close()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "forged" not in summary["accepted_task_ids"]
+    assert summary["env_steps"] == 8192 and summary["security"]["refused_result"] == 1
+    stderr = (tmp_path / "stderr.txt").read_text()
+    warned = [line for line in stderr.splitlines() if "rlfarm: warning: dropped a result of run" in line]
+    assert len(warned) == 1 and "is not signed, but RLFARM_SECRET is set" in warned[0], stderr[-3000:]
+    assert "dropped a result of run" in (run_dir / "rlfarm.log").read_text()
+
+
+@pytest.mark.parametrize("url, secret, warned", [
+    ("redis://127.0.0.1:6379/0", None, False), ("redis://localhost/0", None, False),
+    ("unix:///run/redis.sock", None, False), ("redis://[::1]:6379/0", None, False),
+    ("redis://:pw@10.0.0.5:6379/0", None, True), ("rediss://u:pw@redis-host:6380/0", None, True),
+    ("redis://:pw@10.0.0.5:6379/0", b"s", False), ("rediss://u:pw@redis-host:6380/0", "s", False),
+])
+def test_no_secret_warning_names_a_redis_off_this_machine_without_rlfarm_secret(url, secret, warned):
+    from rlfarm.store import no_secret_warning
+
+    text = no_secret_warning(url, secret)
+    assert (text is not None) == warned
+    if warned:
+        assert "RLFARM_SECRET is not set" in text and "pw@" not in text  # the password stays redacted
+
+
+@pytest.mark.farm
+def test_trainer_and_worker_on_a_redis_elsewhere_without_a_secret_warn_once(farm, tmp_path):
+    """A real `rlfarm worker` and a real `rlfarm train` given a Redis URL that is not a loopback
+    address, without RLFARM_SECRET, each warn once at start. `127.1` is 127.0.0.1 to the resolver
+    (inet_aton) but not a loopback address by rlfarm's reading of the URL: how a Redis on another
+    machine looks, reachable here without leaving 127.0.0.1."""
+    import signal
+    import subprocess
+
+    from rlfarm.cluster import LocalCluster
+
+    from .conftest import WORKER_ENV, poll, rlfarm_cmd, run_cli
+
+    env = {**os.environ, **WORKER_ENV}
+    env.pop("RLFARM_SECRET", None)
+    with LocalCluster(workers=0, name="rlfarm-test-elsewhere", log_dir=tmp_path) as cluster:
+        url = f"redis://127.1:{cluster.port}/0"
+        log = tmp_path / "worker.txt"
+        with open(log, "w") as out:
+            worker = subprocess.Popen(rlfarm_cmd("worker", "--redis", url, "-c", "1"), env=env, stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            poll(lambda: "ready." in log.read_text(), "the worker to start", worker, log)
+        finally:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        warned = [line for line in log.read_text().splitlines() if "RLFARM_SECRET is not set" in line]
+        assert len(warned) == 1 and f"Redis at {url} is not on this machine" in warned[0], log.read_text()
+
+    url = farm.redis_url.replace("127.0.0.1", "127.1")
+    result = run_cli("train", "--redis", url, "--run-id", "elsewhere", "--logdir", str(tmp_path),
+                     "--total-steps", "1024", "--set", "farm.num_tasks=2", "--set", "env.num_envs=1",
+                     "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2",
+                     env={"RLFARM_SECRET": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    warned = [line for line in result.stderr.splitlines() if "RLFARM_SECRET is not set" in line]
+    assert warned == [f"rlfarm: warning: Redis at {url} is not on this machine and RLFARM_SECRET is not set: "
+                      f"whoever can write to it can forge results, policies and tasks unnoticed; give the "
+                      f"trainer and every worker the same secret in RLFARM_SECRET (e.g. `openssl rand -hex 32`)"]
+    assert "RLFARM_SECRET is not set" in (tmp_path / "elsewhere" / "rlfarm.log").read_text()
