@@ -15,6 +15,9 @@ waited in the queue:
 - straggling: running for more than `task_timeout` seconds: one backup copy is sent (tasks are
   deterministic, so any copy is as good as another); the first copy to finish counts.
 - timed out: a worker reports that the task ran past its hard time limit (a hung env): sent again.
+- refused: with RLFARM_SECRET, a worker reports that the task's spec, the run metadata or the policy
+  did not verify (written by someone without the secret): counted (`security/refused_*`), the
+  trainer puts back its own copy, and the task is sent again, not counted against `max_redispatch`.
 A task re-sent more than `max_redispatch` times fails the run with the reason. Later copies of a
 task that already counted are dropped and counted as duplicates. Why liveness works this way:
 docs/architecture.md, decisions 2, 3 and 5.
@@ -83,6 +86,8 @@ class DispatchStats:
     time_limits: int = 0  # re-sent because they ran past their hard time limit
     stragglers: int = 0  # backup copies of tasks running longer than task_timeout
     forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
+    # Task inputs workers refused as not signed by the farm (Result.refused), by kind; re-sent.
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("policy", "meta", "spec"), 0))
     state_restored: int = 0  # times the run's state was found lost in Redis and written back
     receive_seconds: float = 0.0  # trainer CPU time spent decoding results
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
@@ -90,7 +95,8 @@ class DispatchStats:
 
     def security(self) -> dict[str, int]:
         """What was refused for want of a valid signature (RLFARM_SECRET), by what it was."""
-        return {"security/refused_result": self.forged}
+        return {"security/refused_result": self.forged,
+                **{f"security/refused_{kind}": n for kind, n in self.refused.items()}}
 
 
 class Dispatcher:
@@ -98,11 +104,13 @@ class Dispatcher:
                  max_redispatch: int, on_event: Callable[[], None] | None = None, env: str | None = None,
                  lease_seconds: float = 10.0, time_limit: float = 0.0, retry: OutageRetry | None = None,
                  on_state_lost: Callable[[], None] | None = None, notify: Callable[[str], None] | None = None,
-                 secret: Any = FROM_ENV):
+                 secret: Any = FROM_ENV, on_refused: Callable[[str], str] | None = None):
         """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
         durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
         `on_state_lost`: called when the run's metadata vanished from Redis (FLUSHALL, a Redis
-        restarted without its data), after the dispatcher has written back its own state."""
+        restarted without its data), after the dispatcher has written back its own state.
+        `on_refused(kind)`: a worker refused the task's "policy", "meta" or "spec" as not signed by the
+        farm; puts back what the trainer wrote and says what (the task is then sent again)."""
         self.app = app
         self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
         self.client = client
@@ -116,6 +124,7 @@ class Dispatcher:
         self.retry = retry or OutageRetry()
         self.on_event = on_event or (lambda: None)
         self.on_state_lost = on_state_lost
+        self.on_refused = on_refused
         self.notify = notify or (lambda text: None)
         self.stats = DispatchStats()
         self.pending: dict[Key, Pending] = {}
@@ -178,13 +187,15 @@ class Dispatcher:
             self.on_event()
         return keys
 
-    def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False) -> None:
-        if not backup and p.copies > self.max_redispatch:
+    def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False, counted: bool = True) -> None:
+        """`counted`: the copy counts towards max_redispatch (not a copy sent because a worker refused
+        an attacker's write, which must not let a few writes end the run)."""
+        if counted and not backup and p.copies > self.max_redispatch:
             raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; "
                                 f"last: {reason}")
         self.client.sadd(self.wanted, LIVE, task_key_text(*key))  # a timed-out copy may have left it
         p.task_id = self._send(p.spec)
-        p.copies += 1
+        p.copies += counted
         p.reason = reason
         p.last_seen = p.sent = time.monotonic()
         p.lease_gone = None
@@ -235,6 +246,9 @@ class Dispatcher:
             self.stats.duplicates += 1
             return None
         p = self.pending.get(key)
+        if message.error is not None and message.refused in self.stats.refused:
+            self._refused(key, p, message)
+            return None
         if p is None:
             self.stats.duplicates += 1  # a late copy of a task that already counted
             return None
@@ -256,6 +270,21 @@ class Dispatcher:
         self.stats.accepted_task_ids.append(message.task_id)
         self.on_event()
         return message
+
+    def _refused(self, key: Key, p: Pending | None, message: Result) -> None:
+        """A worker refused the task's policy, run metadata or spec: written by someone without the
+        farm's secret (the worker's own report is signed). Counted and warned about; the trainer puts
+        back its own copy, and the task is sent again, so one forged write does not end the run."""
+        self.stats.refused[message.refused] += 1
+        repaired = self.on_refused(message.refused) if self.on_refused is not None else ""
+        where = f"{describe_key(key)} was refused on {message.worker}: {message.error}"
+        if p is not None and message.task_id == p.task_id:  # else a newer copy is already on its way
+            self.notify(f"{where}; {repaired}sending it again")
+            # Not counted: the report is signed, so it comes from a worker holding the farm's secret,
+            # and what it refused was written by someone who does not.
+            self._resend(key, p, where, counted=False)
+        else:
+            self.notify(f"{where}; {repaired}".rstrip("; "))
 
     def unaccept(self, message: Result) -> None:
         """A result received but never used (its run ended first): no longer counted as accepted, so

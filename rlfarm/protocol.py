@@ -127,6 +127,9 @@ class Result:
     traceback: str | None = None
     retryable: bool = False  # a failure the trainer re-sends (a hard time limit), not a bug
     skipped: bool = False
+    # With RLFARM_SECRET, what of the task's inputs did not verify ("spec", "meta" or "policy"): written
+    # by someone without the secret; the trainer writes back its own copy and re-sends the task.
+    refused: str | None = None
 
     @property
     def key(self) -> Key:

@@ -188,13 +188,16 @@ class PolicyStore:
         # The newest version this store published, as it wrote it: what it pins or writes back is its
         # own copy, never bytes read back from Redis, which anyone who can write to Redis can replace.
         self.own: tuple[int, bytes] | None = None
+        self.own_meta: bytes | None = None
 
     def _key(self, version: int) -> str:
         return f"{self.prefix}policy:{version}"
 
     # ---- run metadata --------------------------------------------------------------------------
     def set_run_meta(self, meta: Mapping[str, Any]) -> None:
-        self.client.set(f"{self.prefix}meta", signing.seal_run_meta(self.run_id, meta, self.secret))
+        text = signing.seal_run_meta(self.run_id, meta, self.secret)
+        self.client.set(f"{self.prefix}meta", text)
+        self.own_meta = text.encode()  # as written, to put back if it is replaced (write_back)
 
     def run_meta(self) -> dict[str, Any]:
         raw = self.client.get(f"{self.prefix}meta")
@@ -262,6 +265,28 @@ class PolicyStore:
             pipe.zadd(f"{self.prefix}versions", {str(version): version})
             pipe.sadd(f"{self.prefix}pinned", version)
         pipe.execute()
+
+    def write_back(self) -> list[str]:
+        """Put back what this store wrote that Redis no longer holds as written (the run metadata, the
+        newest version, pinned versions), e.g. replaced by someone without the secret, whose copy the
+        workers refused. Returns what was put back ("the run metadata", "policy v3")."""
+        own: dict[str, tuple[str, bytes]] = {}
+        if self.own_meta is not None:
+            own[f"{self.prefix}meta"] = ("the run metadata", self.own_meta)
+        for version, blob in ([self.own] if self.own else []) + list(self.pinned.items()):
+            own[self._key(version)] = (f"policy v{version}", blob)
+        if not own:
+            return []
+        keys = list(own)
+        pipe = self.client.pipeline(transaction=True)
+        written = []
+        for key, current in zip(keys, self.client.mget(keys)):
+            what, blob = own[key]
+            if current != blob:
+                pipe.set(key, blob)
+                written.append(what)
+        pipe.execute()
+        return written
 
     def latest(self) -> int | None:
         raw = self.client.get(f"{self.prefix}policy:latest")

@@ -153,7 +153,7 @@ class Trainer:
                                      env=config.env.id,  # shown in Flower's task labels
                                      lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
                                      retry=self.retry, on_state_lost=self.restore_run_state,
-                                     notify=self.warn, secret=self.store.secret)
+                                     notify=self.warn, secret=self.store.secret, on_refused=self.write_back)
         self.env_steps = 0
         self.version = 0
         self.dropped_stale = 0  # ASYNC: results older than async.max_policy_lag
@@ -189,6 +189,12 @@ class Trainer:
         if latest is None or latest < self.version:
             self.publish()
         self.heartbeat()
+
+    def write_back(self, kind: str) -> str:
+        """A worker refused the run's metadata, a policy or a task spec (rlfarm.dispatch): put back
+        what the trainer wrote, from its own copies, where Redis holds something else."""
+        written = self.store.write_back()
+        return f"wrote back {' and '.join(written)} from the trainer's own copy; " if written else ""
 
     def _on_event(self) -> None:
         if self.logger:

@@ -217,3 +217,140 @@ def test_trainer_and_worker_on_a_redis_elsewhere_without_a_secret_warn_once(farm
                       f"whoever can write to it can forge results, policies and tasks unnoticed; give the "
                       f"trainer and every worker the same secret in RLFARM_SECRET (e.g. `openssl rand -hex 32`)"]
     assert "RLFARM_SECRET is not set" in (tmp_path / "elsewhere" / "rlfarm.log").read_text()
+
+
+# ---- with RLFARM_SECRET: one forged write no longer ends the run (item 2) -----------------------------
+
+def _pool_pids(main_pid: int) -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(main_pid)], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+@pytest.fixture(scope="module")
+def signed_worker(tmp_path_factory):
+    """Redis and one worker process holding the secret (and allowed the tiny envs)."""
+    from rlfarm.cluster import LocalCluster
+
+    from .conftest import WORKER_ENV
+
+    env = {**WORKER_ENV, "RLFARM_SECRET": SECRET}
+    with LocalCluster(workers=1, name="rlfarm-test-tamper", log_dir=tmp_path_factory.mktemp("tamper"),
+                      extra_env=env) as cluster:
+        yield cluster
+
+
+@pytest.mark.farm
+def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_as_without_them(
+        signed_worker, tmp_path):
+    """A SYNC run on a farm with RLFARM_SECRET, attacked three times while it trains by a process that
+    can write to Redis but has no secret: one queued task's message rewritten (seed + 1); the newest
+    policy replaced by zeroed weights with a recomputed sha256 (a pool process then SIGKILLed, so its
+    replacement must fetch it); the run metadata replaced by an unsigned one whose env is `os:system`
+    (a pool process SIGKILLed again). Workers refuse each; the trainer counts and warns, writes back
+    its own copy, sends the task again, and ends with the very policy an unattacked run ends with."""
+    import base64
+    import json
+    import signal
+    import subprocess
+
+    import msgpack
+    import redis
+
+    from rlfarm.store import results_key  # noqa: F401
+
+    from .conftest import poll, read_csv, read_summary, rlfarm_cmd, WORKER_ENV
+
+    url = signed_worker.redis_url
+    client = connect(url)
+    args = ["--redis", url, "--logdir", str(tmp_path), "--env", "tests.tiny_envs:long_slow",
+            "--total-steps", str(4 * 256 * 40), "--set", "farm.num_tasks=4", "--set", "env.num_envs=1",
+            "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2", "--set", "farm.lease_seconds=2"]
+    env = {**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET}
+
+    baseline = subprocess.run(rlfarm_cmd("train", "--run-id", "untouched", *args), env=env, capture_output=True,
+                              text=True, timeout=900)
+    assert baseline.returncode == 0, baseline.stderr[-3000:]
+
+    run_id = "tampered"
+    run_dir = tmp_path / run_id
+    log = tmp_path / "tampered-stderr.txt"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, *args), env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    main_pid = signed_worker.worker_procs[0].pid
+
+    def warned(what: str) -> bool:
+        return any("was refused on" in line and what in line for line in log.read_text().splitlines())
+
+    try:
+        # 1. A task waiting in the queue, its seed changed (kombu: JSON envelope, base64 msgpack body).
+        def tamper_a_queued_task() -> bool:
+            with client.pipeline() as pipe:
+                try:
+                    pipe.watch("celery")
+                    for i, raw in enumerate(pipe.lrange("celery", 0, -1)):
+                        message = json.loads(raw)
+                        task_args, kwargs, embed = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)
+                        if kwargs.get("run") != run_id:
+                            continue
+                        kwargs["seed"] += 1
+                        message["body"] = base64.b64encode(msgpack.packb([task_args, kwargs, embed],
+                                                                         use_bin_type=True)).decode()
+                        pipe.multi()
+                        pipe.lset("celery", i, json.dumps(message))
+                        pipe.execute()
+                        return True
+                except redis.WatchError:
+                    pass
+            return False
+
+        poll(tamper_a_queued_task, "a queued task of the run to rewrite", proc, log)
+        poll(lambda: warned("task spec has a bad signature"), "the tampered task refused", proc, log)
+
+        # 2. The newest policy: zeroed weights, sha256 recomputed, the genuine metadata (hmac) kept.
+        forged_at: list[int] = []
+
+        def policy_refused() -> bool:
+            if warned("policy blob has a bad signature"):
+                return True
+            latest = int(client.get(f"rlfarm:{run_id}:policy:latest"))
+            if latest not in forged_at:  # the trainer moved on before any worker fetched it: again
+                key = f"rlfarm:{run_id}:policy:{latest}"
+                state, meta = codec.decode_policy(client.get(key))
+                client.set(key, codec.encode_policy(_zeroed(state), meta))
+                forged_at.append(latest)
+                for pid in _pool_pids(main_pid):  # its replacement has no cached policy: it fetches
+                    os.kill(pid, signal.SIGKILL)
+            return False
+
+        poll(policy_refused, "the forged policy refused", proc, log)
+
+        # 3. The run metadata, unsigned, naming another env; then a new pool process must read it.
+        meta = PolicyStore(client, run_id, secret=None).run_meta()
+        meta["config"]["env"]["id"] = "os:system"
+        PolicyStore(client, run_id, secret=None).set_run_meta(meta)
+        for pid in _pool_pids(main_pid):
+            os.kill(pid, signal.SIGKILL)
+        poll(lambda: warned("metadata in Redis is not signed"), "the forged metadata refused", proc, log)
+        assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    summary, untouched = read_summary(run_dir), read_summary(tmp_path / "untouched")
+    assert summary["security"]["refused_spec"] >= 1 and summary["security"]["refused_policy"] >= 1
+    assert summary["security"]["refused_meta"] >= 1 and summary["security"]["refused_result"] == 0
+    assert summary["env_steps"] == untouched["env_steps"]
+    assert summary["policy_sha256"] == untouched["policy_sha256"]  # learned exactly what it would have
+    last = read_csv(run_dir / "progress.csv")[-1]
+    assert int(float(last["security/refused_policy"])) == summary["security"]["refused_policy"]
+    stderr = log.read_text()
+    assert "rlfarm: error" not in stderr
+    assert any("wrote back policy v" in line for line in stderr.splitlines() if "was refused on" in line), stderr
+    assert any("wrote back the run metadata" in line for line in stderr.splitlines()), stderr
+    # What the run leaves in Redis is the trainer's again: signed metadata naming its env, a verified policy.
+    assert PolicyStore(client, run_id, secret=SECRET).run_meta()["config"]["env"]["id"] == "tests.tiny_envs:long_slow"
+    PolicyStore(client, run_id, secret=SECRET).get("latest")
