@@ -258,9 +258,7 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
     import msgpack
     import redis
 
-    from rlfarm.store import results_key  # noqa: F401
-
-    from .conftest import poll, read_csv, read_summary, rlfarm_cmd, WORKER_ENV
+    from .conftest import WORKER_ENV, poll, read_csv, read_summary, rlfarm_cmd
 
     url = signed_worker.redis_url
     client = connect(url)
