@@ -46,6 +46,7 @@ IDLE_WARNING_SECONDS = 60.0  # pending tasks, none running: say so on the consol
 AUTO_TIME_LIMIT_FIRST = 600.0  # hard time limit before any task of a kind has reported its duration
 AUTO_TIME_LIMIT_MIN = 60.0
 AUTO_TIME_LIMIT_FACTOR = 10.0  # times the longest duration seen so far
+MAX_REFUSALS = 20  # copies of one task refused by workers before the run fails (a loop, not an attack)
 
 
 class RolloutError(RuntimeError):
@@ -71,6 +72,7 @@ class Pending:
     backups: int = 0  # straggler copies sent
     lease_gone: float | None = None  # when its lease was first seen gone while results waited
     reason: str = ""  # why it was last re-sent
+    refusals: int = 0  # copies a worker refused (Result.refused)
 
 
 @dataclass
@@ -110,7 +112,8 @@ class Dispatcher:
         `on_state_lost`: called when the run's metadata vanished from Redis (FLUSHALL, a Redis
         restarted without its data), after the dispatcher has written back its own state.
         `on_refused(kind)`: a worker refused the task's "policy", "meta" or "spec" as not signed by the
-        farm; puts back what the trainer wrote and says what (the task is then sent again)."""
+        farm; puts back what the trainer wrote and says what (the task is then sent again). Without
+        it, a refusal fails the task as any other error does."""
         self.app = app
         self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
         self.client = client
@@ -276,9 +279,14 @@ class Dispatcher:
         farm's secret (the worker's own report is signed). Counted and warned about; the trainer puts
         back its own copy, and the task is sent again, so one forged write does not end the run."""
         self.stats.refused[message.refused] += 1
-        repaired = self.on_refused(message.refused) if self.on_refused is not None else ""
         where = f"{describe_key(key)} was refused on {message.worker}: {message.error}"
+        if self.on_refused is None:  # nobody holds a genuine copy to put back
+            raise RolloutError(where.replace(" was refused on ", " failed on ", 1))
+        repaired = self.on_refused(message.refused)
         if p is not None and message.task_id == p.task_id:  # else a newer copy is already on its way
+            p.refusals += 1
+            if p.refusals > MAX_REFUSALS:
+                raise TaskLostError(f"{describe_key(key)} was refused {p.refusals} times; last: {where}")
             self.notify(f"{where}; {repaired}sending it again")
             # Not counted: the report is signed, so it comes from a worker holding the farm's secret,
             # and what it refused was written by someone who does not.
