@@ -376,7 +376,8 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
     import logging
 
     from rlfarm import logs
-    from rlfarm.store import RedisAuthError, connect, eviction_error, no_password_warning
+    from rlfarm.signing import secret_from_env
+    from rlfarm.store import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
 
     try:
         probe = connect(redis_url)
@@ -386,9 +387,10 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
     probe.close()
     if evicts:
         fail(evicts, 1)
-    warning = no_password_warning(redis_url)  # it let us in without one
-    if warning:
-        logging.getLogger("rlfarm.worker").warning("%s", warning)
+    for warning in (no_password_warning(redis_url),  # it let us in without one
+                    no_secret_warning(redis_url, secret_from_env())):
+        if warning:
+            logging.getLogger("rlfarm.worker").warning("%s", warning)
     if ctx.get_parameter_source("loglevel") is click.core.ParameterSource.DEFAULT and logs.verbosity():
         loglevel = "WARNING" if logs.verbosity() < 0 else "DEBUG"
     logs.hand_over_to_celery()  # from here on Celery's logging prints rlfarm's records too

@@ -134,6 +134,8 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         farm = localfarm.running()
         if farm is not None:
             redis_url, processes = farm["redis_url"], farm["workers"]  # no need to ask the workers
+            if farm.get("secret"):  # its workers hold it (rlfarm.localfarm.up)
+                options["secret"] = farm["secret"]
             options["local_workers"] = processes  # on this machine: the trainer's threads leave them their cores
             notify(f"no --redis given: training on the local farm started by `rlfarm up` ({farm['workers']} "
                    f"worker processes; `rlfarm down` stops it)")
@@ -158,6 +160,7 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
     from rlfarm.claim import RunDirLock
     from rlfarm.cluster import LocalCluster
     from rlfarm.envs import allowed_modules_env
+    from rlfarm.signing import SECRET_ENV, secret_from_env
 
     lock = RunDirLock(run_dir)  # before anything is written into the directory (the farm's logs)
     lock.acquire()
@@ -165,8 +168,14 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
     notify(f"no --redis given: starting an embedded Redis and {workers} local worker processes "
            f"(logs in {run_dir}/)")
     # The user's own `module:callable` env is trusted on the user's own local workers.
+    extra_env = allowed_modules_env(cfg.env.id)
+    if not secret_from_env():
+        # Signed by default: without a secret, anyone who can reach this Redis (any local user) could
+        # push a forged result that counts as the task's first copy. Made per run, given to its
+        # workers through their environment, never written down.
+        options["secret"] = extra_env[SECRET_ENV] = secrets.token_hex(32)
     cluster = LocalCluster(workers=workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir,
-                           extra_env=allowed_modules_env(cfg.env.id))
+                           extra_env=extra_env)
     try:
         cluster.start(wait=False)  # the workers import torch while the trainer builds its network
         (run_dir / "cluster.json").write_text(json.dumps(

@@ -15,6 +15,9 @@ waited in the queue:
 - straggling: running for more than `task_timeout` seconds: one backup copy is sent (tasks are
   deterministic, so any copy is as good as another); the first copy to finish counts.
 - timed out: a worker reports that the task ran past its hard time limit (a hung env): sent again.
+- refused: with RLFARM_SECRET, a worker reports that the task's spec, the run metadata or the policy
+  did not verify (written by someone without the secret): counted (`security/refused_*`), the
+  trainer puts back its own copy, and the task is sent again, not counted against `max_redispatch`.
 A task re-sent more than `max_redispatch` times fails the run with the reason. Later copies of a
 task that already counted are dropped and counted as duplicates. Why liveness works this way:
 docs/architecture.md, decisions 2, 3 and 5.
@@ -36,7 +39,7 @@ from rlfarm import codec, signing
 from rlfarm.claim import Claim
 from rlfarm.outage import OutageRetry
 from rlfarm.protocol import PROTOCOL, Key, Result, TaskSpec, legacy_refusal
-from rlfarm.store import LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
+from rlfarm.store import FROM_ENV, LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
 
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
@@ -45,6 +48,7 @@ STALL_NOTICE_SECONDS = 60.0  # tasks running, none finished: say what runs where
 AUTO_TIME_LIMIT_FIRST = 600.0  # hard time limit before any task of a kind has reported its duration
 AUTO_TIME_LIMIT_MIN = 60.0
 AUTO_TIME_LIMIT_FACTOR = 10.0  # times the longest duration seen so far
+MAX_REFUSALS = 20  # copies of one task refused by workers before the run fails (a loop, not an attack)
 
 
 class RolloutError(RuntimeError):
@@ -71,6 +75,7 @@ class Pending:
     lease_gone: float | None = None  # when its lease was first seen gone while results waited
     reason: str = ""  # why it was last re-sent
     refused: float | None = None  # when a worker of another protocol refused it (re-sent at the next check)
+    refusals: int = 0  # copies a worker refused (Result.unverified)
 
 
 @dataclass
@@ -86,6 +91,8 @@ class DispatchStats:
     time_limits: int = 0  # re-sent because they ran past their hard time limit
     stragglers: int = 0  # backup copies of tasks running longer than task_timeout
     forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
+    # Task inputs workers refused as not signed by the farm (Result.unverified), by kind; re-sent.
+    unverified: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("policy", "meta", "spec"), 0))
     state_restored: int = 0  # times the run's state was found lost in Redis and written back
     refused: int = 0  # copies refused unrun by workers of another protocol version (re-sent)
     handed_back: int = 0  # copies handed back unfinished by workers shutting down (re-sent at once)
@@ -93,19 +100,28 @@ class DispatchStats:
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
     accepted_task_ids: list[str] = field(default_factory=list)
 
+    def security(self) -> dict[str, int]:
+        """What was refused for want of a valid signature (RLFARM_SECRET), by what it was."""
+        return {"security/refused_result": self.forged,
+                **{f"security/refused_{kind}": n for kind, n in self.unverified.items()}}
+
 
 class Dispatcher:
     def __init__(self, app: Celery, client: redis.Redis, run_id: str, task_timeout: float,
                  max_redispatch: int, on_event: Callable[[], None] | None = None, env: str | None = None,
                  lease_seconds: float = 10.0, time_limit: float = 0.0, retry: OutageRetry | None = None,
                  on_state_lost: Callable[[], None] | None = None, notify: Callable[[str], None] | None = None,
-                 claim: Claim | None = None):
+                 claim: Claim | None = None, secret: Any = FROM_ENV,
+                 on_unverified: Callable[[str], str] | None = None):
         """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
         durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
         `on_state_lost`: called when the run's metadata vanished from Redis (FLUSHALL, a Redis
         restarted without its data), after the dispatcher has written back its own state.
         `claim`: the trainer's claim of the run (rlfarm.claim), whose incarnation every task carries;
-        without one the dispatcher claims the run itself when it first sends a task."""
+        without one the dispatcher claims the run itself when it first sends a task.
+        `on_unverified(kind)`: a worker refused the task's "policy", "meta" or "spec" as not signed by the
+        farm; puts back what the trainer wrote and says what (the task is then sent again). Without
+        it, a refusal fails the task as any other error does."""
         self.app = app
         self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
         self.client = client
@@ -119,6 +135,7 @@ class Dispatcher:
         self.retry = retry or OutageRetry()
         self.on_event = on_event or (lambda: None)
         self.on_state_lost = on_state_lost
+        self.on_unverified = on_unverified
         self.notify = notify or (lambda text: None)
         self.stats = DispatchStats()
         self.refusing: dict[str, Any] = {}  # workers of another protocol version -> theirs
@@ -132,7 +149,7 @@ class Dispatcher:
         self._stall_noticed = 0.0
         self._outages_seen = self.retry.outages
         self._queue = app.conf.task_default_queue
-        self.secret = signing.secret_from_env()
+        self.secret = signing.secret_from_env() if secret is FROM_ENV else secret  # signs specs, checks results
         self._own_claim = claim is None
         self.claim = claim or Claim(client, run_id)
 
@@ -191,15 +208,16 @@ class Dispatcher:
             self.on_event()
         return keys
 
-    def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False, count: bool = True) -> None:
-        """`count=False`: a copy that says nothing about the task (refused unrun by a worker of another
-        version) does not count towards max_redispatch."""
-        if count and not backup and p.copies > self.max_redispatch:
+    def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False, counted: bool = True) -> None:
+        """`counted`: the copy counts towards max_redispatch. Copies that say nothing about the task do
+        not: a worker refused an attacker's write (a few writes must not end the run), a worker of
+        another protocol version refused it unrun, or a worker shutting down handed it back."""
+        if counted and not backup and p.copies > self.max_redispatch:
             raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; "
                                 f"last: {reason}")
         self.client.sadd(self.wanted, LIVE, task_key_text(*key))  # a timed-out copy may have left it
         p.task_id = self._send(p.spec)
-        p.copies += count
+        p.copies += counted
         p.reason = reason
         p.refused = None
         p.last_seen = p.sent = time.monotonic()
@@ -254,6 +272,9 @@ class Dispatcher:
             self.stats.duplicates += 1
             return None
         p = self.pending.get(key)
+        if message.error is not None and message.unverified in self.stats.unverified:
+            self._unverified(key, p, message)
+            return None
         if p is None:
             self.stats.duplicates += 1  # a late copy of a task that already counted
             return None
@@ -263,7 +284,7 @@ class Dispatcher:
                 reason = (f"{describe_key(key)} was handed back by {message.worker}: "
                           f"{(message.error or '').removeprefix('HandedBack: ')}")
                 self.notify(f"{reason}; sending it again")
-                self._resend(key, p, reason, count=False)
+                self._resend(key, p, reason, counted=False)
             return None
         if message.refused or legacy_refusal(message.error):
             self._refused(p, message)
@@ -301,6 +322,26 @@ class Dispatcher:
             self.notify(f"worker {message.worker} speaks rlfarm protocol {theirs}, this trainer "
                         f"{PROTOCOL}: it refuses this run's tasks, which go to the other workers; "
                         f"upgrade it to this trainer's rlfarm")
+
+    def _unverified(self, key: Key, p: Pending | None, message: Result) -> None:
+        """A worker refused the task's policy, run metadata or spec: written by someone without the
+        farm's secret (the worker's own report is signed). Counted and warned about; the trainer puts
+        back its own copy, and the task is sent again, so one forged write does not end the run."""
+        self.stats.unverified[message.unverified] += 1
+        where = f"{describe_key(key)} was refused on {message.worker}: {message.error}"
+        if self.on_unverified is None:  # nobody holds a genuine copy to put back
+            raise RolloutError(where.replace(" was refused on ", " failed on ", 1))
+        repaired = self.on_unverified(message.unverified)
+        if p is not None and message.task_id == p.task_id:  # else a newer copy is already on its way
+            p.refusals += 1
+            if p.refusals > MAX_REFUSALS:
+                raise TaskLostError(f"{describe_key(key)} was refused {p.refusals} times; last: {where}")
+            self.notify(f"{where}; {repaired}sending it again")
+            # Not counted: the report is signed, so it comes from a worker holding the farm's secret,
+            # and what it refused was written by someone who does not.
+            self._resend(key, p, where, counted=False)
+        else:
+            self.notify(f"{where}; {repaired}".rstrip("; "))
 
     def unaccept(self, message: Result) -> None:
         """A result received but never used (its run ended first): no longer counted as accepted, so
@@ -341,7 +382,7 @@ class Dispatcher:
         for key, is_wanted, leased in zip(keys, wanted, leases):
             p = self.pending[key]
             if p.refused is not None:
-                self._resend(key, p, "refused by a worker of another protocol version", count=False)
+                self._resend(key, p, "refused by a worker of another protocol version", counted=False)
                 continue
             if not is_wanted:
                 continue  # its result has been pushed and waits in the results list

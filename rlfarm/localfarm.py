@@ -2,7 +2,7 @@
 so that repeated `rlfarm train` runs skip the start-up (as `ray start` does); `rlfarm down` stops them.
 
 State lives in `$RLFARM_HOME` (default `~/.cache/rlfarm`): `local-farm.json` (URL with a random
-password, pids; mode 0600) and the processes' logs. Everything binds to 127.0.0.1.
+password, the farm's RLFARM_SECRET, pids; mode 0600) and the processes' logs. Everything binds to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfarm.cluster import LocalCluster
+from rlfarm.signing import SECRET_ENV, secret_from_env
 
 
 class LocalFarmError(RuntimeError):
@@ -68,7 +69,11 @@ def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
         raise LocalFarmError(f"a local farm is already up ({state_path()}); `rlfarm down` stops it")
     log_dir = home() / "local-farm"
     log_dir.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(workers=workers, name="rlfarm-local", log_dir=log_dir, extra_env=extra_env,
+    # Signed by default (rlfarm.signing): the user's RLFARM_SECRET, else one made here, kept in the
+    # state file (mode 0600, like the password) for `rlfarm train` to use on this farm.
+    secret = (secret_from_env() or secrets.token_hex(32).encode()).decode()
+    cluster = LocalCluster(workers=workers, name="rlfarm-local", log_dir=log_dir,
+                           extra_env={**(extra_env or {}), SECRET_ENV: secret},
                            detached=True, password=secrets.token_hex(16), data_dir=log_dir)
     try:
         cluster.start()
@@ -76,7 +81,7 @@ def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
         cluster.stop()
         raise
     state = {"redis_url": cluster.redis_url, "pids": cluster.pids, "workers": workers,
-             "logs": str(log_dir), "started": time.time()}
+             "logs": str(log_dir), "started": time.time(), "secret": secret}
     path = state_path()
     path.touch(mode=0o600)  # it holds the password
     path.write_text(json.dumps(state) + "\n")

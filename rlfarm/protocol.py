@@ -166,6 +166,9 @@ class Result:
     refused: bool = False  # not run: the task is of another protocol than the worker's (`protocol`)
     protocol: int | None = None  # with `refused`: the worker's protocol version
     handed_back: bool = False  # not finished: its worker is shutting down (SIGTERM); sent again at once
+    # With RLFARM_SECRET, what of the task's inputs did not verify ("spec", "meta" or "policy"): written
+    # by someone without the secret; the trainer writes back its own copy and re-sends the task.
+    unverified: str | None = None
 
     @property
     def key(self) -> Key:

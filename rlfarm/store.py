@@ -155,6 +155,19 @@ def no_password_warning(url: str) -> str | None:
             f"queue work on every worker; give it one (requirepass) and use {parts.scheme}://:PASSWORD@host:port/db")
 
 
+def no_secret_warning(url: str, secret: bytes | str | None) -> str | None:
+    """The warning for a Redis off this machine without RLFARM_SECRET (its results, policies and tasks
+    are then taken as they come: whoever can write to it can forge them unnoticed), or None."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if secret or parts.scheme == "unix" or is_loopback(parts.hostname):
+        return None
+    return (f"Redis at {redact(url)} is not on this machine and RLFARM_SECRET is not set: whoever can write "
+            f"to it can forge results, policies and tasks unnoticed; give the trainer and every worker the "
+            f"same secret in RLFARM_SECRET (e.g. `openssl rand -hex 32`)")
+
+
 FROM_ENV: Any = object()  # PolicyStore's default secret: RLFARM_SECRET, read when the store is made
 
 
@@ -172,13 +185,19 @@ class PolicyStore:
         # Versions retention never trims (the best one, those being evaluated), with their blobs, so a
         # trainer can write them back after Redis lost its data. Only the run's trainer pins.
         self.pinned: dict[int, bytes] = {}
+        # The newest version this store published, as it wrote it: what it pins or writes back is its
+        # own copy, never bytes read back from Redis, which anyone who can write to Redis can replace.
+        self.own: tuple[int, bytes] | None = None
+        self.own_meta: bytes | None = None
 
     def _key(self, version: int) -> str:
         return f"{self.prefix}policy:{version}"
 
     # ---- run metadata --------------------------------------------------------------------------
     def set_run_meta(self, meta: Mapping[str, Any]) -> None:
-        self.client.set(f"{self.prefix}meta", signing.seal_run_meta(self.run_id, meta, self.secret))
+        text = signing.seal_run_meta(self.run_id, meta, self.secret)
+        self.client.set(f"{self.prefix}meta", text)
+        self.own_meta = text.encode()  # as written, to put back if it is replaced (write_back)
 
     def run_meta(self) -> dict[str, Any]:
         raw = self.client.get(f"{self.prefix}meta")
@@ -207,12 +226,20 @@ class PolicyStore:
             pipe.delete(*[self._key(v) for v in old])
             pipe.zrem(f"{self.prefix}versions", *[str(v) for v in old])
         pipe.execute()
+        self.own = (version, blob)
         return blob
 
     def pin(self, version: int) -> bytes:
-        """Keep `version` whatever `keep` says (listed in `rlfarm:<run>:pinned`); returns its blob."""
+        """Keep `version` whatever `keep` says (listed in `rlfarm:<run>:pinned`); returns its blob: the
+        store's own copy when it published it, else the one in Redis once it passes `get`'s checks
+        (PolicyCorrupt if not): a blob forged in Redis is never pinned, nor re-signed from there."""
         if version not in self.pinned:
-            self.pinned[version] = self.get_blob(version)
+            if self.own is not None and self.own[0] == version:
+                self.pinned[version] = self.own[1]
+            else:
+                blob = self.get_blob(version)
+                self._check(version, blob)
+                self.pinned[version] = blob
             self.client.sadd(f"{self.prefix}pinned", version)
         return self.pinned[version]
 
@@ -238,6 +265,28 @@ class PolicyStore:
             pipe.zadd(f"{self.prefix}versions", {str(version): version})
             pipe.sadd(f"{self.prefix}pinned", version)
         pipe.execute()
+
+    def write_back(self) -> list[str]:
+        """Put back what this store wrote that Redis no longer holds as written (the run metadata, the
+        newest version, pinned versions), e.g. replaced by someone without the secret, whose copy the
+        workers refused. Returns what was put back ("the run metadata", "policy v3")."""
+        own: dict[str, tuple[str, bytes]] = {}
+        if self.own_meta is not None:
+            own[f"{self.prefix}meta"] = ("the run metadata", self.own_meta)
+        for version, blob in ([self.own] if self.own else []) + list(self.pinned.items()):
+            own[self._key(version)] = (f"policy v{version}", blob)
+        if not own:
+            return []
+        keys = list(own)
+        pipe = self.client.pipeline(transaction=True)
+        written = []
+        for key, current in zip(keys, self.client.mget(keys)):
+            what, blob = own[key]
+            if current != blob:
+                pipe.set(key, blob)
+                written.append(what)
+        pipe.execute()
+        return written
 
     def latest(self) -> int | None:
         raw = self.client.get(f"{self.prefix}policy:latest")
@@ -273,7 +322,9 @@ class PolicyStore:
         if version == "latest":
             latest = self.latest()
             version = "latest" if latest is None else latest  # None: get_blob raises a clear error
-        blob = self.get_blob(version)
+        return self._check(version, self.get_blob(version))
+
+    def _check(self, version: int | str, blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         try:
             state, meta = codec.decode_policy(blob, self.secret)
         except codec.CodecError as exc:

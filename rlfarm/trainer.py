@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from rlfarm import checkpoint, codec, logs
+from rlfarm import checkpoint, codec, logs, signing
 from rlfarm.algos import check_mode, learner
 from rlfarm.celery_app import make_app
 from rlfarm.claim import Claim
@@ -45,7 +45,8 @@ from rlfarm.protocol import PROTOCOL, Result, TaskSpec
 from rlfarm.rollout import Rollout, concat
 from rlfarm.outage import OutageRetry, resilient_client
 from rlfarm.rundir import write_atomic
-from rlfarm.store import PolicyStore, connect, queue_depth, redact, refuse_eviction, write_status
+from rlfarm.store import (FROM_ENV, PolicyCorrupt, PolicyStore, connect, no_secret_warning, queue_depth, redact,
+                          refuse_eviction, write_status)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -108,11 +109,14 @@ class Trainer:
 
     def __init__(self, config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
                  resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None,
-                 local_workers: int = 0):
+                 local_workers: int = 0, secret: Any = FROM_ENV):
         """`resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.checkpoint).
         `callback(LogStep)`: called after each log step; returning False stops the run.
         `local_workers`: worker processes of this run on this machine (the embedded default's), whose
-        cores the trainer's threads leave to them (rlfarm.config.trainer_threads)."""
+        cores the trainer's threads leave to them (rlfarm.config.trainer_threads).
+        `secret`: what signs and checks the run's data in Redis (default RLFARM_SECRET; the embedded
+        default and `rlfarm up` make one of their own). Files in the run directory are signed with
+        RLFARM_SECRET only, so they verify wherever the user's secret does."""
         self.callback = callback
         self._stop_requested = False
         check_mode(config.algo, config.mode)
@@ -132,7 +136,9 @@ class Trainer:
         self.retry = OutageRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}",
                                  notify=self.warn)
         self.client = resilient_client(redis_url, self.retry)
-        self.store = PolicyStore(self.client, config.run_id, keep=config.farm.keep_versions)
+        self.store = PolicyStore(self.client, config.run_id, keep=config.farm.keep_versions, secret=secret)
+        self.file_secret = signing.secret_from_env()
+        self._secret_warning = no_secret_warning(redis_url, self.store.secret)
         self.claim = Claim(self.client, config.run_id)  # taken by train(), before the run is touched
         self.app = make_app(redis_url)
         self._log = logging.getLogger("rlfarm.trainer")
@@ -149,7 +155,8 @@ class Trainer:
                                      env=config.env.id,  # shown in Flower's task labels
                                      lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
                                      retry=self.retry, on_state_lost=self.restore_run_state,
-                                     notify=self.warn, claim=self.claim)
+                                     notify=self.warn, claim=self.claim, secret=self.store.secret,
+                                     on_unverified=self.write_back)
         self.env_steps = 0
         self.version = 0
         self.dropped_stale = 0  # ASYNC: results older than async.max_policy_lag
@@ -192,6 +199,12 @@ class Trainer:
         return {"config": to_dict(self.config), "space": self.space.to_dict(),
                 "incarnation": self.claim.incarnation, "protocol": PROTOCOL}
 
+    def write_back(self, kind: str) -> str:
+        """A worker refused the run's metadata, a policy or a task spec (rlfarm.dispatch): put back
+        what the trainer wrote, from its own copies, where Redis holds something else."""
+        written = self.store.write_back()
+        return f"wrote back {' and '.join(written)} from the trainer's own copy; " if written else ""
+
     def _on_event(self) -> None:
         if self.logger:
             self.logger.status(self.env_steps, self._sps, self.version, self.dispatcher.in_flight)
@@ -205,7 +218,8 @@ class Trainer:
                 "farm/redispatched": stats.redispatched,
                 "farm/leases_expired": stats.leases_expired,
                 "farm/time_limits": stats.time_limits,
-                "farm/redis_outages": self.retry.outages}
+                "farm/redis_outages": self.retry.outages,
+                **stats.security()}
 
     def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
         """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone)."""
@@ -306,12 +320,14 @@ class Trainer:
             self.store.unpin(version)
 
     def _write_best(self, version: int, score: float) -> None:
-        state, meta = codec.decode_policy(self.store.pin(version))
+        # The pinned blob is the trainer's own copy or one that passed the store's checks; verified
+        # again here, since it is re-signed below (rlfarm.store.PolicyStore.pin).
+        state, meta = codec.decode_policy(self.store.pin(version), self.store.secret)
         meta.update({"env": self.config.env.id, "policy": json.dumps(to_dict(self.config)["policy"]),
                      "env_options": json.dumps(to_dict(self.config)["env"]),
                      "eval_mean_return": f"{score:.3f}"})
         meta.pop("hmac", None)
-        blob = codec.encode_policy(state, meta, self.store.secret)
+        blob = codec.encode_policy(state, meta, self.file_secret)
         write_atomic(self.run_dir / "best_policy.safetensors", blob)
 
     def drain_evaluations(self) -> None:
@@ -384,7 +400,10 @@ class Trainer:
         # Pins of the dead trainer: its evaluations are gone; the best version stays pinned if it is there.
         self.client.delete(f"{self.store.prefix}pinned")
         if self.best_version is not None and self.best_version in self.store.versions():
-            self.store.pin(self.best_version)
+            try:
+                self.store.pin(self.best_version)
+            except PolicyCorrupt as exc:  # replaced in Redis meanwhile: not ours to keep or re-sign
+                self.warn(f"not keeping the best version v{self.best_version}: {exc}")
         self._log.info("resuming run %s from its checkpoint: %d env steps, policy v%d", self.config.run_id,
                        self.env_steps, self.version)
         return state
@@ -403,6 +422,8 @@ class Trainer:
 
     def _train(self) -> TrainResult:
         cfg = self.config
+        if self._secret_warning:
+            self.warn(self._secret_warning)
         resume_state = self._resume() if self.resume else None
         if resume_state is None and self.store.latest() is not None:
             raise ConfigError(f"run {cfg.run_id!r} already has policies in this Redis (latest "
@@ -468,7 +489,7 @@ class Trainer:
         blob = codec.encode_policy(state, {"version": str(self.version), "algo": self.config.algo,
                                            "run": self.config.run_id, "env": self.config.env.id,
                                            "policy": json.dumps(to_dict(self.config)["policy"])},
-                                   self.store.secret)
+                                   self.file_secret)
         write_atomic(self.run_dir / "final_policy.safetensors", blob)
         best = self.run_dir / "best_policy.safetensors"
         stats = self.dispatcher.stats
@@ -496,6 +517,7 @@ class Trainer:
                              "refused": stats.refused, "handed_back": stats.handed_back,
                              "redis_outages": self.retry.outages,
                              "redis_outage_seconds": round(self.retry.outage_seconds, 3)}
+        summary["security"] = {k.split("/", 1)[1]: v for k, v in stats.security().items()}
         summary["accepted_task_ids"] = stats.accepted_task_ids
         summary.update(self.summary_extras())
         from rlfarm.config import json_safe  # strict JSON: no evaluation (NaN), best -inf -> null

@@ -29,8 +29,8 @@ from rlfarm.node import hand_back_reason
 from rlfarm.rollout import EnvStream, StreamCache, collect, run_episodes, stream_seeds, task_seeds
 from rlfarm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 from rlfarm.outage import OutageRetry, is_oom, resilient_client
-from rlfarm.store import (LIVE, PolicyCache, PolicyStore, lease_key, redact, results_key, run_prefix,  # noqa: F401
-                          task_key_text, wanted_key)
+from rlfarm.store import (LIVE, PolicyCache, PolicyCorrupt, PolicyStore, lease_key, redact,  # noqa: F401
+                          results_key, run_prefix, task_key_text, wanted_key)
 
 RESULT_TTL = 3600  # backstop only: the trainer pops results as they come
 MAX_STREAMS = 4  # runs whose env streams ("continue" episodes) one process keeps; LRU beyond
@@ -327,6 +327,7 @@ class RolloutWorker:
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
             self.running = False
             base.error, base.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)
+            base.unverified = refused_input(exc)
             payload = codec.pack(base.to_message())
             done = None
         try:
@@ -365,6 +366,16 @@ class RolloutWorker:
             # trainer's own writes fail the same way and it says so in one line.
             log.error("cannot push the result of %s to run %s: Redis is out of memory (%s); free memory "
                       "or raise its maxmemory", attempts_key.rsplit(":", 1)[-1], run, exc)
+
+
+def refused_input(exc: BaseException) -> str | None:
+    """Which of a task's inputs failed its checks, if that is why the task failed: "spec" (its
+    signature), "meta" (the run metadata's) or "policy" (the blob's hmac, sha256, version or run)."""
+    if isinstance(exc, PolicyCorrupt):
+        return "policy"
+    if isinstance(exc, signing.SignatureError):  # signing names what it checked: "task spec", "metadata"
+        return "spec" if "task spec" in str(exc) else "meta"
+    return None
 
 
 def _options_key(env_cfg: dict[str, Any]) -> str:

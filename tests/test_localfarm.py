@@ -42,6 +42,13 @@ def test_up_then_train_on_it_then_down(tmp_path):
             assert not (tmp_path / run_id / "cluster.json").exists()  # nothing embedded was started
             assert json.loads((tmp_path / run_id / "summary.json").read_text())["env_steps"] == 2048
         assert all(pid_alive(pid) for pid in state["pids"])  # still up after both runs
+        # Signed by default: `up` made a secret (kept in the 0600 state file), its workers and the
+        # runs trained on it use it, so the run's metadata in Redis carries an hmac.
+        assert len(state["secret"]) == 64
+        import redis
+
+        meta = redis.Redis.from_url(state["redis_url"]).get("rlfarm:first:meta")
+        assert set(json.loads(meta)) == {"signed", "hmac"}
     finally:
         down = cli("down")
     assert down.returncode == 0 and "local farm stopped (2 processes)" in down.stdout
