@@ -497,10 +497,8 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
             # With RLFARM_SECRET set, the file's hmac must verify (CodecError otherwise).
             try:
                 state, meta = codec.decode_policy(Path(policy_file).read_bytes(), secret_from_env())
-            except SignatureError as exc:
-                fail(f"policy file {policy_file}: {exc}", 1)
-            except codec.CodecError as exc:
-                fail(f"{policy_file} is not a policy file rlfarm wrote ({exc})", 1)
+            except (codec.CodecError, SignatureError) as exc:  # not a policy, or forged: name the file
+                fail(f"{exc} (file {policy_file})", 1)
             except OSError as exc:
                 fail(f"cannot read {policy_file}: {exc.strerror or exc}", 1)
             policy_cfg = json.loads(meta.get("policy", "{}"))
