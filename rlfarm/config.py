@@ -111,6 +111,12 @@ class AlgoSection:
     def check_spaces(cls, spec: "SpaceSpec") -> None:
         """Raise ConfigError when the algorithm cannot act in an env with these spaces."""
 
+    def learner_forwards(self, run: "RunConfig") -> float | None:
+        """What the learner spends per env step it consumes, in forwards of the network per observation
+        (a forward-backward counts 3), for splitting a machine's cores between learner and workers
+        (core_split); None: not modelled, the cores are split evenly."""
+        return None
+
 
 @dataclass(frozen=True)
 class PPOConfig(AlgoSection):
@@ -139,6 +145,10 @@ class PPOConfig(AlgoSection):
     c_bar: float = 1.0  # of the trace-cutting weights
     vtrace: bool = True  # false: take lagged results as on-policy (GAE), for ablations
     pg_loss: str = "clip"  # clip: PPO's clipped surrogate; impala: -log pi(a) * advantage
+    # ASYNC only: what the surrogate's ratio is clipped around. "behaviour": the policy that acted (APPO);
+    # "proximal": the network as the update begins (Hilton et al. 2021's decoupled PPO), so a lagged
+    # result keeps PPO's full trust region and V-trace's truncated weights pi/mu do the correction.
+    clip_to: str = "behaviour"
 
     def check(self, run: "RunConfig") -> None:
         _at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches")
@@ -159,6 +169,14 @@ class PPOConfig(AlgoSection):
                 raise ConfigError(f"ppo.{key} must be positive, got {getattr(self, key)}")
         if self.pg_loss not in ("clip", "impala"):
             raise ConfigError(f"ppo.pg_loss must be clip or impala, got {self.pg_loss!r}")
+        if self.clip_to not in ("behaviour", "proximal"):
+            raise ConfigError(f"ppo.clip_to must be behaviour or proximal, got {self.clip_to!r}")
+
+    def learner_forwards(self, run: "RunConfig") -> float | None:
+        # Each epoch is a forward-backward per sample; V-trace's targets take one more forward over
+        # the batch first, except in APPO's one pass (rlfarm.algos.appo), where the loss's forward gives them.
+        one_pass = run.mode == "async" and self.update_epochs == 1 and self.vtrace
+        return 3.0 * self.update_epochs + (0.0 if one_pass else 1.0)
 
 
 @dataclass(frozen=True)
@@ -391,26 +409,41 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+# What a worker spends per env step of a CNN run, in forwards of the network per observation: its own
+# forward at a task's batch, and the emulator's step (about 0.4 of one on Pong, benchmarks/pong.py).
+ACTING_FORWARDS = 1.4
+
+
+def acting_share(config: "RunConfig") -> float:
+    """The workers' share of the CPU a CNN run's env step costs (actors and learner together), from
+    the algorithm's cost model (AlgoSection.learner_forwards); 0.5 where it has none."""
+    learner = config.algo_config.learner_forwards(config)
+    return 0.5 if learner is None else ACTING_FORWARDS / (ACTING_FORWARDS + learner)
+
+
 def local_workers(config: "RunConfig", cores: int | None = None) -> int:
-    """Worker processes the embedded default starts: `farm.workers`, or for 0 ("auto") half the cores,
-    at least 1. On Pong a step costs the learner about as much CPU as the env and the actor together
-    (benchmarks/pong.py), so an even split keeps both busy on 2 cores and on 16."""
+    """Worker processes the embedded default starts: `farm.workers`, or for 0 ("auto") the cores'
+    share the actors need (acting_share), at least 1. The learner paces an ASYNC run on one machine:
+    a worker beyond that share would wait for it (pong, 2 epochs: 1 worker on 2 cores, 3 on 16)."""
     if config.farm.workers:
         return config.farm.workers
-    return max(1, (cores or machine_cores()) // 2)
+    return max(1, round((cores or machine_cores()) * acting_share(config)))
 
 
 def trainer_threads(config: "RunConfig", image: bool, local: int, cores: int | None = None) -> int:
     """The trainer's torch threads: `torch_threads`, or for 0 ("auto") one for MLPs (per-op overhead
     dominates at their sizes, and one thread keeps SYNC bit-reproducible) and, for CNNs, the cores
-    left by the `local` worker processes this machine runs for the run, at least 1: more threads
-    than free cores slow the learner down (OpenMP threads wait for each other whenever one is
-    descheduled)."""
+    the `local` worker processes of this run on this machine leave: each uses at most the actors'
+    share of the cores (acting_share), since the learner paces them. At least 1: more threads than
+    free cores slow the learner down (OpenMP threads wait for each other whenever one is
+    descheduled). Pong with 2 epochs on 2 cores: 1 worker and 2 threads; with one pass: 1 and 1
+    (each the faster split there, benchmarks/pong.py)."""
     if config.torch_threads:
         return config.torch_threads
     if not image:
         return 1
-    return max(1, (cores or machine_cores()) - local)
+    cores = cores or machine_cores()
+    return max(1, round(cores - min(local, cores * acting_share(config))))
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:

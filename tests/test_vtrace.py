@@ -157,3 +157,41 @@ def test_one_pass_learns_in_chunks_of_time():
     after = learner.state()
     assert any(not torch.equal(before[k], after[k]) for k in before if "actor" in k)
     assert not learner._one_pass(_lagged_rollout(spec, T=18, N=8, seed=3))  # 18 steps, 4 minibatches
+
+
+@pytest.mark.parametrize("path", ["_learn_after_targets", "_learn_in_one_pass"])
+def test_clipped_around_the_proximal_policy_a_lagged_batch_starts_unclipped(path):
+    """clip_to = "proximal" (decoupled PPO): the ratio is taken to the network as the update begins,
+    so however far the behaviour policy lags, a step starts inside the trust region, and its
+    gradient is IMPALA's, -log pi(a) x V-trace's advantage (which carries min(rho_bar, pi/mu)); clipped
+    around the lagged behaviour instead, most of the same batch starts clipped."""
+    import torch
+
+    from rlfarm import config as C
+    from rlfarm.algos.appo import APPO
+    from rlfarm.envs import describe
+
+    spec = describe("CartPole-v1")
+    rollout = _lagged_rollout(spec, T=16, N=4, seed=4)
+    rollout.logprobs += np.random.default_rng(5).normal(0.0, 0.5, rollout.logprobs.shape).astype(np.float32)
+    results = {}
+    for name, overrides in {"proximal": ["ppo.clip_to=proximal"], "behaviour": ["ppo.clip_to=behaviour"],
+                            "impala": ["ppo.pg_loss=impala"]}.items():
+        cfg = C.build("cartpole-appo", ["ppo.update_epochs=1", "ppo.num_minibatches=1", *overrides])
+        torch.manual_seed(0)
+        learner = APPO(cfg, spec, torch.device("cpu"))
+        metrics, _ = getattr(learner, path)(rollout, None)
+        results[name] = metrics["losses/clipfrac"], learner.state()
+    assert results["proximal"][0] == 0.0
+    assert results["behaviour"][0] > 0.5
+    proximal, impala, behaviour = results["proximal"][1], results["impala"][1], results["behaviour"][1]
+    for key in proximal:
+        torch.testing.assert_close(proximal[key], impala[key], rtol=1e-4, atol=1e-6)
+    assert any(not torch.allclose(proximal[k], behaviour[k]) for k in proximal if "actor" in k)
+
+
+def test_clip_to_is_checked():
+    from rlfarm import config as C
+
+    with pytest.raises(C.ConfigError, match="ppo.clip_to must be behaviour or proximal"):
+        C.build("cartpole-appo", ["ppo.clip_to=target"])

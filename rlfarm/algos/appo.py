@@ -166,7 +166,8 @@ class APPO(PPO):
                                          rollout.final_values[rows], boot, cfg.gamma, cfg.rho_bar, cfg.c_bar,
                                          cfg.gae_lambda, carry=carry)
             boot, carry = values[0].astype(np.float64), vs[0].astype(np.float64) - values[0]
-            last = self._step(newlogprob, entropy, newvalue, to_device(behaviour.reshape(-1), dev),
+            clip_around = target if cfg.clip_to == "proximal" else behaviour
+            last = self._step(newlogprob, entropy, newvalue, to_device(clip_around.reshape(-1), dev),
                               to_device(values.reshape(-1), dev), to_device(advantages.reshape(-1), dev),
                               to_device(vs.reshape(-1), dev), impala_loss=cfg.pg_loss == "impala")
             clipfracs.append(last[-1])
@@ -191,10 +192,13 @@ class APPO(PPO):
             values = rollout.values
             advantages, returns = compute_gae(rollout, cfg.gamma, cfg.gae_lambda)
             ratios = np.exp(target_logprobs.astype(np.float64) - rollout.logprobs)
-        # The surrogate's ratio is to the behaviour policy, as in APPO: clipping then also bounds how
-        # far an update moves from what acted. (Clipping to the policy as the update began, "decoupled"
-        # PPO, solved CartPole ~20 % faster at low lag but collapsed in 1 of 5 runs at a lag of 10.)
-        metrics = self._optimize(rollout, rollout.logprobs, values, advantages, returns,
+        # clip_to "behaviour" (APPO): clipping also bounds how far an update moves from what acted, but
+        # a lagged result starts its update already clipped in part (PPO's epochs at a lag of 2 on
+        # Pong: half the samples). "proximal" (decoupled PPO): the ratio starts at 1 whatever the lag,
+        # and V-trace's advantages already carry the truncated weight min(rho_bar, pi/mu). It solved
+        # CartPole ~20 % faster at low lag but collapsed in 1 of 5 runs at a lag of 10.
+        clip_around = target_logprobs if cfg.clip_to == "proximal" else rollout.logprobs
+        metrics = self._optimize(rollout, clip_around, values, advantages, returns,
                                  impala_loss=cfg.pg_loss == "impala", between=between)
         return metrics, ratios
 
