@@ -104,7 +104,7 @@ def main(verbose: int, quiet: int) -> None:
     Start with `rlfarm train` (no Redis running? it starts an embedded one and local workers),
     add machines with `rlfarm worker --redis URL`.
     """
-    from rlfarm.logs import setup_logging
+    from rlfarm.observe.logs import setup_logging
 
     setup_logging(verbose - quiet)
 
@@ -166,7 +166,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
     Writes config.json, progress.csv, episodes.csv, TensorBoard scalars, a trainer checkpoint (for
     --resume) and final_policy.safetensors.
     """
-    from rlfarm import checkpoint
+    from rlfarm.trainer import resume as checkpoint
     from rlfarm import config as C
     from rlfarm.api import check_config, with_run_id
     from rlfarm.envs import EnvError
@@ -230,7 +230,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
 
 
 def _local_farm_up() -> bool:
-    from rlfarm import localfarm
+    from rlfarm.local import farm as localfarm
 
     return localfarm.running() is not None
 
@@ -260,9 +260,9 @@ def _interrupted_on_redis(ctx: click.Context, cfg, run_dir: Path, redis_url: str
     process's and keep running; say how to continue the run from its checkpoint."""
     import shlex
 
-    from rlfarm import checkpoint
+    from rlfarm.trainer import resume as checkpoint
     from rlfarm.config import RunConfig
-    from rlfarm.store import redact
+    from rlfarm.farm.store import redact
 
     if not checkpoint.path_in(run_dir).is_file():
         return (f"rlfarm: interrupted before run {cfg.run_id} saved its first checkpoint, nothing to "
@@ -286,14 +286,14 @@ def _resume_config(run: str, logdir: str | None, changes: dict):
 def _train(cfg, redis_url: str | None, resume: bool = False):
     """rlfarm.api.run, with every failure it can meet turned into one line and an exit status."""
     from rlfarm.api import run
-    from rlfarm.checkpoint import CheckpointError
-    from rlfarm.claim import ClaimLost, RunInUse
+    from rlfarm.trainer.resume import CheckpointError
+    from rlfarm.farm.claim import ClaimLost, RunInUse
     from rlfarm.config import ConfigError
-    from rlfarm.dispatch import RolloutError, TaskLostError
-    from rlfarm.logs import log_fatal
-    from rlfarm.outage import RedisUnavailable, is_oom
-    from rlfarm.rundir import RunDirError
-    from rlfarm.store import RedisAuthError, RedisEvicts, redact
+    from rlfarm.farm.dispatch import RolloutError, TaskLostError
+    from rlfarm.observe.logs import log_fatal
+    from rlfarm.farm.outage import RedisUnavailable, is_oom
+    from rlfarm.observe.rundir import RunDirError
+    from rlfarm.farm.store import RedisAuthError, RedisEvicts, redact
 
     def fatal(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
         log_fatal(Path(cfg.logdir) / cfg.run_id, message)  # the console's last line, in the run's log too
@@ -375,9 +375,9 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
     """
     import logging
 
-    from rlfarm import logs
-    from rlfarm.signing import secret_from_env
-    from rlfarm.store import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
+    from rlfarm.observe import logs
+    from rlfarm.core.signing import secret_from_env
+    from rlfarm.farm.store import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
 
     try:
         probe = connect(redis_url)
@@ -422,9 +422,9 @@ def up(workers: int, modules: tuple[str, ...]) -> None:
     embedded Redis and workers. Its URL (with a random password) and logs are under $RLFARM_HOME
     (default ~/.cache/rlfarm).
     """
-    from rlfarm import localfarm
+    from rlfarm.local import farm as localfarm
     from rlfarm.envs import ALLOWED_MODULES_VAR, allowed_env_modules, valid_module_name
-    from rlfarm.store import redact
+    from rlfarm.farm.store import redact
 
     bad = [m for m in modules if not valid_module_name(m)]
     if bad:
@@ -441,7 +441,7 @@ def up(workers: int, modules: tuple[str, ...]) -> None:
 @main.command()
 def down() -> None:
     """Stop the local farm started by `rlfarm up`."""
-    from rlfarm import localfarm
+    from rlfarm.local import farm as localfarm
 
     pids = localfarm.down()
     click.echo(f"local farm stopped ({len(pids)} processes)" if pids else "no local farm was up")
@@ -470,13 +470,13 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     """
     import json
 
-    from rlfarm import codec
+    from rlfarm.core import codec
     from rlfarm.algos import algo_of_tensors
     from rlfarm.config import ConfigError, policy_config
     from rlfarm.envs import EnvError, check_env_allowed, env_module, make_env, space_spec
-    from rlfarm.policy import PolicyMismatch, load_network
-    from rlfarm.signing import SignatureError, secret_from_env
-    from rlfarm.store import PolicyError, PolicyStore, RunNotFound, connect
+    from rlfarm.nn.policy import PolicyMismatch, load_network
+    from rlfarm.core.signing import SignatureError, secret_from_env
+    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound, connect
 
     if bool(policy_file) == bool(run_id):
         fail("give exactly one of --policy FILE or --run RUN (with --redis URL)")
@@ -548,7 +548,7 @@ def _play(network, algo: str, env, env_id: str, episodes: int, seed: int, render
     import gymnasium as gym
 
     from rlfarm.algos import learner
-    from rlfarm.rollout import run_episodes
+    from rlfarm.core.rollout import run_episodes
 
     try:
         if video_dir:
@@ -595,7 +595,7 @@ def checkpoints_list(redis_url: str, run_id: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rlfarm.store import PolicyStore, connect, list_runs, redact, run_exists
+    from rlfarm.farm.store import PolicyStore, connect, list_runs, redact, run_exists
 
     try:
         client = connect(redis_url)
@@ -629,9 +629,9 @@ def checkpoints_export(redis_url: str, run_id: str, version: int | str, output: 
     """Write a stored version to a safetensors file (checksum verified), usable with `rlfarm eval`."""
     import json
 
-    from rlfarm import codec
-    from rlfarm.signing import SignatureError
-    from rlfarm.store import PolicyError, PolicyStore, RunNotFound, connect
+    from rlfarm.core import codec
+    from rlfarm.core.signing import SignatureError
+    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound, connect
 
     try:
         store = PolicyStore(connect(redis_url), run_id)
@@ -660,7 +660,7 @@ def checkpoints_delete(run_id: str, redis_url: str, force: bool) -> None:
     Refused while the run's trainer heartbeat is live (state running; it expires 120 s after a
     trainer dies) unless --force.
     """
-    from rlfarm.store import connect, delete_run, read_status, redact
+    from rlfarm.farm.store import connect, delete_run, read_status, redact
 
     try:
         client = connect(redis_url)
@@ -691,9 +691,9 @@ def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
     from rich.console import Console
     from rich.text import Text
 
-    from rlfarm import status as S
-    from rlfarm.celery_app import make_app
-    from rlfarm.store import connect, eviction_error, redact
+    from rlfarm.observe import status as S
+    from rlfarm.farm.app import make_app
+    from rlfarm.farm.store import connect, eviction_error, redact
 
     if not interval > 0:  # also rejects NaN
         fail(f"--interval must be a positive number of seconds, got {interval}")
@@ -756,7 +756,7 @@ def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
               help="Image to write; the format follows the suffix (.png, .svg, .pdf) [RUN_DIR/curves.png].")
 def plot(run_dir: Path, output: Path | None) -> None:
     """Plot a run's learning curves: training and evaluation return against env steps and wall time."""
-    from rlfarm.plot import PlotError, plot_run
+    from rlfarm.observe.plot import PlotError, plot_run
 
     try:
         out = plot_run(run_dir, output)

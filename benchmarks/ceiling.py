@@ -58,7 +58,7 @@ def main() -> None:
     if args.before:
         fs.run_before(args.before, __file__, sys.argv[1:])
 
-    from rlfarm.cluster import LocalCluster
+    from rlfarm.local.cluster import LocalCluster
 
     print(fs.header("The ceiling (benchmarks/ceiling.py): CartPole-v1, 1 env x 1 step per task"))
     print(f"{'W':>3} {'nodes':>5} {'flight':>6} {'tasks/s':>8} | cores: {'trainer':>7} {'redis':>6} "

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlfarm.celery_app import make_app  # noqa: E402
-from rlfarm.cluster import LocalCluster  # noqa: E402
+from rlfarm.farm.app import make_app  # noqa: E402
+from rlfarm.local.cluster import LocalCluster  # noqa: E402
 
 ENV = {"PYTHONPATH": str(ROOT), "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs",
        "RLFARM_REDIS_OUTAGE_TIMEOUT": "300"}  # workers wait out the restart, as on a real farm

@@ -174,8 +174,8 @@ def make_run(client: redis.Redis, run: str, env_id: str, num_envs: int, compress
 
     from rlfarm import config as C
     from rlfarm.envs import describe
-    from rlfarm.policy import build_policy
-    from rlfarm.store import PolicyStore
+    from rlfarm.nn.policy import build_policy
+    from rlfarm.farm.store import PolicyStore
 
     torch.set_num_threads(1)
     cfg = C.build(None, [f"run_id={run}", f"env.id={env_id}", f"env.num_envs={num_envs}",
@@ -193,9 +193,9 @@ class Farm:
     """The redis-server, the run, the worker nodes and one trainer-side Dispatcher."""
 
     def __init__(self, cluster: Any, run: str, env_id: str, per_node: int):
-        from rlfarm.celery_app import make_app
-        from rlfarm.dispatch import Dispatcher
-        from rlfarm.store import PolicyStore, connect
+        from rlfarm.farm.app import make_app
+        from rlfarm.farm.dispatch import Dispatcher
+        from rlfarm.farm.store import PolicyStore, connect
 
         self.cluster = cluster
         self.per_node = per_node

@@ -30,7 +30,7 @@ CASES = {  # name: (preset, mode, overrides)
 
 
 def synthetic_rollout(spec, steps: int, envs: int, rng: np.random.Generator):
-    from rlfarm.rollout import Rollout
+    from rlfarm.core.rollout import Rollout
 
     if spec.obs_dtype == "uint8":
         obs = rng.integers(0, 256, (steps, envs, *spec.obs_shape), dtype=np.uint8)

@@ -127,7 +127,7 @@ def task_seconds(env_id: str, steps: int, network: Any, repeats: int = 7) -> tup
     """One process running the task in-process, as a worker runs it: median wall and CPU seconds
     of `collect`."""
     from rlfarm.envs import make_vector_env
-    from rlfarm.rollout import collect, task_seeds
+    from rlfarm.core.rollout import collect, task_seeds
 
     actor = network.actor_snapshot()
     envs = make_vector_env(env_id, 1, trusted=False)
@@ -189,7 +189,7 @@ def main() -> None:
     if args.before:
         fs.run_before(args.before, __file__, sys.argv[1:])
 
-    from rlfarm.cluster import LocalCluster
+    from rlfarm.local.cluster import LocalCluster
 
     print(fs.header("Many machines, simulated (benchmarks/scale.py)"))
     os.environ.update(fs.worker_env())  # this process builds the env too (task_seconds)

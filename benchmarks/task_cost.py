@@ -65,7 +65,7 @@ class Timed:
         self.payload: list[int] = []
 
     def install(self, worker: Any) -> None:
-        import rlfarm.worker as wm
+        import rlfarm.farm.worker as wm
 
         encode, push = wm.encode_result, worker._push
 
@@ -90,11 +90,11 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     """`n` tasks in `rounds` rounds; each round submits, hands to the worker, receives, then runs the
     rollout alone, so that a slow spell of this shared machine hits the rollout alone and inside
     handle alike."""
-    from rlfarm.celery_app import make_app
-    from rlfarm.dispatch import Dispatcher
-    from rlfarm.rollout import collect, task_seeds
-    from rlfarm.store import connect
-    from rlfarm.worker import RolloutWorker
+    from rlfarm.farm.app import make_app
+    from rlfarm.farm.dispatch import Dispatcher
+    from rlfarm.core.rollout import collect, task_seeds
+    from rlfarm.farm.store import connect
+    from rlfarm.farm.worker import RolloutWorker
 
     client = connect(url)
     app = make_app(url)
@@ -180,9 +180,9 @@ def farm_serial(cluster: Any, url: str, run: str, network: Any, steps: int, n: i
     """`n` tasks acting with a cached policy, then `n` each acting with a version published just
     before it (as in training: SYNC publishes every iteration, APPO every update). Redis's figures
     for the second exclude the publishing, measured alone and subtracted: the trainer's cost."""
-    from rlfarm.celery_app import make_app
-    from rlfarm.dispatch import Dispatcher
-    from rlfarm.store import PolicyStore, connect
+    from rlfarm.farm.app import make_app
+    from rlfarm.farm.dispatch import Dispatcher
+    from rlfarm.farm.store import PolicyStore, connect
 
     node = cluster.add_worker(1, command=fs.node_command())
     client = connect(url)
@@ -240,8 +240,8 @@ def farm_serial(cluster: Any, url: str, run: str, network: Any, steps: int, n: i
 
 # ---- report ---------------------------------------------------------------------------------------
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from rlfarm.cluster import LocalCluster
-    from rlfarm.store import connect
+    from rlfarm.local.cluster import LocalCluster
+    from rlfarm.farm.store import connect
 
     fs.RoundTrips.install()
     out = {}

@@ -7,7 +7,7 @@
 
 Every figure comes from this one run, so the printed ratios compare like with like:
   (a) raw:     gymnasium vector env, random actions, no policy
-  (b) collect: rlfarm.rollout.collect in this process (policy acting, the work of one task)
+  (b) collect: rlfarm.core.rollout.collect in this process (policy acting, the work of one task)
   (c) pool:    multiprocessing.Pool(W) (spawn) running the same collect on the same task specs
   (d) farm:    LocalCluster (real redis-server + Celery, W pool processes) running the same tasks,
                results gathered by the trainer's Dispatcher; also its CPU time spent receiving
@@ -30,7 +30,7 @@ def _setup(env_id: str, num_envs: int, state: dict | None):
     torch.set_num_threads(1)
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe, make_vector_env
-    from rlfarm.policy import build_policy
+    from rlfarm.nn.policy import build_policy
 
     torch.manual_seed(0)
     policy = build_policy(describe(env_id), PolicyConfig())
@@ -48,7 +48,7 @@ def _pool_init(env_id: str, num_envs: int, state: dict) -> None:
 
 
 def _pool_task(args: tuple[int, int, int]) -> int:
-    from rlfarm.rollout import collect, task_seeds
+    from rlfarm.core.rollout import collect, task_seeds
 
     index, steps, seed = args
     envs = _POOL["envs"]
@@ -71,7 +71,7 @@ def bench_raw(env_id: str, num_envs: int, total: int) -> float:
 
 
 def bench_collect(env_id: str, num_envs: int, steps: int, repeats: int) -> float:
-    from rlfarm.rollout import collect, task_seeds
+    from rlfarm.core.rollout import collect, task_seeds
 
     policy, envs = _setup(env_id, num_envs, None)
     actor = policy.actor_snapshot()
@@ -96,11 +96,11 @@ def bench_pool(env_id: str, workers: int, num_envs: int, steps: int, tasks: int)
 def bench_farm(env_id: str, workers: int, num_envs: int, steps: int, tasks: int) -> tuple[float, float, float]:
     """Steps/s, and trainer CPU seconds per wall second while gathering (all of it is receiving)."""
     from rlfarm import config as C
-    from rlfarm.celery_app import make_app
-    from rlfarm.cluster import LocalCluster
-    from rlfarm.dispatch import Dispatcher
+    from rlfarm.farm.app import make_app
+    from rlfarm.local.cluster import LocalCluster
+    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.envs import describe
-    from rlfarm.store import PolicyStore, connect
+    from rlfarm.farm.store import PolicyStore, connect
 
     policy, _ = _setup(env_id, 1, None)
     cfg = C.build(None, [f"env.num_envs={num_envs}", "run_id=bench", f"env.id={env_id}"])

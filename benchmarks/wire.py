@@ -4,7 +4,7 @@ rollouts made as a worker makes them, without a farm.
     python benchmarks/wire.py
     python benchmarks/wire.py --steps 128 --envs 8 --repeats 7
 
-Rollouts (rlfarm.rollout.collect with an untrained PPO actor, whose near-uniform policy acts at
+Rollouts (rlfarm.core.rollout.collect with an untrained PPO actor, whose near-uniform policy acts at
 random, in SAME_STEP vector envs, as on a worker):
   - Atari, when ale_py is importable: ALE/Pong-v5 and ALE/Breakout-v5 with frameskip=1, wrapped in
     AtariPreprocessing(frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30) and
@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlfarm import codec
+from rlfarm.core import codec
 
 ATARI = ("ALE/Pong-v5", "ALE/Breakout-v5")
 
@@ -67,8 +67,8 @@ def rollout_message(factory: Callable[[], Any], steps: int, envs: int, keep_next
     from rlfarm.algos import learner
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import space_spec
-    from rlfarm.protocol import Result
-    from rlfarm.rollout import collect, task_seeds
+    from rlfarm.core.protocol import Result
+    from rlfarm.core.rollout import collect, task_seeds
 
     torch.set_num_threads(1)  # as on a worker
     torch.manual_seed(0)

@@ -87,7 +87,7 @@ def with_run_id(cfg: C.RunConfig) -> C.RunConfig:
 def resume_config(run: str, logdir: str | None = None, **changes: Any) -> C.RunConfig:
     """The config of a run to resume, from its run directory (a path, or a run id under `logdir`),
     with the few changes a resume allows (total_steps, target_return, workers, device)."""
-    from rlfarm import checkpoint
+    from rlfarm.trainer import resume as checkpoint
 
     run_dir = Path(run)
     if not (run_dir / "config.json").is_file():
@@ -107,7 +107,7 @@ def resume_config(run: str, logdir: str | None = None, **changes: Any) -> C.RunC
 
 def online_processes(redis_url: str) -> int:
     """Worker processes currently consuming from this Redis (Celery inspect), 0 if none answer."""
-    from rlfarm.celery_app import make_app
+    from rlfarm.farm.app import make_app
 
     app = make_app(redis_url)
     try:
@@ -122,19 +122,19 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         notify: Callable[[str], None] | None = None):
     """Train `cfg` (already checked, with a run id) on the farm at `redis_url`, or on an embedded one.
     `notify(text)`: where start-up notes go (default: the "rlfarm" logger)."""
-    from rlfarm.store import connect, redact, refuse_eviction
+    from rlfarm.farm.store import connect, redact, refuse_eviction
 
     notify = notify or log.info
     run_dir = Path(cfg.logdir) / cfg.run_id
     options = {"resume": resume, "callback": callback, "console": console}
     processes = None
     if not redis_url:
-        from rlfarm import localfarm
+        from rlfarm.local import farm as localfarm
 
         farm = localfarm.running()
         if farm is not None:
             redis_url, processes = farm["redis_url"], farm["workers"]  # no need to ask the workers
-            if farm.get("secret"):  # its workers hold it (rlfarm.localfarm.up)
+            if farm.get("secret"):  # its workers hold it (rlfarm.local.farm.up)
                 options["secret"] = farm["secret"]
             options["local_workers"] = processes  # on this machine: the trainer's threads leave them their cores
             notify(f"no --redis given: training on the local farm started by `rlfarm up` ({farm['workers']} "
@@ -150,17 +150,17 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         if not processes:
             notify(f"no worker answered on {redact(redis_url)}; tasks wait in the queue until one starts "
                    f"(`rlfarm worker --redis URL`)")
-        from rlfarm.claim import RunDirLock
+        from rlfarm.farm.claim import RunDirLock
         from rlfarm.trainer import make_trainer
 
         trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=max(2, processes), **options)
         with RunDirLock(run_dir):  # RunInUse: another trainer writes this directory
             return trainer.train()
 
-    from rlfarm.claim import RunDirLock
-    from rlfarm.cluster import LocalCluster
+    from rlfarm.farm.claim import RunDirLock
+    from rlfarm.local.cluster import LocalCluster
     from rlfarm.envs import allowed_modules_env
-    from rlfarm.signing import SECRET_ENV, secret_from_env
+    from rlfarm.core.signing import SECRET_ENV, secret_from_env
 
     lock = RunDirLock(run_dir)  # before anything is written into the directory (the farm's logs)
     lock.acquire()
@@ -203,7 +203,7 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
     dotted config key with "__" for "." (ppo__learning_rate=1e-3).
     """
     if not logging.getLogger("rlfarm").handlers:  # a script or notebook that set up no logging
-        from rlfarm.logs import setup_logging
+        from rlfarm.observe.logs import setup_logging
 
         setup_logging(0)
     if config is not None:

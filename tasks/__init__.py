@@ -1,6 +1,6 @@
 """The Celery app: `celery -A tasks worker` finds `tasks.app`.
 
-Tasks are thin: the kwargs are an rlfarm.protocol.TaskSpec; rlfarm.worker checks them, does the work
+Tasks are thin: the kwargs are an rlfarm.core.protocol.TaskSpec; rlfarm.farm.worker checks them, does the work
 and pushes the result.
 The broker comes from RLFARM_REDIS_URL (default redis://127.0.0.1:6379/0).
 """
@@ -16,7 +16,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, worker_init, worker_process_init, worker_ready, worker_shutting_down
 from celery.worker.request import Request
 
-from rlfarm.celery_app import DEFAULT_REDIS_URL, EVAL_TASK, ROLLOUT_TASK, make_app
+from rlfarm.farm.app import DEFAULT_REDIS_URL, EVAL_TASK, ROLLOUT_TASK, make_app
 
 app = make_app(os.environ.get("RLFARM_REDIS_URL", DEFAULT_REDIS_URL), main="tasks")
 
@@ -32,7 +32,7 @@ class VersionInfo(bootsteps.StartStopStep):
 
     def info(self, worker):
         from rlfarm import __version__
-        from rlfarm.protocol import PROTOCOL
+        from rlfarm.core.protocol import PROTOCOL
 
         return {"rlfarm": {"version": __version__, "protocol": PROTOCOL}}
 
@@ -62,14 +62,14 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     if task_id in _reported:  # Celery signals a hard time limit twice (timeout and pool error paths)
         return
     _reported.append(task_id)
-    from rlfarm import codec, signing
-    from rlfarm.store import lease_key, results_key, task_key_text
+    from rlfarm.core import codec, signing
+    from rlfarm.farm.store import lease_key, results_key, task_key_text
 
     if _main_client is None:
-        from rlfarm.outage import OutageRetry, resilient_client
+        from rlfarm.farm.outage import OutageRetry, resilient_client
 
         _main_client = resilient_client(app.conf.broker_url, OutageRetry(60.0))
-    from rlfarm.protocol import Result
+    from rlfarm.core.protocol import Result
 
     limit = exception.args[0] if exception.args else "?"
     message = Result(kwargs.get("kind", "rollout"), kwargs.get("iteration"), kwargs.get("index"),
@@ -102,7 +102,7 @@ def _preload(**_: object) -> None:
     # In the worker's main process, before the pool forks: the pool processes inherit torch, numpy and
     # gymnasium already imported instead of each importing them (seconds per process, on shared cores).
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # workers never touch CUDA
-    import rlfarm.worker  # noqa: F401
+    import rlfarm.farm.worker  # noqa: F401
 
 
 @worker_process_init.connect
@@ -115,13 +115,13 @@ def _init_process(**_: object) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import signal
 
-    from rlfarm.node import HAND_BACK_SIGNAL
+    from rlfarm.farm.node import HAND_BACK_SIGNAL
 
     signal.signal(HAND_BACK_SIGNAL, _hand_back_signalled)
 
 
 def _hand_back_signalled(signum: int, frame: object) -> None:
-    """In a pool process: its worker is shutting down (rlfarm.node): hand the running task back."""
+    """In a pool process: its worker is shutting down (rlfarm.farm.node): hand the running task back."""
     global _hand_back_early
     if _worker is None:
         _hand_back_early = True
@@ -132,8 +132,8 @@ def _hand_back_signalled(signum: int, frame: object) -> None:
 @worker_ready.connect
 def _keep_leases(**_: object) -> None:
     """In the worker's main process, once its pool runs: renew running tasks' leases from here too,
-    where an env hung in GIL-holding C code cannot stop it (rlfarm.node.LeaseKeeper)."""
-    from rlfarm.node import LeaseKeeper
+    where an env hung in GIL-holding C code cannot stop it (rlfarm.farm.node.LeaseKeeper)."""
+    from rlfarm.farm.node import LeaseKeeper
 
     LeaseKeeper(app.conf.broker_url, _running_tasks).start()
 
@@ -154,7 +154,7 @@ def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
 def _running_tasks(only: set[str] | None = None) -> list:
     from celery.worker import state
 
-    from rlfarm.node import task_of
+    from rlfarm.farm.node import task_of
 
     for _ in range(10):  # the main thread may change the set while another thread copies it
         try:
@@ -176,7 +176,7 @@ def _hand_back(node: str) -> None:
     import logging
     import time
 
-    from rlfarm import node as N
+    from rlfarm.farm import node as N
 
     tasks = _running_tasks()
     if not tasks:
@@ -197,7 +197,7 @@ def _hand_back(node: str) -> None:
 def _rollout_worker():
     global _worker
     if _worker is None:
-        from rlfarm.worker import RolloutWorker
+        from rlfarm.farm.worker import RolloutWorker
 
         _worker = RolloutWorker(app.conf.broker_url)
         _worker.hand_back = _hand_back_early
@@ -210,7 +210,7 @@ def _run(request) -> None:
     _rollout_worker().handle(dict(request.kwargs), request.id, node=request.hostname)
 
 
-# The kwargs are the fields of rlfarm.protocol.TaskSpec, defined there once; `env` among them is a
+# The kwargs are the fields of rlfarm.core.protocol.TaskSpec, defined there once; `env` among them is a
 # label for Flower only: the worker takes the env from the run's metadata in Redis, so a message can
 # never make it build a different env than the run's.
 @app.task(name=ROLLOUT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,

@@ -1,6 +1,6 @@
 """Shared fixtures: a real redis-server and real Celery worker processes on 127.0.0.1.
 
-They are started with rlfarm.cluster.LocalCluster, the code behind the embedded default, and
+They are started with rlfarm.local.cluster.LocalCluster, the code behind the embedded default, and
 stopped by pid at the end of the session. Workers get the repository on PYTHONPATH so they can
 import the tiny envs in tests/.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlfarm.cluster import LocalCluster
+from rlfarm.local.cluster import LocalCluster
 from rlfarm.envs import SpaceSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,8 +190,8 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
 
     from rlfarm import config as C
     from rlfarm.envs import describe
-    from rlfarm.policy import build_policy
-    from rlfarm.store import PolicyStore, connect
+    from rlfarm.nn.policy import build_policy
+    from rlfarm.farm.store import PolicyStore, connect
 
     cfg = C.build("cartpole-ppo", [f"run_id={run_id}", *overrides])
     space = describe(cfg.env.id)
@@ -206,9 +206,9 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
 
 def dispatcher(redis_url: str, run_id: str, timeout: float = 60.0):
     """A Dispatcher for `run_id` on the farm at `redis_url` (task timeout `timeout`, 3 re-sends)."""
-    from rlfarm.celery_app import make_app
-    from rlfarm.dispatch import Dispatcher
-    from rlfarm.store import connect
+    from rlfarm.farm.app import make_app
+    from rlfarm.farm.dispatch import Dispatcher
+    from rlfarm.farm.store import connect
 
     return Dispatcher(make_app(redis_url), connect(redis_url), run_id, timeout, 3)
 
@@ -221,7 +221,7 @@ def task_specs(iteration: int, n: int, steps: int, version: int = 0, seed: int =
 
 def running_tasks(app, run_id: str) -> list[tuple[int, str]]:
     """(pool pid, task id) of the rlfarm rollouts the workers report as executing right now."""
-    from rlfarm.celery_app import ROLLOUT_TASK
+    from rlfarm.farm.app import ROLLOUT_TASK
 
     running = []
     for tasks in (app.control.inspect(timeout=0.3).active() or {}).values():

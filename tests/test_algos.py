@@ -15,9 +15,9 @@ from torch import nn
 from rlfarm import config as C
 from rlfarm.algos import learner, names
 from rlfarm.envs import EnvError, describe, make_vector_env
-from rlfarm.policy import (NatureCNN, NumpyActor, NumpyQActor, NumpySACActor, OnnxPolicyActor, TorchPolicyActor,
+from rlfarm.nn.policy import (NatureCNN, NumpyActor, NumpyQActor, NumpySACActor, OnnxPolicyActor, TorchPolicyActor,
                            TorchQActor, TorchSACActor, cnn_layers)
-from rlfarm.rollout import collect
+from rlfarm.core.rollout import collect
 
 ENVS = {"vector": "CartPole-v1", "image": "tests.tiny_envs:image", "image-hwc": "tests.tiny_envs:image_hwc"}
 # The same kinds with Box actions, for the algorithms that cannot act in ENVS (SAC).

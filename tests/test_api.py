@@ -60,10 +60,10 @@ def test_one_lucky_evaluation_does_not_end_a_run_and_the_best_policy_is_kept(red
     """The evaluation rule on a real Redis, with evaluation results handed in directly: an evaluation
     at the target starts a confirmation of the same (pinned) version; only an agreeing confirmation
     ends the run, and the best version by all its episodes is written to best_policy.safetensors."""
-    from rlfarm import codec
+    from rlfarm.core import codec
     from rlfarm.config import to_dict
-    from rlfarm.metrics import RunLogger
-    from rlfarm.protocol import Result
+    from rlfarm.observe.metrics import RunLogger
+    from rlfarm.core.protocol import Result
     from rlfarm.trainer import make_trainer
 
     from rlfarm.api import make_config

@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from rlfarm.celery_app import make_app
+from rlfarm.farm.app import make_app
 
 from .conftest import WORKER_ENV, assert_cleaned_up, read_summary, rlfarm_cmd, run_cli, running_tasks
 

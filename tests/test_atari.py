@@ -84,7 +84,7 @@ def test_tasks_step_ale_pys_vector_env_with_the_wrapper_chains_frames_and_scores
     """make_vector_env takes ale-py's C++ vector env for ALE ids: after the first stacked frames of a
     reset, every frame is the wrapper chain's bit for bit, and so are rewards and game scores. (On an
     id without sticky actions: with them, each side draws its repeats from its own generator.)"""
-    from rlfarm.atari import NativeVector
+    from rlfarm.envs.atari import NativeVector
     from rlfarm.envs import make_vector_env
 
     assert isinstance(make_vector_env("ALE/Pong-v5", 2, trusted=False), NativeVector)
@@ -117,7 +117,7 @@ def test_ale_pys_vector_env_signals_lost_lives_and_hands_over_final_observations
     the game goes on; an episode cut by the frame cap leaves its real last frames in final_obs."""
     import gymnasium as gym
 
-    from rlfarm.atari import NativeVector
+    from rlfarm.envs.atari import NativeVector
 
     envs = NativeVector("ALE/Breakout-v5", 2, {"terminal_on_life_loss": True, "noop_max": 0})
     envs.reset(seed=[1, 2])

@@ -1,10 +1,11 @@
 """The import rules of docs/architecture.md, checked so they keep holding:
 
-- pure modules (config, codec, envs, atari, policy, rollout, replay, protocol, signing, algos) import
-  nothing that does I/O: no Redis, Celery or kombu, no store, worker, dispatcher, checkpoint writer,
-  metrics or cluster, not even through what they import;
+- the pure layers (rlfarm.config, core, envs, nn, algos) import nothing that does I/O: no Redis,
+  Celery or kombu, nothing of rlfarm.farm, trainer, observe or local, not even through what they
+  import;
 - the trainer side never imports the worker module;
-- `rlfarm` never imports `tasks` or `cli`.
+- `rlfarm` never imports `tasks` or `cli`;
+- no import cycles between rlfarm's modules, lazy imports inside functions included.
 """
 
 from __future__ import annotations
@@ -21,12 +22,27 @@ from rlfarm.config import ALGORITHMS
 
 from .conftest import ROOT
 
-PURE = ["rlfarm.config", "rlfarm.codec", "rlfarm.envs", "rlfarm.atari", "rlfarm.normalize", "rlfarm.policy", "rlfarm.rollout", "rlfarm.replay",
-        "rlfarm.protocol", "rlfarm.signing", "rlfarm.algos", "rlfarm.algos.base", "rlfarm.algos.ppo",
-        "rlfarm.algos.appo", "rlfarm.algos.offpolicy", "rlfarm.algos.dqn", "rlfarm.algos.sac"]
-FORBIDDEN_FOR_PURE = ["redis", "celery", "kombu", "rlfarm.store", "rlfarm.worker", "rlfarm.dispatch",
-                      "rlfarm.checkpoint", "rlfarm.metrics", "rlfarm.cluster", "rlfarm.trainer",
-                      "rlfarm.outage", "rlfarm.celery_app", "tensorboard", "tasks", "cli"]
+PURE_LAYERS = ["config", "core", "envs", "nn", "algos"]
+IO_LAYERS = ["farm", "trainer", "observe", "local"]
+
+
+def _module_name(path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted((ROOT / "rlfarm").rglob("*.py"))}
+PURE = sorted(m for m in MODULES if m.split(".")[1:2] and m.split(".")[1] in PURE_LAYERS)
+FORBIDDEN_FOR_PURE = ["redis", "celery", "kombu", "tensorboard", "tasks", "cli", "rlfarm.api",
+                      *(f"rlfarm.{layer}" for layer in IO_LAYERS)]
+
+
+def test_every_module_is_in_a_layer():
+    """One level deep: every module but the package's own face (rlfarm, rlfarm.api) sits in a layer."""
+    loose = [m for m in MODULES if m not in ("rlfarm", "rlfarm.api")
+             and m.split(".")[1] not in PURE_LAYERS + IO_LAYERS]
+    assert not loose, loose
+    assert all(m.count(".") <= 3 for m in MODULES), [m for m in MODULES if m.count(".") > 3]
 
 
 def import_with_forbidden(modules: list[str], forbidden: list[str]) -> dict:
@@ -62,13 +78,14 @@ def test_pure_modules_import_nothing_that_does_io():
 
 
 def test_the_rule_check_itself_catches_a_forbidden_import():
-    result = import_with_forbidden(["rlfarm.store"], ["redis"])  # the store talks to Redis
-    assert "forbidden import: redis" in result["errors"]["rlfarm.store"]
+    result = import_with_forbidden(["rlfarm.farm.store"], ["redis"])  # the store talks to Redis
+    assert "forbidden import: redis" in result["errors"]["rlfarm.farm.store"]
 
 
 def test_the_trainer_side_never_imports_the_worker():
-    result = import_with_forbidden(["rlfarm.trainer", "rlfarm.dispatch", "rlfarm.api"], ["rlfarm.worker", "tasks"])
-    assert result["errors"] == dict.fromkeys(["rlfarm.trainer", "rlfarm.dispatch", "rlfarm.api"]), result["errors"]
+    side = [m for m in MODULES if m.startswith("rlfarm.trainer")] + ["rlfarm.farm.dispatch", "rlfarm.api"]
+    result = import_with_forbidden(side, ["rlfarm.farm.worker", "tasks"])
+    assert result["errors"] == dict.fromkeys(side), result["errors"]
 
 
 def _imported_names(path) -> set[str]:
@@ -91,7 +108,8 @@ def test_rlfarm_never_imports_tasks_or_cli(path):
 def test_no_algorithm_switch_outside_algos():
     """The registry answers which algorithm does what: no `algo == "..."` outside rlfarm/algos/."""
     offenders = []
-    for path in [*sorted((ROOT / "rlfarm").glob("*.py")), ROOT / "cli.py", ROOT / "tasks" / "__init__.py"]:
+    outside = [p for m, p in MODULES.items() if not m.startswith("rlfarm.algos")]
+    for path in [*outside, ROOT / "cli.py", ROOT / "tasks" / "__init__.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops):
                 sides = [node.left, *node.comparators]
@@ -100,3 +118,59 @@ def test_no_algorithm_switch_outside_algos():
                 if strings & set(ALGORITHMS) and any("algo" in n for n in names):
                     offenders.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, offenders
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the rlfarm modules it imports anywhere in its file (`from pkg import sub` names the
+    submodule when there is one)."""
+    graph = {}
+    for name, path in MODULES.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in MODULES}
+            elif isinstance(node, ast.ImportFrom) and node.module in MODULES and node.level == 0:
+                edges |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                          for a in node.names}
+        graph[name] = edges - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_cycle_check_itself_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -1,4 +1,4 @@
-"""One live trainer per run (rlfarm.claim), done for real: two `rlfarm train` with one run id at once,
+"""One live trainer per run (rlfarm.farm.claim), done for real: two `rlfarm train` with one run id at once,
 a second trainer on a run directory in use, a run id reused with other settings on the same workers,
 and the queued tasks of a SIGKILLed trainer. Real redis-server, real `rlfarm worker`, the real CLI.
 """
@@ -16,8 +16,8 @@ import time
 import pytest
 import redis
 
-from rlfarm.claim import CLAIM_SECONDS, claim_key
-from rlfarm.cluster import LocalCluster
+from rlfarm.farm.claim import CLAIM_SECONDS, claim_key
+from rlfarm.local.cluster import LocalCluster
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
 

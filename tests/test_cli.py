@@ -127,9 +127,9 @@ def test_rlfarm_worker_joins_a_farm(redis_only, tmp_path):
     """`rlfarm worker --redis URL` is a real Celery worker that runs rollouts for the trainer."""
     import os
 
-    from rlfarm.celery_app import make_app
-    from rlfarm.dispatch import Dispatcher
-    from rlfarm.store import connect
+    from rlfarm.farm.app import make_app
+    from rlfarm.farm.dispatch import Dispatcher
+    from rlfarm.farm.store import connect
 
     from .conftest import make_run
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlfarm import codec
+from rlfarm.core import codec
 from rlfarm import config as C
 
 

@@ -23,8 +23,8 @@ import pytest
 import redis
 import yaml
 
-from rlfarm.celery_app import make_app
-from rlfarm.cluster import find_redis_server, free_port, stop_process_group
+from rlfarm.farm.app import make_app
+from rlfarm.local.cluster import find_redis_server, free_port, stop_process_group
 
 from .conftest import ROOT, WORKER_ENV, http_request, pid_alive, poll
 

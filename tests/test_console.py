@@ -1,4 +1,4 @@
-"""What a run says and where: rlfarm.logs (one-line console messages, -q/-v, RUN_DIR/rlfarm.log), the
+"""What a run says and where: rlfarm.observe.logs (one-line console messages, -q/-v, RUN_DIR/rlfarm.log), the
 progress bar's evaluation field and ETA, the worker's no-password warning, and the one-line errors of
 an install without the `train` extra."""
 
@@ -13,10 +13,10 @@ import sys
 import pytest
 from rich.console import Console
 
-from rlfarm import logs
+from rlfarm.observe import logs
 from rlfarm.config import ConfigError
-from rlfarm.metrics import EVAL_LINE_EVERY, RunLogger, summary_writer_class
-from rlfarm.store import is_loopback, no_password_warning
+from rlfarm.observe.metrics import EVAL_LINE_EVERY, RunLogger, summary_writer_class
+from rlfarm.farm.store import is_loopback, no_password_warning
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, run_cli
 
@@ -229,7 +229,7 @@ def test_evaluation_lines_at_the_default_verbosity_and_with_v(farm, tmp_path):
     lines = verbose.stderr.splitlines()
     assert lines[0].startswith("rlfarm: debug: eval 1 at step 1024 (policy v1): mean return "), lines
     assert lines[-1].startswith("rlfarm: eval 2 at step 2048"), lines
-    assert " DEBUG rlfarm.metrics: eval 1 at step 1024" in (tmp_path / "evals-v" / "rlfarm.log").read_text()
+    assert " DEBUG rlfarm.observe.metrics: eval 1 at step 1024" in (tmp_path / "evals-v" / "rlfarm.log").read_text()
 
 
 def test_progress_has_one_row_per_step_across_a_resume(tmp_path):

@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from rlfarm import checkpoint
+from rlfarm.trainer import resume as checkpoint
 from rlfarm import config as C
-from rlfarm.store import connect, delete_run, read_status, run_prefix, write_status
+from rlfarm.farm.store import connect, delete_run, read_status, run_prefix, write_status
 
 from .conftest import WORKER_ENV, error_line, make_run, rlfarm_cmd, run_cli
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from rlfarm import codec
-from rlfarm.celery_app import ROLLOUT_TASK, make_app
-from rlfarm.dispatch import Dispatcher, RolloutError
-from rlfarm.rollout import Rollout, collect, task_seeds
-from rlfarm.store import LIVE, connect
-from rlfarm.worker import results_key
+from rlfarm.core import codec
+from rlfarm.farm.app import ROLLOUT_TASK, make_app
+from rlfarm.farm.dispatch import Dispatcher, RolloutError
+from rlfarm.core.rollout import Rollout, collect, task_seeds
+from rlfarm.farm.store import LIVE, connect
+from rlfarm.farm.worker import results_key
 
 from .conftest import dispatcher, make_run, running_tasks, task_specs
 
@@ -31,7 +31,7 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     # A task is a pure function of its spec: recompute index 4 in this process and compare.
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe, make_vector_env
-    from rlfarm.policy import build_policy
+    from rlfarm.nn.policy import build_policy
 
     state, _ = store.get(0)
     policy = build_policy(describe("CartPole-v1"), PolicyConfig())
@@ -57,8 +57,8 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
     import numpy as np
 
     from rlfarm.envs import describe
-    from rlfarm.policy import build_policy
-    from rlfarm.worker import RolloutWorker
+    from rlfarm.nn.policy import build_policy
+    from rlfarm.farm.worker import RolloutWorker
 
     cfg, store = make_run(redis_only.redis_url, "reuse")
     state0, _ = store.get(0)

@@ -19,8 +19,8 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
-from rlfarm.celery_app import make_app
-from rlfarm.cluster import LocalCluster
+from rlfarm.farm.app import make_app
+from rlfarm.local.cluster import LocalCluster
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, pid_alive, read_csv, read_summary, rlfarm_cmd
 
@@ -340,11 +340,11 @@ def test_results_over_100_mib_decode_and_over_the_limit_are_refused_by_the_worke
 
 def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     """The check a worker makes before it starts a task, on a real Redis, in-process."""
-    from rlfarm import codec
-    from rlfarm.claim import Claim
-    from rlfarm.protocol import PROTOCOL
-    from rlfarm.store import LIVE, results_key, wanted_key
-    from rlfarm.worker import RolloutWorker
+    from rlfarm.core import codec
+    from rlfarm.farm.claim import Claim
+    from rlfarm.core.protocol import PROTOCOL
+    from rlfarm.farm.store import LIVE, results_key, wanted_key
+    from rlfarm.farm.worker import RolloutWorker
 
     from .conftest import make_run
 
@@ -372,7 +372,7 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
 def test_one_lease_thread_renews_each_task_while_it_runs_and_not_after(redis_only):
     """A worker process's lease thread, started by its first task and kept: it renews the running
     task's lease past its expiry, moves on to the next task's, and lets a released one expire."""
-    from rlfarm.worker import _Lease
+    from rlfarm.farm.worker import _Lease
 
     client = redis.Redis.from_url(redis_only.redis_url)
     lease = _Lease(client)
@@ -392,8 +392,8 @@ def test_one_lease_thread_renews_each_task_while_it_runs_and_not_after(redis_onl
 def test_queued_tasks_are_not_late(farm):
     """Six 1-second tasks on two processes with task_timeout 2 s: the last ones wait ~2 s in the
     queue, which once made them 'late' and re-sent. Now only time since a task started counts."""
-    from rlfarm.dispatch import Dispatcher
-    from rlfarm.store import connect
+    from rlfarm.farm.dispatch import Dispatcher
+    from rlfarm.farm.store import connect
 
     from .conftest import make_run
 

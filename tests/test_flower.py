@@ -12,10 +12,10 @@ import urllib.request
 
 import pytest
 
-from rlfarm.celery_app import EVAL_TASK, ROLLOUT_TASK, make_app
-from rlfarm.cluster import LOOPBACK, LocalCluster, free_port, stop_process_group
-from rlfarm.dispatch import Dispatcher
-from rlfarm.store import connect
+from rlfarm.farm.app import EVAL_TASK, ROLLOUT_TASK, make_app
+from rlfarm.local.cluster import LOOPBACK, LocalCluster, free_port, stop_process_group
+from rlfarm.farm.dispatch import Dispatcher
+from rlfarm.farm.store import connect
 
 from .conftest import ROOT, WORKER_ENV, http_request, make_run, poll
 

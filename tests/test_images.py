@@ -10,8 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from rlfarm import codec
-from rlfarm.rollout import Rollout
+from rlfarm.core import codec
+from rlfarm.core.rollout import Rollout
 
 from .conftest import WORKER_ENV, dispatcher, make_run, rlfarm_cmd, task_specs
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from rlfarm import codec
+from rlfarm.core import codec
 
 from .conftest import assert_cleaned_up, run_cli
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from rlfarm import codec
+from rlfarm.core import codec
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, read_csv, run_cli
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from rlfarm import codec
+from rlfarm.core import codec
 from rlfarm import config as C
 from rlfarm.algos import learner
 from rlfarm.envs import describe, make_vector_env
-from rlfarm.normalize import combine
-from rlfarm.rollout import collect
+from rlfarm.nn.normalize import combine
+from rlfarm.core.rollout import collect
 
 
 def test_running_statistics_equal_the_statistics_of_everything_seen():

@@ -5,7 +5,7 @@ import torch
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import describe
-from rlfarm.policy import build_policy
+from rlfarm.nn.policy import build_policy
 
 
 def test_numpy_actor_matches_torch_logprob_and_value():
@@ -59,7 +59,7 @@ def test_the_cnn_computes_the_same_in_channels_last_with_the_pixel_scale_in_its_
     pixels / 255: same outputs as convolutions written out by hand on an NCHW float batch."""
     from torch.nn import functional as F
 
-    from rlfarm.policy import ActorCritic, pixel_layout, place
+    from rlfarm.nn.policy import ActorCritic, pixel_layout, place
 
     spec = _pong_like_spec()
     torch.manual_seed(0)
@@ -83,7 +83,7 @@ def test_onnx_actor_acts_as_torch_does_for_every_version_loaded_into_the_network
     import pytest
 
     pytest.importorskip("onnxruntime", reason="ONNX Runtime acting needs the atari extra (onnx, onnxruntime)")
-    from rlfarm.policy import ActorCritic, OnnxPolicyActor, TorchPolicyActor
+    from rlfarm.nn.policy import ActorCritic, OnnxPolicyActor, TorchPolicyActor
 
     spec = _pong_like_spec()
     torch.manual_seed(0)
@@ -104,7 +104,7 @@ def test_onnx_actor_acts_as_torch_does_for_every_version_loaded_into_the_network
 
 
 def test_actor_runtime_torch_is_honoured(monkeypatch):
-    from rlfarm.policy import ACTOR_RUNTIME_VARIABLE, ActorCritic, TorchPolicyActor
+    from rlfarm.nn.policy import ACTOR_RUNTIME_VARIABLE, ActorCritic, TorchPolicyActor
 
     monkeypatch.setenv(ACTOR_RUNTIME_VARIABLE, "torch")
     assert isinstance(ActorCritic(_pong_like_spec(), PolicyConfig()).actor_snapshot(), TorchPolicyActor)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfarm import codec, signing
-from rlfarm.protocol import (EVAL_TASK, PROTOCOL, ROLLOUT_TASK, ProtocolError, Result, TaskSpec, legacy_refusal,
+from rlfarm.core import codec, signing
+from rlfarm.core.protocol import (EVAL_TASK, PROTOCOL, ROLLOUT_TASK, ProtocolError, Result, TaskSpec, legacy_refusal,
                              protocol_mismatch, spec_protocol)
 
 SECRET = "test-secret-with-enough-entropy-0123456789"

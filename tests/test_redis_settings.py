@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlfarm.cluster import LocalCluster
-from rlfarm.store import connect, eviction_policy
+from rlfarm.local.cluster import LocalCluster
+from rlfarm.farm.store import connect, eviction_policy
 from tests.conftest import one_error_line, run_cli
 
 pytestmark = pytest.mark.farm

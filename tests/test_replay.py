@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from rlfarm.envs import make_vector_env
-from rlfarm.replay import PrioritizedReplayBuffer, ReplayBuffer, SumTree, Transitions, nstep_transitions
-from rlfarm.rollout import collect
+from rlfarm.core.replay import PrioritizedReplayBuffer, ReplayBuffer, SumTree, Transitions, nstep_transitions
+from rlfarm.core.rollout import collect
 
 from .conftest import CountValue
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rlfarm import checkpoint
+from rlfarm.trainer import resume as checkpoint
 
 from .conftest import WORKER_ENV, assert_cleaned_up, pid_alive, read_csv, rlfarm_cmd, run_cli
 

@@ -5,7 +5,7 @@ import pytest
 
 from rlfarm.algos.ppo import compute_gae
 from rlfarm.envs import make_vector_env
-from rlfarm.rollout import Rollout, collect, concat, task_seeds
+from rlfarm.core.rollout import Rollout, collect, concat, task_seeds
 
 from .conftest import CountValue
 
@@ -73,7 +73,7 @@ def test_task_seeds_are_deterministic_and_distinct():
 def test_collect_is_reproducible_with_a_real_policy():
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe
-    from rlfarm.policy import build_policy
+    from rlfarm.nn.policy import build_policy
 
     import torch
 
@@ -92,7 +92,7 @@ def test_collect_is_reproducible_with_a_real_policy():
 def test_box_actions_are_clipped_for_env_but_stored_raw(env_id):
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe
-    from rlfarm.policy import build_policy
+    from rlfarm.nn.policy import build_policy
 
     import torch
 
@@ -107,7 +107,7 @@ def test_box_actions_are_clipped_for_env_but_stored_raw(env_id):
 
 # ---- "continue": env streams across tasks --------------------------------------------------------
 def _stream(env_id: str, n: int, seeds: list[int]):
-    from rlfarm.rollout import EnvStream
+    from rlfarm.core.rollout import EnvStream
 
     return EnvStream(make_vector_env(env_id, n), seeds)
 
@@ -127,7 +127,7 @@ def test_a_stream_goes_on_where_its_last_task_left_it():
 
 
 def test_stream_seeds_differ_by_process_and_generation_and_repeat_for_the_same():
-    from rlfarm.rollout import stream_seeds
+    from rlfarm.core.rollout import stream_seeds
 
     a = stream_seeds(1, "host:100", 0, 4)
     assert a == stream_seeds(1, "host:100", 0, 4)
@@ -137,7 +137,7 @@ def test_stream_seeds_differ_by_process_and_generation_and_repeat_for_the_same()
 
 
 def test_the_stream_cache_keeps_a_stream_per_run_and_closes_the_least_recently_used():
-    from rlfarm.rollout import StreamCache
+    from rlfarm.core.rollout import StreamCache
 
     cache = StreamCache(size=2)
     made: list[tuple[str, int]] = []

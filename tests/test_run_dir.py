@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfarm import checkpoint
+from rlfarm.trainer import resume as checkpoint
 
 from .conftest import WORKER_ENV, one_error_line, poll, read_csv, read_summary, rlfarm_cmd, run_cli
 

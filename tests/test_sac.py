@@ -13,9 +13,9 @@ import torch
 from rlfarm import config as C
 from rlfarm.algos import learner
 from rlfarm.envs import SpaceSpec, describe, make_vector_env
-from rlfarm.policy import (NumpySACActor, PolicyMismatch, SquashedGaussianPolicy, TorchSACActor, load_network,
+from rlfarm.nn.policy import (NumpySACActor, PolicyMismatch, SquashedGaussianPolicy, TorchSACActor, load_network,
                            np_tanh_log_det, tanh_log_det)
-from rlfarm.rollout import collect
+from rlfarm.core.rollout import collect
 
 BOUNDS = "tests.tiny_envs:bounds"  # low [-1, 0], high [3, 10]
 LOW, HIGH = np.array([-1.0, 0.0]), np.array([3.0, 10.0])

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlfarm.celery_app import make_app
-from rlfarm.cluster import LOOPBACK, free_port, stop_process_group
-from rlfarm.store import connect
+from rlfarm.farm.app import make_app
+from rlfarm.local.cluster import LOOPBACK, free_port, stop_process_group
+from rlfarm.farm.store import connect
 
 from .conftest import WORKER_ENV, rlfarm_cmd
 

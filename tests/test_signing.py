@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlfarm import codec, signing
-from rlfarm.celery_app import make_app
-from rlfarm.cluster import LocalCluster
-from rlfarm.dispatch import Dispatcher, RolloutError
+from rlfarm.core import codec, signing
+from rlfarm.farm.app import make_app
+from rlfarm.local.cluster import LocalCluster
+from rlfarm.farm.dispatch import Dispatcher, RolloutError
 from rlfarm.envs import (EnvError, allowed_modules_env, check_env_allowed, env_module, make_env,
                          make_vector_env)
-from rlfarm.signing import SignatureError
-from rlfarm.store import PolicyCorrupt, PolicyStore, connect
+from rlfarm.core.signing import SignatureError
+from rlfarm.farm.store import PolicyCorrupt, PolicyStore, connect
 
 from .conftest import ROOT, WORKER_ENV, dispatcher, make_run, rlfarm_cmd, run_cli, task_specs
 
@@ -243,7 +243,7 @@ def test_run_meta_is_signed_in_redis(redis_only, monkeypatch):
 
 @pytest.mark.farm
 def test_worker_caches_a_policy_under_the_version_it_fetched(redis_only, monkeypatch):
-    from rlfarm.worker import RolloutWorker
+    from rlfarm.farm.worker import RolloutWorker
 
     monkeypatch.delenv("RLFARM_SECRET", raising=False)
     _, store = make_run(redis_only.redis_url, "cache-key", versions=3)
@@ -391,10 +391,10 @@ def test_eval_treats_the_env_named_by_a_policy_file_as_untrusted(tmp_path):
 def test_results_are_signed_and_a_forged_one_is_dropped(redis_only, monkeypatch):
     """With RLFARM_SECRET, a result pushed onto a run's list without it (poisoned training data) is
     dropped and counted; a signed one is taken; one signed for another run is dropped too."""
-    from rlfarm import codec, signing
-    from rlfarm.celery_app import make_app
-    from rlfarm.dispatch import Dispatcher
-    from rlfarm.store import connect, results_key
+    from rlfarm.core import codec, signing
+    from rlfarm.farm.app import make_app
+    from rlfarm.farm.dispatch import Dispatcher
+    from rlfarm.farm.store import connect, results_key
 
     secret = b"s3cret"
     monkeypatch.setenv("RLFARM_SECRET", secret.decode())

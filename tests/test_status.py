@@ -15,10 +15,10 @@ import time
 import pytest
 from rich.console import Console
 
-from rlfarm.cluster import LocalCluster
-from rlfarm.status import (MemoryStatus, Snapshot, format_age, parse_heartbeat, parse_workers, render,
+from rlfarm.local.cluster import LocalCluster
+from rlfarm.observe.status import (MemoryStatus, Snapshot, format_age, parse_heartbeat, parse_workers, render,
                            to_json)
-from rlfarm.store import connect, write_status
+from rlfarm.farm.store import connect, write_status
 
 from .conftest import WORKER_ENV, make_run, pid_alive, rlfarm_cmd, run_cli, usage_error_line
 
@@ -225,7 +225,7 @@ def test_status_follows_a_live_training_run(tmp_path):
 
 
 def test_runs_with_a_live_trainer_then_the_newest_come_first():
-    from rlfarm.status import RunStatus, most_recent_first
+    from rlfarm.observe.status import RunStatus, most_recent_first
 
     def run(name, created, state=None, updated=None):
         hb = parse_heartbeat({"state": state, "updated": str(updated)}, now=2000.0) if state else None

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlfarm.store import (PolicyCache, PolicyCorrupt, PolicyNotFound, PolicyStore, PolicyTrimmed,
+from rlfarm.farm.store import (PolicyCache, PolicyCorrupt, PolicyNotFound, PolicyStore, PolicyTrimmed,
                           RunNotFound, connect, list_runs, redact)
 
 pytestmark = pytest.mark.farm

@@ -15,8 +15,8 @@ import os
 import pytest
 import torch
 
-from rlfarm import codec
-from rlfarm.store import PolicyCorrupt, PolicyStore, connect
+from rlfarm.core import codec
+from rlfarm.farm.store import PolicyCorrupt, PolicyStore, connect
 
 SECRET = "tamper-secret-0123456789abcdef"
 
@@ -32,8 +32,8 @@ def test_a_forged_blob_is_never_pinned_nor_signed_into_best_policy(redis_only, t
     hmac kept) must not become a validly signed best policy: the trainer uses its own copy."""
     from rlfarm.api import make_config
     from rlfarm.config import to_dict
-    from rlfarm.metrics import RunLogger
-    from rlfarm.protocol import Result
+    from rlfarm.observe.metrics import RunLogger
+    from rlfarm.core.protocol import Result
     from rlfarm.trainer import make_trainer
 
     monkeypatch.setenv("RLFARM_SECRET", SECRET)
@@ -97,10 +97,10 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
 
     import redis
 
-    from rlfarm import codec
-    from rlfarm.protocol import TaskSpec
-    from rlfarm.store import results_key
-    from rlfarm.worker import RolloutWorker
+    from rlfarm.core import codec
+    from rlfarm.core.protocol import TaskSpec
+    from rlfarm.farm.store import results_key
+    from rlfarm.farm.worker import RolloutWorker
 
     from .conftest import WORKER_ENV, poll, rlfarm_cmd
 
@@ -169,7 +169,7 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     ("redis://:pw@10.0.0.5:6379/0", b"s", False), ("rediss://u:pw@redis-host:6380/0", "s", False),
 ])
 def test_no_secret_warning_names_a_redis_off_this_machine_without_rlfarm_secret(url, secret, warned):
-    from rlfarm.store import no_secret_warning
+    from rlfarm.farm.store import no_secret_warning
 
     text = no_secret_warning(url, secret)
     assert (text is not None) == warned
@@ -186,7 +186,7 @@ def test_trainer_and_worker_on_a_redis_elsewhere_without_a_secret_warn_once(farm
     import signal
     import subprocess
 
-    from rlfarm.cluster import LocalCluster
+    from rlfarm.local.cluster import LocalCluster
 
     from .conftest import WORKER_ENV, poll, rlfarm_cmd, run_cli
 
@@ -231,7 +231,7 @@ def _pool_pids(main_pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def signed_worker(tmp_path_factory):
     """Redis and one worker process holding the secret (and allowed the tiny envs)."""
-    from rlfarm.cluster import LocalCluster
+    from rlfarm.local.cluster import LocalCluster
 
     from .conftest import WORKER_ENV
 

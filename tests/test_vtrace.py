@@ -68,7 +68,7 @@ def test_envs_are_independent_columns():
 
 def _lagged_rollout(spec, T: int, N: int, seed: int):
     """A batch acted by an older policy: behaviour log-probabilities a little off the learner's."""
-    from rlfarm.rollout import Rollout
+    from rlfarm.core.rollout import Rollout
 
     rng = np.random.default_rng(seed)
     shape = (T, N, *spec.obs_shape)

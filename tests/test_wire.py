@@ -1,4 +1,4 @@
-"""Result arrays on the wire: compression in rlfarm.codec, farm.compress, and the worker's size checks.
+"""Result arrays on the wire: compression in rlfarm.core.codec, farm.compress, and the worker's size checks.
 Pure: no Redis, no workers (benchmarks/wire.py measures the same on real Atari rollouts)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import zstandard
 
-from rlfarm import codec
+from rlfarm.core import codec
 from rlfarm import config as C
-from rlfarm.protocol import Result
+from rlfarm.core.protocol import Result
 
 RAW, COMPRESSED = 42, 43  # codec's msgpack extension codes, as they appear on the wire
 
@@ -211,7 +211,7 @@ def big_result() -> Result:
 
 
 def test_the_worker_checks_max_result_bytes_on_the_compressed_payload():
-    from rlfarm.worker import ResultTooLarge, encode_result
+    from rlfarm.farm.worker import ResultTooLarge, encode_result
 
     payload = encode_result(big_result(), {"compress": "auto", "max_result_bytes": 2**20})
     assert len(payload) < 2**20 and ext_codes(payload)["rollout"]["obs"] == COMPRESSED
@@ -221,13 +221,13 @@ def test_the_worker_checks_max_result_bytes_on_the_compressed_payload():
 
 def test_runs_without_farm_compress_get_raw_arrays():
     """Their run meta was written by a trainer that predates compression and cannot decode it."""
-    from rlfarm.worker import encode_result
+    from rlfarm.farm.worker import encode_result
 
     assert ext_codes(encode_result(big_result(), {}))["rollout"]["obs"] == RAW
 
 
 def test_the_worker_refuses_results_the_trainer_would_not_decompress(monkeypatch):
-    from rlfarm.worker import ResultTooLarge, encode_result
+    from rlfarm.farm.worker import ResultTooLarge, encode_result
 
     monkeypatch.setattr(codec, "MAX_DECODED_BYTES", 2**20)
     with pytest.raises(ResultTooLarge, match="a trainer decodes from one result"):

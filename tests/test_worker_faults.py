@@ -1,7 +1,7 @@
 """Faults of the workers themselves, done for real: a worker of another rlfarm version, a worker
 stopped by SIGTERM (a spot instance's notice) mid-task, an env that hangs.
 
-Each test starts its own redis-server and real workers on 127.0.0.1 (rlfarm.cluster.LocalCluster,
+Each test starts its own redis-server and real workers on 127.0.0.1 (rlfarm.local.cluster.LocalCluster,
 stopped by pid) and drives the real `rlfarm train` command.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from rlfarm.cluster import LocalCluster
-from rlfarm.protocol import PROTOCOL
+from rlfarm.local.cluster import LocalCluster
+from rlfarm.core.protocol import PROTOCOL
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
 
@@ -122,7 +122,7 @@ def test_a_worker_from_before_protocol_versions_is_told_apart_and_the_run_goes_o
 # ---- item 8: SIGTERM to a worker mid-task (a spot instance's notice) ------------------------------
 def _active_on(c: LocalCluster, node: str, run_id: str) -> list[str]:
     """Ids of the tasks of `run_id` that worker `node` is running right now."""
-    from rlfarm.celery_app import make_app
+    from rlfarm.farm.app import make_app
 
     app = make_app(c.redis_url)
     try:

@@ -3,9 +3,9 @@ protocol N, as a worker of another rlfarm version does; everything else is this 
 
 import sys
 
-import rlfarm.protocol
+import rlfarm.core.protocol
 
-rlfarm.protocol.PROTOCOL = int(sys.argv.pop(1))  # before anything reads it: pool processes fork from here
+rlfarm.core.protocol.PROTOCOL = int(sys.argv.pop(1))  # before anything reads it: pool processes fork from here
 
 import cli  # noqa: E402
 

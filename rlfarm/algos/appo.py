@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from rlfarm.algos.base import register, to_device
-from rlfarm.policy import pixel_layout
+from rlfarm.nn.policy import pixel_layout
 from rlfarm.algos.ppo import PPO, compute_gae
 from rlfarm.config import RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.rollout import Rollout, concat
+from rlfarm.core.rollout import Rollout, concat
 
 
 def vtrace(behaviour_logprobs: np.ndarray, target_logprobs: np.ndarray, rewards: np.ndarray,

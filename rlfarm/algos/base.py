@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
     from rlfarm.config import PolicyConfig, RunConfig
     from rlfarm.envs import SpaceSpec
-    from rlfarm.policy import Actor
-    from rlfarm.rollout import Rollout
+    from rlfarm.nn.policy import Actor
+    from rlfarm.core.rollout import Rollout
 
 
 class Algorithm(ABC):
@@ -119,7 +119,7 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-# ---- pure state-dict helpers (checkpoints are written by rlfarm.checkpoint) ------------------------
+# ---- pure state-dict helpers (checkpoints are written by rlfarm.trainer.resume) ------------------------
 
 def prefixed(prefix: str, tensors: Mapping[str, Any]) -> dict[str, Any]:
     return {f"{prefix}.{k}": v for k, v in tensors.items()}

@@ -20,8 +20,8 @@ from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, r
 from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.policy import QNetwork, place
-from rlfarm.replay import Batch
+from rlfarm.nn.policy import QNetwork, place
+from rlfarm.core.replay import Batch
 
 
 def linear_schedule(start: float, end: float, fraction: float, progress: float) -> float:
@@ -43,7 +43,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 @register
 class DQN(OffPolicy):
     name = "dqn"
-    head = "q"  # the output MLP of a saved policy (rlfarm.policy.load_network)
+    head = "q"  # the output MLP of a saved policy (rlfarm.nn.policy.load_network)
     loss_keys = ("losses/td_loss", "losses/q_values", "losses/grad_norm", "charts/learning_rate")
 
     @classmethod

@@ -26,8 +26,8 @@ import torch
 from rlfarm.algos.base import Algorithm, prefixed, unprefixed
 from rlfarm.config import RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.replay import Batch, PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
-from rlfarm.rollout import Rollout
+from rlfarm.core.replay import Batch, PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
+from rlfarm.core.rollout import Rollout
 
 
 class OffPolicy(Algorithm):

@@ -15,8 +15,8 @@ from rlfarm.algos.base import (Algorithm, to_device, load_optimizer_state, optim
                                unprefixed)
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.policy import ActorCritic, pixel_layout, place
-from rlfarm.rollout import Rollout
+from rlfarm.nn.policy import ActorCritic, pixel_layout, place
+from rlfarm.core.rollout import Rollout
 
 
 def compute_gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
@@ -49,7 +49,7 @@ class PPO(Algorithm):
 
     name = "ppo"
     serves = ("sync",)
-    head = "actor"  # the output MLP of a saved policy (rlfarm.policy.load_network)
+    head = "actor"  # the output MLP of a saved policy (rlfarm.nn.policy.load_network)
     loss_keys = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
                  "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "losses/early_stopped")
 
@@ -202,7 +202,7 @@ class PPO(Algorithm):
         return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}
 
     def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Policy, optimizer and minibatch generator, for resuming (see rlfarm.checkpoint)."""
+        """Policy, optimizer and minibatch generator, for resuming (see rlfarm.trainer.resume)."""
         optim_tensors, optim_meta = optimizer_state(self.optimizer)
         tensors = {**prefixed("policy", self.policy.state_dict()), **optim_tensors,
                    "rng.minibatch": self.generator.get_state()}

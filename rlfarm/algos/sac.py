@@ -5,7 +5,7 @@ its own Adam towards a target entropy of -action_dim.
 
 ASYNC only. Replay, heatup, the replay ratio and PER are rlfarm.algos.offpolicy's, shared with DQN;
 this module is the networks and the gradient step. Workers act with a numpy snapshot of the policy
-(rlfarm.policy.SACActor): during heatup uniformly in the bounds (acting option `random`), then by
+(rlfarm.nn.policy.SACActor): during heatup uniformly in the bounds (acting option `random`), then by
 sampling the policy; greedy evaluation takes the mean action. Replay holds the actions as the env
 took them; the critics see them mapped to [-1, 1], the scale the policy's tanh produces.
 """
@@ -24,9 +24,9 @@ from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, r
 from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.policy import SoftQNetwork, SquashedGaussianPolicy, place
-from rlfarm.replay import Batch
-from rlfarm.rollout import Rollout
+from rlfarm.nn.policy import SoftQNetwork, SquashedGaussianPolicy, place
+from rlfarm.core.replay import Batch
+from rlfarm.core.rollout import Rollout
 
 # The networks in a checkpoint, by prefix.
 _NETWORKS = ("actor", "qf1", "qf2", "qf1_target", "qf2_target")
@@ -49,7 +49,7 @@ def frozen(params: list[torch.Tensor]) -> Iterator[None]:
 @register
 class SAC(OffPolicy):
     name = "sac"
-    head = "actor"  # the mean's MLP of a saved policy (rlfarm.policy.load_network)
+    head = "actor"  # the mean's MLP of a saved policy (rlfarm.nn.policy.load_network)
     loss_keys = ("losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss",
                  "losses/qf_loss", *_ACTOR_KEYS, "losses/alpha")
 
@@ -97,7 +97,7 @@ class SAC(OffPolicy):
             self.actor.obs_norm.update(rollout.obs.reshape(-1, self.spec.obs_dim))
 
     def random_acting(self) -> dict[str, Any]:
-        return {"random": True}  # uniform in the bounds (rlfarm.policy.SACActor)
+        return {"random": True}  # uniform in the bounds (rlfarm.nn.policy.SACActor)
 
     def policy_acting(self, progress: float) -> dict[str, Any]:
         return {}  # sampling the policy is SAC's exploration

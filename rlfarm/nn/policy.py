@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.normalize import ObsNormalizer
+from rlfarm.nn.normalize import ObsNormalizer
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 _NUMPY_ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x: np.maximum(x, 0)}
@@ -262,7 +262,7 @@ def np_tanh_log_det(u: np.ndarray) -> np.ndarray:
 class SquashedGaussianPolicy(nn.Module):
     """SAC's policy: u ~ N(mean(s), std(s)) and the action a = bias + scale * tanh(u), in the env's
     bounds. `actor` is the mean's MLP (its last layer the mean head), `actor_logstd` a second head on
-    the same features, so a saved policy reads like PPO's for rlfarm.policy.load_network (observation
+    the same features, so a saved policy reads like PPO's for rlfarm.nn.policy.load_network (observation
     size from the first layer, action size from the last). Images: a CNN encoder, then both heads.
 
     Log-probabilities are of the unit action tanh(u) in [-1, 1] (as SB3's): the scaling to the bounds

@@ -212,7 +212,7 @@ class LocalCluster:
         return proc
 
     def wait_for_worker(self, proc: subprocess.Popen, node: str, timeout: float) -> None:
-        from rlfarm.celery_app import make_app
+        from rlfarm.farm.app import make_app
 
         app = make_app(self.redis_url)
         deadline = time.monotonic() + timeout

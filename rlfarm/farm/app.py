@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from celery import Celery
 
-from rlfarm.protocol import EVAL_TASK, ROLLOUT_TASK  # noqa: F401 - the task names live with the protocol
+from rlfarm.core.protocol import EVAL_TASK, ROLLOUT_TASK  # noqa: F401 - the task names live with the protocol
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -56,7 +56,7 @@ def celery_settings(redis_url: str) -> dict[str, Any]:
         "result_serializer": "msgpack",
         "accept_content": ["msgpack", "json"],
         "result_accept_content": ["msgpack", "json"],
-        # Results travel through rlfarm's own Redis lists (see rlfarm.worker), not Celery's backend.
+        # Results travel through rlfarm's own Redis lists (see rlfarm.farm.worker), not Celery's backend.
         "task_ignore_result": True,
         # Rollouts are long and may die with their process: ack after the work, redeliver if lost.
         "task_acks_late": True,

@@ -35,11 +35,11 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from rlfarm import codec, signing
-from rlfarm.claim import Claim
-from rlfarm.outage import OutageRetry
-from rlfarm.protocol import PROTOCOL, Key, Result, TaskSpec, legacy_refusal
-from rlfarm.store import FROM_ENV, LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
+from rlfarm.core import codec, signing
+from rlfarm.farm.claim import Claim
+from rlfarm.farm.outage import OutageRetry
+from rlfarm.core.protocol import PROTOCOL, Key, Result, TaskSpec, legacy_refusal
+from rlfarm.farm.store import FROM_ENV, LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
 
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
@@ -117,7 +117,7 @@ class Dispatcher:
         durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
         `on_state_lost`: called when the run's metadata vanished from Redis (FLUSHALL, a Redis
         restarted without its data), after the dispatcher has written back its own state.
-        `claim`: the trainer's claim of the run (rlfarm.claim), whose incarnation every task carries;
+        `claim`: the trainer's claim of the run (rlfarm.farm.claim), whose incarnation every task carries;
         without one the dispatcher claims the run itself when it first sends a task.
         `on_unverified(kind)`: a worker refused the task's "policy", "meta" or "spec" as not signed by the
         farm; puts back what the trainer wrote and says what (the task is then sent again). Without

@@ -7,7 +7,7 @@
   payload cannot make the trainer allocate gigabytes (benchmarks/wire.py has the measurements).
 - Policies: safetensors bytes whose str->str metadata carries version, algo, created and a sha256 of
   the tensors, so a corrupted blob is detected before a worker acts with it; with RLFARM_SECRET set
-  also an `hmac` (rlfarm.signing), so a forged one is too.
+  also an `hmac` (rlfarm.core.signing), so a forged one is too.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import zstandard
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from rlfarm import signing
+from rlfarm.core import signing
 
 _NDARRAY = 42  # msgpack extension code for numpy arrays: header, raw bytes
 _COMPRESSED = 43  # msgpack extension code for compressed numpy arrays: header, compressed bytes
@@ -51,7 +51,7 @@ COMPRESS_MIN_BYTES = 16 * 2**10
 # decompression and the lost zero-copy decode.
 WORTH_RATIO = 0.9
 # Bound on the bytes a trainer decompresses from one message (a decompression bomb declares a huge
-# shape in a small payload). Workers refuse to send results whose arrays hold more (rlfarm.worker).
+# shape in a small payload). Workers refuse to send results whose arrays hold more (rlfarm.farm.worker).
 MAX_DECODED_BYTES = 2 * 2**30
 
 
@@ -210,7 +210,7 @@ def tensor_digest(state: Mapping[str, torch.Tensor]) -> str:
 
 def encode_policy(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
                   secret: bytes | str | None = None) -> bytes:
-    """Safetensors bytes with `metadata` plus the tensors' sha256; with `secret` (rlfarm.signing),
+    """Safetensors bytes with `metadata` plus the tensors' sha256; with `secret` (rlfarm.core.signing),
     also `hmac` over the signed fields, the sha256 among them (any `hmac` given is replaced)."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     meta = {str(k): str(v) for k, v in metadata.items()}

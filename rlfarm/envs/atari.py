@@ -8,7 +8,7 @@ evaluation caveats) as gymnasium wrappers. PURE: no Redis, no Celery.
       -> RawScore: rewards clipped to their sign for learning; the real game score in info["raw_reward"]
       -> FrameStackObservation: the last `frame_stack` frames, (4, 84, 84) uint8, channels first
 
-`rlfarm.rollout.collect` reports episode returns from info["raw_reward"] (the game score a paper
+`rlfarm.core.rollout.collect` reports episode returns from info["raw_reward"] (the game score a paper
 reports) and treats info["life_lost"] as a termination that does not reset the game: the episode,
 and its score, go on until the game is over, as Stable-Baselines3's EpisodicLifeEnv does.
 
@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import gymnasium as gym
 import numpy as np
 
-from rlfarm.envs import EnvError
+from rlfarm.envs.errors import EnvError
 
 INSTALL_HINT = 'pip install -e ".[atari]" (ale-py ships the ROMs)'
 

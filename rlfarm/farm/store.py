@@ -6,7 +6,7 @@ Keys, all under `rlfarm:<run>:`
   versions        sorted set of retained versions
   meta            the run's config as JSON, so a worker can build env and network
 
-With RLFARM_SECRET set (rlfarm.signing), `meta` holds {"signed": <that JSON>, "hmac": ...} and each
+With RLFARM_SECRET set (rlfarm.core.signing), `meta` holds {"signed": <that JSON>, "hmac": ...} and each
 policy blob's metadata an `hmac`; a store with a secret refuses unsigned or forged ones.
 The other keys of a run (results, wanted, leases, pinned, status): docs/architecture.md, decision 4.
 """
@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import redis
 import torch
 
-from rlfarm import codec, signing
+from rlfarm.core import codec, signing
 
 
 class PolicyError(LookupError):
@@ -364,7 +364,7 @@ class PolicyCache:
             self._items.popitem(last=False)
 
     def drop_run(self, run: str) -> None:
-        """Forget every version of `run` (a new trainer of that run id: rlfarm.claim)."""
+        """Forget every version of `run` (a new trainer of that run id: rlfarm.farm.claim)."""
         for key in [k for k in self._items if k[0] == run]:
             del self._items[key]
 

@@ -33,19 +33,21 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from rlfarm import checkpoint, codec, logs, signing
+from rlfarm.core import codec, signing
+from rlfarm.observe import logs
+from rlfarm.trainer import resume as checkpoint
 from rlfarm.algos import check_mode, learner
-from rlfarm.celery_app import make_app
-from rlfarm.claim import Claim
+from rlfarm.farm.app import make_app
+from rlfarm.farm.claim import Claim
 from rlfarm.config import ConfigError, RunConfig, check_results_per_update, to_dict, trainer_threads
-from rlfarm.dispatch import Dispatcher
+from rlfarm.farm.dispatch import Dispatcher
 from rlfarm.envs import describe
-from rlfarm.metrics import RunLogger
-from rlfarm.protocol import PROTOCOL, Result, TaskSpec
-from rlfarm.rollout import Rollout, concat
-from rlfarm.outage import OutageRetry, resilient_client
-from rlfarm.rundir import write_atomic
-from rlfarm.store import (FROM_ENV, PolicyCorrupt, PolicyStore, connect, no_secret_warning, queue_depth, redact,
+from rlfarm.observe.metrics import RunLogger
+from rlfarm.core.protocol import PROTOCOL, Result, TaskSpec
+from rlfarm.core.rollout import Rollout, concat
+from rlfarm.farm.outage import OutageRetry, resilient_client
+from rlfarm.observe.rundir import write_atomic
+from rlfarm.farm.store import (FROM_ENV, PolicyCorrupt, PolicyStore, connect, no_secret_warning, queue_depth, redact,
                           refuse_eviction, write_status)
 
 
@@ -110,7 +112,7 @@ class Trainer:
     def __init__(self, config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
                  resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None,
                  local_workers: int = 0, secret: Any = FROM_ENV):
-        """`resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.checkpoint).
+        """`resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.trainer.resume).
         `callback(LogStep)`: called after each log step; returning False stops the run.
         `local_workers`: worker processes of this run on this machine (the embedded default's), whose
         cores the trainer's threads leave to them (rlfarm.config.trainer_threads).
@@ -178,7 +180,7 @@ class Trainer:
     # ---- shared pieces ---------------------------------------------------------------------------
     def warn(self, text: str) -> None:
         """A fault the run rides out: one `rlfarm: warning:` line on stderr and in the run's rlfarm.log
-        (rlfarm.logs)."""
+        (rlfarm.observe.logs)."""
         self._log.warning("%s", text)
 
     def restore_run_state(self) -> None:
@@ -200,7 +202,7 @@ class Trainer:
                 "incarnation": self.claim.incarnation, "protocol": PROTOCOL}
 
     def write_back(self, kind: str) -> str:
-        """A worker refused the run's metadata, a policy or a task spec (rlfarm.dispatch): put back
+        """A worker refused the run's metadata, a policy or a task spec (rlfarm.farm.dispatch): put back
         what the trainer wrote, from its own copies, where Redis holds something else."""
         written = self.store.write_back()
         return f"wrote back {' and '.join(written)} from the trainer's own copy; " if written else ""
@@ -321,7 +323,7 @@ class Trainer:
 
     def _write_best(self, version: int, score: float) -> None:
         # The pinned blob is the trainer's own copy or one that passed the store's checks; verified
-        # again here, since it is re-signed below (rlfarm.store.PolicyStore.pin).
+        # again here, since it is re-signed below (rlfarm.farm.store.PolicyStore.pin).
         state, meta = codec.decode_policy(self.store.pin(version), self.store.secret)
         meta.update({"env": self.config.env.id, "policy": json.dumps(to_dict(self.config)["policy"]),
                      "env_options": json.dumps(to_dict(self.config)["env"]),

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlfarm.cluster import LocalCluster
-from rlfarm.signing import SECRET_ENV, secret_from_env
+from rlfarm.local.cluster import LocalCluster
+from rlfarm.core.signing import SECRET_ENV, secret_from_env
 
 
 class LocalFarmError(RuntimeError):
@@ -69,7 +69,7 @@ def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
         raise LocalFarmError(f"a local farm is already up ({state_path()}); `rlfarm down` stops it")
     log_dir = home() / "local-farm"
     log_dir.mkdir(parents=True, exist_ok=True)
-    # Signed by default (rlfarm.signing): the user's RLFARM_SECRET, else one made here, kept in the
+    # Signed by default (rlfarm.core.signing): the user's RLFARM_SECRET, else one made here, kept in the
     # state file (mode 0600, like the password) for `rlfarm train` to use on this farm.
     secret = (secret_from_env() or secrets.token_hex(32).encode()).decode()
     cluster = LocalCluster(workers=workers, name="rlfarm-local", log_dir=log_dir,

@@ -6,7 +6,7 @@ finished training episode), evals.csv (one row per greedy evaluation), TensorBoa
 
 On a terminal the console shows a live progress bar (env steps, ETA, SPS, rolling return, policy
 version, the latest greedy evaluation); elsewhere a plain status line every 5 s. Evaluations are
-logged (rlfarm.logs) at info every `EVAL_LINE_EVERY`-th time and for the run's last one, at debug
+logged (rlfarm.observe.logs) at info every `EVAL_LINE_EVERY`-th time and for the run's last one, at debug
 otherwise; evals.csv and TensorBoard hold all of them.
 """
 
@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
-from rlfarm import logs
+from rlfarm.observe import logs
 from rlfarm.config import ConfigError, json_safe
-from rlfarm.rundir import RowFile, RunDirError, csv_text, read_whole_rows, write_atomic
+from rlfarm.observe.rundir import RowFile, RunDirError, csv_text, read_whole_rows, write_atomic
 
 ROLLING_EPISODES = 20
 EVAL_LINE_EVERY = 10  # greedy evaluations: one console line every this many (and the last one)
@@ -54,7 +54,7 @@ def summary_writer_class() -> type:
 
 def _truncate_csv(path: Path, max_step: int) -> list[str] | None:
     """Keep the header and the rows with global_step <= max_step; returns the header (None: no file).
-    Replaced whole (rlfarm.rundir): a full disk here leaves the file as it was."""
+    Replaced whole (rlfarm.observe.rundir): a full disk here leaves the file as it was."""
     if not path.exists():
         return None
     rows = read_whole_rows(path)
@@ -124,7 +124,7 @@ class RunLogger:
         self.best_eval = resume.get("best_eval", -math.inf) if resume else -math.inf
         self.last_eval = resume.get("last_eval", math.nan) if resume else math.nan
         self._last_eval_line: str | None = None  # the latest evaluation's line, until it is shown
-        # CSV files grow by whole rows only (rlfarm.rundir.RowFile): a full disk never leaves half a row.
+        # CSV files grow by whole rows only (rlfarm.observe.rundir.RowFile): a full disk never leaves half a row.
         self._progress_fields: list[str] | None = None
         self._evals_file: RowFile | None = None
         # One progress row per step: a row at a step already logged (a resumed run's first log before

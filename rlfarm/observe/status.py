@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from rlfarm import codec
-from rlfarm.store import (PolicyStore, RunNotFound, list_runs, queue_depth, read_status, redact,
+from rlfarm.core import codec
+from rlfarm.farm.store import (PolicyStore, RunNotFound, list_runs, queue_depth, read_status, redact,
                           run_prefix)
 
 INSPECT_TIMEOUT = 1.0  # seconds Celery waits for workers to answer a broadcast
@@ -228,7 +228,7 @@ def _worker_version(w: WorkerStatus) -> Any:
     """`0.1.0, protocol 1`; in red when it is not this rlfarm's protocol (it refuses this trainer's tasks)."""
     from rich.text import Text
 
-    from rlfarm.protocol import PROTOCOL
+    from rlfarm.core.protocol import PROTOCOL
 
     if w.protocol is None:
         return Text("before protocol versions", style="red")

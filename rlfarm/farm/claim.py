@@ -31,8 +31,8 @@ from typing import Any
 
 import redis
 
-from rlfarm.rundir import RunDirError
-from rlfarm.store import run_prefix
+from rlfarm.observe.rundir import RunDirError
+from rlfarm.farm.store import run_prefix
 
 CLAIM_SECONDS = 15.0  # a dead trainer's tasks stop running and its run id is free this long after it died
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlfarm.rollout import Rollout
+from rlfarm.core.rollout import Rollout
 
 
 @dataclass

@@ -19,17 +19,17 @@ from typing import Any
 
 import redis
 
-from rlfarm import codec, protocol, signing
+from rlfarm.core import codec, protocol, signing
 from rlfarm.algos import learner
-from rlfarm.claim import claim_incarnation, claim_key
+from rlfarm.farm.claim import claim_incarnation, claim_key
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
-from rlfarm.protocol import Result, TaskSpec
-from rlfarm.node import hand_back_reason
-from rlfarm.rollout import EnvStream, StreamCache, collect, run_episodes, stream_seeds, task_seeds
-from rlfarm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
-from rlfarm.outage import OutageRetry, is_oom, resilient_client
-from rlfarm.store import (LIVE, PolicyCache, PolicyCorrupt, PolicyStore, lease_key, redact,  # noqa: F401
+from rlfarm.core.protocol import Result, TaskSpec
+from rlfarm.farm.node import hand_back_reason
+from rlfarm.core.rollout import EnvStream, StreamCache, collect, run_episodes, stream_seeds, task_seeds
+from rlfarm.farm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
+from rlfarm.farm.outage import OutageRetry, is_oom, resilient_client
+from rlfarm.farm.store import (LIVE, PolicyCache, PolicyCorrupt, PolicyStore, lease_key, redact,  # noqa: F401
                           results_key, run_prefix, task_key_text, wanted_key)
 
 RESULT_TTL = 3600  # backstop only: the trainer pops results as they come
@@ -92,7 +92,7 @@ class _Lease:
 
 class HandedBack(Exception):
     """Raised in a pool process's task when its worker shuts down (SIGTERM to the main process, which
-    signals the pool process; rlfarm.node): the task is answered as handed back and left unfinished."""
+    signals the pool process; rlfarm.farm.node): the task is answered as handed back and left unfinished."""
 
 
 class ResultTooLarge(ValueError):

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 MODES = ("sync", "async")
 DEVICES = ("auto", "cpu", "cuda")
-# farm.compress: rlfarm.codec.COMPRESS_CHOICES, repeated here so reading a config never imports the
+# farm.compress: rlfarm.core.codec.COMPRESS_CHOICES, repeated here so reading a config never imports the
 # codec (and torch with it); tests/test_wire.py checks the two agree.
 COMPRESS = ("auto", "none", "zstd")
 
@@ -38,7 +38,7 @@ class EnvConfig:
     id: str = "CartPole-v1"  # gymnasium id, or "module:callable" returning an Env
     num_envs: int = 4  # sub-environments stepped together inside one rollout task
     # Preprocessing, done on the workers: "auto" is DeepMind's Atari preprocessing for ALE ids
-    # (rlfarm.atari) and none for the rest; "atari" | "none" force it. The keys below are Atari's.
+    # (rlfarm.envs.atari) and none for the rest; "atari" | "none" force it. The keys below are Atari's.
     preprocess: str = "auto"
     frame_stack: int = 4  # frames stacked into one observation
     noop_max: int = 30  # up to this many no-op actions at an episode's start
@@ -54,7 +54,7 @@ class FarmConfig:
     # (local_workers), the split the Atari presets use: learner and actors then share the cores.
     workers: int = 2
     # A running task (one whose worker holds its lease) without a result this many seconds after it
-    # started gets one backup copy; queued tasks are never late (see rlfarm.dispatch).
+    # started gets one backup copy; queued tasks are never late (see rlfarm.farm.dispatch).
     task_timeout: float = 120.0
     max_redispatch: int = 3  # re-sends of one lost task after which the run fails instead of retrying
     keep_versions: int = 5  # policy versions retained in Redis
@@ -64,9 +64,9 @@ class FarmConfig:
     max_result_bytes: int = 256 * 2**20  # a worker refuses to send a larger result (Redis caps at 512 MiB)
     # "fresh": every task starts its episodes anew (SYNC is bit-reproducible); "continue": each worker
     # process keeps its sub-envs running across tasks, so episodes may be longer than a task
-    # (Atari, MuJoCo); not bit-reproducible (see rlfarm.rollout).
+    # (Atari, MuJoCo); not bit-reproducible (see rlfarm.core.rollout).
     episodes: str = "fresh"
-    # Result arrays on the wire (rlfarm.codec): "auto" compresses large ones (zstd; Atari frame stacks
+    # Result arrays on the wire (rlfarm.core.codec): "auto" compresses large ones (zstd; Atari frame stacks
     # ~200x smaller), "zstd" pins that codec, "none" sends them raw. max_result_bytes is the compressed size.
     compress: str = "auto"
 
@@ -77,13 +77,13 @@ class PolicyConfig:
     activation: str = "tanh"  # tanh | relu
     init_log_std: float = 0.0  # Gaussian policies: initial log standard deviation
     # Image observations: a Nature-CNN encoder (Mnih et al. 2015). Images too small for these
-    # kernels get a small 3x3 encoder instead (rlfarm.policy.cnn_layers says which).
+    # kernels get a small 3x3 encoder instead (rlfarm.nn.policy.cnn_layers says which).
     cnn_channels: tuple[int, ...] = (32, 64, 64)
     cnn_kernels: tuple[int, ...] = (8, 4, 3)
     cnn_strides: tuple[int, ...] = (4, 2, 1)
     cnn_features: int = 512  # the encoder's output size (a linear layer after the convolutions)
     # Vector observations: normalise by running mean and variance, kept in the network's state (so
-    # every version carries the statistics it acts with) and updated by the learner (rlfarm.normalize).
+    # every version carries the statistics it acts with) and updated by the learner (rlfarm.nn.normalize).
     normalize_obs: bool = False
     normalize_clip: float = 10.0  # normalised observations are clipped to [-clip, clip]
 
@@ -642,7 +642,7 @@ def policy_config(d: dict[str, Any]) -> PolicyConfig:
 # ---- presets -------------------------------------------------------------------------------------
 
 def _preset_dir() -> Path:
-    return Path(str(resources.files("rlfarm") / "presets"))
+    return Path(str(resources.files("rlfarm.config") / "presets"))
 
 
 def preset_names() -> list[str]:

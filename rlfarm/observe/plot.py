@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfarm.metrics import ROLLING_EPISODES
+from rlfarm.observe.metrics import ROLLING_EPISODES
 
 
 class PlotError(ValueError):

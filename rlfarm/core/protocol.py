@@ -69,10 +69,10 @@ class TaskSpec:
     steps: int = 0
     episodes: int = 0
     act: dict[str, Any] = field(default_factory=dict)  # the algorithm's acting and collect options
-    incarnation: str | None = None  # the sending trainer's nonce (rlfarm.claim): workers run the task only while it lives
+    incarnation: str | None = None  # the sending trainer's nonce (rlfarm.farm.claim): workers run the task only while it lives
     env: str | None = None  # the run's env id, a label for Flower only: workers take it from the run
     protocol: int = PROTOCOL  # the trainer's; on the wire a spec without it is of protocol 0
-    sig: str | None = None  # HMAC over all other fields (rlfarm.signing), when RLFARM_SECRET is set
+    sig: str | None = None  # HMAC over all other fields (rlfarm.core.signing), when RLFARM_SECRET is set
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -145,7 +145,7 @@ class Result:
     iteration: int
     index: int
     task_id: str | None = None
-    incarnation: str | None = None  # the task's (rlfarm.claim): a trainer drops results of another one
+    incarnation: str | None = None  # the task's (rlfarm.farm.claim): a trainer drops results of another one
     worker: str = ""
     version: int | None = None  # the version acted with (for "latest": the one it resolved to)
     last_version: int | None = None  # ASYNC with async.refresh_steps: the version acting at the end

@@ -1,5 +1,5 @@
 """What a worker's main process (its Celery node) does for its running tasks, beside Celery: the
-tasks themselves run in pool processes (rlfarm.worker), which a hung env or a SIGKILL can stop at
+tasks themselves run in pool processes (rlfarm.farm.worker), which a hung env or a SIGKILL can stop at
 any moment, so what must not depend on them is done from here.
 
 - Leases (`LeaseKeeper`): the lease of each running task is renewed from here too. A pool process
@@ -10,7 +10,7 @@ any moment, so what must not depend on them is done from here.
 - Hand-back (`hand_back`): on SIGTERM (a spot instance's notice, `docker stop`) each running task is
   answered at once with a `handed_back` result and its lease deleted, in one transaction, so the
   trainer sends it again immediately instead of waiting for the worker to finish or its lease to
-  expire. A pool process normally does this itself (rlfarm.worker.HandedBack, on SIGUSR2 from here);
+  expire. A pool process normally does this itself (rlfarm.farm.worker.HandedBack, on SIGUSR2 from here);
   this module does it for those that did not within `--shutdown-grace` and are then killed.
 
 The tasks are plain `NodeTask`s, so nothing here knows Celery (tasks/__init__.py is the glue).
@@ -28,9 +28,9 @@ from typing import Callable
 
 import redis
 
-from rlfarm import codec, signing
-from rlfarm.protocol import Result
-from rlfarm.store import PolicyStore, lease_key, results_key, task_key_text
+from rlfarm.core import codec, signing
+from rlfarm.core.protocol import Result
+from rlfarm.farm.store import PolicyStore, lease_key, results_key, task_key_text
 
 HAND_BACK_SIGNAL = signal.SIGUSR2  # main -> pool process: hand your task back now
 DEFAULT_SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM until pool processes still holding a task are killed

@@ -1,0 +1,104 @@
+"""What a network and a rollout need to know about an env's spaces (`SpaceSpec`), read once from a
+made env (`describe`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+
+from rlfarm.envs.errors import EnvError
+from rlfarm.envs.make import make_env
+
+OBS_DTYPES = ("float32", "uint8")  # what observations are kept as (see SpaceSpec)
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """What a network and a rollout need to know about an env's spaces.
+
+    Observations keep their shape and one of two dtypes end to end (env -> rollout -> result ->
+    replay -> minibatch): uint8 stays uint8 (images: 4x smaller than float32 on the wire and in
+    replay, scaled to [0, 1] inside the network), everything else is cast once, in `collect`, to
+    float32 (float64 envs included). A uint8 observation of three dimensions is an image, laid out
+    HWC or CHW (`image_layout`); anything else is a vector (flattened if it has more dimensions).
+    """
+
+    obs_dim: int  # number of observation values (the product of obs_shape)
+    discrete: bool
+    action_dim: int  # number of actions if discrete, else the Box dimension
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+    obs_shape: tuple[int, ...] = ()  # () means (obs_dim,)
+    obs_dtype: str = "float32"  # "float32" or "uint8"
+
+    def __post_init__(self) -> None:
+        if not self.obs_shape:
+            object.__setattr__(self, "obs_shape", (int(self.obs_dim),))
+        if self.obs_dtype not in OBS_DTYPES:
+            raise EnvError(f"observation dtype {self.obs_dtype!r} is not supported ({', '.join(OBS_DTYPES)})")
+
+    @property
+    def is_image(self) -> bool:
+        return self.obs_dtype == "uint8" and len(self.obs_shape) == 3
+
+    @property
+    def image_layout(self) -> str:
+        """"CHW" when the first axis looks like channels (at most 4 and smaller than the last), else "HWC"."""
+        first, last = self.obs_shape[0], self.obs_shape[-1]
+        return "CHW" if first <= 4 and first < last else "HWC"
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """Shape of one action as stored: () for a discrete action, (action_dim,) for a Box."""
+        return () if self.discrete else (self.action_dim,)
+
+    @property
+    def action_dtype(self) -> str:
+        return "int64" if self.discrete else "float32"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"obs_dim": self.obs_dim, "obs_shape": list(self.obs_shape), "obs_dtype": self.obs_dtype,
+                "discrete": self.discrete, "action_dim": self.action_dim,
+                "action_low": list(self.action_low), "action_high": list(self.action_high)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpaceSpec":
+        return cls(int(d["obs_dim"]), bool(d["discrete"]), int(d["action_dim"]),
+                   tuple(d["action_low"]), tuple(d["action_high"]),
+                   tuple(int(x) for x in d.get("obs_shape", ())), str(d.get("obs_dtype", "float32")))
+
+
+
+def space_spec(env: gym.Env) -> SpaceSpec:
+    obs_space, act_space = env.observation_space, env.action_space
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise EnvError(f"observation space {obs_space} is not supported: rlfarm acts on Box observations "
+                       f"(vectors, or HxWxC / CxHxW uint8 images); wrap the env to flatten "
+                       f"{type(obs_space).__name__} observations into a Box")
+    shape = tuple(int(x) for x in obs_space.shape)
+    if not shape or 0 in shape:
+        raise EnvError(f"observation space {obs_space} is not supported: it holds no values")
+    obs_dtype = "uint8" if obs_space.dtype == np.uint8 else "float32"
+    if not (obs_dtype == "uint8" and len(shape) == 3):
+        shape = (int(np.prod(shape)),)  # vectors (and anything that is not an image) are flattened
+    obs = {"obs_shape": shape, "obs_dtype": obs_dtype}
+    obs_dim = int(np.prod(shape))
+    if isinstance(act_space, gym.spaces.Discrete):
+        return SpaceSpec(obs_dim, True, int(act_space.n), **obs)
+    if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+        return SpaceSpec(obs_dim, False, int(act_space.shape[0]),
+                         tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high), **obs)
+    raise EnvError(f"action space {act_space} is not supported (Discrete or 1-D Box)")
+
+
+def describe(env_id: str, options: Mapping[str, Any] | None = None) -> SpaceSpec:
+    """Make the env once (with the run's preprocessing `options`) to read its spaces; also the check
+    that the id is valid."""
+    env = make_env(env_id, options=options)
+    try:
+        return space_spec(env)
+    finally:
+        env.close()
