@@ -471,10 +471,9 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     import json
 
     from rlfarm.core import codec
-    from rlfarm.algos import algo_of_tensors
     from rlfarm.config import ConfigError, policy_config
     from rlfarm.envs import EnvError, check_env_allowed, env_module, make_env, space_spec
-    from rlfarm.nn.policy import PolicyMismatch, load_network
+    from rlfarm.algos.saved import PolicyMismatch, algo_of, load_network
     from rlfarm.core.signing import SignatureError, secret_from_env
     from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound, connect
 
@@ -511,8 +510,7 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
             run_cfg = store.run_meta()["config"]
             policy_cfg, meta["env"], env_options = run_cfg["policy"], run_cfg["env"]["id"], run_cfg["env"]
             meta.setdefault("algo", run_cfg.get("algo"))
-        # Files saved before policies named their algorithm: the one whose output module they hold.
-        algo = meta.get("algo") or algo_of_tensors(state)
+        algo = algo_of(meta, state)
         env_given = bool(env_id)
         env_id = env_id or meta.get("env")
         if not env_id:
@@ -524,7 +522,7 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
         if render_mode and getattr(env, "render_mode", None) != render_mode:
             modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
             fail(f"env {env_id} cannot render in mode {render_mode!r} (its render modes: {modes})", 1)
-        network = load_network(algo, space_spec(env), policy_config(policy_cfg), state)
+        network = load_network(algo, space_spec(env), policy_config(policy_cfg), state, meta)
     except PolicyMismatch as exc:
         source = policy_file or f"{run_id} v{meta.get('version', version)}"
         fail(f"policy {source} does not fit env {env_id}: {exc}", 1)
@@ -564,7 +562,7 @@ def _play(network, algo: str, env, env_id: str, episodes: int, seed: int, render
                 fail(f"--render could not open a window on DISPLAY={os.environ.get('DISPLAY', '')!r} "
                      f"(SDL fell back to its {driver} driver); record the episodes to files instead "
                      f"with --video DIR", 1)
-        returns = run_episodes(learner(algo).actor(network), env, episodes, seed)
+        returns = run_episodes(learner(algo).actor_snapshot(network), env, episodes, seed)
         env.close()  # RecordVideo writes the last episode's file on close
         return returns
     except KeyboardInterrupt:  # stop watching

@@ -11,11 +11,11 @@ Learner (forward + backward + Adam on a minibatch of 256 uint8 4x84x84 frames):
   nchw             the network on NCHW float input scaled by a division (rlfarm before issue 20)
   channels_last    the same, weights and input in channels-last memory (oneDNN's layout)
   rlfarm           rlfarm's NatureCNN as shipped: channels-last, uint8 reordered before the float
-                   conversion, the 1/255 folded into the first layer (rlfarm.nn.policy.PixelConv2d)
+                   conversion, the 1/255 folded into the first layer (rlfarm.nn.layers.PixelConv2d)
   compile          torch.compile of `rlfarm` (inductor, CPU)
 Actor (one forward of a task's batch, 8 frames by default, one thread as on a worker):
   torch no_grad, torch inference_mode, channels_last, torch.compile, and ONNX Runtime on the graph
-  rlfarm's workers export (rlfarm.nn.policy.OnnxPolicyActor).
+  rlfarm's workers export (rlfarm.algos.ppo.policies.OnnxPolicyActor).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def flops_per_obs() -> tuple[float, float]:
     import torch
 
     from rlfarm.config import PolicyConfig
-    from rlfarm.nn.policy import ActorCritic
+    from rlfarm.algos.ppo.policies import ActorCritic
 
     return layer_flops(ActorCritic(spec(), PolicyConfig()), torch.zeros((1, 4, 84, 84), dtype=torch.uint8))
 
@@ -70,7 +70,8 @@ def learner_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]
     from torch import nn
 
     from rlfarm.config import PolicyConfig
-    from rlfarm.nn.policy import ActorCritic, pixel_layout, place
+    from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.nn.layers import pixel_layout, place
 
     frames = torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8)
     actions = torch.randint(0, 6, (batch,))
@@ -123,7 +124,8 @@ def actor_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]]:
     import torch
 
     from rlfarm.config import PolicyConfig
-    from rlfarm.nn.policy import ActorCritic, OnnxPolicyActor, TorchPolicyActor, onnx_graph, _Heads
+    from rlfarm.algos.ppo.policies import ActorCritic, OnnxPolicyActor, TorchPolicyActor, _Heads
+    from rlfarm.nn.actors import onnx_graph
 
     torch.manual_seed(0)
     net = ActorCritic(spec(), PolicyConfig()).eval()

@@ -174,7 +174,7 @@ def make_run(client: redis.Redis, run: str, env_id: str, num_envs: int, compress
 
     from rlfarm import config as C
     from rlfarm.envs import describe
-    from rlfarm.nn.policy import build_policy
+    from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.farm.store import PolicyStore
 
     torch.set_num_threads(1)
@@ -184,7 +184,7 @@ def make_run(client: redis.Redis, run: str, env_id: str, num_envs: int, compress
     store = PolicyStore(client, run)
     store.set_run_meta({"config": C.to_dict(cfg), "space": space.to_dict()})
     torch.manual_seed(0)
-    network = build_policy(space, cfg.policy)
+    network = ActorCritic(space, cfg.policy)
     store.publish(0, network.state_dict(), "ppo")
     return network
 

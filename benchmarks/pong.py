@@ -86,7 +86,7 @@ def pong_setup():
 
     cfg = C.build("pong", [])
     spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
-    from rlfarm.nn.policy import ActorCritic
+    from rlfarm.algos.ppo.policies import ActorCritic
 
     net = ActorCritic(spec, cfg.policy)
     fwd, first = layer_flops(net, torch.zeros((1, *spec.obs_shape), dtype=torch.uint8))
@@ -120,7 +120,7 @@ def actor_step_seconds(spec, num_envs: int, steps: int = 200) -> tuple[float, st
     import torch
 
     from rlfarm.config import PolicyConfig
-    from rlfarm.nn.policy import ActorCritic
+    from rlfarm.algos.ppo.policies import ActorCritic
 
     torch.set_num_threads(1)  # as on a worker
     actor = ActorCritic(spec, PolicyConfig()).actor_snapshot()

@@ -121,7 +121,7 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
                     got.append(message)
         # The rollout alone: the same tasks, the same actor and envs, nothing around them.
         env_cfg = worker._run_meta(run)["config"]["env"]
-        actor, _, _ = worker._actor(run, 0)
+        actor, _, _ = worker._actor_of(run, 0)
         envs = worker._vector_env(env_cfg)
         with meters["alone"].measure(client):
             for i in range(first, first + count):
@@ -148,7 +148,7 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     for _ in range(3):
         worker.policies = type(worker.policies)(size=4)
         t = time.perf_counter()
-        worker._actor(run, 0)
+        worker._actor_of(run, 0)
         fetch.append(time.perf_counter() - t)
 
     timings = [r.timings for r in results]

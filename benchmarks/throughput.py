@@ -20,7 +20,6 @@ import multiprocessing as mp
 import os
 import time
 
-import numpy as np
 
 
 
@@ -30,10 +29,10 @@ def _setup(env_id: str, num_envs: int, state: dict | None):
     torch.set_num_threads(1)
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe, make_vector_env
-    from rlfarm.nn.policy import build_policy
+    from rlfarm.algos.ppo.policies import ActorCritic
 
     torch.manual_seed(0)
-    policy = build_policy(describe(env_id), PolicyConfig())
+    policy = ActorCritic(describe(env_id), PolicyConfig())
     if state is not None:
         policy.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
     return policy, make_vector_env(env_id, num_envs)

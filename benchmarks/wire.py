@@ -76,7 +76,7 @@ def rollout_message(factory: Callable[[], Any], steps: int, envs: int, keep_next
     spec = space_spec(probe)
     probe.close()
     algorithm = learner("ppo")
-    actor = algorithm.actor(algorithm.build_network(spec, PolicyConfig()))
+    actor = algorithm.actor_snapshot(algorithm.build_network(spec, PolicyConfig()))
     vec = SyncVectorEnv([factory] * envs, autoreset_mode=AutoresetMode.SAME_STEP)
     env_seeds, action_seed = task_seeds(0, 0, 0, envs)
     started = time.perf_counter()

@@ -190,7 +190,7 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
 
     from rlfarm import config as C
     from rlfarm.envs import describe
-    from rlfarm.nn.policy import build_policy
+    from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.farm.store import PolicyStore, connect
 
     cfg = C.build("cartpole-ppo", [f"run_id={run_id}", *overrides])
@@ -198,7 +198,7 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
     store = PolicyStore(connect(redis_url), run_id, keep=cfg.farm.keep_versions)
     store.set_run_meta({"config": C.to_dict(cfg), "space": space.to_dict()})
     torch.manual_seed(0)
-    policy = build_policy(space, cfg.policy)
+    policy = ActorCritic(space, cfg.policy)
     for v in range(versions):
         store.publish(v, policy.state_dict(), "ppo")
     return cfg, store

@@ -15,8 +15,10 @@ from torch import nn
 from rlfarm import config as C
 from rlfarm.algos import learner, names
 from rlfarm.envs import EnvError, describe, make_vector_env
-from rlfarm.nn.policy import (NatureCNN, NumpyActor, NumpyQActor, NumpySACActor, OnnxPolicyActor, TorchPolicyActor,
-                           TorchQActor, TorchSACActor, cnn_layers)
+from rlfarm.algos.dqn.policies import NumpyQActor, TorchQActor
+from rlfarm.algos.ppo.policies import NumpyActor, OnnxPolicyActor, TorchPolicyActor
+from rlfarm.algos.sac.policies import NumpySACActor, TorchSACActor
+from rlfarm.nn.layers import NatureCNN, cnn_layers
 from rlfarm.core.rollout import collect
 
 ENVS = {"vector": "CartPole-v1", "image": "tests.tiny_envs:image", "image-hwc": "tests.tiny_envs:image_hwc"}
@@ -52,7 +54,7 @@ def make(algo: str, env: str, seed: int = 0, mode: str | None = None):
 def rollout_for(algorithm, env: str, seed: int):
     """A real rollout of 64 steps x 2 envs, acted by the algorithm's own actor with its options."""
     cls = type(algorithm)
-    actor = cls.actor(algorithm.policy).with_options(**algorithm.acting(0.0))
+    actor = cls.actor_snapshot(algorithm.policy).with_options(**algorithm.acting(0.0))
     return collect(actor, make_vector_env(env, 2), 64, [seed, seed + 1], seed,
                    keep_next_obs=cls.collect_next_obs)
 
@@ -112,7 +114,7 @@ def test_network_follows_the_observation_space(algo):
     policy_cfg = C.PolicyConfig()
     vector = cls.build_network(describe(env_for(algo, "vector")), policy_cfg)
     assert not any(isinstance(m, nn.Conv2d) for m in vector.modules())
-    assert type(cls.actor(vector)) in (NumpyActor, NumpyQActor, NumpySACActor)  # numpy acting for MLPs
+    assert type(cls.actor_snapshot(vector)) in (NumpyActor, NumpyQActor, NumpySACActor)  # numpy acting for MLPs
 
     for kind in ("image", "image-hwc"):
         spec = describe(env_for(algo, kind))
@@ -120,11 +122,11 @@ def test_network_follows_the_observation_space(algo):
         image = cls.build_network(spec, policy_cfg)
         assert isinstance(image.encoder, NatureCNN)
         # CNNs act in ONNX Runtime where it is installed (PPO's actor), else in torch on the CPU.
-        assert type(cls.actor(image)) in (OnnxPolicyActor, TorchPolicyActor, TorchQActor, TorchSACActor)
+        assert type(cls.actor_snapshot(image)) in (OnnxPolicyActor, TorchPolicyActor, TorchQActor, TorchSACActor)
         # A 16x16 image is too small for the Nature CNN's 8x8/4 kernels: the small default applies.
         assert cnn_layers(spec, policy_cfg) == [(16, 3, 1), (32, 3, 1)]
         obs = np.random.default_rng(0).integers(0, 256, (3, *spec.obs_shape), dtype=np.uint8)
-        actor = cls.actor(image)
+        actor = cls.actor_snapshot(image)
         action, _, value = actor.act(obs, np.random.default_rng(0), deterministic=True)
         assert action.shape == (3, *spec.action_shape) and value.shape == (3,) and value.dtype == np.float32
 

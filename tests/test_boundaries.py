@@ -5,7 +5,8 @@
   import;
 - the trainer side never imports the worker module;
 - `rlfarm` never imports `tasks` or `cli`;
-- no import cycles between rlfarm's modules, lazy imports inside functions included.
+- no import cycles between rlfarm's modules, lazy imports inside functions included (imports for type
+  checkers only, under `if TYPE_CHECKING:`, are not imports at run time and do not count).
 """
 
 from __future__ import annotations
@@ -120,13 +121,23 @@ def test_no_algorithm_switch_outside_algos():
     assert not offenders, offenders
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node of `tree` outside `if TYPE_CHECKING:` blocks."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
 def _import_graph() -> dict[str, set[str]]:
-    """Module -> the rlfarm modules it imports anywhere in its file (`from pkg import sub` names the
-    submodule when there is one)."""
+    """Module -> the rlfarm modules it imports anywhere in its file at run time (`from pkg import sub`
+    names the submodule when there is one)."""
     graph = {}
     for name, path in MODULES.items():
         edges = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _runtime_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 edges |= {a.name for a in node.names if a.name in MODULES}
             elif isinstance(node, ast.ImportFrom) and node.module in MODULES and node.level == 0:

@@ -229,7 +229,7 @@ def test_evaluation_lines_at_the_default_verbosity_and_with_v(farm, tmp_path):
     lines = verbose.stderr.splitlines()
     assert lines[0].startswith("rlfarm: debug: eval 1 at step 1024 (policy v1): mean return "), lines
     assert lines[-1].startswith("rlfarm: eval 2 at step 2048"), lines
-    assert " DEBUG rlfarm.observe.metrics: eval 1 at step 1024" in (tmp_path / "evals-v" / "rlfarm.log").read_text()
+    assert " DEBUG rlfarm.metrics: eval 1 at step 1024" in (tmp_path / "evals-v" / "rlfarm.log").read_text()
 
 
 def test_progress_has_one_row_per_step_across_a_resume(tmp_path):

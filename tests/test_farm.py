@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from rlfarm.core import codec
 from rlfarm.farm.app import ROLLOUT_TASK, make_app
 from rlfarm.farm.dispatch import Dispatcher, RolloutError
 from rlfarm.core.rollout import Rollout, collect, task_seeds
@@ -31,10 +29,10 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     # A task is a pure function of its spec: recompute index 4 in this process and compare.
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe, make_vector_env
-    from rlfarm.nn.policy import build_policy
+    from rlfarm.algos.ppo.policies import ActorCritic
 
     state, _ = store.get(0)
-    policy = build_policy(describe("CartPole-v1"), PolicyConfig())
+    policy = ActorCritic(describe("CartPole-v1"), PolicyConfig())
     policy.load_state_dict(state)
     seeds, aseed = task_seeds(1, 0, 4, 2)
     local = collect(policy.actor_snapshot(), make_vector_env("CartPole-v1", 2), 64, seeds, aseed)
@@ -57,7 +55,7 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
     import numpy as np
 
     from rlfarm.envs import describe
-    from rlfarm.nn.policy import build_policy
+    from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.farm.worker import RolloutWorker
 
     cfg, store = make_run(redis_only.redis_url, "reuse")
@@ -65,16 +63,16 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
     store.publish(1, {k: v + 0.5 if v.is_floating_point() else v for k, v in state0.items()}, "ppo")
     worker = RolloutWorker(redis_only.redis_url)
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
-    actor0, _, fetched = worker._actor("reuse", 0)
+    actor0, _, fetched = worker._actor_of("reuse", 0)
     network = worker.networks["reuse"]
     values0 = actor0.value(obs).copy()
-    actor1, _, fetched_again = worker._actor("reuse", 1)
+    actor1, _, fetched_again = worker._actor_of("reuse", 1)
     assert fetched and fetched_again and worker.networks["reuse"] is network and len(worker.networks) == 1
-    fresh = build_policy(describe(cfg.env.id), cfg.policy)
+    fresh = ActorCritic(describe(cfg.env.id), cfg.policy)
     fresh.load_state_dict(store.get(1)[0])  # version 1 as a newly built network acts
     np.testing.assert_array_equal(actor1.value(obs), fresh.actor_snapshot().value(obs))
     assert not np.allclose(actor1.value(obs), values0)
-    cached0, _, refetched = worker._actor("reuse", 0)
+    cached0, _, refetched = worker._actor_of("reuse", 0)
     assert not refetched and cached0 is actor0
     np.testing.assert_array_equal(cached0.value(obs), values0)
 

@@ -40,7 +40,7 @@ def make_ppo(mode: str = "sync", seed: int = 0):
 def scaled_rollout(algorithm, seed: int):
     """A real Pendulum rollout, acted by the algorithm's own actor, with observations moved far from
     (0, 1) statistics (Pendulum's angular velocity is already up to 8)."""
-    actor = type(algorithm).actor(algorithm.policy)
+    actor = type(algorithm).actor_snapshot(algorithm.policy)
     r = collect(actor, make_vector_env("Pendulum-v1", 2), 64, [seed, seed + 1], seed)
     r.obs = r.obs * 5.0 + 20.0
     r.last_obs = r.last_obs * 5.0 + 20.0
@@ -62,7 +62,7 @@ def test_a_worker_acts_with_exactly_the_learners_statistics_for_a_version(mode):
     state, _ = codec.decode_policy(blob)
     network = learner("ppo").build_network(spec, C.policy_config(C.to_dict(algorithm.run_config)["policy"]))
     network.load_state_dict(state)
-    worker_actor = learner("ppo").actor(network)
+    worker_actor = learner("ppo").actor_snapshot(network)
 
     obs = np.random.default_rng(7).normal(20.0, 5.0, (16, spec.obs_dim)).astype(np.float32)
     action, _, value = worker_actor.act(obs, np.random.default_rng(0), deterministic=True)
@@ -100,19 +100,19 @@ def test_sac_workers_act_with_the_learners_statistics_and_critics_see_them_too()
                          "sac.batch_size=32", "sac.buffer_size=1000", "sac.replay_ratio=0.1"])
     spec = describe("Pendulum-v1")
     algorithm = learner("sac", "async")(cfg, spec, torch.device("cpu"))
-    r = collect(type(algorithm).actor(algorithm.policy), make_vector_env("Pendulum-v1", 1), 64, [1], 1,
+    r = collect(type(algorithm).actor_snapshot(algorithm.policy), make_vector_env("Pendulum-v1", 1), 64, [1], 1,
                 keep_next_obs=True)
     r.obs, r.next_obs = r.obs * 5.0 + 20.0, r.next_obs * 5.0 + 20.0
     algorithm.observe(r, 0)
     while algorithm.ready():
         algorithm.update(0.5)
-    assert algorithm.actor.obs_norm.count.item() == 64 and algorithm.actor.obs_norm.mean.mean().item() > 15
+    assert algorithm.policy.obs_norm.count.item() == 64 and algorithm.policy.obs_norm.mean.mean().item() > 15
 
     state, _ = codec.decode_policy(codec.encode_policy(algorithm.state(), {"version": "1", "algo": "sac"}))
     network = learner("sac").build_network(spec, C.policy_config(C.to_dict(cfg)["policy"]))
     network.load_state_dict(state)
     obs = np.random.default_rng(3).normal(20.0, 5.0, (8, spec.obs_dim)).astype(np.float32)
-    action, _, _ = learner("sac").actor(network).act(obs, np.random.default_rng(0), deterministic=True)
+    action, _, _ = learner("sac").actor_snapshot(network).act(obs, np.random.default_rng(0), deterministic=True)
     with torch.no_grad():
-        greedy = algorithm.actor.to_env(algorithm.actor.greedy(torch.from_numpy(obs))).numpy()
+        greedy = algorithm.policy.to_env(algorithm.policy.greedy(torch.from_numpy(obs))).numpy()
     np.testing.assert_allclose(action, greedy, rtol=1e-5, atol=1e-5)

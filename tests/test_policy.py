@@ -5,13 +5,13 @@ import torch
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import describe
-from rlfarm.nn.policy import build_policy
+from rlfarm.algos.ppo.policies import ActorCritic
 
 
 def test_numpy_actor_matches_torch_logprob_and_value():
     for env_id in ("CartPole-v1", "Pendulum-v1"):
         torch.manual_seed(0)
-        policy = build_policy(describe(env_id), PolicyConfig())
+        policy = ActorCritic(describe(env_id), PolicyConfig())
         actor = policy.actor_snapshot()
         obs = np.random.default_rng(0).normal(size=(64, policy.spec.obs_dim)).astype(np.float32)
         actions, logprob, value = actor.act(obs, np.random.default_rng(1))
@@ -22,7 +22,7 @@ def test_numpy_actor_matches_torch_logprob_and_value():
 
 def test_categorical_sampling_follows_probabilities():
     torch.manual_seed(0)
-    policy = build_policy(describe("CartPole-v1"), PolicyConfig())
+    policy = ActorCritic(describe("CartPole-v1"), PolicyConfig())
     with torch.no_grad():  # make the policy strongly prefer action 1: p = sigmoid(1) = 0.731
         policy.actor[-1].weight.zero_()
         policy.actor[-1].bias.copy_(torch.tensor([0.0, 1.0]))
@@ -38,7 +38,7 @@ def test_categorical_sampling_follows_probabilities():
 
 def test_gaussian_sampling_uses_log_std():
     torch.manual_seed(0)
-    policy = build_policy(describe("Pendulum-v1"), PolicyConfig(init_log_std=-1.0))
+    policy = ActorCritic(describe("Pendulum-v1"), PolicyConfig(init_log_std=-1.0))
     actor = policy.actor_snapshot()
     obs = np.zeros((20000, 3), np.float32)
     actions, _, _ = actor.act(obs, np.random.default_rng(0))
@@ -59,7 +59,9 @@ def test_the_cnn_computes_the_same_in_channels_last_with_the_pixel_scale_in_its_
     pixels / 255: same outputs as convolutions written out by hand on an NCHW float batch."""
     from torch.nn import functional as F
 
-    from rlfarm.nn.policy import ActorCritic, pixel_layout, place
+    from rlfarm.algos.ppo.policies import ActorCritic
+
+    from rlfarm.nn.layers import pixel_layout, place
 
     spec = _pong_like_spec()
     torch.manual_seed(0)
@@ -83,7 +85,7 @@ def test_onnx_actor_acts_as_torch_does_for_every_version_loaded_into_the_network
     import pytest
 
     pytest.importorskip("onnxruntime", reason="ONNX Runtime acting needs the atari extra (onnx, onnxruntime)")
-    from rlfarm.nn.policy import ActorCritic, OnnxPolicyActor, TorchPolicyActor
+    from rlfarm.algos.ppo.policies import ActorCritic, OnnxPolicyActor, TorchPolicyActor
 
     spec = _pong_like_spec()
     torch.manual_seed(0)
@@ -104,7 +106,8 @@ def test_onnx_actor_acts_as_torch_does_for_every_version_loaded_into_the_network
 
 
 def test_actor_runtime_torch_is_honoured(monkeypatch):
-    from rlfarm.nn.policy import ACTOR_RUNTIME_VARIABLE, ActorCritic, TorchPolicyActor
+    from rlfarm.algos.ppo.policies import ActorCritic, TorchPolicyActor
+    from rlfarm.nn.actors import ACTOR_RUNTIME_VARIABLE
 
     monkeypatch.setenv(ACTOR_RUNTIME_VARIABLE, "torch")
     assert isinstance(ActorCritic(_pong_like_spec(), PolicyConfig()).actor_snapshot(), TorchPolicyActor)

@@ -95,7 +95,7 @@ def test_new_transitions_get_max_priority_and_alpha_applies():
 def test_dqn_gradient_clip_matches_torch():
     import torch
 
-    from rlfarm.algos.dqn import clip_grad_norm
+    from rlfarm.algos.dqn.dqn import clip_grad_norm
 
     torch.manual_seed(0)
     a, b = torch.nn.Linear(4, 8), torch.nn.Linear(4, 8)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rlfarm.algos.ppo import compute_gae
+from rlfarm.algos.ppo.ppo import compute_gae
 from rlfarm.envs import make_vector_env
 from rlfarm.core.rollout import Rollout, collect, concat, task_seeds
 
@@ -73,12 +73,12 @@ def test_task_seeds_are_deterministic_and_distinct():
 def test_collect_is_reproducible_with_a_real_policy():
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe
-    from rlfarm.nn.policy import build_policy
+    from rlfarm.algos.ppo.policies import ActorCritic
 
     import torch
 
     torch.manual_seed(0)
-    actor = build_policy(describe("CartPole-v1"), PolicyConfig()).actor_snapshot()
+    actor = ActorCritic(describe("CartPole-v1"), PolicyConfig()).actor_snapshot()
     seeds, aseed = task_seeds(1, 0, 0, 2)
     r1 = collect(actor, make_vector_env("CartPole-v1", 2), 300, seeds, aseed)
     r2 = collect(actor, make_vector_env("CartPole-v1", 2), 300, seeds, aseed)
@@ -92,12 +92,12 @@ def test_collect_is_reproducible_with_a_real_policy():
 def test_box_actions_are_clipped_for_env_but_stored_raw(env_id):
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe
-    from rlfarm.nn.policy import build_policy
+    from rlfarm.algos.ppo.policies import ActorCritic
 
     import torch
 
     torch.manual_seed(0)
-    actor = build_policy(describe(env_id), PolicyConfig(init_log_std=1.5)).actor_snapshot()
+    actor = ActorCritic(describe(env_id), PolicyConfig(init_log_std=1.5)).actor_snapshot()
     r = collect(actor, make_vector_env(env_id, 2), 200, [0, 1], 0)
     assert np.abs(r.actions).max() > 2.0  # wide Gaussian samples beyond the bounds are kept raw
     # Pendulum truncates at 200 steps: every sub-env ends exactly once, bootstrapped (not terminal).

@@ -13,8 +13,8 @@ import torch
 from rlfarm import config as C
 from rlfarm.algos import learner
 from rlfarm.envs import SpaceSpec, describe, make_vector_env
-from rlfarm.nn.policy import (NumpySACActor, PolicyMismatch, SquashedGaussianPolicy, TorchSACActor, load_network,
-                           np_tanh_log_det, tanh_log_det)
+from rlfarm.algos.sac.policies import NumpySACActor, SquashedGaussianPolicy, TorchSACActor, np_tanh_log_det, tanh_log_det
+from rlfarm.algos.saved import PolicyMismatch, load_network
 from rlfarm.core.rollout import collect
 
 BOUNDS = "tests.tiny_envs:bounds"  # low [-1, 0], high [3, 10]
@@ -30,7 +30,7 @@ def make_sac(env: str = BOUNDS, overrides: tuple[str, ...] = (), seed: int = 0):
 
 
 def rollout(algorithm, seed: int, steps: int = 64):
-    actor = algorithm.actor.actor_snapshot().with_options(**algorithm.acting(0.0))
+    actor = algorithm.policy.actor_snapshot().with_options(**algorithm.acting(0.0))
     envs = make_vector_env(BOUNDS, 2)
     return collect(actor, envs, steps, [seed, seed + 1], seed, keep_next_obs=True), envs
 
@@ -134,7 +134,7 @@ def test_actions_stored_are_the_actions_the_env_was_given():
     """collect's clip to the bounds is a no-op for SAC's actions: replay holds what the env saw."""
     algorithm = make_sac(overrides=("sac.learning_starts=0",))
     with torch.no_grad():  # means far out: tanh saturates, the scaled actions sit on the bounds
-        algorithm.actor.actor[-1].bias.copy_(torch.tensor([40.0, -40.0]))
+        algorithm.policy.actor[-1].bias.copy_(torch.tensor([40.0, -40.0]))
     r, envs = rollout(algorithm, seed=4, steps=30)
     received = np.stack([np.stack(env.unwrapped.received) for env in envs.envs], axis=1)
     np.testing.assert_array_equal(r.actions, received)

@@ -249,14 +249,14 @@ def test_worker_caches_a_policy_under_the_version_it_fetched(redis_only, monkeyp
     _, store = make_run(redis_only.redis_url, "cache-key", versions=3)
     client = connect(redis_only.redis_url)
     worker = RolloutWorker(redis_only.redis_url)
-    _, version, fetched = worker._actor("cache-key", 1)
+    _, version, fetched = worker._actor_of("cache-key", 1)
     assert (version, fetched) == (1, True) and worker.policies.get(("cache-key", 1)) is not None
     client.set("rlfarm:cache-key:policy:0", client.get("rlfarm:cache-key:policy:2"))
     with pytest.raises(PolicyCorrupt, match="stored as v0 but claims v2"):
-        worker._actor("cache-key", 0)
+        worker._actor_of("cache-key", 0)
     assert worker.policies.get(("cache-key", 0)) is None and worker.policies.get(("cache-key", 2)) is None
-    assert worker._actor("cache-key", "latest")[1:] == (2, True)
-    assert worker._actor("cache-key", 2)[1:] == (2, False)
+    assert worker._actor_of("cache-key", "latest")[1:] == (2, True)
+    assert worker._actor_of("cache-key", 2)[1:] == (2, False)
 
 
 # ---- workers on the shared farm (no secret) -----------------------------------------------------------
@@ -392,8 +392,6 @@ def test_results_are_signed_and_a_forged_one_is_dropped(redis_only, monkeypatch)
     """With RLFARM_SECRET, a result pushed onto a run's list without it (poisoned training data) is
     dropped and counted; a signed one is taken; one signed for another run is dropped too."""
     from rlfarm.core import codec, signing
-    from rlfarm.farm.app import make_app
-    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.farm.store import connect, results_key
 
     secret = b"s3cret"

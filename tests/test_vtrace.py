@@ -1,4 +1,4 @@
-"""V-trace (rlfarm.algos.appo.vtrace) against numbers worked out by hand on a 5-step trajectory of one
+"""V-trace (rlfarm.algos.ppo.appo.vtrace) against numbers worked out by hand on a 5-step trajectory of one
 env: an episode that terminates at t=1, one truncated at t=3 (bootstrapped from its real final
 observation's value, 5.0), and one cut by the end of the task at t=4 (bootstrapped from 7.0)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlfarm.algos.appo import vtrace
+from rlfarm.algos.ppo.appo import vtrace
 
 GAMMA = 0.9
 REWARDS = np.array([[1.0], [2.0], [3.0], [4.0], [5.0]])
@@ -89,7 +89,7 @@ def test_one_pass_is_the_two_pass_update_when_the_network_cannot_move_in_between
     import torch
 
     from rlfarm import config as C
-    from rlfarm.algos.appo import APPO
+    from rlfarm.algos.ppo.appo import APPO
     from rlfarm.envs import describe
 
     spec = describe(env_id)
@@ -140,7 +140,7 @@ def test_one_pass_learns_in_chunks_of_time():
     import torch
 
     from rlfarm import config as C
-    from rlfarm.algos.appo import APPO
+    from rlfarm.algos.ppo.appo import APPO
     from rlfarm.envs import describe
 
     spec = describe("CartPole-v1")
@@ -168,7 +168,7 @@ def test_clipped_around_the_proximal_policy_a_lagged_batch_starts_unclipped(path
     import torch
 
     from rlfarm import config as C
-    from rlfarm.algos.appo import APPO
+    from rlfarm.algos.ppo.appo import APPO
     from rlfarm.envs import describe
 
     spec = describe("CartPole-v1")

@@ -226,7 +226,7 @@ def test_a_process_that_does_not_let_go_is_answered_for_and_killed_after_the_gra
         assert victim.wait(timeout=600) == 0  # a guard against a hang, not a measurement
         _, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 0, stderr[-3000:]
-        assert (f"did not let go of the task within --shutdown-grace 3 s and was killed; sending it again"
+        assert ("did not let go of the task within --shutdown-grace 3 s and was killed; sending it again"
                 in stderr), stderr[-3000:]
         s = read_summary(tmp_path / "deaf")
         assert s["faults"]["handed_back"] == 1 and s["faults"]["leases_expired"] == 0

@@ -1,56 +1,61 @@
-"""Algorithms: each turns gathered experience into parameter updates, with no I/O.
+"""Algorithms, PURE (torch and numpy; no I/O). Each package `rlfarm/algos/<name>/` is one algorithm:
+its config section (`config.py`, light: no torch), its networks and the actors workers act with
+(`policies.py`), its learner(s). Shared: the `Algorithm` interface (base), the off-policy machinery
+DQN and SAC share (offpolicy), saved policies (saved).
 
-`learner(name)` is the registry: it returns the `Algorithm` class of an algorithm named in a config
-(rlfarm.config.ALGORITHMS), importing its module `rlfarm.algos.<name>` on first use, so reading and
-checking configs never imports torch. See rlfarm.algos.base for the interface.
+This module is the registry. Nothing is listed by hand: rlfarm.config finds every package's section,
+and a section names the learner of each mode it runs in (`learners = {"async": "td3:TD3"}`), which
+`learner()` imports on first use, so reading and checking configs never imports torch.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from rlfarm.algos.base import _REGISTRY, Algorithm, register  # noqa: F401
-from rlfarm.config import ALGORITHMS, ConfigError
+from rlfarm.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlfarm.algos.base import Algorithm
+    from rlfarm.config.section import AlgoSection
+    from rlfarm.envs import SpaceSpec
+
+
+def _sections() -> dict[str, type["AlgoSection"]]:
+    from rlfarm.config.run import ALGORITHMS  # found under this package by the config layer
+
+    return ALGORITHMS
 
 
 def names() -> list[str]:
-    return sorted(ALGORITHMS)
+    return sorted(_sections())
 
 
-def learner(name: str, mode: str | None = None) -> type[Algorithm]:
-    """The Algorithm class registered under `name` for `mode` (None: any of its learners; they share
-    their networks and actors, which is all workers and `rlfarm eval` ask of them)."""
-    if name not in ALGORITHMS:
+def section(name: str) -> type["AlgoSection"]:
+    """The config section class of the algorithm `name` (ConfigError naming the known ones)."""
+    sections = _sections()
+    if name not in sections:
         raise ConfigError(f"unknown algo {name!r}; available: {', '.join(names())}")
-    modes = [mode] if mode is not None else list(ALGORITHMS[name].modes)
-    for m in modes:
-        if (name, m) not in _REGISTRY:
-            importlib.import_module(f"rlfarm.algos.{_MODULES.get((name, m), name)}")
-    for m in modes:
-        if (name, m) in _REGISTRY:
-            return _REGISTRY[(name, m)]
-    ALGORITHMS[name].check_mode(str(mode))  # raises: the algorithm does not run in this mode
-    raise ConfigError(f"no learner registered for algo {name!r} in mode {mode}")
+    return sections[name]
 
 
-# Learners that live in a module not named after their algorithm.
-_MODULES = {("ppo", "async"): "appo"}
+def learner(name: str, mode: str | None = None) -> type["Algorithm"]:
+    """The Algorithm class that runs algorithm `name` in `mode` (None: any of its learners; they share
+    their networks and actors, which is all workers and `rlfarm eval` ask of them)."""
+    found = section(name)
+    modes = [mode] if mode is not None else list(found.learners)
+    for m in modes:
+        if m in found.learners:
+            module, _, cls = found.learners[m].partition(":")
+            package = found.__module__.rpartition(".")[0]  # rlfarm.algos.<name>
+            return getattr(importlib.import_module(f"{package}.{module}"), cls)
+    found.check_mode(str(mode))  # raises: the algorithm does not run in this mode
+    raise ConfigError(f"no learner declared for algo {name!r} in mode {mode}")
 
 
 def check_mode(algo: str, mode: str) -> None:
-    if algo not in ALGORITHMS:
-        raise ConfigError(f"unknown algo {algo!r}; available: {', '.join(names())}")
-    ALGORITHMS[algo].check_mode(mode)
+    section(algo).check_mode(mode)
 
 
-def check_env(algo: str, spec) -> None:  # noqa: ANN001 - a SpaceSpec
-    ALGORITHMS[algo].check_spaces(spec)
-
-
-def algo_of_tensors(state) -> str:  # noqa: ANN001 - a state dict
-    """The algorithm whose network a state dict holds, by its output module's tensors (policy files
-    saved before policies named their algorithm); the first registered if none matches."""
-    for name in names():
-        if any(key.startswith(learner(name).head + ".") for key in state):
-            return name
-    return names()[0]
+def check_env(algo: str, spec: "SpaceSpec") -> None:
+    section(algo).check_spaces(spec)

@@ -7,11 +7,10 @@ The trainers schedule (dispatch, gather, policy lag, publish cadence, evaluation
 
 `progress` is one convention for every algorithm: the fraction of the run done, 0 at the start and
 1 at `total_steps` (learning-rate annealing, exploration and PER-beta schedules read it).
-Workers use the class side only (`build_network`, `actor`): they never construct a learner.
+Workers use the class side only (`build_network`, `actor_snapshot`): they never construct a learner.
 
-Adding an algorithm: a config section (an `AlgoSection` dataclass in rlfarm.config, registered in
-`ALGORITHMS`), a module `rlfarm/algos/<name>.py` with an `Algorithm` subclass decorated with
-`@register`, and a preset. See docs/architecture.md.
+Adding an algorithm: a package `rlfarm/algos/<name>/` (its config section, networks and actors,
+learner) and a preset; nothing else changes (rlfarm.algos). See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 
     from rlfarm.config import PolicyConfig, RunConfig
     from rlfarm.envs import SpaceSpec
-    from rlfarm.nn.policy import Actor
+    from rlfarm.nn.actors import Actor
     from rlfarm.core.rollout import Rollout
 
 
@@ -33,8 +32,6 @@ class Algorithm(ABC):
     """One learner. Subclasses declare the class attributes and implement the abstract methods."""
 
     name: ClassVar[str]  # as in `algo = "..."`; its config section is rlfarm.config.ALGORITHMS[name]
-    # The modes this learner serves (PPO: sync; its ASYNC form, APPO, is another learner of the same name).
-    serves: ClassVar[tuple[str, ...]]
     head: ClassVar[str]  # the network's output module (actor, q): how a saved policy's sizes are read
     # What every rollout task of this algorithm must collect beyond the on-policy arrays: the real
     # next observation of each step and which episode ends were terminations (replay needs them).
@@ -45,6 +42,7 @@ class Algorithm(ABC):
 
     def __init__(self, config: "RunConfig", spec: "SpaceSpec", device: "torch.device"):
         self.run_config = config
+        self.config: Any = config.algo_config  # this run's section of the algorithm (a subclass reads its own)
         self.spec = spec
         self.device = device
 
@@ -55,7 +53,7 @@ class Algorithm(ABC):
         """The network this algorithm trains and workers act with, chosen from the env's spec."""
 
     @classmethod
-    def actor(cls, network: "nn.Module") -> "Actor":
+    def actor_snapshot(cls, network: "nn.Module") -> "Actor":
         """A frozen snapshot of `network` to act with on a worker (numpy where it pays, else torch)."""
         return network.actor_snapshot()
 
@@ -107,16 +105,6 @@ class Algorithm(ABC):
     @abstractmethod
     def restore(self, tensors: Mapping[str, "torch.Tensor"], state: Mapping[str, Any]) -> None:
         """The inverse of `checkpoint`."""
-
-
-_REGISTRY: dict[tuple[str, str], type[Algorithm]] = {}
-
-
-def register(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator: make an Algorithm findable by its name and the modes it serves."""
-    for mode in cls.serves:
-        _REGISTRY[(cls.name, mode)] = cls
-    return cls
 
 
 # ---- pure state-dict helpers (checkpoints are written by rlfarm.trainer.resume) ------------------------

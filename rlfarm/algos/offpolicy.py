@@ -33,12 +33,11 @@ from rlfarm.core.rollout import Rollout
 class OffPolicy(Algorithm):
     """Replay, heatup, replay ratio and PER for a learner that supplies `train_step` and its networks."""
 
-    serves = ("async",)
     collect_next_obs = True  # replay needs each step's real next observation
 
     def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
         super().__init__(config, spec, device)
-        cfg = self.config = getattr(config, self.name)  # the algorithm's own section, e.g. config.dqn
+        cfg = self.config
         buffer = PrioritizedReplayBuffer if cfg.prioritized else ReplayBuffer
         extra = {"alpha": cfg.per_alpha, "eps": cfg.per_eps} if cfg.prioritized else {}
         # Actions are stored as the env took them: int64 indices, or float32 vectors of the Box's shape.

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
 
     from rlfarm.envs import SpaceSpec
-    from rlfarm.nn.policy import Actor
+    from rlfarm.nn.actors import Actor
 
 
 @dataclass

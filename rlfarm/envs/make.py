@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from rlfarm.envs.allowlist import ALLOWED_MODULES_VAR, check_env_allowed, env_module, module_allowed
+from rlfarm.envs.allowlist import ALLOWED_MODULES_VAR, check_env_allowed, module_allowed
 from rlfarm.envs.errors import EnvError
 
 def _factory(env_id: str, trusted: bool = True) -> Callable[..., gym.Env]:

@@ -13,7 +13,6 @@ The other keys of a run (results, wanted, leases, pinned, status): docs/architec
 
 from __future__ import annotations
 
-import json
 import time
 from collections import OrderedDict
 from typing import Any, Mapping

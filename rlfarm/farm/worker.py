@@ -149,7 +149,7 @@ class RolloutWorker:
             self.runs[run] = PolicyStore(self.client, run).run_meta()
         return self.runs[run]
 
-    def _actor(self, run: str, version: int | str) -> tuple[Any, int, bool]:
+    def _actor_of(self, run: str, version: int | str) -> tuple[Any, int, bool]:
         """The acting snapshot of a version, its number, and whether it had to be fetched."""
         store = PolicyStore(self.client, run)
         if version == "latest":
@@ -166,7 +166,7 @@ class RolloutWorker:
         algorithm = learner(self._run_meta(run)["config"]["algo"])
         network = self._network(run)
         network.load_state_dict(state)
-        actor = algorithm.actor(network)
+        actor = algorithm.actor_snapshot(network)
         self.policies.put((run, int(version)), actor)
         return actor, int(version), True
 
@@ -198,7 +198,7 @@ class RolloutWorker:
         started = time.perf_counter()
         run_meta = self._run_meta(spec.run)
         env_cfg = run_meta["config"]["env"]
-        actor, version, fetched = self._actor(spec.run, spec.version)
+        actor, version, fetched = self._actor_of(spec.run, spec.version)
         acting = time.perf_counter()
         result = Result(spec.kind, spec.iteration, spec.index, version=version, worker=self.identity,
                         policy_fetched=fetched)
@@ -245,7 +245,7 @@ class RolloutWorker:
             latest = store.latest()
             if latest is None or latest <= result.last_version:
                 return None
-            actor, result.last_version, _ = self._actor(spec.run, latest)
+            actor, result.last_version, _ = self._actor_of(spec.run, latest)
             return actor.with_options(**spec.acting_options())
 
         return refresh

@@ -37,6 +37,7 @@ from rlfarm.core import codec, signing
 from rlfarm.observe import logs
 from rlfarm.trainer import resume as checkpoint
 from rlfarm.algos import check_mode, learner
+from rlfarm.algos.saved import describe_policy
 from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
 from rlfarm.config import ConfigError, RunConfig, check_results_per_update, to_dict, trainer_threads
@@ -236,8 +237,9 @@ class Trainer:
             "pid": os.getpid(), "started": f"{self.wall_start:.3f}", "updated": f"{time.time():.3f}"})
 
     def publish(self) -> None:
+        # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.
         self.store.publish(self.version, self.algo.state(), self.config.algo,
-                           {"env_steps": str(self.env_steps)})
+                           {"env_steps": str(self.env_steps), **describe_policy(self.config.algo, self.space)})
 
     def evaluate(self, confirm_version: int | None = None) -> None:
         """Send greedy evaluation tasks for one version, pinned in Redis so that retention cannot trim

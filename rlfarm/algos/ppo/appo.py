@@ -20,12 +20,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from rlfarm.algos.base import register, to_device
-from rlfarm.nn.policy import pixel_layout
-from rlfarm.algos.ppo import PPO, compute_gae
+from rlfarm.algos.base import to_device
+from rlfarm.algos.ppo.ppo import PPO, compute_gae
 from rlfarm.config import RunConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.core.rollout import Rollout, concat
+from rlfarm.nn.layers import pixel_layout
 
 
 def vtrace(behaviour_logprobs: np.ndarray, target_logprobs: np.ndarray, rewards: np.ndarray,
@@ -73,11 +73,9 @@ def vtrace(behaviour_logprobs: np.ndarray, target_logprobs: np.ndarray, rewards:
     return vs.astype(np.float32), advantages.astype(np.float32), ratios
 
 
-@register
 class APPO(PPO):
     """PPO in ASYNC mode: batches of K results, V-trace, a version published after every update."""
 
-    serves = ("async",)
     loss_keys = (*PPO.loss_keys, "vtrace/rho_mean", "vtrace/rho_clipped_frac", "vtrace/policy_lag_mean")
 
     def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):

@@ -5,7 +5,7 @@ its own Adam towards a target entropy of -action_dim.
 
 ASYNC only. Replay, heatup, the replay ratio and PER are rlfarm.algos.offpolicy's, shared with DQN;
 this module is the networks and the gradient step. Workers act with a numpy snapshot of the policy
-(rlfarm.nn.policy.SACActor): during heatup uniformly in the bounds (acting option `random`), then by
+(rlfarm.algos.sac.policies.SACActor): during heatup uniformly in the bounds (acting option `random`), then by
 sampling the policy; greedy evaluation takes the mean action. Replay holds the actions as the env
 took them; the critics see them mapped to [-1, 1], the scale the policy's tanh produces.
 """
@@ -20,16 +20,18 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch
 
-from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, register, to_device, unprefixed
+from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
 from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.policy import SoftQNetwork, SquashedGaussianPolicy, place
+from rlfarm.algos.sac.policies import SoftQNetwork, SquashedGaussianPolicy
+from rlfarm.nn.layers import place
 from rlfarm.core.replay import Batch
 from rlfarm.core.rollout import Rollout
 
-# The networks in a checkpoint, by prefix.
-_NETWORKS = ("actor", "qf1", "qf2", "qf1_target", "qf2_target")
+# The networks in a checkpoint: tensor prefix -> attribute (the policy's prefix is "actor", as written
+# before the attribute was named policy).
+_NETWORKS = {"actor": "policy", "qf1": "qf1", "qf2": "qf2", "qf1_target": "qf1_target", "qf2_target": "qf2_target"}
 _ACTOR_KEYS = ("losses/actor_loss", "losses/alpha_loss", "losses/entropy")
 
 
@@ -46,10 +48,9 @@ def frozen(params: list[torch.Tensor]) -> Iterator[None]:
             p.requires_grad_(True)
 
 
-@register
 class SAC(OffPolicy):
     name = "sac"
-    head = "actor"  # the mean's MLP of a saved policy (rlfarm.nn.policy.load_network)
+    head = "actor"  # the mean's MLP of a saved policy (rlfarm.algos.saved)
     loss_keys = ("losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss",
                  "losses/qf_loss", *_ACTOR_KEYS, "losses/alpha")
 
@@ -60,7 +61,7 @@ class SAC(OffPolicy):
     def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
         super().__init__(config, spec, device)
         cfg = self.config
-        self.actor = place(self.build_network(spec, config.policy), device)
+        self.policy = place(self.build_network(spec, config.policy), device)
         self.qf1 = place(SoftQNetwork(spec, config.policy), device)
         self.qf2 = place(SoftQNetwork(spec, config.policy), device)
         self.qf1_target = copy.deepcopy(self.qf1).requires_grad_(False)
@@ -69,7 +70,7 @@ class SAC(OffPolicy):
         self._target_params = [*self.qf1_target.parameters(), *self.qf2_target.parameters()]
         # fused Adam: one kernel for all parameters (per-op dispatch dominates at these sizes, as in DQN).
         self.q_optimizer = torch.optim.Adam(self._q_params, lr=cfg.learning_rate, fused=True)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate, fused=True)
+        self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.learning_rate, fused=True)
         self.target_entropy = -float(spec.action_dim)
         # alpha is learned as log(alpha): it stays positive, and steps are relative to its size.
         self.log_alpha = torch.full((1,), math.log(cfg.initial_alpha), device=device, requires_grad=True)
@@ -81,7 +82,7 @@ class SAC(OffPolicy):
 
     @property
     def policy(self) -> SquashedGaussianPolicy:
-        return self.actor
+        return self.policy
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -93,11 +94,11 @@ class SAC(OffPolicy):
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
         """Into replay (raw observations), and the observations into the running statistics."""
         super().observe(rollout, policy_lag)
-        if self.actor.obs_norm is not None:
-            self.actor.obs_norm.update(rollout.obs.reshape(-1, self.spec.obs_dim))
+        if self.policy.obs_norm is not None:
+            self.policy.obs_norm.update(rollout.obs.reshape(-1, self.spec.obs_dim))
 
     def random_acting(self) -> dict[str, Any]:
-        return {"random": True}  # uniform in the bounds (rlfarm.nn.policy.SACActor)
+        return {"random": True}  # uniform in the bounds (rlfarm.algos.sac.policies.SACActor)
 
     def policy_acting(self, progress: float) -> dict[str, Any]:
         return {}  # sampling the policy is SAC's exploration
@@ -111,8 +112,8 @@ class SAC(OffPolicy):
         next_obs = to_device(batch.next_obs, dev)
         # Replay keeps raw observations; the actor normalises its own input, the critics get theirs
         # normalised here with the same (current) statistics.
-        q_obs, q_next_obs = self.actor.normalize(obs), self.actor.normalize(next_obs)
-        actions = self.actor.to_unit(to_device(batch.actions, dev))
+        q_obs, q_next_obs = self.policy.normalize(obs), self.policy.normalize(next_obs)
+        actions = self.policy.to_unit(to_device(batch.actions, dev))
         rewards = to_device(batch.rewards, dev)
         not_done = 1.0 - to_device(batch.dones, dev).float()
         discounts = to_device(batch.discounts, dev)
@@ -121,7 +122,7 @@ class SAC(OffPolicy):
         with torch.no_grad():
             # The soft target: the smaller target critic of a fresh action from the current policy,
             # minus its log-probability times alpha.
-            next_actions, next_logprob = self.actor.sample(next_obs, self.generator)
+            next_actions, next_logprob = self.policy.sample(next_obs, self.generator)
             next_q = torch.min(self.qf1_target(q_next_obs, next_actions), self.qf2_target(q_next_obs, next_actions))
             target = rewards + discounts * not_done * (next_q - self.alpha * next_logprob)
         qf1_values = self.qf1(q_obs, actions)
@@ -152,7 +153,7 @@ class SAC(OffPolicy):
         """One actor step, maximising min(Q1, Q2) - alpha log pi, then (autotune) one alpha step.
         `q_obs`: the observations as the critics see them (normalised)."""
         alpha = self.alpha
-        pi, log_pi = self.actor.sample(obs, self.generator)
+        pi, log_pi = self.policy.sample(obs, self.generator)
         with frozen(self._q_params):
             q_pi = torch.min(self.qf1(q_obs, pi), self.qf2(q_obs, pi))
         actor_loss = (alpha * log_pi - q_pi).mean()
@@ -172,7 +173,7 @@ class SAC(OffPolicy):
 
     def state(self) -> dict[str, torch.Tensor]:
         """The policy alone: workers never run the critics."""
-        return {k: v.detach().cpu() for k, v in self.actor.state_dict().items()}
+        return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"q_optim": self.q_optimizer, "actor_optim": self.actor_optimizer, "alpha_optim": self.a_optimizer}
@@ -180,8 +181,8 @@ class SAC(OffPolicy):
     def learner_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors: dict[str, torch.Tensor] = {"log_alpha": self.log_alpha.detach().clone(),
                                             "rng.sac": self.generator.get_state()}
-        for prefix in _NETWORKS:
-            tensors.update(prefixed(prefix, getattr(self, prefix).state_dict()))
+        for prefix, attribute in _NETWORKS.items():
+            tensors.update(prefixed(prefix, getattr(self, attribute).state_dict()))
         meta: dict[str, Any] = {"actor_metrics": self._actor_metrics}
         for prefix, optimizer in self._optimizers().items():
             optim_tensors, meta[prefix] = optimizer_state(optimizer, prefix)
@@ -189,8 +190,8 @@ class SAC(OffPolicy):
         return tensors, meta
 
     def restore_learner(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
-        for prefix in _NETWORKS:
-            getattr(self, prefix).load_state_dict(unprefixed(prefix, tensors))
+        for prefix, attribute in _NETWORKS.items():
+            getattr(self, attribute).load_state_dict(unprefixed(prefix, tensors))
         with torch.no_grad():
             self.log_alpha.copy_(tensors["log_alpha"])
         for prefix, optimizer in self._optimizers().items():

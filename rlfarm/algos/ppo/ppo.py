@@ -11,11 +11,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfarm.algos.base import (Algorithm, to_device, load_optimizer_state, optimizer_state, prefixed, register,
+from rlfarm.algos.base import (Algorithm, to_device, load_optimizer_state, optimizer_state, prefixed,
                                unprefixed)
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.policy import ActorCritic, pixel_layout, place
+from rlfarm.algos.ppo.policies import ActorCritic
+from rlfarm.nn.layers import pixel_layout, place
 from rlfarm.core.rollout import Rollout
 
 
@@ -43,13 +44,11 @@ def compute_gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[np.n
     return advantages.astype(np.float32), returns.astype(np.float32)
 
 
-@register
 class PPO(Algorithm):
     """Owns the policy and its optimizer; `update` runs the minibatch epochs on one iteration."""
 
     name = "ppo"
-    serves = ("sync",)
-    head = "actor"  # the output MLP of a saved policy (rlfarm.nn.policy.load_network)
+    head = "actor"  # the output MLP of a saved policy (rlfarm.algos.saved.load_network)
     loss_keys = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
                  "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "losses/early_stopped")
 
@@ -59,7 +58,6 @@ class PPO(Algorithm):
 
     def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
         super().__init__(config, spec, device)
-        self.config = config.ppo
         self.policy = place(self.build_network(spec, config.policy), device)
         # fused: one kernel for all parameters; per-op overhead dominates for networks this small.
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.learning_rate, eps=1e-5,
@@ -112,7 +110,6 @@ class PPO(Algorithm):
         `between()` runs after each minibatch (the ASYNC trainer keeps the farm fed there)."""
         cfg = self.config
         dev = self.device
-        steps = rollout.num_steps  # T x N, flattened: observations keep their shape and dtype
         b_obs = self._observations(rollout)
         act = rollout.actions
         b_actions = to_device(act.reshape(-1) if act.ndim == 2 else act.reshape(-1, act.shape[-1]), dev)

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, register, to_device, unprefixed
+from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
 from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.policy import QNetwork, place
+from rlfarm.algos.dqn.policies import QNetwork
+from rlfarm.nn.layers import place
 from rlfarm.core.replay import Batch
 
 
@@ -40,10 +41,9 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return norm
 
 
-@register
 class DQN(OffPolicy):
     name = "dqn"
-    head = "q"  # the output MLP of a saved policy (rlfarm.nn.policy.load_network)
+    head = "q"  # the output MLP of a saved policy (rlfarm.algos.saved.load_network)
     loss_keys = ("losses/td_loss", "losses/q_values", "losses/grad_norm", "charts/learning_rate")
 
     @classmethod

@@ -1,0 +1,74 @@
+"""[ppo]: PPO's config section (light: no torch), the learners it runs with, its checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from rlfarm.config.errors import ConfigError
+from rlfarm.config.section import AlgoSection, at_least_1, check_replay  # noqa: F401
+
+if TYPE_CHECKING:
+    from rlfarm.config.run import RunConfig
+
+
+@dataclass(frozen=True)
+class PPOConfig(AlgoSection):
+    """[ppo]: PPO with the clipped surrogate objective (rlfarm.algos.ppo.ppo; ASYNC: rlfarm.algos.ppo.appo)."""
+
+    algo: ClassVar[str] = "ppo"
+    modes: ClassVar[dict[str, str]] = {
+        "sync": "each iteration waits for all its tasks, acted with one version",
+        "async": "APPO: results are used as they come, corrected for policy lag with V-trace"}
+    learners: ClassVar[dict[str, str]] = {"sync": "ppo:PPO", "async": "appo:APPO"}
+
+    learning_rate: float = 3e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    norm_adv: bool = True
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    target_kl: float = 0.0  # stop the epoch loop early above this approx-KL; 0 disables
+    # ASYNC (APPO) only: V-trace's truncation of the importance weights pi/mu (Espeholt et al. 2018).
+    rho_bar: float = 1.0  # of the weights on the TD errors and advantages
+    c_bar: float = 1.0  # of the trace-cutting weights
+    vtrace: bool = True  # false: take lagged results as on-policy (GAE), for ablations
+    pg_loss: str = "clip"  # clip: PPO's clipped surrogate; impala: -log pi(a) * advantage
+    # ASYNC only: what the surrogate's ratio is clipped around. "behaviour": the policy that acted (APPO);
+    # "proximal": the network as the update begins (Hilton et al. 2021's decoupled PPO), so a lagged
+    # result keeps PPO's full trust region and V-trace's truncated weights pi/mu do the correction.
+    clip_to: str = "behaviour"
+
+    def check(self, run: "RunConfig") -> None:
+        at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches")
+        if run.mode == "async":  # an update is a batch of whole results
+            per_task = run.env.num_envs * run.farm.steps_per_env
+            if per_task % self.num_minibatches:
+                raise ConfigError(
+                    f"ppo.num_minibatches ({self.num_minibatches}) must divide the steps of one task "
+                    f"({per_task} = env.num_envs x farm.steps_per_env)")
+        else:
+            batch = run.steps_per_iteration
+            if batch % self.num_minibatches:
+                raise ConfigError(
+                    f"ppo.num_minibatches ({self.num_minibatches}) must divide the steps per iteration "
+                    f"({batch} = farm.num_tasks x env.num_envs x farm.steps_per_env)")
+        for key in ("rho_bar", "c_bar"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"ppo.{key} must be positive, got {getattr(self, key)}")
+        if self.pg_loss not in ("clip", "impala"):
+            raise ConfigError(f"ppo.pg_loss must be clip or impala, got {self.pg_loss!r}")
+        if self.clip_to not in ("behaviour", "proximal"):
+            raise ConfigError(f"ppo.clip_to must be behaviour or proximal, got {self.clip_to!r}")
+
+    def learner_forwards(self, run: "RunConfig") -> float | None:
+        # Each epoch is a forward-backward per sample; V-trace's targets take one more forward over
+        # the batch first, except in APPO's one pass (rlfarm.algos.appo), where the loss's forward gives them.
+        one_pass = run.mode == "async" and self.update_epochs == 1 and self.vtrace
+        return 3.0 * self.update_epochs + (0.0 if one_pass else 1.0)

@@ -1,0 +1,184 @@
+"""PPO's network and the actors workers act with it (PURE: torch, numpy, ONNX Runtime).
+
+`ActorCritic`: a categorical or diagonal-Gaussian policy and a state value. Vectors: separate actor
+and critic MLPs (as CleanRL's PPO); images: one Nature-CNN encoder and a linear head each. Its
+`actor` and `critic` are the network's heads (the saved tensors' names: `actor.0.weight`, ...).
+Workers act with a numpy copy of an MLP, and with ONNX Runtime (else torch) for a CNN.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlfarm.config import PolicyConfig
+from rlfarm.envs import SpaceSpec
+from rlfarm.nn.actors import Actor, OnnxGraph, numpy_mlp, onnx_graph, run_numpy_mlp
+from rlfarm.nn.layers import NatureCNN, layer_init, mlp, obs_normalizer
+
+
+class ActorCritic(nn.Module):
+    """Categorical or diagonal-Gaussian policy and a state value. Vectors: separate actor and critic
+    MLPs. Images: one CNN encoder, a linear actor head and a linear critic head."""
+
+    def __init__(self, spec: SpaceSpec, config: PolicyConfig):
+        super().__init__()
+        self.spec = spec
+        if spec.is_image:
+            self.encoder = NatureCNN(spec, config)
+            self.critic = nn.Sequential(layer_init(nn.Linear(self.encoder.features, 1), std=1.0))
+            self.actor = nn.Sequential(layer_init(nn.Linear(self.encoder.features, spec.action_dim), std=0.01))
+        else:
+            self.encoder = None
+            hidden = list(config.hidden_sizes)
+            self.critic = mlp([spec.obs_dim, *hidden, 1], config.activation, out_std=1.0)
+            self.actor = mlp([spec.obs_dim, *hidden, spec.action_dim], config.activation, out_std=0.01)
+        self.obs_norm = obs_normalizer(spec, config)
+        if not spec.discrete:
+            self.actor_logstd = nn.Parameter(torch.full((1, spec.action_dim), config.init_log_std))
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.encoder is not None:
+            return self.encoder(obs)
+        return self.obs_norm(obs) if self.obs_norm is not None else obs
+
+    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self._features(obs)
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self._features(obs)).squeeze(-1)
+
+    def _distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:
+        if self.spec.discrete:
+            return torch.distributions.Categorical(logits=out, validate_args=False)
+        std = self.actor_logstd.expand_as(out).exp()
+        return torch.distributions.Normal(out, std, validate_args=False)
+
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        return self._distribution(self.actor(self._features(obs)))
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probability and entropy of `actions`, and the state value."""
+        out, value = self._heads(obs)
+        dist = self._distribution(out)
+        if self.spec.discrete:
+            logprob, entropy = dist.log_prob(actions.long()), dist.entropy()
+        else:
+            logprob, entropy = dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
+        return logprob, entropy, value
+
+    def actor_snapshot(self) -> "PolicyActor":
+        """A frozen copy for acting: numpy for MLPs; for a CNN, ONNX Runtime where it is installed
+        (the `atari` extra), else torch on the CPU."""
+        if self.encoder is None:
+            return NumpyActor(self)
+        graph = onnx_graph(self, _Heads(self), self.spec)
+        return OnnxPolicyActor(self, graph) if graph is not None else TorchPolicyActor(self)
+
+
+class PolicyActor(Actor):
+    """Samples from the policy's distribution with a numpy generator; subclasses compute the outputs."""
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(logits or Gaussian means, state values) for a batch."""
+        raise NotImplementedError
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return self._outputs(obs)[1]
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Actions (as stored: unclipped), their log-probabilities and state values, for a batch."""
+        out, value = self._outputs(obs)
+        out = out.astype(np.float64)
+        if self.spec.discrete:
+            logp = out - out.max(-1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+            if deterministic:
+                action = logp.argmax(-1)
+            else:
+                # Inverse-CDF sampling from the numpy generator.
+                cdf = np.exp(logp).cumsum(-1)
+                u = rng.random((len(cdf), 1)) * cdf[:, -1:]
+                action = np.minimum((cdf < u).sum(-1), self.spec.action_dim - 1)
+            logprob = logp[np.arange(len(action)), action].astype(np.float32)
+            return action.astype(np.int64), logprob, value
+        mean = out.astype(np.float32)
+        if deterministic:
+            action = mean
+        else:
+            action = (mean + self.std * rng.standard_normal(mean.shape)).astype(np.float32)
+        z = (action - mean) / self.std
+        logprob = (-0.5 * z * z - self.log_std - 0.5 * np.log(2 * np.pi)).sum(-1).astype(np.float32)
+        return action, logprob, value
+
+    def _gaussian(self, policy: ActorCritic) -> None:
+        if not self.spec.discrete:
+            self.log_std = policy.actor_logstd.detach().cpu().numpy().reshape(-1).astype(np.float32)
+            self.std = np.exp(self.log_std)
+
+
+class NumpyActor(PolicyActor):
+    """Acts with a numpy snapshot of an MLP ActorCritic's weights (several times faster than torch
+    for one small batch per env step)."""
+
+    def __init__(self, policy: ActorCritic):
+        self.spec = policy.spec
+        self.actor = numpy_mlp(policy.actor)
+        self.critic = numpy_mlp(policy.critic)
+        self.normalize = policy.obs_norm.numpy() if policy.obs_norm is not None else None
+        self._gaussian(policy)
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        if self.normalize is not None:
+            obs = self.normalize(obs)
+        return run_numpy_mlp(self.critic, obs)[:, 0]
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = self.normalize(obs) if self.normalize is not None else obs
+        return run_numpy_mlp(self.actor, x), run_numpy_mlp(self.critic, x)[:, 0]
+
+
+class TorchPolicyActor(PolicyActor):
+    """Acts with a CPU copy of a CNN ActorCritic (workers run one torch thread per process)."""
+
+    def __init__(self, policy: ActorCritic):
+        self.spec = policy.spec
+        self.net = copy.deepcopy(policy).cpu().eval()
+        self._gaussian(policy)
+
+    @torch.no_grad()
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out, value = self.net._heads(torch.from_numpy(np.ascontiguousarray(obs)))
+        return out.numpy(), value.numpy().astype(np.float32)
+
+
+class OnnxPolicyActor(PolicyActor):
+    """Acts with ONNX Runtime on the graph of a CNN ActorCritic's heads, loaded with this version's
+    weights (one thread, as torch on a worker): about 1.8x torch's eager speed at a task's batch of 8
+    Atari frames on one core (benchmarks/cnn_cpu.py)."""
+
+    def __init__(self, policy: ActorCritic, graph: "OnnxGraph"):
+        self.spec = policy.spec
+        self.session = graph.session(policy.state_dict())
+        self._gaussian(policy)
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out, value = self.session.run(None, {"obs": np.ascontiguousarray(obs)})
+        return out, value.astype(np.float32)
+
+
+class _Heads(nn.Module):
+    """ActorCritic._heads as a module's forward, the function exported for acting."""
+
+    def __init__(self, policy: ActorCritic):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.policy._heads(obs)

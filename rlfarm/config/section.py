@@ -1,0 +1,70 @@
+"""What every algorithm's config section is (`AlgoSection`), and the checks sections share. An
+algorithm's section lives in its own package (`rlfarm/algos/<name>/config.py`) and is found there by
+rlfarm.config.run; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rlfarm.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlfarm.config.run import RunConfig
+    from rlfarm.envs import SpaceSpec
+
+# `async` is a Python keyword: the field is `async_`, users and files say `async`.
+FIELD = {"async": "async_"}
+
+
+def get(config: Any, key: str) -> Any:
+    """A dotted key's value (`ppo.gamma`, `async.refresh_steps`)."""
+    obj: Any = config
+    for part in key.split("."):
+        obj = getattr(obj, FIELD.get(part, part))
+    return obj
+
+
+def at_least_1(run: "RunConfig", *keys: str) -> None:
+    for key in keys:
+        if get(run, key) < 1:
+            raise ConfigError(f"{key} must be at least 1, got {get(run, key)}")
+
+
+def check_replay(run: "RunConfig", section: str) -> None:
+    """The replay fields every off-policy section has (rlfarm.algos.offpolicy reads them)."""
+    at_least_1(run, f"{section}.batch_size", f"{section}.buffer_size", f"{section}.n_step")
+    if get(run, f"{section}.replay_ratio") < 0:
+        raise ConfigError(f"{section}.replay_ratio cannot be negative")
+
+
+class AlgoSection:
+    """The light half of an algorithm, what a config needs without importing torch: its name, the
+    modes it runs in (what each means, and which learner class runs it), its checks. Its `[name]`
+    config section is a frozen dataclass deriving from this, in `rlfarm/algos/<name>/config.py`."""
+
+    algo: ClassVar[str]
+    modes: ClassVar[dict[str, str]]  # mode -> what running in it means, for `--help` and errors
+    # mode -> "module:Class" of the learner that runs it, the module in the algorithm's package
+    learners: ClassVar[dict[str, str]]
+    mode_hint: ClassVar[str] = ""  # why the other modes are not supported
+
+    def check(self, run: "RunConfig") -> None:
+        """Raise ConfigError for values that cannot make a run (the section's own and how they fit
+        the rest of the run)."""
+
+    @classmethod
+    def check_mode(cls, mode: str) -> None:
+        if mode not in cls.modes:
+            raise ConfigError(f"algo {cls.algo!r} cannot run in --mode {mode} (supported: "
+                              f"{', '.join(cls.modes)})" + (f": {cls.mode_hint}" if cls.mode_hint else ""))
+
+    @classmethod
+    def check_spaces(cls, spec: "SpaceSpec") -> None:
+        """Raise ConfigError when the algorithm cannot act in an env with these spaces."""
+
+    def learner_forwards(self, run: "RunConfig") -> float | None:
+        """What the learner spends per env step it consumes, in forwards of the network per observation
+        (a forward-backward counts 3), for splitting a machine's cores between learner and workers
+        (rlfarm.config.cores); None: not modelled, the cores are split evenly."""
+        return None

@@ -1,0 +1,143 @@
+"""What workers act with (PURE: numpy, torch, ONNX Runtime): the `Actor` interface `rollout.collect`
+and `rollout.run_episodes` call, numpy copies of MLPs (per-step torch dispatch costs more than the
+math at these sizes), and ONNX Runtime for CNNs. Every actor samples from a numpy Generator, so a task
+is a pure function of (weights, env seeds, action seed). Each algorithm's actors are in its package
+(`rlfarm/algos/<name>/policies.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlfarm.envs import SpaceSpec
+
+_NUMPY_ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x: np.maximum(x, 0)}
+
+
+class Actor:
+    """What `rollout.collect` and `rollout.run_episodes` act with: `act` and `value` on a batch of
+    observations (shaped and typed as the spec says), and `with_options` for a task's acting options."""
+
+    spec: SpaceSpec
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def with_options(self, **options: Any) -> "Actor":
+        if options:
+            raise ValueError(f"{type(self).__name__} takes no acting options, got {sorted(options)}")
+        return self
+
+    def _with(self, **attributes: Any) -> "Actor":
+        """A shallow copy acting with other options: the weights are shared, not copied."""
+        other = copy.copy(self)
+        other.__dict__.update(attributes)
+        return other
+
+
+def numpy_mlp(seq: nn.Sequential) -> list[Any]:
+    """A Linear/activation Sequential as numpy steps: (W^T, b) pairs and activation functions."""
+    steps: list[Any] = []
+    for m in seq:
+        if isinstance(m, nn.Linear):
+            steps.append((m.weight.detach().cpu().numpy().T.astype(np.float32).copy(),
+                          m.bias.detach().cpu().numpy().astype(np.float32).copy()))
+        else:
+            steps.append(_NUMPY_ACTIVATIONS[type(m)])
+    return steps
+
+
+def run_numpy_mlp(steps: list[Any], x: np.ndarray) -> np.ndarray:
+    for step in steps:
+        x = step(x) if callable(step) else x @ step[0] + step[1]
+    return x
+
+
+# ---- ONNX Runtime for acting with CNNs -------------------------------------------------------------
+
+# "auto": ONNX Runtime for CNN actors where onnx and onnxruntime import, else torch; "torch": always
+# torch (the benchmarks compare the two). Read by each worker process from its environment.
+ACTOR_RUNTIME_VARIABLE = "RLFARM_ACTOR_RUNTIME"
+
+
+class OnnxGraph:
+    """A network's acting function exported to ONNX once per network (on the worker, from rlfarm's
+    own classes: no graph is ever read from Redis), then run by ONNX Runtime with each version's
+    weights written into the graph's initializers."""
+
+    def __init__(self, module: nn.Module, prefix: str, example: torch.Tensor):
+        import onnx
+
+        exported = copy.deepcopy(module).cpu().eval()
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # distinct values: the exporter merges initializers that are equal (zero biases)
+            for parameter in exported.parameters():
+                parameter.normal_(generator=generator)
+        buffer = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
+            # No constant folding: it would bake the first layer's 1/255 into a new, unnamed weight.
+            torch.onnx.export(exported, (example,), buffer, input_names=["obs"], output_names=["out", "value"],
+                              dynamic_axes={"obs": {0: "batch"}}, dynamo=False, do_constant_folding=False)
+        self.model = onnx.load_from_string(buffer.getvalue())
+        self.keys = {}
+        for init in self.model.graph.initializer:
+            if not init.name.startswith(prefix):
+                raise ValueError(f"ONNX initializer {init.name!r} is not a weight of the network")
+            self.keys[init.name] = init.name[len(prefix):]
+        # Every weight the function uses must be an initializer of its own, to be replaced per version.
+        used = {name for name, _ in exported.named_parameters() if name.startswith(prefix)}
+        if used - set(self.keys):
+            raise ValueError(f"weights folded into the ONNX graph: {sorted(used - set(self.keys))}")
+
+    def session(self, state: dict[str, torch.Tensor]) -> Any:
+        import onnxruntime
+        from onnx import numpy_helper
+
+        for init in self.model.graph.initializer:
+            array = state[self.keys[init.name]].detach().cpu().contiguous().numpy()
+            init.CopyFrom(numpy_helper.from_array(array, init.name))
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1  # one core per worker process, as torch there
+        options.inter_op_num_threads = 1
+        return onnxruntime.InferenceSession(self.model.SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
+
+
+def onnx_graph(network: nn.Module, module: nn.Module, spec: SpaceSpec) -> OnnxGraph | None:
+    """The network's OnnxGraph, exported on first use and kept on the network (a worker loads every
+    version into one network per run), or None where ONNX Runtime is not to be used: not installed,
+    RLFARM_ACTOR_RUNTIME=torch, or a network the exporter cannot take."""
+    cached = network.__dict__.get("_onnx_graph", False)
+    if cached is not False:
+        return cached
+    graph = None
+    if os.environ.get(ACTOR_RUNTIME_VARIABLE, "auto") != "torch" and onnx_installed():
+        example = torch.zeros((1, *spec.obs_shape), dtype=torch.uint8)
+        try:
+            graph = OnnxGraph(module, "policy.", example)
+        except Exception:  # an exporter gap must not stop acting: torch acts instead
+            graph = None
+    network.__dict__["_onnx_graph"] = graph
+    return graph
+
+
+def onnx_installed() -> bool:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
