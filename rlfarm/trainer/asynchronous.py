@@ -1,0 +1,218 @@
+"""The ASYNC loop (`AsyncTrainer`): K tasks stay in flight, each acting with the newest version at the
+moment it starts. Results are consumed in completion order; a replacement is sent at once; the
+algorithm takes each result in and runs the updates it is ready for, and a new version is published
+every `publish_every` updates. Policy lag (trainer version - acting version) is recorded, and results
+older than `max_policy_lag` versions (`auto_policy_lag` for "auto") are dropped and counted. See
+docs/architecture.md (1. Data flow).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlfarm.config import check_results_per_update
+from rlfarm.core.protocol import Result, TaskSpec
+from rlfarm.core.rollout import Rollout
+from rlfarm.trainer.base import Trainer, log
+
+
+def auto_policy_lag(tasks_in_flight: int, versions_per_result: float) -> int:
+    """`async.max_policy_lag = "auto"`: the largest lag a result reaches without a fault.
+
+    A task fetches the newest version when it starts; before its result is learned from, the other
+    `tasks_in_flight - 1` results in flight and at most `tasks_in_flight` waiting in the backlog are,
+    each publishing `versions_per_result` versions. So lag stays under 2 x tasks in flight results'
+    worth of versions, and what is dropped is what a fault delayed (a straggler's backup, a task
+    re-sent after a lost worker). A fixed bound fits one farm size only: cartpole-dqn's 48 fitted
+    2 tasks in flight and dropped 19 % of the results with 3."""
+    return max(1, math.ceil(2 * tasks_in_flight * versions_per_result))
+
+
+class AsyncTrainer(Trainer):
+    LOG_SECONDS = 1.0
+    PUMP_SECONDS = 0.005  # during a long update, look for results and send tasks this often
+
+    def __init__(self, *args: Any, tasks_in_flight: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        cfg = self.config
+        self.tasks_in_flight = cfg.async_.tasks_in_flight or tasks_in_flight or 2
+        check_results_per_update(cfg, self.tasks_in_flight)
+        self.algo.on_farm(self.tasks_in_flight)
+        self.max_policy_lag = (cfg.async_.max_policy_lag
+                               or auto_policy_lag(self.tasks_in_flight, self.algo.versions_per_result()))
+        # Results received but not yet taken in by the learner. Bounded: while it is full, finished
+        # tasks are not replaced, so a slow learner slows the farm down instead of piling results up.
+        self.max_backlog = self.tasks_in_flight
+        self._backlog: deque[Result] = deque()
+        self._owed: deque[float] = deque()  # when each not-yet-replaced task finished (worker clock)
+        self._slot_wait = 0.0  # task-slot seconds spent waiting for the trainer, this log interval
+        self._slot_wait_total = 0.0
+        self._last_pump = 0.0
+        self.updates = 0  # algorithm updates; a version is published every algo.publish_every
+        self._task_counter = 0
+        self._lags: list[int] = []
+        self._end_lags: list[int] = []
+        self.results_refreshed = 0  # results whose task picked up a newer version while it ran
+        self.results_unused = 0  # received after the run was over (discard_backlog)
+        self.lag_counts: dict[int, int] = {}  # whole-run histogram of policy lag, consumed or dropped
+        # NaN until learning starts, so every progress.csv row has the same columns.
+        self._losses = dict.fromkeys(self.algo.loss_keys, math.nan)
+        self._last_log = 0.0
+        self._interval_start = time.perf_counter()
+
+    @property
+    def progress(self) -> float:
+        return min(1.0, self.env_steps / self.config.total_steps)
+
+    def dispatch_one(self) -> None:
+        cfg = self.config
+        self.dispatcher.submit(TaskSpec(cfg.run_id, "rollout", self._task_counter, 0, "latest", cfg.seed,
+                                        steps=cfg.farm.steps_per_env, act=self.task_options(self.progress)))
+        self._task_counter += 1
+        if self._owed:  # this task takes the slot a finished one left: it waited this long
+            waited = max(0.0, time.time() - self._owed.popleft())
+            self._slot_wait += waited
+            self._slot_wait_total += waited
+
+    def refill(self) -> None:
+        """Keep `tasks_in_flight` rollout tasks on the farm while the backlog has room."""
+        running = sum(1 for key in self.dispatcher.pending if key[0] == "rollout")
+        while self._owed and running < self.tasks_in_flight and len(self._backlog) < self.max_backlog:
+            self.dispatch_one()
+            running += 1
+
+    def receive(self, timeout: float) -> None:
+        """Take in what has arrived: evaluations at once, rollouts into the backlog (each leaves a
+        slot to refill); then refill. Waits at most `timeout` seconds for something to arrive."""
+        while len(self._backlog) < self.max_backlog:  # full: results wait in Redis, tasks are not replaced
+            message = self.dispatcher.next_result(timeout=timeout)
+            if message is None:
+                break
+            if message.kind == "eval":
+                self.handle_eval(message)
+            else:
+                self._backlog.append(message)
+                self._owed.append(message.finished or time.time())
+            timeout = 0
+        self.refill()
+
+    def pump(self) -> None:
+        """Called between the learner's steps: results keep being received and tasks sent."""
+        now = time.perf_counter()
+        if now - self._last_pump >= self.PUMP_SECONDS:
+            self._last_pump = now
+            self.receive(timeout=0)
+
+    def train_loop(self) -> None:
+        cfg = self.config
+        for _ in range(self.tasks_in_flight):
+            self.dispatch_one()
+        while self.env_steps < cfg.total_steps:
+            if not self._backlog:
+                self.receive(timeout=1.0)
+            if self._backlog:
+                self.consume(self._backlog.popleft())
+                self.refill()
+                self.maybe_evaluate()
+            if time.perf_counter() - self._last_log >= self.LOG_SECONDS:
+                self.log()
+                if self._stop_requested:
+                    break
+            if self.target_reached():
+                log.info("target return %g reached after %d env steps", cfg.target_return, self.env_steps)
+                break
+        self.discard_backlog()
+        self.log()
+
+    def discard_backlog(self) -> None:
+        """Results received while the last ones were learned from, once the run is over: never
+        learned from, so they are not counted as accepted either (summary: results_unused), and
+        every accepted result's steps are in env_steps. A slow learner leaves more of them."""
+        while self._backlog:
+            self.dispatcher.unaccept(self._backlog.popleft())
+            self.results_unused += 1
+
+    def consume(self, message: Result) -> None:
+        """Lag accounting, then the algorithm takes the result in and runs what updates it is ready for."""
+        lag = self.version - message.version
+        self._lags.append(lag)
+        # With async.refresh_steps a task may end acting with a newer version than it started with:
+        # lag is counted from the oldest (what max_policy_lag bounds), this from the newest.
+        last = message.last_version if message.last_version is not None else message.version
+        self._end_lags.append(self.version - last)
+        self.results_refreshed += last != message.version
+        self.lag_counts[lag] = self.lag_counts.get(lag, 0) + 1
+        if lag > self.max_policy_lag:
+            self.dropped_stale += 1
+            return
+        rollout = Rollout.from_dict(message.rollout)
+        self.env_steps += rollout.num_steps
+        self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,
+                             message.version)
+        self.algo.observe(rollout, policy_lag=lag)
+        while self.algo.ready():
+            self._losses = self.algo.update(self.progress, between=self.pump)
+            self.updates += 1
+            if self.updates % self.algo.publish_every == 0:
+                self.version += 1
+                self.publish()
+                self.save_checkpoint()
+            self.pump()
+        self._sps = self.env_steps / (time.perf_counter() - self.start)
+
+    def slots_waiting(self) -> float:
+        """The fraction of the farm's task-slot time, over the last log interval, spent waiting for
+        the trainer (a task finished, its replacement not yet sent)."""
+        elapsed = time.perf_counter() - self._interval_start
+        return min(1.0, self._slot_wait / (self.tasks_in_flight * elapsed)) if elapsed > 0 else 0.0
+
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, state = super().checkpoint_state()
+        return tensors, {**state, "task_counter": self._task_counter, "updates": self.updates,
+                         "dropped_stale": self.dropped_stale, "results_refreshed": self.results_refreshed,
+                         "lag_counts": {str(k): v for k, v in self.lag_counts.items()}}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        super().restore(tensors, state)
+        self._task_counter = state["task_counter"] + self.RESUME_TASK_OFFSET
+        self.updates, self.dropped_stale = state["updates"], state["dropped_stale"]
+        self.results_refreshed = state.get("results_refreshed", 0)  # (checkpoints before it: 0)
+        self.lag_counts = {int(k): v for k, v in state["lag_counts"].items()}
+
+    def summary_extras(self) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self.start
+        return {"policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
+                "results_refreshed": self.results_refreshed, "results_unused": self.results_unused,
+                "max_policy_lag": self.max_policy_lag,
+                "slots_waiting": round(self._slot_wait_total / (self.tasks_in_flight * elapsed), 4)
+                if elapsed > 0 else 0.0}
+
+    def log(self) -> None:
+        self._last_log = time.perf_counter()
+        lags = np.asarray(self._lags or [0])
+        farm = {**self.farm_scalars(), "farm/slots_waiting": self.slots_waiting(), "farm/backlog": len(self._backlog)}
+        self.log_step({
+            "policy_version": self.version,
+            "charts/SPS": self._sps,
+            **self.algo.scalars(self.progress),
+            "farm/policy_lag": float(lags.mean()),
+            "farm/policy_lag_min": int(lags.min()),
+            "farm/policy_lag_max": int(lags.max()),
+            "farm/policy_lag_end": float(np.mean(self._end_lags or [0])),
+            "farm/results_dropped_stale": self.dropped_stale,
+            **farm,
+            "eval/mean_return": self.eval_mean_return,
+            **self._losses,
+        })
+        self._slot_wait, self._interval_start = 0.0, time.perf_counter()
+        if self._lags:
+            self.logger.histogram("farm/policy_lag_distribution", lags, self.env_steps)
+        self._lags, self._end_lags = [], []
+        self.heartbeat(farm=farm)
+        self.on_event()

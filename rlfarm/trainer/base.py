@@ -1,0 +1,409 @@
+"""What both trainer loops share: the run's lifecycle (claim, resume, loop, final save), publishing,
+the heartbeat, carrying out evaluation decisions, checkpoints.
+
+A trainer gets its collaborators (Redis client and its outage clock, policy store, claim, dispatcher,
+learner, evaluation bookkeeping, a factory of its RunLogger) from rlfarm.trainer.factory: building one
+does no I/O. The loops are `train_loop` of SyncTrainer (rlfarm.trainer.sync) and AsyncTrainer
+(rlfarm.trainer.asynchronous). See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from rlfarm.algos.saved import describe_policy
+from rlfarm.config import ConfigError, RunConfig, to_dict
+from rlfarm.core import codec
+from rlfarm.core.protocol import PROTOCOL, Result
+from rlfarm.farm.store import PolicyCorrupt, queue_depth, write_status
+from rlfarm.observe import logs
+from rlfarm.observe.rundir import write_atomic
+from rlfarm.trainer import resume as checkpoint
+from rlfarm.trainer.evaluation import Decision, Evaluations, Record, Send, Unpin, WriteBest
+from rlfarm.trainer.summary import TrainResult
+from rlfarm.trainer.summary import build as build_summary
+from rlfarm.trainer.summary import write as write_summary
+
+if TYPE_CHECKING:
+    import redis
+
+    from rlfarm.algos.base import Algorithm
+    from rlfarm.envs import SpaceSpec
+    from rlfarm.farm.claim import Claim
+    from rlfarm.farm.dispatch import Dispatcher
+    from rlfarm.farm.outage import OutageRetry
+    from rlfarm.farm.store import PolicyStore
+    from rlfarm.observe.metrics import RunLogger
+
+log = logging.getLogger("rlfarm.trainer")
+
+
+def warn(text: str) -> None:
+    """A fault the run rides out: one `rlfarm: warning:` line on stderr and in the run's rlfarm.log
+    (rlfarm.observe.logs)."""
+    log.warning("%s", text)
+
+
+@dataclass
+class LogStep:
+    """What a training callback sees after each log step (`rlfarm.train(callback=...)`)."""
+
+    env_steps: int
+    version: int
+    metrics: dict[str, float]  # the row just logged: charts/..., losses/..., farm/...
+    trainer: "Trainer"
+    extra: dict[str, float] = field(default_factory=dict)  # yours to fill: logged as custom/<key>
+
+
+class Trainer:
+    """What both modes share: store, farm client, network, metrics, evaluation, the final save."""
+
+    # Tasks sent by a trainer before it died may still run and report under task numbers after the
+    # checkpoint's; a resumed trainer numbers its ASYNC and evaluation tasks from far beyond them.
+    RESUME_TASK_OFFSET = 1_000_000
+
+    def __init__(self, config: RunConfig, run_dir: Path, *, space: SpaceSpec, device: torch.device,
+                 threads: int, algo: Algorithm, client: redis.Redis, retry: OutageRetry, store: PolicyStore,
+                 claim: Claim, dispatcher: Dispatcher, evaluations: Evaluations,
+                 open_logger: Callable[[dict[str, Any] | None], RunLogger], file_secret: Any = None,
+                 secret_warning: str | None = None, resume: bool = False,
+                 callback: Callable[[LogStep], bool | None] | None = None):
+        """`open_logger(resume_state)`: the run's RunLogger, opened by train() once the run is claimed
+        (it writes the run directory). `file_secret`: what signs the policy files (RLFARM_SECRET).
+        `secret_warning`: said at the start (rlfarm.farm.store.no_secret_warning).
+        `resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.trainer.resume).
+        `callback(LogStep)`: called after each log step; returning False stops the run."""
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.space = space
+        self.device = device
+        self.threads = threads
+        self.algo = algo
+        self.client = client
+        self.retry = retry
+        self.store = store
+        self.claim = claim  # taken by train(), before the run is touched
+        self.dispatcher = dispatcher
+        self.evals = evaluations
+        self.open_logger = open_logger
+        self.logger: RunLogger | None = None
+        self.file_secret = file_secret
+        self._secret_warning = secret_warning
+        self.resume = resume
+        self.callback = callback
+        self._stop_requested = False
+        self._log_file: logging.Handler | None = None
+        self.env_steps = 0
+        self.version = 0
+        self.dropped_stale = 0  # ASYNC: results older than async.max_policy_lag
+        self.start = 0.0
+        self.wall_start = time.time()
+        self._sps = 0.0
+        self._last_checkpoint = -math.inf
+        self._target_reached_at: dict[str, float] | None = None  # when the run first saw it (summary.json)
+
+    # ---- the farm: Redis and the dispatcher's callbacks ---------------------------------------------
+    def warn(self, text: str) -> None:
+        warn(text)
+
+    def restore_run_state(self) -> None:
+        """The run's metadata vanished from Redis (FLUSHALL, a restart without its data): write back
+        what the trainer owns, so workers can go on building the env and fetching the policy."""
+        self.warn(f"run {self.config.run_id}'s state is gone from Redis (flushed, or restarted without "
+                  f"its data): writing back its metadata and policy v{self.version}, re-sending lost tasks")
+        self.store.set_run_meta(self.run_meta())
+        self.store.restore_pinned()  # the best version and those being evaluated
+        latest = self.store.latest()
+        if latest is None or latest < self.version:
+            self.publish()
+        self.heartbeat()
+
+    def run_meta(self) -> dict[str, Any]:
+        """What workers read of the run; `incarnation` tells this trainer's run from an earlier one of
+        the same id, whose cached metadata and policies a worker must not use."""
+        return {"config": to_dict(self.config), "space": self.space.to_dict(),
+                "incarnation": self.claim.incarnation, "protocol": PROTOCOL}
+
+    def write_back(self, kind: str) -> str:
+        """A worker refused the run's metadata, a policy or a task spec (rlfarm.farm.dispatch): put back
+        what the trainer wrote, from its own copies, where Redis holds something else."""
+        written = self.store.write_back()
+        return f"wrote back {' and '.join(written)} from the trainer's own copy; " if written else ""
+
+    def on_event(self) -> None:
+        """A task was sent or a result arrived: refresh the progress bar."""
+        if self.logger:
+            self.logger.status(self.env_steps, self._sps, self.version, self.dispatcher.in_flight)
+
+    def farm_scalars(self) -> dict[str, float]:
+        """What the farm looks like from here, logged in both modes (and read by `rlfarm status`)."""
+        stats = self.dispatcher.stats
+        return {"farm/tasks_in_flight": self.dispatcher.in_flight,
+                "farm/queue_depth": queue_depth(self.client),
+                "farm/results_dropped": stats.duplicates,
+                "farm/redispatched": stats.redispatched,
+                "farm/leases_expired": stats.leases_expired,
+                "farm/time_limits": stats.time_limits,
+                "farm/redis_outages": self.retry.outages,
+                **stats.security()}
+
+    def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
+        """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone)."""
+        cfg = self.config
+        farm = farm if farm is not None else self.farm_scalars()
+        write_status(self.client, cfg.run_id, {
+            "state": state, "mode": cfg.mode, "algo": cfg.algo, "env": cfg.env.id,
+            "env_steps": self.env_steps, "total_steps": cfg.total_steps, "version": self.version,
+            "sps": f"{self._sps:.1f}", "tasks_in_flight": int(farm["farm/tasks_in_flight"]),
+            "eval_mean_return": f"{self.eval_mean_return:.2f}", "host": socket.gethostname(),
+            **({"slots_waiting": f"{farm['farm/slots_waiting']:.3f}"} if "farm/slots_waiting" in farm else {}),
+            "pid": os.getpid(), "started": f"{self.wall_start:.3f}", "updated": f"{time.time():.3f}"})
+
+    def publish(self) -> None:
+        # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.
+        self.store.publish(self.version, self.algo.state(), self.config.algo,
+                           {"env_steps": str(self.env_steps), **describe_policy(self.config.algo, self.space)})
+
+    def task_options(self, progress: float) -> dict[str, Any]:
+        """The `act` field of the next rollout task: the algorithm's acting options, and what it
+        needs collected."""
+        act = dict(self.algo.acting(progress))
+        if self.algo.collect_next_obs:
+            act["keep_next_obs"] = True
+        if self.config.mode == "async" and self.config.async_.refresh_steps:
+            act["refresh_steps"] = self.config.async_.refresh_steps
+        return act
+
+    # ---- evaluations: rlfarm.trainer.evaluation decides, the trainer carries out --------------------
+    @property
+    def eval_mean_return(self) -> float:
+        return self.evals.mean_return
+
+    @property
+    def best_eval_mean_return(self) -> float:
+        return self.evals.best_mean_return
+
+    @property
+    def best_version(self) -> int | None:
+        return self.evals.best_version
+
+    def evaluate(self) -> None:
+        """Greedy evaluation tasks for the current version, now; results are taken in on arrival."""
+        self.carry_out([self.evals.start(self.version, self.env_steps)])
+
+    def maybe_evaluate(self) -> None:
+        self.carry_out(self.evals.due(self.env_steps, self.version))
+
+    def handle_eval(self, message: Result) -> None:
+        self.carry_out(self.evals.received(message.iteration, message.returns, self.env_steps))
+
+    def carry_out(self, decisions: list[Decision]) -> None:
+        """Do what the evaluation bookkeeping decided, in its order."""
+        for decision in decisions:
+            if isinstance(decision, Send):
+                self.store.pin(decision.version)  # retention must not trim it while its tasks run
+                for spec in decision.tasks:
+                    self.dispatcher.submit(spec)
+            elif isinstance(decision, Record):
+                self.logger.evaluation(decision.env_steps, decision.returns, decision.version,
+                                       confirmation=decision.confirmation)
+            elif isinstance(decision, WriteBest):
+                self._write_best(decision.version, decision.score)
+            elif isinstance(decision, Unpin):
+                self.store.unpin(decision.version)
+            else:
+                raise TypeError(f"not an evaluation decision: {decision!r}")
+
+    def _write_best(self, version: int, score: float) -> None:
+        # The pinned blob is the trainer's own copy or one that passed the store's checks; verified
+        # again here, since it is re-signed below (rlfarm.farm.store.PolicyStore.pin).
+        state, meta = codec.decode_policy(self.store.pin(version), self.store.secret)
+        meta.update({"env": self.config.env.id, "policy": json.dumps(to_dict(self.config)["policy"]),
+                     "env_options": json.dumps(to_dict(self.config)["env"]),
+                     "eval_mean_return": f"{score:.3f}"})
+        meta.pop("hmac", None)
+        blob = codec.encode_policy(state, meta, self.file_secret)
+        write_atomic(self.run_dir / "best_policy.safetensors", blob)
+
+    def drain_evaluations(self) -> None:
+        """Wait for evaluation tasks still in flight (confirmations they start included), so the
+        run's last evaluation is recorded."""
+        while any(k[0] == "eval" for k in self.dispatcher.pending):
+            message = self.dispatcher.next_result(timeout=1.0)
+            if message is not None and message.kind == "eval":
+                self.handle_eval(message)
+
+    def target_reached(self) -> bool:
+        """With evaluations: an evaluation reached the target and its confirmation agreed (or the
+        evaluation alone, with eval.confirm_episodes = 0). Without: the rolling training return."""
+        if self.config.eval.interval:
+            reached = self.evals.target_reached
+        else:
+            reached = self.logger.rolling_return >= self.config.target_return
+        if reached and self._target_reached_at is None:
+            self._target_reached_at = {"env_steps": self.env_steps,
+                                       "wall_seconds": round(time.perf_counter() - self.start, 3)}
+        return reached
+
+    # ---- checkpoints (rlfarm train --resume) ------------------------------------------------------
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """A mode adds its own keys; the checkpoint's keys are its format (rlfarm.trainer.resume)."""
+        tensors, algo_state = self.algo.checkpoint()
+        tensors["rng.torch"] = torch.get_rng_state()
+        stats = self.dispatcher.stats
+        return tensors, {
+            "run_id": self.config.run_id, "env_steps": self.env_steps, "version": self.version,
+            **self.evals.state(),
+            "dispatch": {"dispatched": stats.dispatched, "redispatched": stats.redispatched,
+                         "duplicates": stats.duplicates, "accepted": stats.accepted},
+            "algo": algo_state, "logger": self.logger.state(self.env_steps)}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        self.algo.restore(tensors, state["algo"])
+        torch.set_rng_state(tensors["rng.torch"])
+        self.env_steps, self.version = state["env_steps"], state["version"]
+        self.evals.restore(state, task_offset=self.RESUME_TASK_OFFSET)
+        stats = self.dispatcher.stats
+        for key, value in state["dispatch"].items():
+            setattr(stats, key, value)
+
+    def save_checkpoint(self, force: bool = False) -> None:
+        """At a published version, when `checkpoint_interval` seconds have passed (0: every version)."""
+        now = time.perf_counter()
+        if not force and now - self._last_checkpoint < self.config.checkpoint_interval:
+            return
+        tensors, state = self.checkpoint_state()
+        checkpoint.save(self.run_dir, tensors, state)
+        self._last_checkpoint = time.perf_counter()
+
+    def _resume(self) -> dict[str, Any]:
+        tensors, state = checkpoint.load(self.run_dir)
+        if state["run_id"] != self.config.run_id:
+            raise checkpoint.CheckpointError(f"checkpoint in {self.run_dir} belongs to run {state['run_id']!r}")
+        self.restore(tensors, state)
+        # A Redis that outlived the trainer may hold versions published after the checkpoint: number
+        # on from the newest, so no worker ever sees two different policies under one version number.
+        latest = self.store.latest()
+        if latest is not None and latest >= self.version:
+            self.version = latest + 1
+        # Pins of the dead trainer: its evaluations are gone; the best version stays pinned if it is there.
+        self.client.delete(f"{self.store.prefix}pinned")
+        if self.best_version is not None and self.best_version in self.store.versions():
+            try:
+                self.store.pin(self.best_version)
+            except PolicyCorrupt as exc:  # replaced in Redis meanwhile: not ours to keep or re-sign
+                self.warn(f"not keeping the best version v{self.best_version}: {exc}")
+        log.info("resuming run %s from its checkpoint: %d env steps, policy v%d", self.config.run_id,
+                 self.env_steps, self.version)
+        return state
+
+    # ---- the run ----------------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        """Run to the end; the run's messages also go to RUN_DIR/rlfarm.log, from the first one on."""
+        self.claim.acquire()  # RunInUse: another trainer has the run id; nothing of it was touched
+        try:
+            self._log_file = logs.log_to_file(self.run_dir)
+            try:
+                return self._train()
+            finally:
+                logs.remove(self._log_file)
+        finally:
+            self.claim.release()
+
+    def _train(self) -> TrainResult:
+        cfg = self.config
+        if self._secret_warning:
+            self.warn(self._secret_warning)
+        resume_state = self._resume() if self.resume else None
+        if resume_state is None and self.store.latest() is not None:
+            raise ConfigError(f"run {cfg.run_id!r} already has policies in this Redis (latest "
+                              f"v{self.store.latest()}); choose another --run-id, or --resume it from "
+                              f"its run directory")
+        self.store.set_run_meta(self.run_meta())
+        self.logger = self.open_logger(resume_state["logger"] if resume_state else None)
+        elapsed = resume_state["logger"]["elapsed"] if resume_state else 0.0
+        self.start = time.perf_counter() - elapsed
+        self._sps = self.env_steps / elapsed if elapsed > 0 else 0.0
+        state = "failed"
+        try:
+            self.dispatcher.declare_queue()
+            self.publish()
+            self.save_checkpoint(force=True)
+            self.heartbeat()
+            self.train_loop()
+            if cfg.eval.interval:
+                self.carry_out(self.evals.final(self.env_steps, self.version))  # the final policy's
+                self.drain_evaluations()
+            self.save_checkpoint(force=True)
+            result = self._finish(time.perf_counter() - self.start)
+            state = "finished"
+            return result
+        finally:
+            if state == "failed":
+                self.retry.enabled = False  # Redis may be what failed: one attempt at the cleanup
+            try:
+                self.claim.check()  # the run is another trainer's now: leave its keys alone
+                self.heartbeat(state)
+                # Tasks still queued are skipped by workers; results still in flight are of no use now.
+                self.dispatcher.finish()
+            except Exception:  # noqa: BLE001 - Redis may be what failed; the run's own error matters
+                pass
+            self.logger.close()
+
+    def train_loop(self) -> None:
+        raise NotImplementedError
+
+    def log_step(self, metrics: dict[str, float]) -> None:
+        """One log step: console, CSV and TensorBoard, then the user's callback, which may stop the
+        run (return False) or add metrics of its own (LogStep.extra, logged under custom/)."""
+        self.logger.scalars(self.env_steps, metrics)
+        if self.callback is None:
+            return
+        step = LogStep(self.env_steps, self.version, dict(metrics), self)
+        if self.callback(step) is False:
+            self._stop_requested = True
+            log.info("run %s stopped by its callback after %d env steps", self.config.run_id, self.env_steps)
+        for key, value in step.extra.items():
+            if self.logger.writer:
+                self.logger.writer.add_scalar(f"custom/{key}", value, self.env_steps)
+
+    def summary_extras(self) -> dict[str, Any]:
+        """What a mode adds to summary.json."""
+        return {}
+
+    def _finish(self, wall: float) -> TrainResult:
+        """The final save: final_policy.safetensors, the run's result and summary.json."""
+        state = self.algo.state()
+        blob = codec.encode_policy(state, {"version": str(self.version), "algo": self.config.algo,
+                                           "run": self.config.run_id, "env": self.config.env.id,
+                                           "policy": json.dumps(to_dict(self.config)["policy"])},
+                                   self.file_secret)
+        write_atomic(self.run_dir / "final_policy.safetensors", blob)
+        best = self.run_dir / "best_policy.safetensors"
+        stats = self.dispatcher.stats
+        result = TrainResult(
+            run_id=self.config.run_id, run_dir=self.run_dir, env_steps=self.env_steps,
+            final_version=self.version, policy_sha256=codec.tensor_digest(state),
+            rolling_return=self.logger.rolling_return, best_rolling_return=self.logger.best_rolling,
+            eval_mean_return=self.eval_mean_return, best_eval_mean_return=self.best_eval_mean_return,
+            wall_seconds=wall,
+            redispatched=stats.redispatched, duplicates=stats.duplicates,
+            dropped_stale=self.dropped_stale,
+            task_ids_accepted=len(stats.accepted_task_ids),
+            best_version=self.best_version, target_reached=self.target_reached(),
+            final_policy=self.run_dir / "final_policy.safetensors",
+            best_policy=best if self.best_version is not None and best.exists() else None)
+        write_summary(self.run_dir, build_summary(result, stats, self.retry,
+                                                  target_reached_at=self._target_reached_at,
+                                                  threads=self.threads, extras=self.summary_extras()))
+        return result

@@ -1,0 +1,114 @@
+"""Building a trainer: everything it talks to or learns with, made here and passed in.
+
+`make_trainer` checks the run's mode and spaces, describes the env, refuses an evicting Redis,
+connects (with the outage clock), and builds the policy store, the run's claim, the Celery app, the
+dispatcher, the learner, the evaluation bookkeeping and a factory of the RunLogger (opened by
+`Trainer.train` once the run is claimed, since it writes the run directory). The trainer classes'
+constructors do no I/O.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from rich.console import Console
+
+from rlfarm.algos import check_mode, learner
+from rlfarm.config import ConfigError, RunConfig, to_dict, trainer_threads
+from rlfarm.core import signing
+from rlfarm.envs import describe
+from rlfarm.farm.app import make_app
+from rlfarm.farm.claim import Claim
+from rlfarm.farm.dispatch import Dispatcher
+from rlfarm.farm.outage import OutageRetry, resilient_client
+from rlfarm.farm.store import FROM_ENV, PolicyStore, connect, no_secret_warning, redact, refuse_eviction
+from rlfarm.observe.metrics import RunLogger
+from rlfarm.trainer.asynchronous import AsyncTrainer
+from rlfarm.trainer.base import LogStep, Trainer, warn
+from rlfarm.trainer.evaluation import Evaluations
+from rlfarm.trainer.sync import SyncTrainer
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda was asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+class _TrainerHooks:
+    """The dispatcher's callbacks into the trainer, which is built after the dispatcher."""
+
+    trainer: Trainer
+
+    def on_event(self) -> None:
+        self.trainer.on_event()
+
+    def on_state_lost(self) -> None:
+        self.trainer.restore_run_state()
+
+    def on_unverified(self, kind: str) -> str:
+        return self.trainer.write_back(kind)
+
+
+def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
+                 resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None,
+                 local_workers: int = 0, secret: Any = FROM_ENV, **mode_options: Any) -> Trainer:
+    """The trainer of the run's mode (the algorithm is the config's; rlfarm.algos checks it can run so).
+
+    `resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.trainer.resume).
+    `callback(LogStep)`: called after each log step; returning False stops the run.
+    `local_workers`: worker processes of this run on this machine (the embedded default's), whose
+    cores the trainer's threads leave to them (rlfarm.config.trainer_threads).
+    `secret`: what signs and checks the run's data in Redis (default RLFARM_SECRET; the embedded
+    default and `rlfarm up` make one of their own). Files in the run directory are signed with
+    RLFARM_SECRET only, so they verify wherever the user's secret does.
+    `mode_options`: ASYNC's `tasks_in_flight` (ignored in SYNC)."""
+    cls = AsyncTrainer if config.mode == "async" else SyncTrainer
+    if cls is SyncTrainer:
+        mode_options.pop("tasks_in_flight", None)
+    check_mode(config.algo, config.mode)
+    run_dir = Path(run_dir)
+    console = console or Console()
+    device = resolve_device(config.device)
+    space = describe(config.env.id, to_dict(config)["env"])
+    config.algo_config.check_spaces(space)
+    probe = connect(redis_url)  # fails fast and clearly when Redis is not there at the start
+    try:
+        refuse_eviction(probe, redis_url)  # before anything is written that Redis could drop
+    finally:
+        probe.close()
+    # From here on, every Redis command waits out an outage of up to farm.redis_outage_timeout.
+    retry = OutageRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}", notify=warn)
+    client = resilient_client(redis_url, retry)
+    store = PolicyStore(client, config.run_id, keep=config.farm.keep_versions, secret=secret)
+    claim = Claim(client, config.run_id)
+    app = make_app(redis_url)
+
+    threads = trainer_threads(config, space.is_image, local_workers)
+    torch.set_num_threads(threads)
+    torch.manual_seed(config.seed)  # the network's initial weights
+    algo = learner(config.algo, config.mode)(config, space, device)
+    farm = config.farm
+    hooks = _TrainerHooks()
+    dispatcher = Dispatcher(app, client, config.run_id, farm.task_timeout, farm.max_redispatch,
+                            on_event=hooks.on_event,
+                            env=config.env.id,  # shown in Flower's task labels
+                            lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
+                            retry=retry, on_state_lost=hooks.on_state_lost, notify=warn, claim=claim,
+                            secret=store.secret, on_unverified=hooks.on_unverified)
+
+    def open_logger(resume_state: dict[str, Any] | None) -> RunLogger:
+        return RunLogger(run_dir, to_dict(config), config.total_steps, console, resume=resume_state)
+
+    trainer = cls(config, run_dir, space=space, device=device, threads=threads, algo=algo, client=client,
+                  retry=retry, store=store, claim=claim, dispatcher=dispatcher,
+                  evaluations=Evaluations(config), open_logger=open_logger,
+                  file_secret=signing.secret_from_env(),
+                  secret_warning=no_secret_warning(redis_url, store.secret),
+                  resume=resume, callback=callback, **mode_options)
+    hooks.trainer = trainer
+    return trainer

@@ -1,0 +1,81 @@
+"""The SYNC loop (`SyncTrainer`): each iteration sends `farm.num_tasks` rollout tasks that all act
+with version v, waits for the whole group, assembles it in task-index order, updates, and publishes
+v + 1. Tasks are deterministic and the group is ordered by index, so what is learned does not depend
+on how many workers there are or which finishes first. See docs/architecture.md (1. Data flow).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from rlfarm.core.protocol import TaskSpec
+from rlfarm.core.rollout import Rollout, concat
+from rlfarm.trainer.base import Trainer, log
+
+
+class SyncTrainer(Trainer):
+    iteration = 0  # iterations done; the next one's tasks get seeds from (seed, iteration, index)
+
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, state = super().checkpoint_state()
+        return tensors, {**state, "iteration": self.iteration}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        super().restore(tensors, state)
+        self.iteration = state["iteration"]
+
+    def collect_rollouts(self, iteration: int, progress: float) -> Rollout:
+        cfg = self.config
+        act = self.task_options(progress)
+        specs = [TaskSpec(cfg.run_id, "rollout", iteration, i, self.version, cfg.seed,
+                          steps=cfg.farm.steps_per_env, act=act) for i in range(cfg.farm.num_tasks)]
+        results = self.dispatcher.gather_group(specs, on_other=self.handle_eval)
+        return concat([Rollout.from_dict(r.rollout) for r in results])
+
+    def train_loop(self) -> None:
+        cfg = self.config
+        for iteration in range(self.iteration, cfg.num_iterations):
+            progress = iteration / cfg.num_iterations
+            t0 = time.perf_counter()
+            rollout = self.collect_rollouts(iteration, progress)
+            collect_seconds = time.perf_counter() - t0
+            self.env_steps += rollout.num_steps
+            self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,
+                                 self.version)
+            t1 = time.perf_counter()
+            self.algo.observe(rollout, policy_lag=0)
+            losses = dict.fromkeys(self.algo.loss_keys, math.nan)
+            while self.algo.ready():
+                losses = self.algo.update(progress)
+            self.version += 1
+            self.iteration = iteration + 1
+            self.publish()
+            self.save_checkpoint()
+            self._sps = self.env_steps / (time.perf_counter() - self.start)
+            farm = self.farm_scalars()
+            ep = rollout.episode_returns
+            self.log_step({
+                "policy_version": self.version,
+                "charts/SPS": self._sps,
+                "charts/episodic_return": float(ep.mean()) if len(ep) else float("nan"),
+                "charts/episodic_length": float(rollout.episode_lengths.mean()) if len(ep) else float("nan"),
+                "charts/episodes": len(ep),
+                "farm/collect_seconds": collect_seconds,
+                "farm/update_seconds": time.perf_counter() - t1,
+                "farm/policy_lag": 0,  # SYNC: every task acts with the version being trained
+                **farm,
+                **self.algo.scalars(progress),
+                **losses,
+            })
+            self.heartbeat(farm=farm)
+            self.on_event()
+            if self._stop_requested:
+                break
+            self.maybe_evaluate()
+            if self.target_reached():
+                log.info("target return %g reached after %d env steps", cfg.target_return, self.env_steps)
+                break
