@@ -262,7 +262,7 @@ def _interrupted_on_redis(ctx: click.Context, cfg, run_dir: Path, redis_url: str
 
     from rlfarm.trainer import resume as checkpoint
     from rlfarm.config import RunConfig
-    from rlfarm.farm.store import redact
+    from rlfarm.farm.connection import redact
 
     if not checkpoint.path_in(run_dir).is_file():
         return (f"rlfarm: interrupted before run {cfg.run_id} saved its first checkpoint, nothing to "
@@ -293,7 +293,7 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
     from rlfarm.observe.logs import log_fatal
     from rlfarm.farm.outage import RedisUnavailable, is_oom
     from rlfarm.observe.rundir import RunDirError
-    from rlfarm.farm.store import RedisAuthError, RedisEvicts, redact
+    from rlfarm.farm.connection import RedisAuthError, RedisEvicts, redact
 
     def fatal(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
         log_fatal(Path(cfg.logdir) / cfg.run_id, message)  # the console's last line, in the run's log too
@@ -377,7 +377,7 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
 
     from rlfarm.observe import logs
     from rlfarm.core.signing import secret_from_env
-    from rlfarm.farm.store import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
+    from rlfarm.farm.connection import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
 
     try:
         probe = connect(redis_url)
@@ -424,7 +424,7 @@ def up(workers: int, modules: tuple[str, ...]) -> None:
     """
     from rlfarm.local import farm as localfarm
     from rlfarm.envs import ALLOWED_MODULES_VAR, allowed_env_modules, valid_module_name
-    from rlfarm.farm.store import redact
+    from rlfarm.farm.connection import redact
 
     bad = [m for m in modules if not valid_module_name(m)]
     if bad:
@@ -475,7 +475,8 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     from rlfarm.envs import EnvError, check_env_allowed, env_module, make_env, space_spec
     from rlfarm.algos.saved import PolicyMismatch, algo_of, load_network
     from rlfarm.core.signing import SignatureError, secret_from_env
-    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound, connect
+    from rlfarm.farm.connection import connect
+    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound
 
     if bool(policy_file) == bool(run_id):
         fail("give exactly one of --policy FILE or --run RUN (with --redis URL)")
@@ -593,7 +594,9 @@ def checkpoints_list(redis_url: str, run_id: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rlfarm.farm.store import PolicyStore, connect, list_runs, redact, run_exists
+    from rlfarm.farm.connection import connect, redact
+    from rlfarm.farm.runs import list_runs, run_exists
+    from rlfarm.farm.store import PolicyStore
 
     try:
         client = connect(redis_url)
@@ -629,7 +632,8 @@ def checkpoints_export(redis_url: str, run_id: str, version: int | str, output: 
 
     from rlfarm.core import codec
     from rlfarm.core.signing import SignatureError
-    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound, connect
+    from rlfarm.farm.connection import connect
+    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound
 
     try:
         store = PolicyStore(connect(redis_url), run_id)
@@ -658,7 +662,8 @@ def checkpoints_delete(run_id: str, redis_url: str, force: bool) -> None:
     Refused while the run's trainer heartbeat is live (state running; it expires 120 s after a
     trainer dies) unless --force.
     """
-    from rlfarm.farm.store import connect, delete_run, read_status, redact
+    from rlfarm.farm.connection import connect, redact
+    from rlfarm.farm.runs import delete_run, read_status
 
     try:
         client = connect(redis_url)
@@ -691,7 +696,7 @@ def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
 
     from rlfarm.observe import status as S
     from rlfarm.farm.app import make_app
-    from rlfarm.farm.store import connect, eviction_error, redact
+    from rlfarm.farm.connection import connect, eviction_error, redact
 
     if not interval > 0:  # also rejects NaN
         fail(f"--interval must be a positive number of seconds, got {interval}")

@@ -195,7 +195,8 @@ class Farm:
     def __init__(self, cluster: Any, run: str, env_id: str, per_node: int):
         from rlfarm.farm.app import make_app
         from rlfarm.farm.dispatch import Dispatcher
-        from rlfarm.farm.store import PolicyStore, connect
+        from rlfarm.farm.connection import connect
+        from rlfarm.farm.store import PolicyStore
 
         self.cluster = cluster
         self.per_node = per_node

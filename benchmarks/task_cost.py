@@ -93,7 +93,7 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     from rlfarm.farm.app import make_app
     from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.core.rollout import collect, task_seeds
-    from rlfarm.farm.store import connect
+    from rlfarm.farm.connection import connect
     from rlfarm.farm.worker import RolloutWorker
 
     client = connect(url)
@@ -182,7 +182,8 @@ def farm_serial(cluster: Any, url: str, run: str, network: Any, steps: int, n: i
     for the second exclude the publishing, measured alone and subtracted: the trainer's cost."""
     from rlfarm.farm.app import make_app
     from rlfarm.farm.dispatch import Dispatcher
-    from rlfarm.farm.store import PolicyStore, connect
+    from rlfarm.farm.connection import connect
+    from rlfarm.farm.store import PolicyStore
 
     node = cluster.add_worker(1, command=fs.node_command())
     client = connect(url)
@@ -241,7 +242,7 @@ def farm_serial(cluster: Any, url: str, run: str, network: Any, steps: int, n: i
 # ---- report ---------------------------------------------------------------------------------------
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from rlfarm.local.cluster import LocalCluster
-    from rlfarm.farm.store import connect
+    from rlfarm.farm.connection import connect
 
     fs.RoundTrips.install()
     out = {}

@@ -99,7 +99,8 @@ def bench_farm(env_id: str, workers: int, num_envs: int, steps: int, tasks: int)
     from rlfarm.local.cluster import LocalCluster
     from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.envs import describe
-    from rlfarm.farm.store import PolicyStore, connect
+    from rlfarm.farm.connection import connect
+    from rlfarm.farm.store import PolicyStore
 
     policy, _ = _setup(env_id, 1, None)
     cfg = C.build(None, [f"env.num_envs={num_envs}", "run_id=bench", f"env.id={env_id}"])

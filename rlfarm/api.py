@@ -122,7 +122,7 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         notify: Callable[[str], None] | None = None):
     """Train `cfg` (already checked, with a run id) on the farm at `redis_url`, or on an embedded one.
     `notify(text)`: where start-up notes go (default: the "rlfarm" logger)."""
-    from rlfarm.farm.store import connect, redact, refuse_eviction
+    from rlfarm.farm.connection import connect, redact, refuse_eviction
 
     notify = notify or log.info
     run_dir = Path(cfg.logdir) / cfg.run_id

@@ -63,7 +63,7 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
         return
     _reported.append(task_id)
     from rlfarm.core import codec, signing
-    from rlfarm.farm.store import lease_key, results_key, task_key_text
+    from rlfarm.farm import keys
 
     if _main_client is None:
         from rlfarm.farm.outage import OutageRetry, resilient_client
@@ -78,12 +78,12 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
                      error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s "
                            f"({_limit_source(limit)}) in env {kwargs.get('env') or '?'}, and its process was "
                            f"killed and replaced (a hung env?)").to_message()
-    key = results_key(kwargs["run"])
+    key = keys.results(kwargs["run"])
     pipe = _main_client.pipeline(transaction=True)
     pipe.rpush(key, signing.seal_result(kwargs["run"], codec.pack(message), signing.secret_from_env()))
-    pipe.expire(key, 3600)
+    pipe.expire(key, keys.RESULTS_TTL)
     # The killed process can no longer renew its lease; drop it so it is not also taken for a lost worker.
-    pipe.delete(lease_key(kwargs["run"], task_key_text(message["kind"], message["iteration"], message["index"])))
+    pipe.delete(keys.lease(kwargs["run"], keys.task(message["kind"], message["iteration"], message["index"])))
     pipe.execute()
 
 

@@ -191,7 +191,8 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
     from rlfarm import config as C
     from rlfarm.envs import describe
     from rlfarm.algos.ppo.policies import ActorCritic
-    from rlfarm.farm.store import PolicyStore, connect
+    from rlfarm.farm.connection import connect
+    from rlfarm.farm.store import PolicyStore
 
     cfg = C.build("cartpole-ppo", [f"run_id={run_id}", *overrides])
     space = describe(cfg.env.id)
@@ -208,7 +209,7 @@ def dispatcher(redis_url: str, run_id: str, timeout: float = 60.0):
     """A Dispatcher for `run_id` on the farm at `redis_url` (task timeout `timeout`, 3 re-sends)."""
     from rlfarm.farm.app import make_app
     from rlfarm.farm.dispatch import Dispatcher
-    from rlfarm.farm.store import connect
+    from rlfarm.farm.connection import connect
 
     return Dispatcher(make_app(redis_url), connect(redis_url), run_id, timeout, 3)
 

@@ -185,3 +185,29 @@ def test_no_import_cycles():
 
 def test_the_cycle_check_itself_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _string_starts(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+        return str(node.values[0].value)
+    return None
+
+
+def test_only_the_keys_module_names_redis_keys():
+    """rlfarm.farm.keys owns the layout: no other module spells out an `rlfarm:...` key (docstrings
+    may describe them; `rlfarm: ` with a space is the console's prefix, not a key)."""
+    offenders = []
+    for path in [*MODULES.values(), ROOT / "cli.py", ROOT / "tasks" / "__init__.py"]:
+        if path == MODULES["rlfarm.farm.keys"]:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                      and n.body and isinstance(n.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            text = _string_starts(node)
+            if text and id(node) not in docstrings and text.startswith("rlfarm:") and not text.startswith("rlfarm: "):
+                offenders.append(f"{path.name}:{node.lineno}: {text[:40]!r}")
+    assert not offenders, offenders

@@ -16,7 +16,8 @@ import time
 import pytest
 import redis
 
-from rlfarm.farm.claim import CLAIM_SECONDS, claim_key
+from rlfarm.farm.claim import CLAIM_SECONDS
+from rlfarm.farm import keys
 from rlfarm.local.cluster import LocalCluster
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
@@ -45,7 +46,7 @@ def train(cluster: LocalCluster, run_id: str, logdir, *args: str) -> subprocess.
 
 
 def holder(client: redis.Redis, run_id: str) -> dict | None:
-    raw = client.get(claim_key(run_id))
+    raw = client.get(keys.claim(run_id))
     return None if raw is None else json.loads(raw)
 
 
@@ -90,7 +91,7 @@ def test_the_same_run_id_started_twice_at_once_trains_once_and_the_other_is_one_
     out, err = winner.communicate(timeout=600)
     assert winner.returncode == 0, err[-3000:]
     assert read_summary(winner_dir)["env_steps"] == 8192
-    assert client.get(claim_key("dup")) is None  # released at exit: queued tasks of it would be dropped
+    assert client.get(keys.claim("dup")) is None  # released at exit: queued tasks of it would be dropped
 
 
 def test_a_reused_run_id_with_other_settings_is_a_new_run_to_every_worker(store, tmp_path):
@@ -118,7 +119,7 @@ def test_the_queued_tasks_of_a_sigkilled_trainer_are_dropped_unrun(store, tmp_pa
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert client.sismember("rlfarm:dead:wanted", "rollout:0:0")  # nobody cleaned up after it
-    poll(lambda: client.get(claim_key("dead")) is None, "the dead trainer's claim to expire",
+    poll(lambda: client.get(keys.claim("dead")) is None, "the dead trainer's claim to expire",
          deadline_s=CLAIM_SECONDS * 4)
     store.add_worker(1, command=RLFARM_WORKER)
     log = tmp_path / "worker-0.log"

@@ -129,7 +129,7 @@ def test_rlfarm_worker_joins_a_farm(redis_only, tmp_path):
 
     from rlfarm.farm.app import make_app
     from rlfarm.farm.dispatch import Dispatcher
-    from rlfarm.farm.store import connect
+    from rlfarm.farm.connection import connect
 
     from .conftest import make_run
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rlfarm.observe import logs
 from rlfarm.config import ConfigError
 from rlfarm.observe.metrics import EVAL_LINE_EVERY, RunLogger, summary_writer_class
-from rlfarm.farm.store import is_loopback, no_password_warning
+from rlfarm.farm.connection import is_loopback, no_password_warning
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, run_cli
 

@@ -20,7 +20,9 @@ import pytest
 
 from rlfarm.trainer import resume as checkpoint
 from rlfarm import config as C
-from rlfarm.farm.store import connect, delete_run, read_status, run_prefix, write_status
+from rlfarm.farm.connection import connect
+from rlfarm.farm.runs import delete_run, read_status, write_status
+from rlfarm.farm import keys
 
 from .conftest import WORKER_ENV, error_line, make_run, rlfarm_cmd, run_cli
 
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.farm
 
 
 def keys_of(client, run_id: str) -> set[bytes]:
-    return set(client.scan_iter(match=f"{run_prefix(run_id)}*", count=500))
+    return set(client.scan_iter(match=keys.run_pattern(run_id), count=500))
 
 
 def strict_json(text: str):
@@ -201,7 +203,7 @@ def test_delete_removes_a_finished_run_and_nothing_else(redis_only):
     client = connect(url)
     make_run(url, "del-done", versions=3)
     write_status(client, "del-done", {"state": "finished", "host": "h", "pid": 1})
-    client.rpush(f"{run_prefix('del-done')}results", b"late result")
+    client.rpush(keys.results('del-done'), b"late result")
     make_run(url, "del-done-2", versions=2)  # its prefix starts with the other's name: must be kept
     kept = keys_of(client, "del-done-2")
     assert len(keys_of(client, "del-done")) == 8  # policy:0..2, policy:latest, versions, meta, status, results

@@ -12,8 +12,8 @@ import pytest
 from rlfarm.farm.app import ROLLOUT_TASK, make_app
 from rlfarm.farm.dispatch import Dispatcher, RolloutError
 from rlfarm.core.rollout import Rollout, collect, task_seeds
-from rlfarm.farm.store import LIVE, connect
-from rlfarm.farm.worker import results_key
+from rlfarm.farm.connection import connect
+from rlfarm.farm import keys
 
 from .conftest import dispatcher, make_run, running_tasks, task_specs
 
@@ -45,7 +45,7 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     for r in results:
         assert set(r.timings) == {"checks", "policy", "collect"} and min(r.timings.values()) >= 0
         assert r.timings["policy"] + r.timings["collect"] == pytest.approx(r.duration)
-    assert connect(farm.redis_url).llen(results_key("group")) == 0  # consumed results are gone
+    assert connect(farm.redis_url).llen(keys.results("group")) == 0  # consumed results are gone
 
 
 def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weights(redis_only):
@@ -83,7 +83,7 @@ def test_a_group_is_listed_as_wanted_in_one_command_before_any_task_is_sent(redi
     sadd = d.client.sadd
     d.client.sadd = lambda *args: sadds.append(args) or sadd(*args)
     assert d.submit_many(task_specs(0, 3, 8)) == [("rollout", 0, i) for i in range(3)]
-    assert len(sadds) == 1 and set(sadds[0][1:]) == {LIVE, "rollout:0:0", "rollout:0:1", "rollout:0:2"}
+    assert len(sadds) == 1 and set(sadds[0][1:]) == {keys.LIVE, "rollout:0:0", "rollout:0:1", "rollout:0:2"}
     assert d.in_flight == 3 and d.stats.dispatched == 3
     with pytest.raises(ValueError, match="already in flight"):
         d.submit_many(task_specs(0, 1, 8))
@@ -117,7 +117,7 @@ def test_pickle_message_is_refused(farm):
     # A msgpack task sent afterwards completes; the pickled one, ahead of it, produced nothing.
     good = dispatcher(farm.redis_url, "pickled").gather_group(task_specs(1, 1, 8))
     assert good[0].index == 0
-    assert client.llen(results_key("pickled")) == 0
+    assert client.llen(keys.results("pickled")) == 0
     logs = "".join(p.read_text(errors="replace") for p in Path(farm.log_dir).glob("worker-*.log"))
     assert "Refusing to deserialize untrusted content of type pickle" in logs
 

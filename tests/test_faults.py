@@ -343,7 +343,7 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     from rlfarm.core import codec
     from rlfarm.farm.claim import Claim
     from rlfarm.core.protocol import PROTOCOL
-    from rlfarm.farm.store import LIVE, results_key, wanted_key
+    from rlfarm.farm import keys
     from rlfarm.farm.worker import RolloutWorker
 
     from .conftest import make_run
@@ -355,16 +355,16 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     spec = {"run": "skips", "iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1,
             "incarnation": claim.incarnation, "protocol": PROTOCOL}
     worker.handle(spec, "ended-run")  # no live trainer: dropped, nothing pushed
-    assert client.llen(results_key("skips")) == 0
+    assert client.llen(keys.results("skips")) == 0
     claim.acquire()
-    client.sadd(wanted_key("skips"), LIVE, "rollout:0:0")
+    client.sadd(keys.wanted("skips"), keys.LIVE, "rollout:0:0")
     worker.handle(spec, "first")  # wanted: runs, and takes its key out of the wanted set
     worker.handle(spec, "copy")  # already counted: skipped unrun, with a note
-    first, copy = [codec.unpack(m) for m in client.lrange(results_key("skips"), 0, -1)]
+    first, copy = [codec.unpack(m) for m in client.lrange(keys.results("skips"), 0, -1)]
     assert first["task_id"] == "first" and first["rollout"]["rewards"].size == 8
     assert copy == {"kind": "rollout", "iteration": 0, "index": 0, "worker": worker.identity,
                     "task_id": "copy", "incarnation": claim.incarnation, "skipped": True}
-    assert client.smembers(wanted_key("skips")) == {LIVE.encode()}
+    assert client.smembers(keys.wanted("skips")) == {keys.LIVE.encode()}
     claim.release()
     assert not client.keys("rlfarm:skips:lease:*") and not client.keys("rlfarm:skips:attempts:*")
 
@@ -393,7 +393,7 @@ def test_queued_tasks_are_not_late(farm):
     """Six 1-second tasks on two processes with task_timeout 2 s: the last ones wait ~2 s in the
     queue, which once made them 'late' and re-sent. Now only time since a task started counts."""
     from rlfarm.farm.dispatch import Dispatcher
-    from rlfarm.farm.store import connect
+    from rlfarm.farm.connection import connect
 
     from .conftest import make_run
 

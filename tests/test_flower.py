@@ -15,7 +15,7 @@ import pytest
 from rlfarm.farm.app import EVAL_TASK, ROLLOUT_TASK, make_app
 from rlfarm.local.cluster import LOOPBACK, LocalCluster, free_port, stop_process_group
 from rlfarm.farm.dispatch import Dispatcher
-from rlfarm.farm.store import connect
+from rlfarm.farm.connection import connect
 
 from .conftest import ROOT, WORKER_ENV, http_request, make_run, poll
 

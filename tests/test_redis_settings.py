@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlfarm.local.cluster import LocalCluster
-from rlfarm.farm.store import connect, eviction_policy
+from rlfarm.farm.connection import connect, eviction_policy
 from tests.conftest import one_error_line, run_cli
 
 pytestmark = pytest.mark.farm

@@ -18,7 +18,7 @@ import pytest
 
 from rlfarm.farm.app import make_app
 from rlfarm.local.cluster import LOOPBACK, free_port, stop_process_group
-from rlfarm.farm.store import connect
+from rlfarm.farm.connection import connect
 
 from .conftest import WORKER_ENV, rlfarm_cmd
 

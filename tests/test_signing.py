@@ -27,7 +27,8 @@ from rlfarm.farm.dispatch import Dispatcher, RolloutError
 from rlfarm.envs import (EnvError, allowed_modules_env, check_env_allowed, env_module, make_env,
                          make_vector_env)
 from rlfarm.core.signing import SignatureError
-from rlfarm.farm.store import PolicyCorrupt, PolicyStore, connect
+from rlfarm.farm.connection import connect
+from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
 from .conftest import ROOT, WORKER_ENV, dispatcher, make_run, rlfarm_cmd, run_cli, task_specs
 
@@ -392,16 +393,17 @@ def test_results_are_signed_and_a_forged_one_is_dropped(redis_only, monkeypatch)
     """With RLFARM_SECRET, a result pushed onto a run's list without it (poisoned training data) is
     dropped and counted; a signed one is taken; one signed for another run is dropped too."""
     from rlfarm.core import codec, signing
-    from rlfarm.farm.store import connect, results_key
+    from rlfarm.farm.connection import connect
+    from rlfarm.farm import keys
 
     secret = b"s3cret"
     monkeypatch.setenv("RLFARM_SECRET", secret.decode())
     d = Dispatcher(make_app(redis_only.redis_url), connect(redis_only.redis_url), "sealed", 60.0, 1)
     client = connect(redis_only.redis_url)
     payload = codec.pack({"kind": "rollout", "iteration": 0, "index": 0, "task_id": "t"})
-    client.rpush(results_key("sealed"), payload)  # unsigned
-    client.rpush(results_key("sealed"), signing.seal_result("other-run", payload, secret))
-    client.rpush(results_key("sealed"), signing.seal_result("sealed", payload, secret))
+    client.rpush(keys.results("sealed"), payload)  # unsigned
+    client.rpush(keys.results("sealed"), signing.seal_result("other-run", payload, secret))
+    client.rpush(keys.results("sealed"), signing.seal_result("sealed", payload, secret))
     assert d.receive(1.0) is None and d.receive(1.0) is None
     assert d.receive(1.0).task_id == "t"
     assert d.stats.forged == 2

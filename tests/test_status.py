@@ -18,7 +18,8 @@ from rich.console import Console
 from rlfarm.local.cluster import LocalCluster
 from rlfarm.observe.status import (MemoryStatus, Snapshot, format_age, parse_heartbeat, parse_workers, render,
                            to_json)
-from rlfarm.farm.store import connect, write_status
+from rlfarm.farm.connection import connect
+from rlfarm.farm.runs import write_status
 
 from .conftest import WORKER_ENV, make_run, pid_alive, rlfarm_cmd, run_cli, usage_error_line
 

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from rlfarm.farm.store import (PolicyCache, PolicyCorrupt, PolicyNotFound, PolicyStore, PolicyTrimmed,
-                          RunNotFound, connect, list_runs, redact)
+from rlfarm.farm.cache import PolicyCache
+from rlfarm.farm.connection import connect, redact
+from rlfarm.farm.runs import list_runs
+from rlfarm.farm.store import PolicyCorrupt, PolicyNotFound, PolicyStore, PolicyTrimmed, RunNotFound
 
 pytestmark = pytest.mark.farm
 

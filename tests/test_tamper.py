@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from rlfarm.core import codec
-from rlfarm.farm.store import PolicyCorrupt, PolicyStore, connect
+from rlfarm.farm.connection import connect
+from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
 SECRET = "tamper-secret-0123456789abcdef"
 
@@ -99,7 +100,7 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
 
     from rlfarm.core import codec
     from rlfarm.core.protocol import TaskSpec
-    from rlfarm.farm.store import results_key
+    from rlfarm.farm import keys
     from rlfarm.farm.worker import RolloutWorker
 
     from .conftest import WORKER_ENV, poll, rlfarm_cmd
@@ -140,7 +141,7 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
                         return False
                     forged.iteration, forged.index = waiting[0][1]["iteration"], waiting[0][1]["index"]
                     pipe.multi()
-                    pipe.rpush(results_key(run_id), codec.pack(forged.to_message()))
+                    pipe.rpush(keys.results(run_id), codec.pack(forged.to_message()))
                     pipe.execute()
                     return True
                 except redis.WatchError:
@@ -169,7 +170,7 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     ("redis://:pw@10.0.0.5:6379/0", b"s", False), ("rediss://u:pw@redis-host:6380/0", "s", False),
 ])
 def test_no_secret_warning_names_a_redis_off_this_machine_without_rlfarm_secret(url, secret, warned):
-    from rlfarm.farm.store import no_secret_warning
+    from rlfarm.farm.connection import no_secret_warning
 
     text = no_secret_warning(url, secret)
     assert (text is not None) == warned

@@ -75,3 +75,11 @@ def make_app(redis_url: str = DEFAULT_REDIS_URL, main: str = "rlfarm") -> Celery
     app = Celery(main)
     app.conf.update(celery_settings(redis_url))
     return app
+
+
+CELERY_QUEUE = "celery"  # Celery's default queue: a Redis list of waiting task messages
+
+
+def queue_depth(client: Any, queue: str = CELERY_QUEUE) -> int:
+    """Task messages waiting in the broker queue (not yet taken by a worker process)."""
+    return int(client.llen(queue))

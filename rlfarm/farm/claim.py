@@ -32,9 +32,9 @@ from typing import Any
 import redis
 
 from rlfarm.observe.rundir import RunDirError
-from rlfarm.farm.store import run_prefix
+from rlfarm.farm import keys
 
-CLAIM_SECONDS = 15.0  # a dead trainer's tasks stop running and its run id is free this long after it died
+from rlfarm.farm.keys import CLAIM_SECONDS  # noqa: F401 - part of this module's contract (tests, docs)
 
 
 class RunInUse(RuntimeError):
@@ -44,10 +44,6 @@ class RunInUse(RuntimeError):
 class ClaimLost(RuntimeError):
     """The trainer's claim expired (it was stopped longer than CLAIM_SECONDS) and another trainer
     took the run id meanwhile: this one must stop without touching the run."""
-
-
-def claim_key(run_id: str) -> str:
-    return f"{run_prefix(run_id)}trainer"
 
 
 def claim_incarnation(raw: bytes | str | None) -> str | None:
@@ -112,7 +108,7 @@ class Claim:
     def __init__(self, client: redis.Redis, run_id: str, seconds: float = CLAIM_SECONDS):
         self.client = client
         self.run_id = run_id
-        self.key = claim_key(run_id)
+        self.key = keys.claim(run_id)
         self.seconds = seconds
         self.incarnation = secrets.token_hex(8)
         self.value = json.dumps({"incarnation": self.incarnation, "host": socket.gethostname(),

@@ -39,7 +39,8 @@ from rlfarm.core import codec, signing
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.outage import OutageRetry
 from rlfarm.core.protocol import PROTOCOL, Key, Result, TaskSpec, legacy_refusal
-from rlfarm.farm.store import FROM_ENV, LIVE, lease_key, results_key, run_prefix, task_key_text, wanted_key
+from rlfarm.farm.store import FROM_ENV
+from rlfarm.farm import keys
 
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
@@ -126,8 +127,8 @@ class Dispatcher:
         self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
         self.client = client
         self.run_id = run_id
-        self.key = results_key(run_id)
-        self.wanted = wanted_key(run_id)
+        self.key = keys.results(run_id)
+        self.wanted = keys.wanted(run_id)
         self.task_timeout = task_timeout
         self.max_redispatch = max_redispatch
         self.lease_seconds = lease_seconds
@@ -200,7 +201,7 @@ class Dispatcher:
             seen.add(key)
         if self._own_claim and not self.claim.held:
             self.claim.acquire()
-        self.client.sadd(self.wanted, LIVE, *[task_key_text(*k) for k in keys])
+        self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*k) for k in keys])
         for spec in specs:
             task_id = self._send(spec)
             now = time.monotonic()
@@ -215,7 +216,7 @@ class Dispatcher:
         if counted and not backup and p.copies > self.max_redispatch:
             raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; "
                                 f"last: {reason}")
-        self.client.sadd(self.wanted, LIVE, task_key_text(*key))  # a timed-out copy may have left it
+        self.client.sadd(self.wanted, keys.LIVE, keys.task(*key))  # a timed-out copy may have left it
         p.task_id = self._send(p.spec)
         p.copies += counted
         p.reason = reason
@@ -365,13 +366,13 @@ class Dispatcher:
         if not self.pending:
             return
         keys = list(self.pending)
-        texts = [task_key_text(*k) for k in keys]
+        texts = [keys.task(*k) for k in keys]
         pipe = self.client.pipeline(transaction=False)
-        pipe.exists(f"{run_prefix(self.run_id)}meta")
+        pipe.exists(keys.meta(self.run_id))
         pipe.llen(self.key)
         pipe.smismember(self.wanted, texts)
         for text in texts:
-            pipe.get(lease_key(self.run_id, text))  # its holder: the worker process running it
+            pipe.get(keys.lease(self.run_id, text))  # its holder: the worker process running it
         meta_exists, backlog, wanted, *leases = pipe.execute()
         if not meta_exists:
             self._state_lost(now)
@@ -468,7 +469,7 @@ class Dispatcher:
 
     def check_state(self) -> None:
         """Only the first part of `check`: is the run's metadata still in Redis?"""
-        if not self.client.exists(f"{run_prefix(self.run_id)}meta"):
+        if not self.client.exists(keys.meta(self.run_id)):
             self._state_lost(time.monotonic())
 
     def queued_task_ids(self) -> set[str]:
@@ -492,7 +493,7 @@ class Dispatcher:
         self.stats.state_restored += 1
         self._restored_at = now  # errors of copies sent before now (no policy, no meta) are retried
         self.declare_queue()
-        self.client.sadd(self.wanted, LIVE, *[task_key_text(*k) for k in self.pending])
+        self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*k) for k in self.pending])
         if self.claim.held:
             self.claim.renew()  # the claim went with the rest: until it is back workers drop our tasks
         if self.on_state_lost is not None:

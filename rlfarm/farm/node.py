@@ -30,7 +30,8 @@ import redis
 
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
-from rlfarm.farm.store import PolicyStore, lease_key, results_key, task_key_text
+from rlfarm.farm.store import PolicyStore
+from rlfarm.farm import keys
 
 HAND_BACK_SIGNAL = signal.SIGUSR2  # main -> pool process: hand your task back now
 DEFAULT_SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM until pool processes still holding a task are killed
@@ -50,7 +51,7 @@ class NodeTask:
 
     @property
     def key_text(self) -> str:
-        return task_key_text(self.kind, self.iteration, self.index)
+        return keys.task(self.kind, self.iteration, self.index)
 
 
 def task_of(task_id: str, kwargs: dict | None, pid: int | None) -> NodeTask | None:
@@ -76,9 +77,9 @@ def push_handed_back(client: redis.Redis, task: NodeTask, worker: str, reason: s
     message = Result(task.kind, task.iteration, task.index, task_id=task.task_id, worker=worker,
                      error=reason, retryable=True, handed_back=True).to_message()
     pipe = client.pipeline(transaction=True)
-    pipe.rpush(results_key(task.run), signing.seal_result(task.run, codec.pack(message), signing.secret_from_env()))
-    pipe.expire(results_key(task.run), 3600)
-    pipe.delete(lease_key(task.run, task.key_text))
+    pipe.rpush(keys.results(task.run), signing.seal_result(task.run, codec.pack(message), signing.secret_from_env()))
+    pipe.expire(keys.results(task.run), keys.RESULTS_TTL)
+    pipe.delete(keys.lease(task.run, task.key_text))
     pipe.execute()
 
 
@@ -138,7 +139,7 @@ class LeaseKeeper(threading.Thread):
         for task in self.running():
             ms = self._lease_ms(task.run)
             if ms:
-                pipe.pexpire(lease_key(task.run, task.key_text), ms)
+                pipe.pexpire(keys.lease(task.run, task.key_text), ms)
                 interval = min(interval, ms / 4000)
         pipe.execute()
         return interval

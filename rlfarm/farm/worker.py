@@ -21,7 +21,8 @@ import redis
 
 from rlfarm.core import codec, protocol, signing
 from rlfarm.algos import learner
-from rlfarm.farm.claim import claim_incarnation, claim_key
+from rlfarm.farm.claim import claim_incarnation
+from rlfarm.farm import keys
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
 from rlfarm.core.protocol import Result, TaskSpec
@@ -29,10 +30,11 @@ from rlfarm.farm.node import hand_back_reason
 from rlfarm.core.rollout import EnvStream, StreamCache, collect, run_episodes, stream_seeds, task_seeds
 from rlfarm.farm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 from rlfarm.farm.outage import OutageRetry, is_oom, resilient_client
-from rlfarm.farm.store import (LIVE, PolicyCache, PolicyCorrupt, PolicyStore, lease_key, redact,  # noqa: F401
-                          results_key, run_prefix, task_key_text, wanted_key)
+from rlfarm.farm.cache import PolicyCache
+from rlfarm.farm.connection import redact
+from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
-RESULT_TTL = 3600  # backstop only: the trainer pops results as they come
+
 MAX_STREAMS = 4  # runs whose env streams ("continue" episodes) one process keeps; LRU beyond
 MAX_NETWORKS = 4  # runs whose network one process keeps to load new versions into; LRU beyond
 MAX_ATTEMPTS = 4  # deliveries of one task id before it is refused (a task that kills its worker)
@@ -266,13 +268,13 @@ class RolloutWorker:
         """
         taken = time.perf_counter()
         run = spec["run"]
-        key_text = task_key_text(spec.get("kind", "rollout"), spec.get("iteration"), spec.get("index"))
-        attempts_key = f"{run_prefix(run)}attempts:{task_id}"
+        key_text = keys.task(spec.get("kind", "rollout"), spec.get("iteration"), spec.get("index"))
+        attempts_key = keys.attempts(run, task_id)
         pipe = self.client.pipeline()
         pipe.incr(attempts_key)
-        pipe.expire(attempts_key, RESULT_TTL)
-        pipe.smismember(wanted_key(run), [LIVE, key_text])
-        pipe.get(claim_key(run))
+        pipe.expire(attempts_key, keys.RESULTS_TTL)
+        pipe.smismember(keys.wanted(run), [keys.LIVE, key_text])
+        pipe.get(keys.claim(run))
         attempts, _, (live, wanted), claim = pipe.execute()
         incarnation = spec.get("incarnation")
         live = live and incarnation is not None and claim_incarnation(claim) == incarnation
@@ -306,7 +308,7 @@ class RolloutWorker:
                              node, attempts_key)
                 return
             farm = run_meta["config"]["farm"]
-            lease = lease_key(run, key_text)
+            lease = keys.lease(run, key_text)
             self.running = True
             if self.hand_back:
                 raise HandedBack()
@@ -350,13 +352,13 @@ class RolloutWorker:
         task (`done`) is skipped unrun."""
         payload = signing.seal_result(run, message if isinstance(message, bytes) else codec.pack(message),
                                       self.secret)
-        key = results_key(run)
+        key = keys.results(run)
         pipe = self.client.pipeline(transaction=True)
         pipe.rpush(key, payload)
-        pipe.expire(key, RESULT_TTL)
+        pipe.expire(key, keys.RESULTS_TTL)
         pipe.delete(attempts_key, *([lease] if lease else []))
         if done is not None:
-            pipe.srem(wanted_key(run), done)
+            pipe.srem(keys.wanted(run), done)
         try:
             pipe.execute()
         except redis.ResponseError as exc:

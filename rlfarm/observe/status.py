@@ -14,8 +14,11 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from rlfarm.core import codec
-from rlfarm.farm.store import (PolicyStore, RunNotFound, list_runs, queue_depth, read_status, redact,
-                          run_prefix)
+from rlfarm.farm.app import queue_depth
+from rlfarm.farm.connection import redact
+from rlfarm.farm.runs import list_runs, read_status
+from rlfarm.farm.store import PolicyStore, RunNotFound
+from rlfarm.farm import keys
 
 INSPECT_TIMEOUT = 1.0  # seconds Celery waits for workers to answer a broadcast
 
@@ -51,7 +54,7 @@ class RunStatus:
     latest_version: int | None = None
     policy_created: float | None = None
     policy_age_s: float | None = None
-    heartbeat: Heartbeat | None = None  # None: expired (no trainer wrote it for STATUS_TTL seconds)
+    heartbeat: Heartbeat | None = None  # None: expired (no trainer wrote it for keys.STATUS_TTL seconds)
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def parse_memory(info: Mapping[str, Any]) -> MemoryStatus:
 # ---- gathering (I/O) -----------------------------------------------------------------------------
 def _policy_created(client: Any, run_id: str, version: int) -> float | None:
     """`created` from a version's safetensors header, read with GETRANGE (not the whole blob)."""
-    key = f"{run_prefix(run_id)}policy:{version}"
+    key = keys.policy(run_id, version)
     head = client.getrange(key, 0, 7)
     if len(head) < 8:
         return None  # trimmed between reading `latest` and here, or not a safetensors blob

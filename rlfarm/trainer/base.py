@@ -25,7 +25,9 @@ from rlfarm.algos.saved import describe_policy
 from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.core import codec
 from rlfarm.core.protocol import PROTOCOL, Result
-from rlfarm.farm.store import PolicyCorrupt, queue_depth, write_status
+from rlfarm.farm.app import queue_depth
+from rlfarm.farm.runs import write_status
+from rlfarm.farm.store import PolicyCorrupt
 from rlfarm.observe import logs
 from rlfarm.observe.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
@@ -297,7 +299,7 @@ class Trainer:
         if latest is not None and latest >= self.version:
             self.version = latest + 1
         # Pins of the dead trainer: its evaluations are gone; the best version stays pinned if it is there.
-        self.client.delete(f"{self.store.prefix}pinned")
+        self.store.forget_pins()
         if self.best_version is not None and self.best_version in self.store.versions():
             try:
                 self.store.pin(self.best_version)

@@ -23,7 +23,8 @@ from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.dispatch import Dispatcher
 from rlfarm.farm.outage import OutageRetry, resilient_client
-from rlfarm.farm.store import FROM_ENV, PolicyStore, connect, no_secret_warning, redact, refuse_eviction
+from rlfarm.farm.connection import connect, no_secret_warning, redact, refuse_eviction
+from rlfarm.farm.store import FROM_ENV, PolicyStore
 from rlfarm.observe.metrics import RunLogger
 from rlfarm.trainer.asynchronous import AsyncTrainer
 from rlfarm.trainer.base import LogStep, Trainer, warn

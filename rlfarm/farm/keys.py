@@ -1,0 +1,101 @@
+"""Every Redis key of a run, its expiry, and who may write it: the one place that knows the layout.
+Everything else asks here for a key; nothing else formats `rlfarm:<run>:...` itself.
+
+All under `rlfarm:<run>:` (besides the broker's own queue, `celery`, and kombu's bindings):
+
+| key                 | type       | written by                                  | expiry                 |
+| ------------------- | ---------- | ------------------------------------------- | ---------------------- |
+| `meta`              | string     | trainer (run config, spaces, incarnation)   | none (the run's life)  |
+| `policy:<v>`        | string     | trainer (safetensors, signed with a secret) | trimmed past keep      |
+| `policy:latest`     | string     | trainer, in the publishing transaction      | none                   |
+| `versions`          | sorted set | trainer (retained versions)                 | none                   |
+| `pinned`            | set        | trainer (best version, those in evaluation) | none                   |
+| `trainer`           | string     | trainer (the run's claim, rlfarm.farm.claim) | CLAIM_SECONDS, renewed |
+| `status`            | hash       | trainer (heartbeat for `rlfarm status`)     | STATUS_TTL             |
+| `wanted`            | set        | trainer adds task keys and LIVE; a worker removes the key of the task whose result it pushed | none |
+| `results`           | list       | workers push, the trainer pops              | RESULTS_TTL (backstop) |
+| `lease:<task>`      | string     | the worker running the task (the node renews it with PEXPIRE only) | lease seconds, renewed |
+| `attempts:<id>`     | string     | the worker delivered a task message         | RESULTS_TTL            |
+
+`rlfarm checkpoints delete` removes every key under the prefix (`run_pattern`).
+"""
+
+from __future__ import annotations
+
+NAMESPACE = "rlfarm"
+# Backstop expiries: the trainer pops results as they come and deletes what it owns at the end; these
+# only bound what a dead trainer leaves behind.
+RESULTS_TTL = 3600
+STATUS_TTL = 120  # seconds: a trainer that stops writing drops out of `rlfarm status` by itself
+CLAIM_SECONDS = 15.0  # a dead trainer's tasks stop running and its run id is free this long after it died
+LIVE = "*"  # member of `wanted` while the run's trainer lives (not a task key: those hold ':')
+META_PATTERN = f"{NAMESPACE}:*:meta"  # one per run: how runs are listed
+
+
+def prefix(run: str) -> str:
+    return f"{NAMESPACE}:{run}:"
+
+
+def run_of(key: bytes | str) -> str:
+    """The run id in one of its keys (`rlfarm:<run>:meta` -> run)."""
+    text = key.decode() if isinstance(key, bytes) else key
+    return text.split(":", 2)[1]
+
+
+def meta(run: str) -> str:
+    return f"{prefix(run)}meta"
+
+
+def policy(run: str, version: int) -> str:
+    return f"{prefix(run)}policy:{version}"
+
+
+def latest(run: str) -> str:
+    return f"{prefix(run)}policy:latest"
+
+
+def versions(run: str) -> str:
+    return f"{prefix(run)}versions"
+
+
+def pinned(run: str) -> str:
+    return f"{prefix(run)}pinned"
+
+
+def claim(run: str) -> str:
+    return f"{prefix(run)}trainer"
+
+
+def status(run: str) -> str:
+    return f"{prefix(run)}status"
+
+
+def wanted(run: str) -> str:
+    return f"{prefix(run)}wanted"
+
+
+def results(run: str) -> str:
+    return f"{prefix(run)}results"
+
+
+def task(kind: str, iteration: int, index: int) -> str:
+    """A task's key text (`rollout:3:0`), as `wanted` lists it and its lease is named."""
+    return f"{kind}:{iteration}:{index}"
+
+
+def lease(run: str, task_text: str) -> str:
+    return f"{prefix(run)}lease:{task_text}"
+
+
+def attempts(run: str, task_id: str) -> str:
+    return f"{prefix(run)}attempts:{task_id}"
+
+
+def _glob_escape(text: str) -> str:
+    """`text` as a literal inside a SCAN MATCH pattern (a run id '*' must not match every run)."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def run_pattern(run: str) -> str:
+    """A SCAN MATCH pattern for every key of `run` and no other run's."""
+    return _glob_escape(prefix(run)) + "*"
