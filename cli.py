@@ -168,7 +168,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
     """
     from rlfarm.trainer import resume as checkpoint
     from rlfarm import config as C
-    from rlfarm.api import check_config, with_run_id
+    from rlfarm.api import RunExists, check_config, check_new_run, run_length_notes, with_run_id
     from rlfarm.envs import EnvError
 
     auto_resume = False
@@ -199,15 +199,16 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
         check_config(cfg, embedded=not redis_url and not _local_farm_up())
     except (C.ConfigError, EnvError) as exc:
         fail(str(exc))
-    for note in _run_length_notes(cfg):  # iterations rounded up; episodes longer than a task
-        warning = note.startswith("rlfarm: warning: ")
-        text = note.removeprefix("rlfarm: warning: " if warning else "rlfarm: ")
-        (logging.getLogger("rlfarm.cli").warning if warning else logging.getLogger("rlfarm.cli").info)(text)
+    for level, note in run_length_notes(cfg):  # iterations rounded up; episodes longer than a task
+        logging.getLogger("rlfarm.cli").log(level, "%s", note)
     cfg = with_run_id(cfg)
     run_dir = Path(cfg.logdir) / cfg.run_id
-    if not resume and (run_dir / "config.json").exists():
-        fail(f"run {cfg.run_id} already exists in {run_dir.parent}/; continue it with --resume "
-             f"{cfg.run_id}, or choose another --run-id")
+    try:
+        if not resume:
+            check_new_run(cfg)
+    except RunExists as exc:
+        fail(f"run {exc.run_id} already exists in {exc.run_dir.parent}/; continue it with --resume "
+             f"{exc.run_id}, or choose another --run-id")
     _sigterm_to_interrupt()
     try:
         result = _train(cfg, redis_url, resume=bool(resume))
@@ -233,26 +234,6 @@ def _local_farm_up() -> bool:
     from rlfarm.local import farm as localfarm
 
     return localfarm.running() is not None
-
-
-def _run_length_notes(cfg) -> list[str]:
-    """Console lines about how long the run and its episodes really are, before it starts: SYNC
-    --total-steps rounded up to whole iterations, and an env whose episodes outlast a task (every
-    task starts fresh episodes, so training returns only count episodes that end within one)."""
-    from rlfarm.envs import EnvError, episode_limit
-
-    notes = [f"rlfarm: {note}" for note in [cfg.rounding_note()] if note]
-    try:
-        limit = episode_limit(cfg.env.id)
-    except EnvError:
-        limit = None  # unknown: no warning (the env was already built once; the trainer says more)
-    steps = cfg.farm.steps_per_env
-    if limit is not None and limit > steps and cfg.farm.episodes == "fresh":
-        notes.append(f"rlfarm: warning: {cfg.env.id} episodes last up to {limit} steps but each task runs "
-                     f"{steps} steps per env and starts fresh episodes: training returns only count "
-                     f"episodes that end within a task (at most {steps} steps); --set farm.episodes=continue "
-                     f"keeps each worker's envs running across tasks")
-    return notes
 
 
 def _interrupted_on_redis(ctx: click.Context, cfg, run_dir: Path, redis_url: str) -> str:
@@ -468,20 +449,14 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     Any algorithm: the network is the one the policy's metadata names (algo). --video DIR records
     the episodes, --render shows them, like rl-baselines3-zoo's enjoy.
     """
-    import json
-
-    from rlfarm.core import codec
-    from rlfarm.config import ConfigError, policy_config
-    from rlfarm.envs import EnvError, check_env_allowed, env_module, make_env, space_spec
-    from rlfarm.algos.saved import PolicyMismatch, algo_of, load_network
-    from rlfarm.core.signing import SignatureError, secret_from_env
-    from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound
+    from rlfarm.observe import playback
 
     if bool(policy_file) == bool(run_id):
         fail("give exactly one of --policy FILE or --run RUN (with --redis URL)")
     if video_dir and render:
         fail("give --video DIR (record) or --render (watch), not both")
+    if run_id and not redis_url:
+        fail("--run needs --redis URL (or RLFARM_REDIS_URL)")
     if video_dir:
         try:
             import moviepy  # noqa: F401 - gymnasium's RecordVideo writes the .mp4 files with it
@@ -493,90 +468,22 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
              "episodes to files instead with --video DIR", 1)
     render_mode = "rgb_array" if video_dir else "human" if render else None
     try:
-        if policy_file:
-            # With RLFARM_SECRET set, the file's hmac must verify (CodecError otherwise).
-            try:
-                state, meta = codec.decode_policy(Path(policy_file).read_bytes(), secret_from_env())
-            except (codec.CodecError, SignatureError) as exc:  # not a policy, or forged: name the file
-                fail(f"{exc} (file {policy_file})", 1)
-            except OSError as exc:
-                fail(f"cannot read {policy_file}: {exc.strerror or exc}", 1)
-            policy_cfg = json.loads(meta.get("policy", "{}"))
-            env_options = json.loads(meta.get("env_options", "{}"))  # preprocessing (Atari)
-        else:
-            if not redis_url:
-                fail("--run needs --redis URL (or RLFARM_REDIS_URL)")
-            store = PolicyStore(connect(redis_url), run_id)
-            state, meta = store.get(version)
-            run_cfg = store.run_meta()["config"]
-            policy_cfg, meta["env"], env_options = run_cfg["policy"], run_cfg["env"]["id"], run_cfg["env"]
-            meta.setdefault("algo", run_cfg.get("algo"))
-        algo = algo_of(meta, state)
-        env_given = bool(env_id)
-        env_id = env_id or meta.get("env")
-        if not env_id:
-            fail("the policy does not name its env: pass --env")
-        if not env_given:  # named by a file or by Redis: the allowlist, as on a worker
-            check_env_allowed(env_id, where="here", hint=f"pass --env {env_id} if you trust it, or set "
-                                                         f"RLFARM_ALLOWED_ENV_MODULES={env_module(env_id)}")
-        env = make_env(env_id, trusted=env_given, render_mode=render_mode, options=env_options)
-        if render_mode and getattr(env, "render_mode", None) != render_mode:
-            modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
-            fail(f"env {env_id} cannot render in mode {render_mode!r} (its render modes: {modes})", 1)
-        network = load_network(algo, space_spec(env), policy_config(policy_cfg), state, meta)
-    except PolicyMismatch as exc:
-        source = policy_file or f"{run_id} v{meta.get('version', version)}"
-        fail(f"policy {source} does not fit env {env_id}: {exc}", 1)
-    except (codec.CodecError, ConfigError, PolicyError, RunNotFound, EnvError, ConnectionError,
-            OSError, SignatureError) as exc:
-        fail(str(exc), 1)
-    returns = _play(network, algo, env, env_id, episodes, seed, render_mode, video_dir,
-                    f"{algo}-{env_id.split(':')[-1].replace('/', '-')}-policy{meta.get('version', '')}")
-    click.echo(f"{env_id}, policy v{meta.get('version', '?')}: mean return {returns.mean():.2f} ± "
+        policy = playback.from_file(policy_file) if policy_file else playback.from_run(redis_url, run_id, version)
+        env, env_id = playback.open_env(policy, env_id, render_mode)
+        network = playback.network_for(policy, env, env_id)
+        name = f"{policy.algo}-{env_id.split(':')[-1].replace('/', '-')}-policy{policy.meta.get('version', '')}"
+        returns = playback.play(network, policy.algo, env, env_id, episodes, seed, render_mode, video_dir, name)
+    except playback.PlaybackError as exc:
+        fail(str(exc), exc.code)
+    except KeyboardInterrupt:  # stop watching
+        click.echo("rlfarm: interrupted", err=True)
+        sys.exit(130)
+    click.echo(f"{env_id}, policy v{policy.version}: mean return {returns.mean():.2f} ± "
                f"{returns.std():.2f} over {episodes} greedy episodes")
     if video_dir:
         videos = sorted(Path(video_dir).glob("*.mp4"))
         click.echo(f"recorded {episodes} episode{'s' if episodes > 1 else ''} to {video_dir}/ "
                    f"({len(videos)} .mp4 files there)")
-
-
-def _play(network, algo: str, env, env_id: str, episodes: int, seed: int, render_mode: str | None,
-          video_dir: str | None, name: str):
-    """`rlfarm eval`'s episodes, recorded (RecordVideo) or shown in a window as asked; a renderer that
-    cannot work here (a missing package, no display) is one line."""
-    import gymnasium as gym
-
-    from rlfarm.algos import learner
-    from rlfarm.core.rollout import run_episodes
-
-    try:
-        if video_dir:
-            from gymnasium.wrappers import RecordVideo
-
-            env = RecordVideo(env, video_folder=video_dir, episode_trigger=lambda _: True,
-                              name_prefix=name, disable_logger=True)
-        if render_mode == "human":
-            env.reset(seed=seed)  # opens the window (episodes reset again with the same seeds)
-            pygame = sys.modules.get("pygame")  # classic-control and box2d envs draw with pygame
-            driver = pygame.display.get_driver() if pygame and pygame.display.get_init() else None
-            if driver in ("offscreen", "dummy") and not os.environ.get("SDL_VIDEODRIVER"):
-                fail(f"--render could not open a window on DISPLAY={os.environ.get('DISPLAY', '')!r} "
-                     f"(SDL fell back to its {driver} driver); record the episodes to files instead "
-                     f"with --video DIR", 1)
-        returns = run_episodes(learner(algo).actor_snapshot(network), env, episodes, seed)
-        env.close()  # RecordVideo writes the last episode's file on close
-        return returns
-    except KeyboardInterrupt:  # stop watching
-        click.echo("rlfarm: interrupted", err=True)
-        sys.exit(130)
-    except gym.error.DependencyNotInstalled as exc:
-        fail(f"rendering {env_id} needs a package that is not installed: {exc}", 1)
-    except Exception as exc:  # noqa: BLE001 - a renderer failing (no display, no GL) is one line
-        if not render_mode:
-            raise
-        what = "record" if video_dir else "show"
-        fail(f"cannot {what} {env_id}'s episodes ({render_mode} rendering failed): "
-             f"{type(exc).__name__}: {' '.join(str(exc).split())}", 1)
 
 
 @main.group(cls=OneLineErrors)
@@ -628,25 +535,16 @@ def checkpoints_list(redis_url: str, run_id: str | None) -> None:
               help="File to write (safetensors).")
 def checkpoints_export(redis_url: str, run_id: str, version: int | str, output: str) -> None:
     """Write a stored version to a safetensors file (checksum verified), usable with `rlfarm eval`."""
-    import json
-
-    from rlfarm.core import codec
     from rlfarm.core.signing import SignatureError
     from rlfarm.farm.connection import connect
     from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound
 
     try:
-        store = PolicyStore(connect(redis_url), run_id)
-        state, meta = store.get(version)
-        run_cfg = store.run_meta()["config"]
+        blob, number = PolicyStore(connect(redis_url), run_id).export(version)
     except (PolicyError, RunNotFound, ConnectionError, SignatureError) as exc:
         fail(str(exc), 1)
-    meta = {**meta, "env": run_cfg["env"]["id"], "policy": json.dumps(run_cfg["policy"])}
-    meta.pop("sha256", None)
-    # The hmac covers env and policy too: re-signed with RLFARM_SECRET (verified above), else dropped.
-    meta.pop("hmac", None)
-    Path(output).write_bytes(codec.encode_policy(state, meta, store.secret))
-    click.echo(f"wrote {run_id} v{meta['version']} to {output}")
+    Path(output).write_bytes(blob)
+    click.echo(f"wrote {run_id} v{number} to {output}")
 
 
 @checkpoints.command(name="delete", short_help="Remove a run and all its keys from Redis.")

@@ -84,6 +84,41 @@ def with_run_id(cfg: C.RunConfig) -> C.RunConfig:
     return C.from_flat({"run_id": f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"}, cfg)
 
 
+def run_length_notes(cfg: C.RunConfig) -> list[tuple[int, str]]:
+    """(logging level, line) about how long the run and its episodes really are, before it starts: SYNC
+    total_steps rounded up to whole iterations, and an env whose episodes outlast a task (every task
+    starts fresh episodes, so training returns only count episodes that end within one)."""
+    from rlfarm.envs import EnvError, episode_limit
+
+    notes = [(logging.INFO, note) for note in [cfg.rounding_note()] if note]
+    try:
+        limit = episode_limit(cfg.env.id)
+    except EnvError:
+        limit = None  # unknown: no warning (the env was already built once; the trainer says more)
+    steps = cfg.farm.steps_per_env
+    if limit is not None and limit > steps and cfg.farm.episodes == "fresh":
+        notes.append((logging.WARNING, f"{cfg.env.id} episodes last up to {limit} steps but each task runs "
+                      f"{steps} steps per env and starts fresh episodes: training returns only count "
+                      f"episodes that end within a task (at most {steps} steps); --set farm.episodes=continue "
+                      f"keeps each worker's envs running across tasks"))
+    return notes
+
+
+class RunExists(C.ConfigError):
+    """A new run under a run id whose directory already holds a run."""
+
+    def __init__(self, run_id: str, run_dir: Path):
+        super().__init__(f"run {run_id} already exists in {run_dir.parent}/; choose another run_id")
+        self.run_id, self.run_dir = run_id, run_dir
+
+
+def check_new_run(cfg: C.RunConfig) -> None:
+    """RunExists when the run directory of `cfg` (with its run id) already holds a run."""
+    run_dir = Path(cfg.logdir) / cfg.run_id
+    if (run_dir / "config.json").exists():
+        raise RunExists(cfg.run_id, run_dir)
+
+
 def resume_config(run: str, logdir: str | None = None, **changes: Any) -> C.RunConfig:
     """The config of a run to resume, from its run directory (a path, or a run id under `logdir`),
     with the few changes a resume allows (total_steps, target_return, workers, device)."""
@@ -214,9 +249,7 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
         cfg = make_config(preset, overrides, **options)
     check_config(cfg, embedded=not redis_url)
     cfg = with_run_id(cfg)
-    run_dir = Path(cfg.logdir) / cfg.run_id
-    if (run_dir / "config.json").exists():
-        raise C.ConfigError(f"run {cfg.run_id} already exists in {run_dir.parent}/; choose another run_id")
+    check_new_run(cfg)
     return run(cfg, redis_url=redis_url, callback=callback, console=console)
 
 

@@ -134,6 +134,20 @@ class PolicyStore:
             pipe.sadd(keys.pinned(self.run_id), version)
         pipe.execute()
 
+    def export(self, version: int | str) -> tuple[bytes, str]:
+        """Version `version` (or "latest") as a policy file (`rlfarm checkpoints export`): its blob, checked,
+        with the run's env and [policy] section added so `rlfarm eval` can play it; returns (bytes, version).
+        The hmac covers env and policy too: re-signed with this store's secret (verified on the way
+        in), else dropped."""
+        import json
+
+        state, meta = self.get(version)
+        run_cfg = self.run_meta()["config"]
+        meta = {**meta, "env": run_cfg["env"]["id"], "policy": json.dumps(run_cfg["policy"])}
+        meta.pop("sha256", None)
+        meta.pop("hmac", None)
+        return codec.encode_policy(state, meta, self.secret), meta["version"]
+
     def forget_pins(self) -> None:
         """Drop the pins a dead trainer of this run left (a resumed trainer: its evaluations are gone)."""
         self.pinned.clear()

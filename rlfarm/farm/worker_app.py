@@ -1,0 +1,217 @@
+"""What `celery -A tasks worker` runs beside the two tasks: the worker's Celery glue, in its main
+process and its pool processes. `tasks/` stays thin: it makes the app, calls `install(app)` and
+defines the tasks, whose body is `run(request)`.
+
+- Main process: a bootstep adds rlfarm's and the protocol's versions to Celery's `stats` reply; torch
+  and rlfarm are imported before the pool forks; a hard time limit is reported to the trainer (the
+  killed process cannot); leases of running tasks are renewed from here (rlfarm.farm.node); on
+  SIGTERM running tasks are handed back at once.
+- Pool processes: one torch thread, no CUDA, the hand-back signal, one `RolloutWorker` kept for the
+  process's life (rlfarm.farm.worker).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import deque
+from typing import Any
+
+from celery import bootsteps
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import task_failure, worker_init, worker_process_init, worker_ready, worker_shutting_down
+from celery.worker.request import Request
+
+_app: Any = None  # the Celery app of `tasks`, given to install()
+_worker = None
+_main_client = None  # the worker main process's own Redis client (time-limit reports)
+_reported: deque[str] = deque(maxlen=1000)  # task ids whose time limit was reported already
+_hand_back_early = False  # a pool process told to hand back before its first task
+
+
+class VersionInfo(bootsteps.StartStopStep):
+    """Adds this worker's rlfarm and protocol versions to Celery's `stats` reply, which `rlfarm status`
+    reads anyway (no second broadcast; a worker from before it simply lacks the key)."""
+
+    def info(self, worker):
+        from rlfarm import __version__
+        from rlfarm.core.protocol import PROTOCOL
+
+        return {"rlfarm": {"version": __version__, "protocol": PROTOCOL}}
+
+
+class RolloutRequest(Request):
+    """Caps a message's hard time limit at the worker's own (`rlfarm worker --time-limit`,
+    RLFARM_TASK_TIME_LIMIT): a worker owner bounds what any trainer may ask of its processes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cap = float(os.environ.get("RLFARM_TASK_TIME_LIMIT") or 0)
+        hard, soft = self.time_limits
+        if cap > 0 and not (hard and hard <= cap):
+            self.time_limits = (cap, soft)
+
+
+@task_failure.connect
+def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, **_: object) -> None:
+    """A hard time limit kills the pool process mid-task, so the task itself cannot report; the worker's
+    main process tells the trainer instead, which re-sends the task or fails with this as the cause."""
+    global _main_client
+    if not isinstance(exception, TimeLimitExceeded) or not kwargs or "run" not in kwargs:
+        return
+    if task_id in _reported:  # Celery signals a hard time limit twice (timeout and pool error paths)
+        return
+    _reported.append(task_id)
+    from rlfarm.core import codec, signing
+    from rlfarm.farm import keys
+
+    if _main_client is None:
+        from rlfarm.farm.outage import OutageRetry, resilient_client
+
+        _main_client = resilient_client(_app.conf.broker_url, OutageRetry(60.0))
+    from rlfarm.core.protocol import Result
+
+    limit = exception.args[0] if exception.args else "?"
+    message = Result(kwargs.get("kind", "rollout"), kwargs.get("iteration"), kwargs.get("index"),
+                     task_id=task_id, retryable=True, incarnation=kwargs.get("incarnation"),
+                     worker=f"{socket.gethostname()} (worker main process {os.getpid()})",
+                     error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s "
+                           f"({_limit_source(limit)}) in env {kwargs.get('env') or '?'}, and its process was "
+                           f"killed and replaced (a hung env?)").to_message()
+    key = keys.results(kwargs["run"])
+    pipe = _main_client.pipeline(transaction=True)
+    pipe.rpush(key, signing.seal_result(kwargs["run"], codec.pack(message), signing.secret_from_env()))
+    pipe.expire(key, keys.RESULTS_TTL)
+    # The killed process can no longer renew its lease; drop it so it is not also taken for a lost worker.
+    pipe.delete(keys.lease(kwargs["run"], keys.task(message["kind"], message["iteration"], message["index"])))
+    pipe.execute()
+
+
+def _limit_source(limit: object) -> str:
+    """Whose time limit it was: this worker's cap, or the run's."""
+    cap = float(os.environ.get("RLFARM_TASK_TIME_LIMIT") or 0)
+    try:
+        mine = cap > 0 and float(limit) >= cap  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        mine = False
+    return "this worker's --time-limit" if mine else "the run's farm.task_time_limit, or 10x its longest task when 0"
+
+
+@worker_init.connect
+def _preload(**_: object) -> None:
+    # In the worker's main process, before the pool forks: the pool processes inherit torch, numpy and
+    # gymnasium already imported instead of each importing them (seconds per process, on shared cores).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # workers never touch CUDA
+    import rlfarm.farm.worker  # noqa: F401
+
+
+@worker_process_init.connect
+def _init_process(**_: object) -> None:
+    # One torch thread per pool process: W processes on W cores, no oversubscription.
+    # Workers never touch CUDA: it cannot be re-initialised in a forked child.
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import signal
+
+    from rlfarm.farm.node import HAND_BACK_SIGNAL
+
+    signal.signal(HAND_BACK_SIGNAL, _hand_back_signalled)
+
+
+def _hand_back_signalled(signum: int, frame: object) -> None:
+    """In a pool process: its worker is shutting down (rlfarm.farm.node): hand the running task back."""
+    global _hand_back_early
+    if _worker is None:
+        _hand_back_early = True
+    else:
+        _worker.on_hand_back()  # raises HandedBack inside the running task, if there is one
+
+
+@worker_ready.connect
+def _keep_leases(**_: object) -> None:
+    """In the worker's main process, once its pool runs: renew running tasks' leases from here too,
+    where an env hung in GIL-holding C code cannot stop it (rlfarm.farm.node.LeaseKeeper)."""
+    from rlfarm.farm.node import LeaseKeeper
+
+    LeaseKeeper(_app.conf.broker_url, _running_tasks).start()
+
+
+@worker_shutting_down.connect
+def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
+    """SIGTERM (or SIGINT) to the worker's main process: Celery's warm shutdown would wait for the
+    running tasks, minutes for an Atari or MuJoCo task, past a spot instance's notice. Hand them back
+    at once instead (the trainer re-sends them immediately) and exit within RLFARM_SHUTDOWN_GRACE s.
+    Runs in a signal handler: the work is done on a thread."""
+    if how != "Warm":
+        return
+    import threading
+
+    threading.Thread(target=_hand_back, args=(str(sender),), name="rlfarm-hand-back", daemon=True).start()
+
+
+def _running_tasks(only: set[str] | None = None) -> list:
+    from celery.worker import state
+
+    from rlfarm.farm.node import task_of
+
+    for _ in range(10):  # the main thread may change the set while another thread copies it
+        try:
+            requests = list(state.active_requests)
+            break
+        except RuntimeError:
+            continue
+    else:
+        return []
+    tasks = []
+    for request in requests:
+        task = task_of(request.id, request.kwargs, request.worker_pid)
+        if task is not None and (only is None or task.task_id in only):
+            tasks.append(task)
+    return tasks
+
+
+def _hand_back(node: str) -> None:
+    import logging
+    import time
+
+    from rlfarm.farm import node as N
+
+    tasks = _running_tasks()
+    if not tasks:
+        return
+    grace = float(os.environ.get("RLFARM_SHUTDOWN_GRACE") or N.DEFAULT_SHUTDOWN_GRACE)
+    logging.getLogger("rlfarm.worker").warning(
+        "shutting down: handing back %d running task(s) to their trainers", len(tasks))
+    N.ask_to_hand_back(tasks)
+    deadline = time.monotonic() + grace
+    ids = {t.task_id for t in tasks}
+    while time.monotonic() < deadline:
+        if not _running_tasks(ids):
+            return
+        time.sleep(0.1)  # polling the pool's bookkeeping, at most `grace` seconds
+    N.force_hand_back(N.client_for(_app.conf.broker_url), _running_tasks(ids), node, grace)
+
+
+def _rollout_worker():
+    global _worker
+    if _worker is None:
+        from rlfarm.farm.worker import RolloutWorker
+
+        _worker = RolloutWorker(_app.conf.broker_url)
+        _worker.hand_back = _hand_back_early
+    return _worker
+
+
+def run(request) -> None:
+    # Exactly the kwargs the trainer sent (signed with RLFARM_SECRET when it is set), not the
+    # signature's defaults: the worker verifies the signature over them before anything runs.
+    _rollout_worker().handle(dict(request.kwargs), request.id, node=request.hostname)
+
+
+def install(app: Any) -> None:
+    """Wire this module into `app` (the signal handlers above are connected on import)."""
+    global _app
+    _app = app
+    app.steps["worker"].add(VersionInfo)

@@ -1,0 +1,154 @@
+"""Playing a stored policy, what `rlfarm eval` does: a saved file or a version in Redis, on the env it
+was trained on (or another one named), for greedy episodes, recorded to video or shown in a window.
+
+Whatever a file or Redis says is untrusted: the policy's signature is checked with RLFARM_SECRET (when
+set), its env id goes through the workers' allowlist unless the user typed it, and the network is
+built by the algorithm it names, checked against the env's spaces (rlfarm.algos.saved). Every failure
+is a `PlaybackError`: one line and an exit status for the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class PlaybackError(Exception):
+    """What stops playback, as one line, with the exit status the CLI gives it."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class StoredPolicy:
+    """A policy's tensors and what its file or run says of it."""
+
+    state: dict[str, Any]
+    meta: dict[str, str]
+    policy_config: dict[str, Any]  # the run's [policy] section: how its network was built
+    env_options: dict[str, Any]  # the run's [env] section: preprocessing (Atari)
+    algo: str
+    source: str  # for messages: the file, or "RUN vN"
+
+    @property
+    def version(self) -> str:
+        return str(self.meta.get("version", "?"))
+
+
+def from_file(path: str | Path) -> StoredPolicy:
+    """A saved policy file (best_policy.safetensors, final_policy.safetensors, an export)."""
+    from rlfarm.algos.saved import algo_of
+    from rlfarm.core import codec
+    from rlfarm.core.signing import SignatureError, secret_from_env
+
+    try:  # with RLFARM_SECRET set, the file's hmac must verify
+        state, meta = codec.decode_policy(Path(path).read_bytes(), secret_from_env())
+    except (codec.CodecError, SignatureError) as exc:  # not a policy, or forged: name the file
+        raise PlaybackError(f"{exc} (file {path})") from None
+    except OSError as exc:
+        raise PlaybackError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return StoredPolicy(state, meta, json.loads(meta.get("policy", "{}")), json.loads(meta.get("env_options", "{}")),
+                        algo_of(meta, state), str(path))
+
+
+def from_run(redis_url: str, run_id: str, version: int | str) -> StoredPolicy:
+    """Version `version` (or "latest") of a run in Redis, with the run's own config."""
+    from rlfarm.algos.saved import algo_of
+    from rlfarm.core import codec
+    from rlfarm.core.signing import SignatureError
+    from rlfarm.farm.connection import connect
+    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound
+
+    try:
+        store = PolicyStore(connect(redis_url), run_id)
+        state, meta = store.get(version)
+        run_cfg = store.run_meta()["config"]
+    except (codec.CodecError, PolicyError, RunNotFound, ConnectionError, SignatureError) as exc:
+        raise PlaybackError(str(exc)) from None
+    meta["env"] = run_cfg["env"]["id"]
+    meta.setdefault("algo", run_cfg.get("algo"))
+    return StoredPolicy(state, meta, run_cfg["policy"], run_cfg["env"], algo_of(meta, state),
+                        f"{run_id} v{meta.get('version', version)}")
+
+
+def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str | None = None) -> tuple[Any, str]:
+    """The env to play: `env_id` as typed (trusted), else the one the policy names, allowlisted as on a
+    worker. Returns (env, its id)."""
+    from rlfarm.envs import EnvError, check_env_allowed, env_module, make_env
+
+    typed = bool(env_id)
+    env_id = env_id or policy.meta.get("env")
+    if not env_id:
+        raise PlaybackError("the policy does not name its env: pass --env", 2)
+    try:
+        if not typed:  # named by a file or by Redis: the allowlist, as on a worker
+            check_env_allowed(env_id, where="here", hint=f"pass --env {env_id} if you trust it, or set "
+                                                         f"RLFARM_ALLOWED_ENV_MODULES={env_module(env_id)}")
+        env = make_env(env_id, trusted=typed, render_mode=render_mode, options=policy.env_options)
+    except EnvError as exc:
+        raise PlaybackError(str(exc)) from None
+    if render_mode and getattr(env, "render_mode", None) != render_mode:
+        modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
+        raise PlaybackError(f"env {env_id} cannot render in mode {render_mode!r} (its render modes: {modes})")
+    return env, env_id
+
+
+def network_for(policy: StoredPolicy, env: Any, env_id: str) -> Any:
+    """The policy's network, built for `env`'s spaces (PlaybackError when it does not fit them)."""
+    from rlfarm.algos.saved import PolicyMismatch, load_network
+    from rlfarm.config import ConfigError, policy_config
+    from rlfarm.envs import space_spec
+
+    try:
+        return load_network(policy.algo, space_spec(env), policy_config(policy.policy_config), policy.state,
+                            policy.meta)
+    except PolicyMismatch as exc:
+        raise PlaybackError(f"policy {policy.source} does not fit env {env_id}: {exc}") from None
+    except ConfigError as exc:
+        raise PlaybackError(str(exc)) from None
+
+
+def play(network: Any, algo: str, env: Any, env_id: str, episodes: int, seed: int, render_mode: str | None = None,
+         video_dir: str | None = None, name: str = "policy") -> np.ndarray:
+    """Greedy episodes' returns, recorded (RecordVideo) or shown in a window as asked; a renderer that
+    cannot work here (a missing package, no display) is a PlaybackError."""
+    import gymnasium as gym
+
+    from rlfarm.algos import learner
+    from rlfarm.core.rollout import run_episodes
+
+    try:
+        if video_dir:
+            from gymnasium.wrappers import RecordVideo
+
+            env = RecordVideo(env, video_folder=video_dir, episode_trigger=lambda _: True,
+                              name_prefix=name, disable_logger=True)
+        if render_mode == "human":
+            env.reset(seed=seed)  # opens the window (episodes reset again with the same seeds)
+            pygame = sys.modules.get("pygame")  # classic-control and box2d envs draw with pygame
+            driver = pygame.display.get_driver() if pygame and pygame.display.get_init() else None
+            if driver in ("offscreen", "dummy") and not os.environ.get("SDL_VIDEODRIVER"):
+                raise PlaybackError(f"--render could not open a window on DISPLAY={os.environ.get('DISPLAY', '')!r} "
+                                    f"(SDL fell back to its {driver} driver); record the episodes to files "
+                                    f"instead with --video DIR")
+        returns = run_episodes(learner(algo).actor_snapshot(network), env, episodes, seed)
+        env.close()  # RecordVideo writes the last episode's file on close
+        return returns
+    except gym.error.DependencyNotInstalled as exc:
+        raise PlaybackError(f"rendering {env_id} needs a package that is not installed: {exc}") from None
+    except (PlaybackError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a renderer failing (no display, no GL) is one line
+        if not render_mode:
+            raise
+        what = "record" if video_dir else "show"
+        raise PlaybackError(f"cannot {what} {env_id}'s episodes ({render_mode} rendering failed): "
+                            f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
