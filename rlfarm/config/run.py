@@ -376,11 +376,13 @@ def check_results_per_update(config: RunConfig, tasks_in_flight: int) -> None:
                           f"({tasks_in_flight}): an update would never start; lower it, or raise "
                           f"async.tasks_in_flight")
 def to_dict(config: RunConfig) -> dict[str, Any]:
-    """Plain nested dict (tuples as lists): JSON- and msgpack-safe."""
+    """Plain nested dict (tuples as lists): JSON- and msgpack-safe. Of the algorithms' sections only
+    the run's own: the run metadata workers read then does not change when an algorithm is added, so
+    a worker of an older release still reads the runs of the algorithms it knows."""
     def plain(v: Any) -> Any:
         return list(v) if isinstance(v, tuple) else v
     return {_USER.get(k, k): ({sk: plain(sv) for sk, sv in v.items()} if isinstance(v, dict) else plain(v))
-            for k, v in dataclasses.asdict(config).items()}
+            for k, v in dataclasses.asdict(config).items() if k not in ALGORITHMS or k == config.algo}
 
 
 def from_dict(tree: dict[str, Any]) -> RunConfig:
