@@ -16,21 +16,13 @@ from torch.nn import functional as F
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.nn.actors import Actor, numpy_mlp, run_numpy_mlp
-from rlfarm.nn.layers import NatureCNN, layer_init, mlp, obs_normalizer
+from rlfarm.nn.layers import NatureCNN, action_scale_bias, layer_init, mlp, obs_normalizer
 
 
 
 # The Gaussian's log-std is squashed into this range by a tanh (as CleanRL does): smooth, where a clamp
 # would cut the gradient off at the edges.
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
-
-
-def action_scale_bias(spec: SpaceSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Half-range and midpoint of each action dimension (float64): env action = bias + scale * unit
-    action, unit in [-1, 1]. Bounds may be asymmetric and differ per dimension."""
-    low = np.asarray(spec.action_low, np.float64)
-    high = np.asarray(spec.action_high, np.float64)
-    return (high - low) / 2.0, (high + low) / 2.0
 
 
 def log_std_from_tanh(t: Any) -> Any:
@@ -114,25 +106,6 @@ class SquashedGaussianPolicy(nn.Module):
 
     def actor_snapshot(self) -> "SACActor":
         return TorchSACActor(self) if self.encoder is not None else NumpySACActor(self)
-
-
-class SoftQNetwork(nn.Module):
-    """SAC's critic Q(s, a) for Box actions given in unit scale [-1, 1] (whatever the env's bounds, so
-    wide or shifted bounds do not skew the input): an MLP on the observation, or on its CNN features,
-    concatenated with the action."""
-
-    def __init__(self, spec: SpaceSpec, config: PolicyConfig):
-        super().__init__()
-        if spec.discrete:
-            raise ValueError("a soft Q-network takes Box actions")
-        self.spec = spec
-        self.encoder = NatureCNN(spec, config) if spec.is_image else None
-        features = self.encoder.features if self.encoder is not None else spec.obs_dim
-        self.q = mlp([features + spec.action_dim, *config.hidden_sizes, 1], config.activation, out_std=1.0)
-
-    def forward(self, obs: torch.Tensor, unit_action: torch.Tensor) -> torch.Tensor:
-        x = self.encoder(obs) if self.encoder is not None else obs
-        return self.q(torch.cat([x, unit_action], -1)).squeeze(-1)
 
 
 class SACActor(Actor):

@@ -24,7 +24,8 @@ from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, t
 from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.algos.sac.policies import SoftQNetwork, SquashedGaussianPolicy
+from rlfarm.algos.sac.policies import SquashedGaussianPolicy
+from rlfarm.nn.critics import ActionValueNetwork
 from rlfarm.nn.layers import place
 from rlfarm.core.replay import Batch
 from rlfarm.core.rollout import Rollout
@@ -62,8 +63,8 @@ class SAC(OffPolicy):
         super().__init__(config, spec, device)
         cfg = self.config
         self.policy = place(self.build_network(spec, config.policy), device)
-        self.qf1 = place(SoftQNetwork(spec, config.policy), device)
-        self.qf2 = place(SoftQNetwork(spec, config.policy), device)
+        self.qf1 = place(ActionValueNetwork(spec, config.policy), device)
+        self.qf2 = place(ActionValueNetwork(spec, config.policy), device)
         self.qf1_target = copy.deepcopy(self.qf1).requires_grad_(False)
         self.qf2_target = copy.deepcopy(self.qf2).requires_grad_(False)
         self._q_params = [*self.qf1.parameters(), *self.qf2.parameters()]
