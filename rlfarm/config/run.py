@@ -68,7 +68,8 @@ class FarmConfig:
     # (Atari, MuJoCo); not bit-reproducible (see rlfarm.core.rollout).
     episodes: str = "fresh"
     # Result arrays on the wire (rlfarm.core.codec): "auto" compresses large ones (zstd; Atari frame stacks
-    # ~200x smaller), "zstd" pins that codec, "none" sends them raw. max_result_bytes is the compressed size.
+    # shrink by two orders of magnitude, benchmarks/wire.py), "zstd" pins that codec, "none" sends them
+    # raw. max_result_bytes is the compressed size.
     compress: str = "auto"
 
 
@@ -98,8 +99,8 @@ class AsyncConfig:
     publish_interval: int = 32  # gradient steps between published versions
     # A running task checks for a newer version every this many steps and acts with it from then on,
     # as IMPALA's actors do (0: a task acts with the version it started with throughout). With tasks
-    # longer than an update, most steps then act with the newest version: APPO needed ~20 % fewer env
-    # steps and less time (benchmarks/appo.py, sleep-bound env).
+    # longer than an update, most steps then act with the newest version: APPO needed fewer env steps
+    # and less time (benchmarks/appo.py, sleep-bound env).
     refresh_steps: int = 64
 
 

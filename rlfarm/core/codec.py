@@ -33,18 +33,16 @@ _COMPRESSED = 43  # msgpack extension code for compressed numpy arrays: header, 
 # What farm.compress may say (rlfarm.config keeps the same tuple, without importing this module):
 # "auto" is rlfarm's choice, today zstd; "zstd" pins it; "none" sends raw arrays only.
 COMPRESS_CHOICES = ("auto", "none", "zstd")
-# zstd level 3, by benchmarks/wire.py on Atari rollouts (128 steps x 8 envs of 4x84x84 uint8 frame
-# stacks, 28.5 KB per env step raw): Pong 121 bytes per env step (235x), encode 4.7 ms and decode
-# 2.2 ms per result. lz4 is 3.3x larger (405 B/step; its 64 KiB window cannot reach the previous
-# step's shared frames, 220 KiB back in a (T, N, ...) array) and decodes no faster (2.4 ms); its
-# high-compression level is still 2.2x larger at 11x the encode time. zstd level 1 is 21% larger at
-# the same times. Decoding is the trainer's cost (one core, every result): 2.2 ms per 1024 steps is
-# ~460k steps/s; encoding is the worker's, 0.4% of the 1.2 s it took to collect those steps.
+# zstd level 3, chosen by benchmarks/wire.py on Atari rollouts (frame stacks share three of their four
+# frames with the previous step): zstd's window reaches that step, lz4's 64 KiB window does not (a
+# (T, N, ...) array puts it hundreds of KiB back), so lz4 is several times larger and decodes no
+# faster; zstd level 1 is larger at the same speed. Decoding is the trainer's cost, every result on
+# one core; encoding a small share of what collecting the steps cost the worker.
 ZSTD_LEVEL = 3
 # Arrays below this stay raw and zero-copy: in a 1024-step task those are the per-step scalars
-# (actions, rewards, values: 1-8 KiB). Compressing them too saves ~17 bytes per env step (Pong 121
-# -> 104, CartPole 42 -> 26) but costs ~8 us per array on the trainer (a CartPole result decodes in
-# 0.07 ms instead of 0.03). Larger tasks' scalars pass the threshold and are compressed.
+# (actions, rewards, values: 1-8 KiB), whose compression saves a few bytes per env step and costs the
+# trainer more decode time than the whole rest of a small result (benchmarks/wire.py). Larger tasks'
+# scalars pass the threshold and are compressed.
 COMPRESS_MIN_BYTES = 16 * 2**10
 # A compressed array is sent only when it is at most this fraction of the raw bytes: float noise
 # (a trained critic's values) barely compresses, and saving a few percent is not worth the

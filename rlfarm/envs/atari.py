@@ -14,8 +14,8 @@ and its score, go on until the game is over, as Stable-Baselines3's EpisodicLife
 
 A task's vector of Atari envs is `NativeVector` where ale-py has one (0.11 and later): the same chain
 run inside ale-py's C++ library (the frames are the wrapper chain's, bit for bit, after the first
-stacked reset frame; tests/test_atari.py), without a Python call per emulated frame, about 1.5x the
-wrapper chain's env steps on one core (benchmarks/throughput.py). Single envs (evaluation episodes,
+stacked reset frame; tests/test_atari.py), without a Python call per emulated frame, so faster than
+the wrapper chain on one core (benchmarks/throughput.py). Single envs (evaluation episodes,
 `rlfarm eval`) keep the wrappers.
 """
 

@@ -62,7 +62,7 @@ def celery_settings(redis_url: str) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        # Task events (for Flower) cost ~1.5 ms per task; workers turn them on with -E / --events.
+        # Task events (for Flower) cost time on every task; workers turn them on with -E / --events.
         "worker_send_task_events": False,
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,

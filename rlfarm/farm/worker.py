@@ -112,8 +112,8 @@ class RolloutWorker:
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
         self.policies = PolicyCache(size=4)
         # One network per run, built once and loaded with each new version's weights: building it
-        # (torch's weight initialisation) was 80% of fetching a version, 1.5 ms for CartPole's MLP
-        # and 59 ms for the Nature CNN, paid by every process for every version (benchmarks/task_cost.py).
+        # (torch's weight initialisation) was most of fetching a version, paid by every process for
+        # every version (benchmarks/task_cost.py).
         # Actors are snapshots (numpy copies, or a deep copy for torch), so older cached versions
         # keep their own weights.
         self.networks: OrderedDict[str, Any] = OrderedDict()

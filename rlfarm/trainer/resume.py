@@ -52,6 +52,3 @@ def load(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     except (ValueError, KeyError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path} is unreadable: {exc}") from None
 
-
-# The pure state-dict helpers live with the algorithms; re-exported for callers of this module.
-from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, unprefixed  # noqa: E402,F401

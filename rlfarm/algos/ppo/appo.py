@@ -193,8 +193,8 @@ class APPO(PPO):
         # clip_to "behaviour" (APPO): clipping also bounds how far an update moves from what acted, but
         # a lagged result starts its update already clipped in part (PPO's epochs at a lag of 2 on
         # Pong: half the samples). "proximal" (decoupled PPO): the ratio starts at 1 whatever the lag,
-        # and V-trace's advantages already carry the truncated weight min(rho_bar, pi/mu). It solved
-        # CartPole ~20 % faster at low lag but collapsed in 1 of 5 runs at a lag of 10.
+        # and V-trace's advantages already carry the truncated weight min(rho_bar, pi/mu). On CartPole it
+        # solved faster at low lag but collapsed in one of five runs at a lag of 10 (benchmarks/appo.py).
         clip_around = target_logprobs if cfg.clip_to == "proximal" else rollout.logprobs
         metrics = self._optimize(rollout, clip_around, values, advantages, returns,
                                  impala_loss=cfg.pg_loss == "impala", between=between)

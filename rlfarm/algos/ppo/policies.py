@@ -160,7 +160,7 @@ class TorchPolicyActor(PolicyActor):
 
 class OnnxPolicyActor(PolicyActor):
     """Acts with ONNX Runtime on the graph of a CNN ActorCritic's heads, loaded with this version's
-    weights (one thread, as torch on a worker): about 1.8x torch's eager speed at a task's batch of 8
+    weights (one thread, as torch on a worker): faster than torch eager at a task's batch of 8
     Atari frames on one core (benchmarks/cnn_cpu.py)."""
 
     def __init__(self, policy: ActorCritic, graph: "OnnxGraph"):
