@@ -82,10 +82,6 @@ class SAC(OffPolicy):
         self._actor_metrics: dict[str, float] = dict.fromkeys(_ACTOR_KEYS, math.nan)
 
     @property
-    def policy(self) -> SquashedGaussianPolicy:
-        return self.policy
-
-    @property
     def alpha(self) -> torch.Tensor:
         """The entropy coefficient now (not differentiable)."""
         if self.config.autotune:
