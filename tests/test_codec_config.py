@@ -86,19 +86,19 @@ def test_auto_threads_and_workers_split_the_cores():
     V-trace's targets unless APPO learns in one pass; a worker: ACTING_FORWARDS); explicit values win."""
     cfg = C.build("pong", ["torch_threads=auto", "farm.workers=auto"])
     assert cfg.torch_threads == 0 and cfg.farm.workers == 0
-    assert C.acting_share(cfg) == pytest.approx(1.4 / (1.4 + 3 * 4 + 1))  # the preset's 4 epochs
+    assert C.acting_share(cfg) == pytest.approx(1.4 / (1.4 + 3 * 4))  # the preset's 4 SYNC epochs
     assert [C.local_workers(cfg, cores) for cores in (1, 2, 3, 16)] == [1, 1, 1, 2]
     assert C.trainer_threads(cfg, image=True, local=1, cores=2) == 2  # the worker waits for the learner
     assert C.trainer_threads(cfg, image=True, local=2, cores=16) == 14
     assert C.trainer_threads(cfg, image=True, local=0, cores=16) == 16  # a remote farm: every core
     assert C.trainer_threads(cfg, image=True, local=4, cores=1) == 1  # never below one
     assert C.trainer_threads(cfg, image=False, local=0, cores=16) == 1
-    one_pass = C.build("pong", ["ppo.update_epochs=1", "ppo.num_minibatches=8"])  # a third of the cost
+    one_pass = C.build("pong", ["mode=async", "ppo.update_epochs=1", "ppo.num_minibatches=8"])  # a quarter
     assert [C.local_workers(one_pass, cores) for cores in (2, 16)] == [1, 5]
     assert C.trainer_threads(one_pass, image=True, local=1, cores=2) == 1
     assert C.trainer_threads(one_pass, image=True, local=5, cores=16) == 11
-    sync = C.build("pong", ["mode=sync", "ppo.update_epochs=1", "ppo.num_minibatches=8"])
-    assert C.acting_share(sync) == pytest.approx(1.4 / (1.4 + 4))  # no one pass: targets need a forward
+    two_pass = C.build("pong", ["mode=async", "ppo.update_epochs=2"])  # V-trace's targets: one more forward
+    assert C.acting_share(two_pass) == pytest.approx(1.4 / (1.4 + 3 * 2 + 1))
     fixed = C.build("pong", ["torch_threads=3", "farm.workers=5"])
     assert C.trainer_threads(fixed, image=True, local=5, cores=2) == 3 and C.local_workers(fixed, 2) == 5
     assert C.local_workers(C.build("cartpole-ppo"), 16) == 2  # presets that name a count keep it

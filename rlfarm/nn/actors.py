@@ -75,7 +75,10 @@ ACTOR_RUNTIME_VARIABLE = "RLFARM_ACTOR_RUNTIME"
 class OnnxGraph:
     """A network's acting function exported to ONNX once per network (on the worker, from rlfarm's
     own classes: no graph is ever read from Redis), then run by ONNX Runtime with each version's
-    weights written into the graph's initializers."""
+    weights written into a fresh copy of the graph's initializers. Never into one kept copy: protobuf
+    keeps what a message replaced until the message is freed, so writing each version into the same
+    model grew a worker by the model's size per version (4 GB after 600 Pong versions;
+    tests/test_policy.py checks it does not grow)."""
 
     def __init__(self, module: nn.Module, prefix: str, example: torch.Tensor):
         import onnx
@@ -91,9 +94,9 @@ class OnnxGraph:
             # No constant folding: it would bake the first layer's 1/255 into a new, unnamed weight.
             torch.onnx.export(exported, (example,), buffer, input_names=["obs"], output_names=["out", "value"],
                               dynamic_axes={"obs": {0: "batch"}}, dynamo=False, do_constant_folding=False)
-        self.model = onnx.load_from_string(buffer.getvalue())
+        self.model_bytes = buffer.getvalue()
         self.keys = {}
-        for init in self.model.graph.initializer:
+        for init in onnx.load_from_string(self.model_bytes).graph.initializer:
             if not init.name.startswith(prefix):
                 raise ValueError(f"ONNX initializer {init.name!r} is not a weight of the network")
             self.keys[init.name] = init.name[len(prefix):]
@@ -103,17 +106,19 @@ class OnnxGraph:
             raise ValueError(f"weights folded into the ONNX graph: {sorted(used - set(self.keys))}")
 
     def session(self, state: dict[str, torch.Tensor]) -> Any:
+        import onnx
         import onnxruntime
         from onnx import numpy_helper
 
-        for init in self.model.graph.initializer:
+        # A fresh copy of the exported model per version, dropped once serialised (see the class).
+        model = onnx.load_from_string(self.model_bytes)
+        for init in model.graph.initializer:
             array = state[self.keys[init.name]].detach().cpu().contiguous().numpy()
             init.CopyFrom(numpy_helper.from_array(array, init.name))
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1  # one core per worker process, as torch there
         options.inter_op_num_threads = 1
-        return onnxruntime.InferenceSession(self.model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"])
+        return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def onnx_graph(network: nn.Module, module: nn.Module, spec: SpaceSpec) -> OnnxGraph | None:

@@ -68,7 +68,8 @@ class PPOConfig(AlgoSection):
             raise ConfigError(f"ppo.clip_to must be behaviour or proximal, got {self.clip_to!r}")
 
     def learner_forwards(self, run: "RunConfig") -> float | None:
-        # Each epoch is a forward-backward per sample; V-trace's targets take one more forward over
-        # the batch first, except in APPO's one pass (rlfarm.algos.appo), where the loss's forward gives them.
-        one_pass = run.mode == "async" and self.update_epochs == 1 and self.vtrace
-        return 3.0 * self.update_epochs + (0.0 if one_pass else 1.0)
+        # Each epoch is a forward-backward per sample; in ASYNC, V-trace's targets take one more forward
+        # over the batch first, except in APPO's one pass (rlfarm.algos.ppo.appo), where the loss's
+        # forward gives them (SYNC learns from the values the workers computed).
+        targets = run.mode == "async" and not (self.update_epochs == 1 and self.vtrace)
+        return 3.0 * self.update_epochs + (1.0 if targets else 0.0)
