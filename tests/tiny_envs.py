@@ -108,7 +108,9 @@ def broken() -> gym.Env:
 
 class HangingEnv(SlowEnv):
     """Blocks forever in step() (a simulator that deadlocked), in every episode or only the first
-    time any process of the machine gets there (`once`: a marker file named by RLFARM_TEST_HANG_MARKER)."""
+    time any process of the machine gets there (`once`: a marker file named by RLFARM_TEST_HANG_MARKER).
+    A process that hangs first appends its pid to RLFARM_TEST_HUNG_PIDS, if set, so a test knows which
+    pool processes must be replaced."""
 
     def __init__(self, once: bool = False):
         super().__init__(step_seconds=0.0005)
@@ -120,6 +122,10 @@ class HangingEnv(SlowEnv):
 
         marker = os.environ.get("RLFARM_TEST_HANG_MARKER", "")
         if not self.once or (marker and _first_to_create(marker)):
+            record = os.environ.get("RLFARM_TEST_HUNG_PIDS", "")
+            if record:
+                with open(record, "a") as f:
+                    f.write(f"{os.getpid()}\n")
             while True:
                 time.sleep(3600)
         return super().step(action)
