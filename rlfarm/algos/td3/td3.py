@@ -1,0 +1,174 @@
+"""TD3 (Fujimoto et al. 2018, "Addressing Function Approximation Error in Actor-Critic Methods"): a
+deterministic actor and twin critics, with the paper's three changes to DDPG:
+
+- clipped double Q-learning: the critics' target is the smaller of the two target critics;
+- target policy smoothing: the target actor's action plus N(0, target_policy_noise) clipped to
+  +-target_noise_clip, then to [-1, 1];
+- delayed policy updates: every `policy_delay` critic steps the actor takes one step maximising Q1,
+  and then (only then) the target actor and critics move towards the online ones by Polyak (tau).
+
+ASYNC only. Replay, heatup, the replay ratio and PER are rlfarm.algos.offpolicy's, shared with DQN and
+SAC; this module is the networks and the gradient step. Workers act with a numpy snapshot of the
+actor (rlfarm.algos.td3.policies.TD3Actor): during heatup uniformly in the bounds (acting option
+`random`), then the deterministic action plus Gaussian noise (acting option `noise`); greedy
+evaluation takes the deterministic action. Replay holds actions as the env took them; the critics see
+them mapped to [-1, 1], the scale of the actor's tanh and of every noise.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
+from rlfarm.algos.offpolicy import OffPolicy
+from rlfarm.algos.td3.policies import DeterministicPolicy
+from rlfarm.config import PolicyConfig, RunConfig
+from rlfarm.core.replay import Batch
+from rlfarm.core.rollout import Rollout
+from rlfarm.envs import SpaceSpec
+from rlfarm.nn.critics import ActionValueNetwork
+from rlfarm.nn.layers import place
+
+# The networks in a checkpoint: tensor prefix -> attribute.
+_NETWORKS = {"actor": "policy", "actor_target": "policy_target", "qf1": "qf1", "qf2": "qf2",
+             "qf1_target": "qf1_target", "qf2_target": "qf2_target"}
+_ACTOR_KEYS = ("losses/actor_loss",)
+
+
+class TD3(OffPolicy):
+    name = "td3"
+    head = "actor"  # the actor's MLP of a saved policy (rlfarm.algos.saved)
+    loss_keys = ("losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss",
+                 "losses/qf_loss", *_ACTOR_KEYS)
+
+    @classmethod
+    def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> DeterministicPolicy:
+        return DeterministicPolicy(spec, config)
+
+    def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
+        super().__init__(config, spec, device)
+        cfg = self.config
+        self.policy = place(self.build_network(spec, config.policy), device)
+        self.policy_target = copy.deepcopy(self.policy).requires_grad_(False)
+        if self.policy.obs_norm is not None:
+            # One set of observation statistics: the target actor normalises with the current ones,
+            # as the critics do (they are buffers, which Polyak averaging would leave behind).
+            self.policy_target.obs_norm = self.policy.obs_norm
+        self.qf1 = place(ActionValueNetwork(spec, config.policy), device)
+        self.qf2 = place(ActionValueNetwork(spec, config.policy), device)
+        self.qf1_target = copy.deepcopy(self.qf1).requires_grad_(False)
+        self.qf2_target = copy.deepcopy(self.qf2).requires_grad_(False)
+        self._q_params = [*self.qf1.parameters(), *self.qf2.parameters()]
+        self._actor_params = list(self.policy.parameters())
+        self._online = [*self._q_params, *self._actor_params]
+        self._targets = [*self.qf1_target.parameters(), *self.qf2_target.parameters(),
+                         *self.policy_target.parameters()]
+        # fused Adam: one kernel for all parameters (per-op dispatch dominates at these sizes).
+        self.q_optimizer = torch.optim.Adam(self._q_params, lr=cfg.learning_rate, fused=True)
+        self.actor_optimizer = torch.optim.Adam(self._actor_params, lr=cfg.learning_rate, fused=True)
+        # Target smoothing noise comes from a private generator, saved in checkpoints, so a resumed run
+        # draws the same noise as an uninterrupted one.
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)
+        self._actor_metrics: dict[str, float] = dict.fromkeys(_ACTOR_KEYS, math.nan)
+
+    def observe(self, rollout: Rollout, policy_lag: int) -> None:
+        """Into replay (raw observations), and the observations into the running statistics."""
+        super().observe(rollout, policy_lag)
+        if self.policy.obs_norm is not None:
+            self.policy.obs_norm.update(rollout.obs.reshape(-1, self.spec.obs_dim))
+
+    def random_acting(self) -> dict[str, Any]:
+        return {"random": True}  # uniform in the bounds (rlfarm.algos.td3.policies.TD3Actor)
+
+    def policy_acting(self, progress: float) -> dict[str, Any]:
+        return {"noise": self.config.exploration_noise}  # Gaussian, in unit scale
+
+    def smoothed_target_actions(self, next_obs: torch.Tensor) -> torch.Tensor:
+        """Target policy smoothing: mu'(s') + clip(N(0, sigma), -c, c), clipped to [-1, 1] (unit scale)."""
+        cfg = self.config
+        target = self.policy_target(next_obs)
+        noise = torch.randn(target.shape, generator=self.generator, device=target.device, dtype=target.dtype)
+        noise = (noise * cfg.target_policy_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
+        return (target + noise).clamp(-1.0, 1.0)
+
+    def train_step(self, batch: Batch, progress: float = 0.0) -> tuple[dict[str, float], np.ndarray]:
+        """A critic step on the batch; every `policy_delay` gradient steps an actor step and a Polyak
+        update of the target actor and critics."""
+        cfg = self.config
+        dev = self.device
+        obs = to_device(batch.obs, dev)
+        next_obs = to_device(batch.next_obs, dev)
+        # Replay keeps raw observations; the actors normalise their own input, the critics get theirs
+        # normalised here with the same (current) statistics.
+        q_obs, q_next_obs = self.policy.normalize(obs), self.policy.normalize(next_obs)
+        actions = self.policy.to_unit(to_device(batch.actions, dev))
+        rewards = to_device(batch.rewards, dev)
+        not_done = 1.0 - to_device(batch.dones, dev).float()
+        discounts = to_device(batch.discounts, dev)
+        weights = to_device(batch.weights, dev)
+
+        with torch.no_grad():
+            next_actions = self.smoothed_target_actions(next_obs)
+            next_q = torch.min(self.qf1_target(q_next_obs, next_actions), self.qf2_target(q_next_obs, next_actions))
+            target = rewards + discounts * not_done * next_q
+        qf1_values = self.qf1(q_obs, actions)
+        qf2_values = self.qf2(q_obs, actions)
+        td1, td2 = qf1_values - target, qf2_values - target
+        qf1_loss = (weights * td1.pow(2)).mean()
+        qf2_loss = (weights * td2.pow(2)).mean()
+        qf_loss = qf1_loss + qf2_loss
+        self.q_optimizer.zero_grad()
+        qf_loss.backward()
+        self.q_optimizer.step()
+
+        if self.gradient_steps % cfg.policy_delay == 0:
+            self._actor_metrics = self._policy_step(obs, q_obs)
+            with torch.no_grad():  # target <- (1 - tau) target + tau online, actor and critics
+                torch._foreach_lerp_(self._targets, self._online, cfg.tau)
+
+        metrics = {"losses/qf1_values": qf1_values.mean().item(), "losses/qf2_values": qf2_values.mean().item(),
+                   "losses/qf1_loss": qf1_loss.item(), "losses/qf2_loss": qf2_loss.item(),
+                   "losses/qf_loss": qf_loss.item() / 2.0,  # the mean of the two, as SAC logs it
+                   **self._actor_metrics}
+        td_errors = 0.5 * (td1.detach().abs() + td2.detach().abs())  # PER priorities: both critics' error
+        return metrics, td_errors.cpu().numpy()
+
+    def _policy_step(self, obs: torch.Tensor, q_obs: torch.Tensor) -> dict[str, float]:
+        """One actor step maximising Q1(s, mu(s)) (the paper's deterministic policy gradient through
+        the first critic). `q_obs`: the observations as the critics see them (normalised)."""
+        actor_loss = -self.qf1(q_obs, self.policy(obs)).mean()
+        self.actor_optimizer.zero_grad()
+        # Gradients of the actor's parameters only: the critic's would be computed for nothing.
+        actor_loss.backward(inputs=self._actor_params)
+        self.actor_optimizer.step()
+        return {"losses/actor_loss": actor_loss.item()}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The actor alone: workers never run the critics or the targets."""
+        return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"q_optim": self.q_optimizer, "actor_optim": self.actor_optimizer}
+
+    def learner_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors: dict[str, torch.Tensor] = {"rng.td3": self.generator.get_state()}
+        for prefix, attribute in _NETWORKS.items():
+            tensors.update(prefixed(prefix, getattr(self, attribute).state_dict()))
+        meta: dict[str, Any] = {"actor_metrics": self._actor_metrics}
+        for prefix, optimizer in self._optimizers().items():
+            optim_tensors, meta[prefix] = optimizer_state(optimizer, prefix)
+            tensors.update(optim_tensors)
+        return tensors, meta
+
+    def restore_learner(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
+        for prefix, attribute in _NETWORKS.items():
+            getattr(self, attribute).load_state_dict(unprefixed(prefix, tensors))
+        for prefix, optimizer in self._optimizers().items():
+            load_optimizer_state(optimizer, tensors, state[prefix], prefix)
+        self.generator.set_state(tensors["rng.td3"])
+        self._actor_metrics = dict(state["actor_metrics"])
