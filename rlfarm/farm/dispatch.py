@@ -191,23 +191,23 @@ class Dispatcher:
         and its last task starts sooner (benchmarks/scale.py)."""
         specs = [s if isinstance(s, TaskSpec) else TaskSpec.from_kwargs({"run": self.run_id, **s})
                  for s in specs]
-        keys = [s.key for s in specs]
+        task_keys = [s.key for s in specs]
         if not self.pending:  # nothing was running: the wait for a finished task starts now
             self._last_finish = time.monotonic()
         seen: set[Key] = set()
-        for key in keys:
+        for key in task_keys:
             if key in self.pending or key in seen:
                 raise ValueError(f"task {key} is already in flight")
             seen.add(key)
         if self._own_claim and not self.claim.held:
             self.claim.acquire()
-        self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*k) for k in keys])
+        self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*k) for k in task_keys])
         for spec in specs:
             task_id = self._send(spec)
             now = time.monotonic()
             self.pending[spec.key] = Pending(spec, task_id, now, sent=now)
             self.on_event()
-        return keys
+        return task_keys
 
     def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False, counted: bool = True) -> None:
         """`counted`: the copy counts towards max_redispatch. Copies that say nothing about the task do
@@ -365,8 +365,8 @@ class Dispatcher:
             self._grace(now)
         if not self.pending:
             return
-        keys = list(self.pending)
-        texts = [keys.task(*k) for k in keys]
+        pending = list(self.pending)
+        texts = [keys.task(*k) for k in pending]
         pipe = self.client.pipeline(transaction=False)
         pipe.exists(keys.meta(self.run_id))
         pipe.llen(self.key)
@@ -380,7 +380,7 @@ class Dispatcher:
         if now < self._grace_until:
             return
         unseen: list[Key] = []
-        for key, is_wanted, leased in zip(keys, wanted, leases):
+        for key, is_wanted, leased in zip(pending, wanted, leases):
             p = self.pending[key]
             if p.refused is not None:
                 self._resend(key, p, "refused by a worker of another protocol version", counted=False)
@@ -408,7 +408,7 @@ class Dispatcher:
                 self._resend(key, p, reason)
             elif now - p.last_seen > self.lease_seconds:
                 unseen.append(key)
-        self._notice_stall(now, keys, leases)
+        self._notice_stall(now, pending, leases)
         if any(leases) or not any(wanted):
             self._last_progress = now
         elif now - self._last_progress > IDLE_WARNING_SECONDS:
@@ -434,13 +434,13 @@ class Dispatcher:
                     self.notify(f"{reason}; sending it again")
                     self._resend(key, p, reason)
 
-    def _notice_stall(self, now: float, keys: list[Key], leases: list[Any]) -> None:
+    def _notice_stall(self, now: float, task_keys: list[Key], leases: list[Any]) -> None:
         """Tasks run but none has finished for a minute: say what runs, where, for how long and what
         limit applies, every minute. A hung env looks like this until its time limit speaks (600 s
         for a run's first tasks, by default)."""
         if now - self._last_finish < STALL_NOTICE_SECONDS or now - self._stall_noticed < STALL_NOTICE_SECONDS:
             return
-        running = [(key, self.pending[key], holder) for key, holder in zip(keys, leases)
+        running = [(key, self.pending[key], holder) for key, holder in zip(task_keys, leases)
                    if holder and self.pending[key].started is not None]
         if not running:
             return
@@ -521,10 +521,10 @@ class Dispatcher:
 
         Results of other pending tasks (evaluations) that arrive meanwhile go to `on_other`.
         """
-        keys = self.submit_many(specs)
-        wanted = set(keys)
+        task_keys = self.submit_many(specs)
+        wanted = set(task_keys)
         results: dict[Key, Result] = {}
-        while len(results) < len(keys):
+        while len(results) < len(task_keys):
             message = self.next_result(timeout=1.0)
             if message is None:
                 continue
@@ -533,4 +533,4 @@ class Dispatcher:
                 results[key] = message
             elif on_other is not None:
                 on_other(message)
-        return [results[k] for k in keys]
+        return [results[k] for k in task_keys]
