@@ -54,6 +54,48 @@ def pytest_collection_finish(session):
                     f"or deselect tests/test_compose.py and tests/test_security.py", returncode=4)
 
 
+# Test tiers (setup.cfg): a test with none of these is a unit test, and must start no process.
+TIERS = ("farm", "fault", "learning", "process")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if {"farm", "redis_only"} & set(item.fixturenames) and not item.get_closest_marker("farm"):
+            item.add_marker(pytest.mark.farm)  # the fixtures start redis-server and Celery workers
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.unit)
+
+
+class StartedAProcess(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request, monkeypatch):
+    """The unit marker is checked: a unit test that starts a process (and so any server) fails, naming
+    the tiers it could carry instead."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+
+    def refuse(*args, **kwargs):
+        raise StartedAProcess(f"a unit test started a process: mark it one of {', '.join(TIERS)} "
+                              f"(setup.cfg)")
+
+    class RefusedPopen(subprocess.Popen):
+        def __new__(cls, *args, **kwargs):  # before an instance exists: no __del__ to trip over
+            refuse()
+
+    import multiprocessing.process
+
+    monkeypatch.setattr(subprocess, "Popen", RefusedPopen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve", "system"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)
+    yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_local_farm(tmp_path_factory):
     """A developer's own `rlfarm up` farm must not stand in for the embedded default in tests."""

@@ -73,16 +73,19 @@ def import_with_forbidden(modules: list[str], forbidden: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.process  # one interpreter per module, so imports are seen from scratch
 def test_pure_modules_import_nothing_that_does_io():
     result = import_with_forbidden(PURE, FORBIDDEN_FOR_PURE)
     assert result["errors"] == dict.fromkeys(PURE), result["errors"]
 
 
+@pytest.mark.process
 def test_the_rule_check_itself_catches_a_forbidden_import():
     result = import_with_forbidden(["rlfarm.farm.store"], ["redis"])  # the store talks to Redis
     assert "forbidden import: redis" in result["errors"]["rlfarm.farm.store"]
 
 
+@pytest.mark.process
 def test_the_trainer_side_never_imports_the_worker():
     side = [m for m in MODULES if m.startswith("rlfarm.trainer")] + ["rlfarm.farm.dispatch", "rlfarm.api"]
     result = import_with_forbidden(side, ["rlfarm.farm.worker", "rlfarm.farm.worker_app", "tasks"])

@@ -22,7 +22,7 @@ from rlfarm.local.cluster import LocalCluster
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
 
-pytestmark = pytest.mark.farm
+pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
 RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "INFO"]  # INFO: its skip notes
 PPO = ["--preset", "cartpole-ppo", "--set", "eval.interval=0"]  # 2 tasks x 4 envs x 512 steps an iteration

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 
 import pytest
 from click.testing import CliRunner
 
 from cli import main
 
-from .conftest import WORKER_ENV, assert_cleaned_up, processes_matching, rlfarm_cmd, run_cli
+from .conftest import WORKER_ENV, assert_cleaned_up, poll, processes_matching, rlfarm_cmd, run_cli
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["worker"], ["eval"], ["checkpoints"],
@@ -33,6 +32,7 @@ def test_presets_lists_each_with_a_line():
     assert any(line.startswith("pendulum-sac ") for line in lines)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args, message", [
     (["--env", "CartPol-v1"], "unknown env 'CartPol-v1'; did you mean CartPole-v1"),
     (["--preset", "nope"], "unknown preset 'nope'"),
@@ -102,6 +102,7 @@ def test_train_on_external_redis_then_checkpoints_and_eval(farm, tmp_path):
     assert gone.returncode == 1 and "version 0 was trimmed" in gone.stderr
 
 
+@pytest.mark.farm  # the embedded default: its own redis-server and workers
 def test_ctrl_c_stops_everything(tmp_path):
     import os
 
@@ -113,9 +114,7 @@ def test_ctrl_c_stops_everything(tmp_path):
                             env={**os.environ, **WORKER_ENV},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     progress = tmp_path / "ctrlc" / "progress.csv"
-    while proc.poll() is None and len(progress.read_text().splitlines() if progress.exists() else []) < 3:
-        time.sleep(0.1)  # waiting for training to be under way, not standing in for a result
-    assert proc.poll() is None, proc.stderr.read()
+    poll(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 3, "training under way", proc)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr

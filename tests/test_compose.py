@@ -137,6 +137,7 @@ def test_env_example_documents_every_variable_the_compose_files_use():
         assert "CHANGE-ME" in example[key], f"{key} in .env.example must be an obvious placeholder"
 
 
+@pytest.mark.process
 def test_missing_password_is_a_clear_error(tmp_path):
     env_file, _ = write_env(tmp_path, drop=("REDIS_PASSWORD",))
     proc = run_config(env_file)
@@ -144,6 +145,7 @@ def test_missing_password_is_a_clear_error(tmp_path):
     assert "set REDIS_PASSWORD in .env" in proc.stderr
 
 
+@pytest.mark.process
 def test_compose_structure(tmp_path):
     env_file, values = write_env(tmp_path)
     services = compose_config(env_file)["services"]
@@ -199,6 +201,7 @@ def test_compose_structure(tmp_path):
     assert values["FLOWER_BIND"] == "127.0.0.1", "Flower must not be exposed by default"
 
 
+@pytest.mark.process
 def test_expose_override_publishes_redis(tmp_path):
     env_file, _ = write_env(tmp_path, REDIS_BIND="10.1.2.3")
     services = compose_config(env_file, COMPOSE, EXPOSE)["services"]
@@ -206,6 +209,7 @@ def test_expose_override_publishes_redis(tmp_path):
     assert ports(services["worker"]) == []
 
 
+@pytest.mark.process
 def test_worker_on_another_machine_points_at_redis_host(tmp_path):
     # README: an extra machine runs `docker compose up --no-deps worker` with REDIS_HOST in .env.
     env_file, values = write_env(tmp_path, REDIS_HOST="trainer-host")

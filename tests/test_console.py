@@ -174,6 +174,7 @@ def _without(module: str, *args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, **WORKER_ENV}, timeout=600)
 
 
+@pytest.mark.process
 def test_plot_without_matplotlib_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text('{"env": {"id": "CartPole-v1"}, "algo": "ppo", "run_id": "r"}')
     (tmp_path / "episodes.csv").write_text("global_step,wall_time,episodic_return,episodic_length,"

@@ -56,6 +56,7 @@ def test_an_image_env_trains_a_cnn_in_both_modes(farm, tmp_path, mode, preset, s
     assert played.returncode == 0 and "mean return" in played.stdout, played.stderr[-2000:]
 
 
+@pytest.mark.process
 def test_an_observation_space_rlfarm_cannot_act_on_fails_before_anything_starts(tmp_path):
     run = subprocess.run(rlfarm_cmd("train", "--env", "tests.tiny_envs:dict_obs", "--logdir", str(tmp_path)),
                          capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=300)

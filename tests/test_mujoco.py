@@ -35,6 +35,7 @@ def test_halfcheetah_ppo_trains_through_the_cli_with_normalised_observations(far
     assert state["obs_norm.var"].min().item() > 0 and state["obs_norm.mean"].abs().max().item() > 0
 
 
+@pytest.mark.process
 def test_a_mujoco_preset_without_the_extra_is_one_line_saying_what_to_install(tmp_path):
     blocked = "import sys; sys.modules['mujoco'] = None; sys.argv[0] = 'rlfarm'; import cli; cli.entry()"
     r = subprocess.run([sys.executable, "-c", blocked, "train", "--preset", "halfcheetah-ppo", "--logdir",

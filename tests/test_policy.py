@@ -133,7 +133,7 @@ def test_loading_versions_into_the_onnx_graph_does_not_grow_the_process():
     torch.manual_seed(0)
     net = ActorCritic(spec, PolicyConfig())
     kept = []  # as the worker's PolicyCache: the newest 4 versions' actors
-    for version in range(50):
+    for version in range(30):
         with torch.no_grad():
             for parameter in net.parameters():
                 parameter.add_(0.01)
@@ -143,5 +143,5 @@ def test_loading_versions_into_the_onnx_graph_does_not_grow_the_process():
         gc.collect()
         if version == 9:
             start = rss_mb()  # after the first versions: allocators have reached their working size
-    per_version = (rss_mb() - start) / 40
+    per_version = (rss_mb() - start) / 20
     assert per_version < 1.0, f"the process grew {per_version:.2f} MB per version loaded"

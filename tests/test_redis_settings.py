@@ -10,7 +10,7 @@ from rlfarm.local.cluster import LocalCluster
 from rlfarm.farm.connection import connect, eviction_policy
 from tests.conftest import one_error_line, run_cli
 
-pytestmark = pytest.mark.farm
+pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
 FIX = "CONFIG SET maxmemory-policy noeviction"
 

@@ -16,7 +16,7 @@ from rlfarm.trainer import resume as checkpoint
 
 from .conftest import WORKER_ENV, one_error_line, poll, read_csv, read_summary, rlfarm_cmd, run_cli
 
-pytestmark = pytest.mark.farm
+pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
 # 2 ms per env step, 500 steps an iteration: a few iterations a second, a checkpoint at each.
 RUN = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",

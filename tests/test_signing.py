@@ -364,6 +364,7 @@ def test_allow_env_module_option_and_unsigned_meta_on_a_signed_farm(signed_farm,
         dispatcher(url, "signed-unsigned-meta").gather_group(task_specs(0, 1, 8))
 
 
+@pytest.mark.process
 def test_allow_env_module_rejects_what_is_not_a_module_name():
     bad = subprocess.run(rlfarm_cmd("worker", "--allow-env-module", "../evil", "--redis", "redis://127.0.0.1:1/0"),
                          capture_output=True, text=True, timeout=120)
@@ -372,6 +373,7 @@ def test_allow_env_module_rejects_what_is_not_a_module_name():
                                   "(like mypkg or mypkg.envs)")
 
 
+@pytest.mark.process
 def test_eval_treats_the_env_named_by_a_policy_file_as_untrusted(tmp_path):
     MARKER.unlink(missing_ok=True)
     env = {**os.environ, **WORKER_ENV}

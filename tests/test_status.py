@@ -155,6 +155,7 @@ def test_watch_refreshes_until_ctrl_c(farm, output):
 
 
 # ---- own Redis: errors, passwords, a live training run -----------------------------------------------
+@pytest.mark.process
 def test_unreachable_redis_and_bad_interval_are_one_clear_line():
     line = usage_error_line(run_cli("status", "--redis", "redis://:hunter2@127.0.0.1:1/0"))
     assert "cannot reach Redis at redis://:***@127.0.0.1:1/0" in line and "hunter2" not in line

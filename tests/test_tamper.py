@@ -27,6 +27,7 @@ def _zeroed(state):
 
 
 @pytest.mark.farm
+@pytest.mark.fault  # forged writes to Redis
 def test_a_forged_blob_is_never_pinned_nor_signed_into_best_policy(redis_only, tmp_path, monkeypatch):
     """The trainer pins the version it evaluates and writes the best one to best_policy.safetensors,
     signed. A blob written over that version in Redis (zeroed weights, sha256 recomputed, the genuine
@@ -87,6 +88,7 @@ def _queued_tasks(client, run_id: str) -> list[tuple[int, dict]]:
 
 
 @pytest.mark.farm
+@pytest.mark.fault  # forged writes to Redis
 def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, monkeypatch):
     """`rlfarm train` without --redis and without RLFARM_SECRET: while a task waits in the queue, a
     local process that can reach the embedded Redis pushes a result for it (a real rollout of the
@@ -179,6 +181,7 @@ def test_no_secret_warning_names_a_redis_off_this_machine_without_rlfarm_secret(
 
 
 @pytest.mark.farm
+@pytest.mark.fault  # forged writes to Redis
 def test_trainer_and_worker_on_a_redis_elsewhere_without_a_secret_warn_once(farm, tmp_path):
     """A real `rlfarm worker` and a real `rlfarm train` given a Redis URL that is not a loopback
     address, without RLFARM_SECRET, each warn once at start. `127.1` is 127.0.0.1 to the resolver
@@ -243,6 +246,7 @@ def signed_worker(tmp_path_factory):
 
 
 @pytest.mark.farm
+@pytest.mark.fault  # forged writes to Redis
 def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_as_without_them(
         signed_worker, tmp_path):
     """A SYNC run on a farm with RLFARM_SECRET, attacked three times while it trains by a process that

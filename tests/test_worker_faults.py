@@ -23,7 +23,7 @@ from rlfarm.core.protocol import PROTOCOL
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
 
-pytestmark = pytest.mark.farm
+pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
 RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING"]
 SLOW_PPO = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
