@@ -152,8 +152,10 @@ def test_rollouts_keep_uint8_observations():
 
 
 def test_float64_observations_are_cast_once_to_float32():
-    algorithm, _ = make("ppo", "Pendulum-v1")  # Pendulum's Box is float32; cast anyway on the way in
-    r = rollout_for(algorithm, "Pendulum-v1", seed=2)
+    env = "tests.tiny_envs:float64"
+    assert make_vector_env(env, 2).observation_space.dtype == np.float64  # the premise
+    algorithm, _ = make("ppo", env)
+    r = rollout_for(algorithm, env, seed=2)
     assert r.obs.dtype == np.float32 and r.actions.dtype == np.float32
 
 

@@ -14,7 +14,6 @@ import signal
 import socketserver
 import subprocess
 import threading
-import time
 
 import pytest
 
@@ -24,7 +23,7 @@ from rlfarm.farm.connection import connect
 from rlfarm.farm.runs import delete_run, read_status, write_status
 from rlfarm.farm import keys
 
-from .conftest import WORKER_ENV, error_line, make_run, rlfarm_cmd, run_cli
+from .conftest import WORKER_ENV, error_line, make_run, poll, rlfarm_cmd, run_cli
 
 pytestmark = pytest.mark.farm
 
@@ -145,9 +144,7 @@ def test_ctrl_c_on_a_farm_says_how_to_resume(farm, tmp_path):
                             env={**os.environ, **WORKER_ENV},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     progress = tmp_path / run_id / "progress.csv"
-    while proc.poll() is None and len(progress.read_text().splitlines() if progress.exists() else []) < 2:
-        time.sleep(0.1)  # waiting for a logged iteration (training under way), not standing in for a result
-    assert proc.poll() is None, proc.stderr.read()
+    poll(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 2, "a logged iteration", proc)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate()
     assert proc.returncode == 130, stderr

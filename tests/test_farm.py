@@ -15,7 +15,7 @@ from rlfarm.core.rollout import Rollout, collect, task_seeds
 from rlfarm.farm.connection import connect
 from rlfarm.farm import keys
 
-from .conftest import dispatcher, make_run, running_tasks, task_specs
+from .conftest import dispatcher, make_run, poll, running_tasks, task_specs
 
 pytestmark = pytest.mark.farm
 
@@ -131,10 +131,8 @@ def test_sigkilled_worker_process_mid_iteration(farm):
     thread = threading.Thread(target=lambda: out.setdefault("results", d.gather_group(specs)))
     thread.start()
     app = make_app(farm.redis_url)
-    running = []
-    while not running and thread.is_alive():
-        running = running_tasks(app, "killed")
-    assert running, "no rollout task was seen running"
+    running = poll(lambda: running_tasks(app, "killed") or not thread.is_alive(), "a rollout task running")
+    assert running is not True, "the iteration ended before a task was seen running"
     victim, task_id = running[0]
     os.kill(victim, signal.SIGKILL)
     thread.join()

@@ -24,7 +24,7 @@ from rlfarm.local.cluster import LocalCluster
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, pid_alive, poll, read_csv, read_summary, rlfarm_cmd
 
-pytestmark = pytest.mark.farm
+pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
 RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING"]
 # The plain Celery way from the README, with Celery's defaults (gossip and mingle on).
@@ -96,10 +96,7 @@ def progress_rows(run_dir: Path) -> list[dict]:
 
 def wait_for_rows(proc: subprocess.Popen, run_dir: Path, rows: int = 1) -> None:
     """Until the trainer has logged `rows` rows (it is training), or fail if it died."""
-    while len(progress_rows(run_dir)) < rows:
-        if proc.poll() is not None:
-            pytest.fail(f"trainer exited early ({proc.returncode}):\n{proc.stderr.read()[-3000:]}")
-        time.sleep(0.1)  # polling interval
+    poll(lambda: len(progress_rows(run_dir)) >= rows, f"{rows} logged iterations", proc)
 
 
 def assert_nothing_lost_or_double_counted(s: dict, steps_per_result: int) -> None:
@@ -262,8 +259,7 @@ def test_a_lost_whole_worker_is_noticed_by_its_lease_not_a_timeout(tmp_path):
                           "--set", "farm.task_timeout=3600", "--set", "farm.lease_seconds=3")
         app = make_app(farm.url)
         celery_node = farm.cluster._nodes[1]
-        while celery_node not in _running_on(app, "lost-worker"):
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
+        poll(lambda: celery_node in _running_on(app, "lost-worker"), "a task running on the Celery worker", proc)
         os.killpg(farm.celery_worker.pid, signal.SIGKILL)
         _, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, stderr[-3000:]
@@ -381,35 +377,60 @@ def test_one_lease_thread_renews_each_task_while_it_runs_and_not_after(redis_onl
     from rlfarm.farm.worker import _Lease
 
     client = redis.Redis.from_url(redis_only.redis_url)
-    lease = _Lease(client)
+    renewals: list[str] = []  # every SET the lease makes, in order
+
+    class Recording(redis.Redis):
+        def set(self, name, *args, **kwargs):
+            renewals.append(name)
+            return super().set(name, *args, **kwargs)
+
+    def renewed(key: str, times: int, since: int = 0) -> bool:
+        return renewals[since:].count(key) >= times
+
+    lease = _Lease(Recording.from_url(redis_only.redis_url))
     lease.hold("lease-test:a", "me", 1.0)  # expires 1 s after each renewal, renewed every 0.25 s
-    time.sleep(2.0)  # twice the expiry: only renewals keep it
-    assert client.get("lease-test:a") == b"me"
+    poll(lambda: renewed("lease-test:a", 9), "8 renewals of a (2 s, twice its expiry)", deadline_s=60)
+    assert client.get("lease-test:a") == b"me"  # only the renewals kept it
     thread = lease._thread
     lease.hold("lease-test:b", "me", 1.0)  # the process's next task
     assert lease._thread is thread
-    time.sleep(2.0)
-    assert client.get("lease-test:a") is None and client.get("lease-test:b") == b"me"
+    moved_on = len(renewals)
+    poll(lambda: renewed("lease-test:b", 8, moved_on), "8 renewals of b", deadline_s=60)
+    assert "lease-test:a" not in renewals[moved_on + 1:]  # a is left alone (one renewal may have been in flight)
+    poll(lambda: client.get("lease-test:a") is None, "a expiring once no longer renewed", deadline_s=60)
+    assert client.get("lease-test:b") == b"me"
     lease.release()
-    time.sleep(1.5)
-    assert client.get("lease-test:b") is None and thread.is_alive()
+    released = len(renewals)
+    poll(lambda: client.get("lease-test:b") is None, "b expiring once released", deadline_s=60)
+    assert renewals[released + 1:].count("lease-test:b") == 0 and thread.is_alive()
 
 
 def test_queued_tasks_are_not_late(farm):
-    """Six 1-second tasks on two processes with task_timeout 2 s: the last ones wait ~2 s in the
-    queue, which once made them 'late' and re-sent. Now only time since a task started counts."""
+    """Six short tasks (10 env steps) wait in the queue behind two long ones of another run that
+    hold both pool processes for 6 s or more: three times their task_timeout of 2 s, which once made
+    them 'late' and re-sent. Now only time since a task started counts, so none is re-sent."""
     from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.farm.connection import connect
 
-    from .conftest import make_run
+    from .conftest import dispatcher, make_run, running_tasks
 
+    make_run(farm.redis_url, "blocker", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
     make_run(farm.redis_url, "queued", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
+    blocker = dispatcher(farm.redis_url, "blocker", timeout=600.0)
+    blocker.submit_many([{"iteration": 0, "index": i, "version": 0, "steps": 3000, "seed": 1}
+                         for i in range(2)])  # SlowEnv busy-waits 2 ms a step: 6 s at the least
+    app = make_app(farm.redis_url)
+    poll(lambda: len(running_tasks(app, "blocker")) == 2, "both blocking tasks running")
     d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "queued", task_timeout=2.0,
                    max_redispatch=3)
-    specs = [{"iteration": 0, "index": i, "version": 0, "steps": 500, "seed": 1} for i in range(6)]
+    specs = [{"iteration": 0, "index": i, "version": 0, "steps": 10, "seed": 1} for i in range(6)]
+    sent = time.monotonic()
     results = d.gather_group(specs)
+    waited = time.monotonic() - sent
+    assert waited > 2 * d.task_timeout  # the premise: they sat in the queue well past task_timeout
     assert [r.index for r in results] == list(range(6))
     assert d.stats.redispatched == 0 and d.stats.dispatched == 6
+    assert all(blocker.next_result(timeout=60) is not None for _ in range(2))  # the blockers end too
 
 
 def test_chaos_two_minutes_of_kills_and_a_redis_restart(tmp_path):
@@ -470,12 +491,13 @@ def test_a_worker_process_killed_mid_stream_loses_its_streams_and_nothing_is_dou
                           "--total-steps", "10240", "--set", "farm.lease_seconds=3")
         wait_for_rows(proc, tmp_path / run_id, rows=3)
         app = make_app(farm.url)
-        victim = None
-        while victim is None:  # a pool process in the middle of one of the run's tasks
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
+
+        def running_pid() -> int | None:  # a pool process in the middle of one of the run's tasks
             active = app.control.inspect(timeout=0.5).active() or {}
-            victim = next((t["worker_pid"] for tasks in active.values() for t in tasks
-                           if t["kwargs"].get("run") == run_id), None)
+            return next((t["worker_pid"] for tasks in active.values() for t in tasks
+                         if t["kwargs"].get("run") == run_id), None)
+
+        victim = poll(running_pid, "a pool process running a task of the run", proc)
         app.close()
         os.kill(victim, signal.SIGKILL)
         _, stderr = proc.communicate(timeout=600)

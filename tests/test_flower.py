@@ -69,10 +69,14 @@ def test_flower_shows_rollouts_and_evaluations_and_refuses_anonymous_control(eve
             d.submit({"kind": "eval", "iteration": 0, "index": i, "version": "latest", "episodes": 1,
                       "seed": 7})
         evals = []
-        while len(evals) < 2:
+
+        def both_evals_back() -> bool:
             message = d.next_result(timeout=1.0)
             if message is not None:
                 evals.append(message)
+            return len(evals) == 2
+
+        poll(both_evals_back, "both evaluation results")
         assert sorted(m.kind for m in evals) == ["eval", "eval"]
         sent = {tid for ids in d.stats.task_ids.values() for tid in ids}
 

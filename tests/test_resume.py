@@ -7,13 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
 from rlfarm.trainer import resume as checkpoint
 
-from .conftest import WORKER_ENV, assert_cleaned_up, pid_alive, read_csv, rlfarm_cmd, run_cli
+from .conftest import WORKER_ENV, assert_cleaned_up, pid_alive, poll, read_csv, rlfarm_cmd, run_cli
 
 pytestmark = pytest.mark.farm
 
@@ -25,23 +24,19 @@ def start_and_sigkill(tmp_path, run_id: str, args: list[str], kill_after_steps: 
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **WORKER_ENV})
     run_dir = tmp_path / run_id
-    state: dict = {}
-    while proc.poll() is None:
-        if checkpoint.path_in(run_dir).exists():
-            _, state = checkpoint.load(run_dir)
-            if state["env_steps"] >= kill_after_steps:
-                break
-        time.sleep(0.05)  # polling for the checkpoint to appear, not standing in for a result
-    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()[-2000:]}"
+
+    def checkpointed() -> bool:
+        return (checkpoint.path_in(run_dir).exists()
+                and checkpoint.load(run_dir)[1]["env_steps"] >= kill_after_steps)
+
+    poll(checkpointed, f"a checkpoint of {kill_after_steps} env steps or more, before the run ends", proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     # Redis and the workers die with their parent (PR_SET_PDEATHSIG); wait for that to happen.
     pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
-    deadline = time.monotonic() + 60
-    while [p for p in pids if pid_alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in pids if pid_alive(p)], "a farm process outlived its killed trainer"
+    poll(lambda: not [p for p in pids if pid_alive(p)], "no farm process outliving its killed trainer",
+         deadline_s=60)
     _, state = checkpoint.load(run_dir)  # the newest one written before the kill
     return state
 

@@ -101,6 +101,25 @@ def slow() -> gym.Env:
     return SlowEnv()
 
 
+class Float64Env(gym.Env):
+    """Pendulum-shaped spaces whose observations are float64 (as many hand-written envs' are)."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-8.0, 8.0, (3,), np.float64)
+        self.action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.np_random.uniform(-1, 1, 3), {}
+
+    def step(self, action):
+        return self.np_random.uniform(-1, 1, 3), float(-np.square(action).sum()), False, False, {}
+
+
+def float64() -> gym.Env:
+    return Float64Env()
+
+
 def broken() -> gym.Env:
     """An env constructor that fails, as one missing a licence or a simulator binary does."""
     raise RuntimeError("simulator licence not found")
