@@ -1,5 +1,5 @@
-"""What every off-policy learner on the farm shares (PURE): DQN and SAC are this plus their networks and
-their gradient step.
+"""What every off-policy learner on the farm shares (PURE): DQN, SAC and TD3 are this plus their networks
+and their gradient step (SAC's and TD3's critics step through `critic_batch` and `twin_critic_step`).
 
 - the replay buffer (uniform or prioritized, `<algo>.prioritized`), fed with n-step transitions of
   each result as it is observed;
@@ -18,16 +18,60 @@ ASYNC only: a replay learner never needs a whole group acted with one version.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 import torch
 
-from rlfarm.algos.base import Algorithm, prefixed, unprefixed
+from rlfarm.algos.base import Algorithm, prefixed, to_device, unprefixed
 from rlfarm.config import RunConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.core.replay import Batch, PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
 from rlfarm.core.rollout import Rollout
+
+
+class CriticBatch(NamedTuple):
+    """A replayed batch on the learner's device as an actor-critic of continuous actions takes it."""
+
+    obs: torch.Tensor  # raw, as replayed: the actor normalises its own input
+    next_obs: torch.Tensor
+    q_obs: torch.Tensor  # normalised with the actor's (current) statistics, as the critics see them
+    q_next_obs: torch.Tensor
+    actions: torch.Tensor  # in unit scale, [-1, 1]
+    rewards: torch.Tensor
+    not_done: torch.Tensor
+    discounts: torch.Tensor
+    weights: torch.Tensor  # PER's importance weights (ones without PER)
+
+
+def critic_batch(batch: Batch, policy: Any, device: torch.device) -> CriticBatch:
+    """`batch` for SAC's and TD3's gradient step; `policy` an rlfarm.nn.layers.BoundedPolicy."""
+    obs = to_device(batch.obs, device)
+    next_obs = to_device(batch.next_obs, device)
+    return CriticBatch(obs, next_obs, policy.normalize(obs), policy.normalize(next_obs),
+                       policy.to_unit(to_device(batch.actions, device)), to_device(batch.rewards, device),
+                       1.0 - to_device(batch.dones, device).float(), to_device(batch.discounts, device),
+                       to_device(batch.weights, device))
+
+
+def twin_critic_step(qf1: torch.nn.Module, qf2: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     b: CriticBatch, target: torch.Tensor) -> tuple[dict[str, float], np.ndarray]:
+    """One step of both critics towards `target` (PER-weighted squared error), as SAC and TD3 take it
+    (Fujimoto et al. 2018's clipped double Q: `target` already holds the smaller target critic).
+    Returns the critics' metrics and each sample's TD error for PER (the mean of both critics')."""
+    qf1_values = qf1(b.q_obs, b.actions)
+    qf2_values = qf2(b.q_obs, b.actions)
+    td1, td2 = qf1_values - target, qf2_values - target
+    qf1_loss = (b.weights * td1.pow(2)).mean()
+    qf2_loss = (b.weights * td2.pow(2)).mean()
+    qf_loss = qf1_loss + qf2_loss
+    optimizer.zero_grad()
+    qf_loss.backward()
+    optimizer.step()
+    metrics = {"losses/qf1_values": qf1_values.mean().item(), "losses/qf2_values": qf2_values.mean().item(),
+               "losses/qf1_loss": qf1_loss.item(), "losses/qf2_loss": qf2_loss.item(),
+               "losses/qf_loss": qf_loss.item() / 2.0}  # the mean of the two, as CleanRL logs it
+    return metrics, (0.5 * (td1.detach().abs() + td2.detach().abs())).cpu().numpy()
 
 
 class OffPolicy(Algorithm):

@@ -135,3 +135,28 @@ def action_scale_bias(spec: SpaceSpec) -> tuple[np.ndarray, np.ndarray]:
     low = np.asarray(spec.action_low, np.float64)
     high = np.asarray(spec.action_high, np.float64)
     return (high - low) / 2.0, (high + low) / 2.0
+
+
+class BoundedPolicy(nn.Module):
+    """What a policy of continuous actions in a Box's bounds shares (SAC's and TD3's): its unit actions
+    in [-1, 1] (the scale of its tanh, its critics and its noises) and the env's bounds, and the
+    normaliser of vector observations its critics see them through too (one set of statistics per run).
+    A subclass builds its layers, then calls `_bounds`."""
+
+    def _bounds(self, spec: SpaceSpec, config: PolicyConfig) -> None:
+        self.obs_norm = obs_normalizer(spec, config)
+        scale, bias = action_scale_bias(spec)
+        # Not part of the saved weights: the bounds are the env's, read from its spec when built.
+        self.register_buffer("action_scale", torch.as_tensor(scale, dtype=torch.float32), persistent=False)
+        self.register_buffer("action_bias", torch.as_tensor(bias, dtype=torch.float32), persistent=False)
+
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        """Vector observations as the networks see them (identity without policy.normalize_obs)."""
+        return self.obs_norm(obs) if self.obs_norm is not None else obs
+
+    def to_env(self, unit: torch.Tensor) -> torch.Tensor:
+        return self.action_bias + self.action_scale * unit
+
+    def to_unit(self, action: torch.Tensor) -> torch.Tensor:
+        """Env actions (as replayed) to [-1, 1], the scale the critics see them in."""
+        return (action - self.action_bias) / self.action_scale

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.nn.actors import Actor, numpy_mlp, run_numpy_mlp
-from rlfarm.nn.layers import NatureCNN, action_scale_bias, layer_init, mlp, obs_normalizer
+from rlfarm.nn.layers import BoundedPolicy, NatureCNN, action_scale_bias, layer_init, mlp
 
 
 
@@ -41,7 +41,7 @@ def np_tanh_log_det(u: np.ndarray) -> np.ndarray:
     return 2.0 * (np.log(2.0) - u - np.logaddexp(0.0, -2.0 * u))
 
 
-class SquashedGaussianPolicy(nn.Module):
+class SquashedGaussianPolicy(BoundedPolicy):
     """SAC's policy: u ~ N(mean(s), std(s)) and the action a = bias + scale * tanh(u), in the env's
     bounds. `actor` is the mean's MLP (its last layer the mean head), `actor_logstd` a second head on
     the same features, so a saved policy reads like PPO's for rlfarm.algos.saved.load_network (observation
@@ -64,22 +64,13 @@ class SquashedGaussianPolicy(nn.Module):
             features = config.hidden_sizes[-1]
             self.actor = mlp([spec.obs_dim, *config.hidden_sizes, spec.action_dim], config.activation, out_std=0.01)
         self.actor_logstd = layer_init(nn.Linear(features, spec.action_dim), std=0.01)
-        # The statistics the critics see observations with too (rlfarm.algos.sac): one set per run.
-        self.obs_norm = obs_normalizer(spec, config)
-        scale, bias = action_scale_bias(spec)
-        # Not part of the saved weights: the bounds are the env's, read from its spec when built.
-        self.register_buffer("action_scale", torch.as_tensor(scale, dtype=torch.float32), persistent=False)
-        self.register_buffer("action_bias", torch.as_tensor(bias, dtype=torch.float32), persistent=False)
+        self._bounds(spec, config)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The Gaussian's mean and log-std over pre-squash actions u."""
         h = self.encoder(obs) if self.encoder is not None else self.normalize(obs)
         h = self.actor[:-1](h)  # the shared hidden layers (none for images: the encoder's features)
         return self.actor[-1](h), log_std_from_tanh(torch.tanh(self.actor_logstd(h)))
-
-    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        """Vector observations as the networks see them (identity without policy.normalize_obs)."""
-        return self.obs_norm(obs) if self.obs_norm is not None else obs
 
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,13 +87,6 @@ class SquashedGaussianPolicy(nn.Module):
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
         """The mean action in unit scale, tanh(mean)."""
         return torch.tanh(self(obs)[0])
-
-    def to_env(self, unit: torch.Tensor) -> torch.Tensor:
-        return self.action_bias + self.action_scale * unit
-
-    def to_unit(self, action: torch.Tensor) -> torch.Tensor:
-        """Env actions (as replayed) to [-1, 1], the scale the critics see them in."""
-        return (action - self.action_bias) / self.action_scale
 
     def actor_snapshot(self) -> "SACActor":
         return TorchSACActor(self) if self.encoder is not None else NumpySACActor(self)

@@ -20,8 +20,8 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch
 
-from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
-from rlfarm.algos.offpolicy import OffPolicy
+from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, unprefixed
+from rlfarm.algos.offpolicy import OffPolicy, critic_batch, twin_critic_step
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.algos.sac.policies import SquashedGaussianPolicy
@@ -104,47 +104,23 @@ class SAC(OffPolicy):
         """A critic step on the batch; every `policy_frequency` gradient steps, that many actor (and
         alpha) steps; every `target_network_frequency`, a Polyak update of the target critics."""
         cfg = self.config
-        dev = self.device
-        obs = to_device(batch.obs, dev)
-        next_obs = to_device(batch.next_obs, dev)
-        # Replay keeps raw observations; the actor normalises its own input, the critics get theirs
-        # normalised here with the same (current) statistics.
-        q_obs, q_next_obs = self.policy.normalize(obs), self.policy.normalize(next_obs)
-        actions = self.policy.to_unit(to_device(batch.actions, dev))
-        rewards = to_device(batch.rewards, dev)
-        not_done = 1.0 - to_device(batch.dones, dev).float()
-        discounts = to_device(batch.discounts, dev)
-        weights = to_device(batch.weights, dev)
-
+        b = critic_batch(batch, self.policy, self.device)
         with torch.no_grad():
             # The soft target: the smaller target critic of a fresh action from the current policy,
             # minus its log-probability times alpha.
-            next_actions, next_logprob = self.policy.sample(next_obs, self.generator)
-            next_q = torch.min(self.qf1_target(q_next_obs, next_actions), self.qf2_target(q_next_obs, next_actions))
-            target = rewards + discounts * not_done * (next_q - self.alpha * next_logprob)
-        qf1_values = self.qf1(q_obs, actions)
-        qf2_values = self.qf2(q_obs, actions)
-        td1, td2 = qf1_values - target, qf2_values - target
-        qf1_loss = (weights * td1.pow(2)).mean()
-        qf2_loss = (weights * td2.pow(2)).mean()
-        qf_loss = qf1_loss + qf2_loss
-        self.q_optimizer.zero_grad()
-        qf_loss.backward()
-        self.q_optimizer.step()
+            next_actions, next_logprob = self.policy.sample(b.next_obs, self.generator)
+            next_q = torch.min(self.qf1_target(b.q_next_obs, next_actions),
+                               self.qf2_target(b.q_next_obs, next_actions))
+            target = b.rewards + b.discounts * b.not_done * (next_q - self.alpha * next_logprob)
+        metrics, td_errors = twin_critic_step(self.qf1, self.qf2, self.q_optimizer, b, target)
 
         if self.gradient_steps % cfg.policy_frequency == 0:
             for _ in range(cfg.policy_frequency):
-                self._actor_metrics = self._policy_step(obs, q_obs)
+                self._actor_metrics = self._policy_step(b.obs, b.q_obs)
         if self.gradient_steps % cfg.target_network_frequency == 0:
             with torch.no_grad():  # target <- (1 - tau) target + tau online
                 torch._foreach_lerp_(self._target_params, self._q_params, cfg.tau)
-
-        metrics = {"losses/qf1_values": qf1_values.mean().item(), "losses/qf2_values": qf2_values.mean().item(),
-                   "losses/qf1_loss": qf1_loss.item(), "losses/qf2_loss": qf2_loss.item(),
-                   "losses/qf_loss": qf_loss.item() / 2.0,  # CleanRL logs the mean of the two
-                   **self._actor_metrics, "losses/alpha": self.alpha.item()}
-        td_errors = 0.5 * (td1.detach().abs() + td2.detach().abs())  # PER priorities: both critics' error
-        return metrics, td_errors.cpu().numpy()
+        return {**metrics, **self._actor_metrics, "losses/alpha": self.alpha.item()}, td_errors
 
     def _policy_step(self, obs: torch.Tensor, q_obs: torch.Tensor) -> dict[str, float]:
         """One actor step, maximising min(Q1, Q2) - alpha log pi, then (autotune) one alpha step.

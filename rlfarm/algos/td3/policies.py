@@ -18,10 +18,10 @@ from torch import nn
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.nn.actors import Actor, numpy_mlp, run_numpy_mlp
-from rlfarm.nn.layers import NatureCNN, action_scale_bias, layer_init, mlp, obs_normalizer
+from rlfarm.nn.layers import BoundedPolicy, NatureCNN, action_scale_bias, layer_init, mlp
 
 
-class DeterministicPolicy(nn.Module):
+class DeterministicPolicy(BoundedPolicy):
     """mu(s) = tanh(actor(features(s))) in unit scale, mapped to the env's bounds by `to_env`.
 
     `actor` is an MLP on the observation (on vectors), or one linear layer on a CNN encoder's features
@@ -40,28 +40,12 @@ class DeterministicPolicy(nn.Module):
         else:
             self.encoder = None
             self.actor = mlp([spec.obs_dim, *config.hidden_sizes, spec.action_dim], config.activation, out_std=0.01)
-        # The statistics the critics see observations with too (rlfarm.algos.td3.td3): one set per run.
-        self.obs_norm = obs_normalizer(spec, config)
-        scale, bias = action_scale_bias(spec)
-        # Not part of the saved weights: the bounds are the env's, read from its spec when built.
-        self.register_buffer("action_scale", torch.as_tensor(scale, dtype=torch.float32), persistent=False)
-        self.register_buffer("action_bias", torch.as_tensor(bias, dtype=torch.float32), persistent=False)
+        self._bounds(spec, config)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """The deterministic unit action mu(s), in [-1, 1]."""
         h = self.encoder(obs) if self.encoder is not None else self.normalize(obs)
         return torch.tanh(self.actor(h))
-
-    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        """Vector observations as the networks see them (identity without policy.normalize_obs)."""
-        return self.obs_norm(obs) if self.obs_norm is not None else obs
-
-    def to_env(self, unit: torch.Tensor) -> torch.Tensor:
-        return self.action_bias + self.action_scale * unit
-
-    def to_unit(self, action: torch.Tensor) -> torch.Tensor:
-        """Env actions (as replayed) to [-1, 1], the scale the critics see them in."""
-        return (action - self.action_bias) / self.action_scale
 
     def actor_snapshot(self) -> "TD3Actor":
         return TorchTD3Actor(self) if self.encoder is not None else NumpyTD3Actor(self)

@@ -24,8 +24,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
-from rlfarm.algos.offpolicy import OffPolicy
+from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, unprefixed
+from rlfarm.algos.offpolicy import OffPolicy, critic_batch, twin_critic_step
 from rlfarm.algos.td3.policies import DeterministicPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.replay import Batch
@@ -100,43 +100,19 @@ class TD3(OffPolicy):
         """A critic step on the batch; every `policy_delay` gradient steps an actor step and a Polyak
         update of the target actor and critics."""
         cfg = self.config
-        dev = self.device
-        obs = to_device(batch.obs, dev)
-        next_obs = to_device(batch.next_obs, dev)
-        # Replay keeps raw observations; the actors normalise their own input, the critics get theirs
-        # normalised here with the same (current) statistics.
-        q_obs, q_next_obs = self.policy.normalize(obs), self.policy.normalize(next_obs)
-        actions = self.policy.to_unit(to_device(batch.actions, dev))
-        rewards = to_device(batch.rewards, dev)
-        not_done = 1.0 - to_device(batch.dones, dev).float()
-        discounts = to_device(batch.discounts, dev)
-        weights = to_device(batch.weights, dev)
-
+        b = critic_batch(batch, self.policy, self.device)
         with torch.no_grad():
-            next_actions = self.smoothed_target_actions(next_obs)
-            next_q = torch.min(self.qf1_target(q_next_obs, next_actions), self.qf2_target(q_next_obs, next_actions))
-            target = rewards + discounts * not_done * next_q
-        qf1_values = self.qf1(q_obs, actions)
-        qf2_values = self.qf2(q_obs, actions)
-        td1, td2 = qf1_values - target, qf2_values - target
-        qf1_loss = (weights * td1.pow(2)).mean()
-        qf2_loss = (weights * td2.pow(2)).mean()
-        qf_loss = qf1_loss + qf2_loss
-        self.q_optimizer.zero_grad()
-        qf_loss.backward()
-        self.q_optimizer.step()
+            next_actions = self.smoothed_target_actions(b.next_obs)
+            next_q = torch.min(self.qf1_target(b.q_next_obs, next_actions),
+                               self.qf2_target(b.q_next_obs, next_actions))
+            target = b.rewards + b.discounts * b.not_done * next_q
+        metrics, td_errors = twin_critic_step(self.qf1, self.qf2, self.q_optimizer, b, target)
 
         if self.gradient_steps % cfg.policy_delay == 0:
-            self._actor_metrics = self._policy_step(obs, q_obs)
+            self._actor_metrics = self._policy_step(b.obs, b.q_obs)
             with torch.no_grad():  # target <- (1 - tau) target + tau online, actor and critics
                 torch._foreach_lerp_(self._targets, self._online, cfg.tau)
-
-        metrics = {"losses/qf1_values": qf1_values.mean().item(), "losses/qf2_values": qf2_values.mean().item(),
-                   "losses/qf1_loss": qf1_loss.item(), "losses/qf2_loss": qf2_loss.item(),
-                   "losses/qf_loss": qf_loss.item() / 2.0,  # the mean of the two, as SAC logs it
-                   **self._actor_metrics}
-        td_errors = 0.5 * (td1.detach().abs() + td2.detach().abs())  # PER priorities: both critics' error
-        return metrics, td_errors.cpu().numpy()
+        return {**metrics, **self._actor_metrics}, td_errors
 
     def _policy_step(self, obs: torch.Tensor, q_obs: torch.Tensor) -> dict[str, float]:
         """One actor step maximising Q1(s, mu(s)) (the paper's deterministic policy gradient through
