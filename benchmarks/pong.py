@@ -102,8 +102,11 @@ def learner_update_seconds(cfg, spec, threads: int, updates: int = 5) -> float:
     torch.set_num_threads(threads)
     algorithm = learner(cfg.algo, cfg.mode)(cfg, spec, torch.device("cpu"))
     rng = np.random.default_rng(0)
-    results = max(1, cfg.async_.results_per_update or 1)
-    rollouts = [synthetic_rollout(spec, cfg.farm.steps_per_env, cfg.env.num_envs, rng) for _ in range(results)]
+    if cfg.mode == "sync":  # the trainer hands SYNC PPO its whole group as one rollout
+        rollouts = [synthetic_rollout(spec, cfg.farm.steps_per_env, cfg.env.num_envs * cfg.farm.num_tasks, rng)]
+    else:  # APPO takes results_per_update results per update
+        results = max(1, cfg.async_.results_per_update or 1)
+        rollouts = [synthetic_rollout(spec, cfg.farm.steps_per_env, cfg.env.num_envs, rng) for _ in range(results)]
     times = []
     for i in range(updates + 1):
         for r in rollouts:
@@ -231,10 +234,11 @@ def main() -> None:
     threads = trainer_threads(cfg, spec.is_image, local_workers(cfg), cores)
     epochs = cfg.ppo.update_epochs
     fwd_bwd = 3 * fwd - first  # backward = 2 x forward, less the first layer's input gradient
-    # APPO with one epoch learns in one pass (V-trace's targets from the loss's own forward); with
-    # more, a forward over the batch gives the targets first.
-    learned_per_step = epochs * fwd_bwd + (0 if epochs == 1 else fwd)
-    batch = cfg.farm.steps_per_env * cfg.env.num_envs * max(1, cfg.async_.results_per_update or 1)
+    # SYNC PPO's values come with the rollout; APPO with one epoch learns in one pass (V-trace's
+    # targets from the loss's own forward); with more, a forward over the batch gives the targets first.
+    learned_per_step = epochs * fwd_bwd + (0 if cfg.mode == "sync" or epochs == 1 else fwd)
+    per_update = cfg.farm.num_tasks if cfg.mode == "sync" else max(1, cfg.async_.results_per_update or 1)
+    batch = cfg.farm.steps_per_env * cfg.env.num_envs * per_update
     update = learner_update_seconds(cfg, spec, threads)
     peak_t = peak1 if threads == 1 else matmul_gflops(threads)
     learner_rate = batch * learned_per_step / update / 1e9
