@@ -10,7 +10,7 @@ measured by benchmarks/pong.py on the same machine, in the same sitting as rlfar
 so the score it reaches does not depend on what else shares the cores while it runs. Settings are
 rl-baselines3-zoo's PPO Atari ones (8 envs x 128 steps, 4 epochs of 256, lr 2.5e-4 and clip 0.1
 annealed over the zoo's 10M steps, ent 0.01, vf 0.5), PongNoFrameskip-v4 with AtariWrapper and a
-frame stack of 4: the deterministic Pong most reports use (rlfarm's preset plays the sticky v5).
+frame stack of 4: the deterministic Pong most reports use, and the one rlfarm's pong preset plays.
 Every finished rollout appends (env steps, wall seconds, games, mean of the last 20 games) to `--out`.
 """
 
