@@ -148,6 +148,28 @@ def load_optimizer_state(optimizer: "torch.optim.Optimizer", tensors: Mapping[st
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
+def networks_state(networks: Mapping[str, Any], optimizers: Mapping[str, "torch.optim.Optimizer"]
+                   ) -> tuple[dict[str, "torch.Tensor"], dict[str, Any]]:
+    """Several networks' and optimizers' state for a checkpoint, each under its prefix: tensors, and the
+    optimizers' JSON-able rest by prefix (restore_networks reads them back)."""
+    tensors: dict[str, Any] = {}
+    for prefix, network in networks.items():
+        tensors.update(prefixed(prefix, network.state_dict()))
+    meta: dict[str, Any] = {}
+    for prefix, optimizer in optimizers.items():
+        optim_tensors, meta[prefix] = optimizer_state(optimizer, prefix)
+        tensors.update(optim_tensors)
+    return tensors, meta
+
+
+def restore_networks(networks: Mapping[str, Any], optimizers: Mapping[str, "torch.optim.Optimizer"],
+                     tensors: Mapping[str, "torch.Tensor"], meta: Mapping[str, Any]) -> None:
+    for prefix, network in networks.items():
+        network.load_state_dict(unprefixed(prefix, tensors))
+    for prefix, optimizer in optimizers.items():
+        load_optimizer_state(optimizer, tensors, meta[prefix], prefix)
+
+
 def to_device(array: Any, device: "torch.device") -> "torch.Tensor":
     """A numpy batch as a tensor on `device`, dtype kept (uint8 images stay uint8 until the network
     scales them, a quarter of float32's bytes over PCIe). To CUDA through pinned host memory with a

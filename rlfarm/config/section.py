@@ -5,6 +5,7 @@ rlfarm.config.run; nothing here imports torch.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlfarm.config.errors import ConfigError
@@ -29,6 +30,19 @@ def at_least_1(run: "RunConfig", *keys: str) -> None:
     for key in keys:
         if get(run, key) < 1:
             raise ConfigError(f"{key} must be at least 1, got {get(run, key)}")
+
+
+def check_bounded_box(algo: str, spec: Any, maps: str) -> None:
+    """An algorithm whose tanh actions are mapped to the action space's bounds (SAC, TD3) needs a Box
+    with finite bounds; `maps` says what it maps, for the message."""
+    if spec.discrete:
+        raise ConfigError(f"algo '{algo}' needs a Box (continuous) action space, the env has "
+                          f"{spec.action_dim} discrete actions; use ppo or dqn for discrete actions")
+    bounds = (*spec.action_low, *spec.action_high)
+    if not all(math.isfinite(x) for x in bounds):
+        raise ConfigError(f"algo '{algo}' {maps} to the action space's bounds and needs finite ones, the "
+                          f"env's are low={list(spec.action_low)} high={list(spec.action_high)}; wrap the "
+                          f"env in gymnasium's RescaleAction with finite bounds, or use ppo")
 
 
 def check_replay(run: "RunConfig", section: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch
 
-from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, unprefixed
+from rlfarm.algos.base import networks_state, restore_networks
 from rlfarm.algos.offpolicy import OffPolicy, critic_batch, twin_critic_step
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
@@ -151,23 +151,17 @@ class SAC(OffPolicy):
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"q_optim": self.q_optimizer, "actor_optim": self.actor_optimizer, "alpha_optim": self.a_optimizer}
 
+    def _networks(self) -> dict[str, torch.nn.Module]:
+        return {prefix: getattr(self, attribute) for prefix, attribute in _NETWORKS.items()}
+
     def learner_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        tensors: dict[str, torch.Tensor] = {"log_alpha": self.log_alpha.detach().clone(),
-                                            "rng.sac": self.generator.get_state()}
-        for prefix, attribute in _NETWORKS.items():
-            tensors.update(prefixed(prefix, getattr(self, attribute).state_dict()))
-        meta: dict[str, Any] = {"actor_metrics": self._actor_metrics}
-        for prefix, optimizer in self._optimizers().items():
-            optim_tensors, meta[prefix] = optimizer_state(optimizer, prefix)
-            tensors.update(optim_tensors)
-        return tensors, meta
+        tensors, meta = networks_state(self._networks(), self._optimizers())
+        own = {"log_alpha": self.log_alpha.detach().clone(), "rng.sac": self.generator.get_state()}
+        return {**own, **tensors}, {"actor_metrics": self._actor_metrics, **meta}
 
     def restore_learner(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
-        for prefix, attribute in _NETWORKS.items():
-            getattr(self, attribute).load_state_dict(unprefixed(prefix, tensors))
+        restore_networks(self._networks(), self._optimizers(), tensors, state)
         with torch.no_grad():
             self.log_alpha.copy_(tensors["log_alpha"])
-        for prefix, optimizer in self._optimizers().items():
-            load_optimizer_state(optimizer, tensors, state[prefix], prefix)
         self.generator.set_state(tensors["rng.sac"])
         self._actor_metrics = dict(state["actor_metrics"])

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from rlfarm.config.errors import ConfigError
-from rlfarm.config.section import AlgoSection, at_least_1, check_replay
+from rlfarm.config.section import AlgoSection, at_least_1, check_bounded_box, check_replay
 
 if TYPE_CHECKING:
     from rlfarm.config.run import RunConfig
@@ -63,12 +63,4 @@ class TD3Config(AlgoSection):
 
     @classmethod
     def check_spaces(cls, spec: "SpaceSpec") -> None:
-        if spec.discrete:
-            raise ConfigError(f"algo 'td3' needs a Box (continuous) action space, the env has "
-                              f"{spec.action_dim} discrete actions; use ppo or dqn for discrete actions")
-        bounds = (*spec.action_low, *spec.action_high)
-        if not all(math.isfinite(x) for x in bounds):
-            raise ConfigError(f"algo 'td3' maps its tanh actions to the action space's bounds and needs "
-                              f"finite ones, the env's are low={list(spec.action_low)} "
-                              f"high={list(spec.action_high)}; wrap the env in gymnasium's RescaleAction "
-                              f"with finite bounds, or use ppo")
+        check_bounded_box("td3", spec, "maps its tanh actions")

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, unprefixed
+from rlfarm.algos.base import networks_state, restore_networks
 from rlfarm.algos.offpolicy import OffPolicy, critic_batch, twin_critic_step
 from rlfarm.algos.td3.policies import DeterministicPolicy
 from rlfarm.config import PolicyConfig, RunConfig
@@ -131,20 +131,15 @@ class TD3(OffPolicy):
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"q_optim": self.q_optimizer, "actor_optim": self.actor_optimizer}
 
+    def _networks(self) -> dict[str, torch.nn.Module]:
+        return {prefix: getattr(self, attribute) for prefix, attribute in _NETWORKS.items()}
+
     def learner_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        tensors: dict[str, torch.Tensor] = {"rng.td3": self.generator.get_state()}
-        for prefix, attribute in _NETWORKS.items():
-            tensors.update(prefixed(prefix, getattr(self, attribute).state_dict()))
-        meta: dict[str, Any] = {"actor_metrics": self._actor_metrics}
-        for prefix, optimizer in self._optimizers().items():
-            optim_tensors, meta[prefix] = optimizer_state(optimizer, prefix)
-            tensors.update(optim_tensors)
-        return tensors, meta
+        tensors, meta = networks_state(self._networks(), self._optimizers())
+        own = {"rng.td3": self.generator.get_state()}
+        return {**own, **tensors}, {"actor_metrics": self._actor_metrics, **meta}
 
     def restore_learner(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
-        for prefix, attribute in _NETWORKS.items():
-            getattr(self, attribute).load_state_dict(unprefixed(prefix, tensors))
-        for prefix, optimizer in self._optimizers().items():
-            load_optimizer_state(optimizer, tensors, state[prefix], prefix)
+        restore_networks(self._networks(), self._optimizers(), tensors, state)
         self.generator.set_state(tensors["rng.td3"])
         self._actor_metrics = dict(state["actor_metrics"])
