@@ -140,6 +140,10 @@ def _modes_help() -> str:
               help=REDIS_HELP + " Omitted: the local farm of `rlfarm up` if one is up, else an embedded "
                    "Redis and local workers are started for the run.")
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes for the embedded default.")
+@click.option("--share", type=click.FloatRange(min=0, min_open=True), metavar="W",
+              help="This run's weight on a farm shared with other runs (farm.share, default 1): the "
+                   "farm's worker processes are divided among the runs training at once in proportion "
+                   "to their weights; one that needs fewer leaves the rest to the others.")
 @click.option("--total-steps", type=click.IntRange(min=1), help="Env steps to train for.")
 @click.option("--target-return", type=float,
               help="Stop early once this return is reached: by the greedy evaluation when evaluations "
@@ -157,7 +161,7 @@ def _modes_help() -> str:
                    "resume it (what a restarted trainer service wants).")
 @click.pass_context
 def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
-          overrides: tuple[str, ...], redis_url: str | None, workers: int | None,
+          overrides: tuple[str, ...], redis_url: str | None, workers: int | None, share: float | None,
           total_steps: int | None, target_return: float | None, seed: int | None,
           run_id: str | None, device: str | None, logdir: str | None, resume: str | None,
           if_exists: str) -> None:
@@ -190,10 +194,11 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
         if resume:
             cfg = _resume_config(resume, logdir, {
                 "farm.workers": workers, "total_steps": total_steps, "target_return": target_return,
-                "device": device})
+                "device": device, "farm.share": share})
         else:
             cfg = C.build(preset, overrides, **{
-                "env.id": env_id, "mode": mode, "farm.workers": workers, "total_steps": total_steps,
+                "env.id": env_id, "mode": mode, "farm.workers": workers, "farm.share": share,
+                "total_steps": total_steps,
                 "target_return": target_return, "seed": seed, "run_id": run_id, "device": device,
                 "logdir": logdir})
         check_config(cfg, embedded=not redis_url and not _local_farm_up())

@@ -71,6 +71,9 @@ class FarmConfig:
     # shrink by two orders of magnitude, benchmarks/wire.py), "zstd" pins that codec, "none" sends them
     # raw. max_result_bytes is the compressed size.
     compress: str = "auto"
+    # This run's weight in the farm's task slots among the runs training on it at once (`--share W`):
+    # slots are split in proportion to the weights of the runs that want them (rlfarm.core.shares).
+    share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -328,7 +331,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"seed must be a non-negative integer, got {config.seed}")
     if config.checkpoint_interval < 0:
         raise ConfigError("checkpoint_interval cannot be negative")
-    for key in ("farm.task_timeout", "farm.lease_seconds", "farm.redis_outage_timeout", "farm.max_result_bytes"):
+    for key in ("farm.task_timeout", "farm.lease_seconds", "farm.redis_outage_timeout", "farm.max_result_bytes",
+                "farm.share"):
         if not get(config, key) > 0:
             raise ConfigError(f"{key} must be positive, got {get(config, key)}")
     if config.farm.task_time_limit < 0:

@@ -25,6 +25,7 @@ docs/architecture.md, decisions 2, 3 and 5.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import time
@@ -91,6 +92,7 @@ class DispatchStats:
     messages_lost: int = 0  # re-sent because their message was neither queued nor running
     time_limits: int = 0  # re-sent because they ran past their hard time limit
     stragglers: int = 0  # backup copies of tasks running longer than task_timeout
+    held: int = 0  # tasks held back for a while because the run had its share of the farm's slots
     forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
     # Task inputs workers refused as not signed by the farm (Result.unverified), by kind; re-sent.
     unverified: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("policy", "meta", "spec"), 0))
@@ -113,7 +115,7 @@ class Dispatcher:
                  lease_seconds: float = 10.0, time_limit: float = 0.0, retry: OutageRetry | None = None,
                  on_state_lost: Callable[[], None] | None = None, notify: Callable[[str], None] | None = None,
                  claim: Claim | None = None, secret: Any = FROM_ENV,
-                 on_unverified: Callable[[str], str] | None = None):
+                 on_unverified: Callable[[str], str] | None = None, share: Any = None):
         """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
         durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
         `on_state_lost`: called when the run's metadata vanished from Redis (FLUSHALL, a Redis
@@ -122,7 +124,10 @@ class Dispatcher:
         without one the dispatcher claims the run itself when it first sends a task.
         `on_unverified(kind)`: a worker refused the task's "policy", "meta" or "spec" as not signed by the
         farm; puts back what the trainer wrote and says what (the task is then sent again). Without
-        it, a refusal fails the task as any other error does."""
+        it, a refusal fails the task as any other error does.
+        `share`: the run's fair share of the farm (rlfarm.farm.shares.FarmShare): tasks past its cap
+        are held here and sent as the run's tasks finish (a SYNC group larger than the share goes in
+        waves); without one every task is sent at once."""
         self.app = app
         self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
         self.client = client
@@ -141,6 +146,9 @@ class Dispatcher:
         self.stats = DispatchStats()
         self.refusing: dict[str, Any] = {}  # workers of another protocol version -> theirs
         self.pending: dict[Key, Pending] = {}
+        self.share = share
+        self.held: collections.deque[TaskSpec] = collections.deque()  # past the share's cap, in order
+        self.busy_seconds = 0.0  # worker seconds of the run's accepted tasks (its used share)
         self.longest: dict[str, float] = {}  # longest task duration seen, per kind
         self._next_check = 0.0
         self._grace_until = 0.0
@@ -157,6 +165,13 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         return len(self.pending)
+
+    def outstanding(self, kind: str | None = None) -> int:
+        """Tasks sent and not yet answered, and those held back for the run's share."""
+        if kind is None:
+            return len(self.pending) + len(self.held)
+        return (sum(1 for key in self.pending if key[0] == kind)
+                + sum(1 for spec in self.held if spec.kind == kind))
 
     # ---- sending ---------------------------------------------------------------------------------
     def time_limit_for(self, kind: str) -> float:
@@ -192,22 +207,38 @@ class Dispatcher:
         specs = [s if isinstance(s, TaskSpec) else TaskSpec.from_kwargs({"run": self.run_id, **s})
                  for s in specs]
         task_keys = [s.key for s in specs]
-        if not self.pending:  # nothing was running: the wait for a finished task starts now
-            self._last_finish = time.monotonic()
-        seen: set[Key] = set()
+        seen: set[Key] = {spec.key for spec in self.held}
         for key in task_keys:
             if key in self.pending or key in seen:
                 raise ValueError(f"task {key} is already in flight")
             seen.add(key)
+        self.held.extend(specs)
+        self.admit()
+        self.stats.held += min(len(self.held), len(specs))
+        return task_keys
+
+    def admit(self) -> None:
+        """Send held tasks, in order, while the run is under its share's cap."""
+        if not self.held:
+            return
+        room = len(self.held)
+        if self.share is not None:
+            cap = self.share.cap(self.outstanding())
+            if cap is not None:
+                room = min(room, cap - len(self.pending))
+        if room <= 0:
+            return
+        specs = [self.held.popleft() for _ in range(room)]
+        if not self.pending:  # nothing was running: the wait for a finished task starts now
+            self._last_finish = time.monotonic()
         if self._own_claim and not self.claim.held:
             self.claim.acquire()
-        self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*k) for k in task_keys])
+        self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*s.key) for s in specs])
         for spec in specs:
             task_id = self._send(spec)
             now = time.monotonic()
             self.pending[spec.key] = Pending(spec, task_id, now, sent=now)
             self.on_event()
-        return task_keys
 
     def _resend(self, key: Key, p: Pending, reason: str, backup: bool = False, counted: bool = True) -> None:
         """`counted`: the copy counts towards max_redispatch. Copies that say nothing about the task do
@@ -305,6 +336,8 @@ class Dispatcher:
         self._last_finish = time.monotonic()
         if message.duration is not None:
             self.longest[message.kind] = max(self.longest.get(message.kind, 0.0), float(message.duration))
+            self.busy_seconds += float(message.duration)
+        self.admit()  # its slot is free: a held task of this run may take it
         self.stats.accepted += 1
         self.stats.accepted_task_ids.append(message.task_id)
         self.on_event()
@@ -360,6 +393,7 @@ class Dispatcher:
             return
         self.claim.check()  # another trainer took the run over: stop before touching it
         self._next_check = now + min(CHECK_SECONDS, self.task_timeout / 4, self.lease_seconds / 4)
+        self.admit()  # the share may have grown (another run ended or wants less)
         if self.retry.outages != self._outages_seen:  # Redis was away: give workers time to renew
             self._outages_seen = self.retry.outages
             self._grace(now)
@@ -509,8 +543,21 @@ class Dispatcher:
                 self.app.amqp.queues[self._queue](conn.default_channel).declare()
         self.retry.run(declare, errors=(OperationalError,))
 
+    def start_share(self) -> None:
+        """Register the run for its fair share (once the run is claimed)."""
+        if self.share is not None:
+            self.share.start()
+
+    def stop_share(self) -> None:
+        """Leave the farm's split: held tasks are dropped, the run's slots go to the others at once."""
+        self.held.clear()
+        if self.share is not None:
+            self.share.stop()
+            self.share = None
+
     def finish(self) -> None:
-        """The run is over: workers skip whatever of it is still queued."""
+        """The run is over: workers skip whatever of it is still queued, its share goes to the others."""
+        self.stop_share()
         self.client.delete(self.wanted, self.key)
         if self._own_claim:
             self.claim.release()

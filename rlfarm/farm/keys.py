@@ -17,7 +17,16 @@ All under `rlfarm:<run>:` (besides the broker's own queue, `celery`, and kombu's
 | `lease:<task>`      | string     | the worker running the task (the node renews it with PEXPIRE only) | lease seconds, renewed |
 | `attempts:<id>`     | string     | the worker delivered a task message         | RESULTS_TTL            |
 
+| `share`             | hash       | trainer (weight, demand, cap, busy seconds: rlfarm.farm.shares) | refreshed each second |
+
 `rlfarm checkpoints delete` removes every key under the prefix (`run_pattern`).
+
+Two keys belong to the farm rather than a run (a run id cannot hold '@'):
+
+| key                 | type       | written by                                  | expiry                 |
+| ------------------- | ---------- | ------------------------------------------- | ---------------------- |
+| `rlfarm:@farm:runs` | sorted set | trainers: run id, scored by when its registration lapses (Redis TIME) | members past their score are removed |
+| `rlfarm:@farm:nodes`| sorted set | workers' main processes: `<slots>@<node>`, scored likewise | likewise |
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ STATUS_TTL = 120  # seconds: a trainer that stops writing drops out of `rlfarm s
 CLAIM_SECONDS = 15.0  # a dead trainer's tasks stop running and its run id is free this long after it died
 LIVE = "*"  # member of `wanted` while the run's trainer lives (not a task key: those hold ':')
 META_PATTERN = f"{NAMESPACE}:*:meta"  # one per run: how runs are listed
+RUNS = f"{NAMESPACE}:@farm:runs"  # runs training now, for fair shares (rlfarm.farm.shares)
+NODES = f"{NAMESPACE}:@farm:nodes"  # rlfarm workers alive now and their slots
 
 
 def prefix(run: str) -> str:
@@ -68,6 +79,10 @@ def claim(run: str) -> str:
 
 def status(run: str) -> str:
     return f"{prefix(run)}status"
+
+
+def share(run: str) -> str:
+    return f"{prefix(run)}share"
 
 
 def wanted(run: str) -> str:

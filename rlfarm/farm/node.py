@@ -30,6 +30,7 @@ import redis
 
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
+from rlfarm.farm.shares import register_node
 from rlfarm.farm.store import PolicyStore
 from rlfarm.farm import keys
 
@@ -113,12 +114,15 @@ def force_hand_back(client: redis.Redis, tasks: list[NodeTask], node: str, grace
 
 class LeaseKeeper(threading.Thread):
     """Renews the leases of the node's running tasks (`running()`), at a quarter of each run's
-    `farm.lease_seconds`, from the worker's main process (see the module docstring)."""
+    `farm.lease_seconds`, from the worker's main process (see the module docstring). With `node`, it
+    also keeps the node's `slots` registered for the farm's fair shares (rlfarm.farm.shares)."""
 
-    def __init__(self, url: str, running: Callable[[], list[NodeTask]]):
+    def __init__(self, url: str, running: Callable[[], list[NodeTask]], node: str | None = None,
+                 slots: int = 0):
         super().__init__(name="rlfarm-lease-keeper", daemon=True)
         self.client = client_for(url)
         self.running = running
+        self.node, self.slots = node, slots
         self.lease_ms: dict[str, int] = {}  # run -> its lease expiry in ms, from its metadata
 
     def _lease_ms(self, run: str) -> int | None:
@@ -147,6 +151,8 @@ class LeaseKeeper(threading.Thread):
     def run(self) -> None:
         while True:
             try:
+                if self.node:
+                    register_node(self.client, self.node, self.slots)
                 interval = self.renew()
             except Exception:  # noqa: BLE001 - a Redis outage: the trainer gives leases a grace period after it
                 interval = 1.0

@@ -130,12 +130,16 @@ def _hand_back_signalled(signum: int, frame: object) -> None:
 
 
 @worker_ready.connect
-def _keep_leases(**_: object) -> None:
+def _keep_leases(sender=None, **_: object) -> None:
     """In the worker's main process, once its pool runs: renew running tasks' leases from here too,
     where an env hung in GIL-holding C code cannot stop it (rlfarm.farm.node.LeaseKeeper)."""
     from rlfarm.farm.node import LeaseKeeper
 
-    LeaseKeeper(_app.conf.broker_url, _running_tasks).start()
+    # Its pool processes are the farm's slots, which runs training at once divide (rlfarm.farm.shares).
+    controller = getattr(sender, "controller", None)
+    slots = int(getattr(controller, "concurrency", 0) or _app.conf.worker_concurrency or os.cpu_count() or 1)
+    LeaseKeeper(_app.conf.broker_url, _running_tasks, node=str(getattr(sender, "hostname", sender)),
+                slots=slots).start()
 
 
 @worker_shutting_down.connect

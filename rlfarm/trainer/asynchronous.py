@@ -82,7 +82,7 @@ class AsyncTrainer(Trainer):
 
     def refill(self) -> None:
         """Keep `tasks_in_flight` rollout tasks on the farm while the backlog has room."""
-        running = sum(1 for key in self.dispatcher.pending if key[0] == "rollout")
+        running = self.dispatcher.outstanding("rollout")  # held back for the run's share included
         while self._owed and running < self.tasks_in_flight and len(self._backlog) < self.max_backlog:
             self.dispatch_one()
             running += 1

@@ -339,6 +339,7 @@ class Trainer:
         state = "failed"
         try:
             self.dispatcher.declare_queue()
+            self.dispatcher.start_share()
             self.publish()
             self.save_checkpoint(force=True)
             self.heartbeat()
@@ -353,6 +354,7 @@ class Trainer:
         finally:
             if state == "failed":
                 self.retry.enabled = False  # Redis may be what failed: one attempt at the cleanup
+            self.dispatcher.stop_share()  # the run's slots go to the others now, whatever happens next
             try:
                 self.claim.check()  # the run is another trainer's now: leave its keys alone
                 self.heartbeat(state)

@@ -22,6 +22,7 @@ from rlfarm.envs import describe
 from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.dispatch import Dispatcher
+from rlfarm.farm.shares import FarmShare
 from rlfarm.farm.outage import OutageRetry, resilient_client
 from rlfarm.farm.connection import connect, no_secret_warning, redact, refuse_eviction
 from rlfarm.farm.store import FROM_ENV, PolicyStore
@@ -101,6 +102,8 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
                             lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
                             retry=retry, on_state_lost=hooks.on_state_lost, notify=warn, claim=claim,
                             secret=store.secret, on_unverified=hooks.on_unverified)
+    dispatcher.share = FarmShare(redis_url, config.run_id, farm.share, config.mode,
+                                 demand=dispatcher.outstanding, busy=lambda: dispatcher.busy_seconds)
 
     def open_logger(resume_state: dict[str, Any] | None) -> RunLogger:
         return RunLogger(run_dir, to_dict(config), config.total_steps, console, resume=resume_state)

@@ -45,6 +45,7 @@ def build(result: TrainResult, stats: Any, retry: Any, *, target_reached_at: dic
     summary["receive_cpu_seconds"] = stats.receive_seconds
     summary["trainer_threads"] = threads  # torch threads the learner ran with (torch_threads)
     summary["dispatched"] = stats.dispatched
+    summary["tasks_held"] = stats.held  # held back a while: the run had its share of a shared farm
     summary["unique_task_ids_accepted"] = len(set(stats.accepted_task_ids))
     summary["faults"] = {"leases_expired": stats.leases_expired, "messages_lost": stats.messages_lost,
                          "time_limits": stats.time_limits, "stragglers": stats.stragglers,
