@@ -121,6 +121,15 @@ def test_shares_follow_the_weights_and_a_killed_trainer_frees_its_share(tmp_path
             seen = poll(lambda: (c := caps()) and c == {"big": "3", "small": "1"} and c,
                         "both runs registered, capped 3:1 on 4 slots", proc=big, log=big_log)
             assert seen == {"big": "3", "small": "1"}
+            # `rlfarm status` lists both with their weight, cap and the slot time they used.
+            status = run_cli("status", "--redis", cluster.redis_url, "--json")
+            assert status.returncode == 0, status.stderr
+            listed = {r["run_id"]: r["share"] for r in json.loads(status.stdout)["runs"]}
+            assert listed["big"]["weight"] == 3.0 and listed["small"]["weight"] == 1.0
+            assert listed["big"]["slots"] == listed["small"]["slots"] == 4
+            assert 0.0 < listed["big"]["used"] <= 1.0
+            table = run_cli("status", "--redis", cluster.redis_url)
+            assert "weight 3, cap 3 of 4" in table.stdout or "weight 3, no cap" in table.stdout, table.stdout
             # SIGKILL the SYNC trainer: nothing of it says goodbye; its registration lapses by itself.
             small.send_signal(signal.SIGKILL)
             small.wait()

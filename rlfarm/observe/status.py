@@ -19,6 +19,7 @@ from rlfarm.farm.connection import redact
 from rlfarm.farm.runs import list_runs, read_status
 from rlfarm.farm.store import PolicyStore, RunNotFound
 from rlfarm.farm import keys
+from rlfarm.farm.shares import read_runs
 
 INSPECT_TIMEOUT = 1.0  # seconds Celery waits for workers to answer a broadcast
 
@@ -46,6 +47,24 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class Share:
+    """A run's registration for the farm's fair shares (rlfarm.farm.shares), while its trainer lives."""
+    weight: float
+    demand: int
+    cap: int | None  # None: no limit (alone on the farm, or no rlfarm worker registered)
+    used: float  # fraction of the farm's slot time its tasks ran, over the last minute
+    slots: int
+
+
+def parse_share(raw: Mapping[str, str] | None) -> Share | None:
+    if not raw:
+        return None
+    return Share(weight=_num(raw, "weight", float) or 1.0, demand=_num(raw, "demand", int) or 0,
+                 cap=_num(raw, "cap", int), used=_num(raw, "used", float) or 0.0,
+                 slots=_num(raw, "slots", int) or 0)
+
+
+@dataclass(frozen=True)
 class RunStatus:
     run_id: str
     algo: str | None = None
@@ -55,6 +74,7 @@ class RunStatus:
     policy_created: float | None = None
     policy_age_s: float | None = None
     heartbeat: Heartbeat | None = None  # None: expired (no trainer wrote it for keys.STATUS_TTL seconds)
+    share: Share | None = None  # None: not training now (or a trainer from before fair shares)
 
 
 @dataclass(frozen=True)
@@ -151,7 +171,7 @@ def _policy_created(client: Any, run_id: str, version: int) -> float | None:
         return None
 
 
-def gather_run(client: Any, run_id: str, now: float) -> RunStatus:
+def gather_run(client: Any, run_id: str, now: float, share: Mapping[str, str] | None = None) -> RunStatus:
     store = PolicyStore(client, run_id)
     try:
         config = store.run_meta().get("config", {})
@@ -166,7 +186,8 @@ def gather_run(client: Any, run_id: str, now: float) -> RunStatus:
         mode=config.get("mode") or (heartbeat.mode if heartbeat else None),
         env=(config.get("env") or {}).get("id") or (heartbeat.env if heartbeat else None),
         latest_version=latest, policy_created=created,
-        policy_age_s=None if created is None else max(0.0, now - created), heartbeat=heartbeat)
+        policy_age_s=None if created is None else max(0.0, now - created), heartbeat=heartbeat,
+        share=parse_share(share))
 
 
 def most_recent_first(runs: list[RunStatus]) -> list[RunStatus]:
@@ -184,9 +205,11 @@ def gather(client: Any, app: Any, redis_url: str, inspect_timeout: float = INSPE
     """One look at the farm: runs, heartbeats, queue, workers (a Celery broadcast) and Redis memory."""
     stats = app.control.inspect(timeout=inspect_timeout).stats()
     now = time.time()
+    shares = read_runs(client)
     return Snapshot(redis=redact(redis_url), taken=now, queue_depth=queue_depth(client),
                     memory=parse_memory(client.info("memory")), workers=parse_workers(stats),
-                    runs=most_recent_first([gather_run(client, run, now) for run in list_runs(client)]))
+                    runs=most_recent_first([gather_run(client, run, now, shares.get(run))
+                                            for run in list_runs(client)]))
 
 
 # ---- output (pure) -------------------------------------------------------------------------------
@@ -241,6 +264,14 @@ def _worker_version(w: WorkerStatus) -> Any:
 STATE_STYLE = {"running": "green", "finished": "cyan", "failed": "red"}
 
 
+def _share_cell(share: Share | None) -> str:
+    """Weight, the cap it keeps to now, and the slot time its tasks used over the last minute."""
+    if share is None:
+        return "-"
+    cap = "no cap" if share.cap is None else f"cap {share.cap} of {share.slots}"
+    return f"weight {share.weight:g}, {cap}\n{100 * share.used:.0f}% of slots (1 min)"
+
+
 def render(s: Snapshot) -> Any:
     """A rich renderable of the snapshot: a header, the workers and the runs."""
     from rich.console import Group
@@ -266,7 +297,7 @@ def render(s: Snapshot) -> Any:
         return Group(header, workers, Text("no runs in this Redis", style="yellow"))
     runs = Table(title=f"{len(s.runs)} run(s)", title_justify="left", show_lines=True)
     runs.add_column("run", no_wrap=True)  # ids are what a user copies: never truncate them
-    for name in ("policy", "trainer", "env steps", "in flight", "last eval"):
+    for name in ("policy", "trainer", "env steps", "in flight", "share", "last eval"):
         runs.add_column(name)
     for r in s.runs:
         run = Text(r.run_id)
@@ -274,7 +305,7 @@ def render(s: Snapshot) -> Any:
         policy = "-" if r.latest_version is None else f"v{r.latest_version}\n{format_age(r.policy_age_s)} ago"
         hb = r.heartbeat
         if hb is None:
-            runs.add_row(run, policy, Text("no trainer heartbeat", style="dim"), "-", "-", "-")
+            runs.add_row(run, policy, Text("no trainer heartbeat", style="dim"), "-", "-", "-", "-")
             continue
         trainer = Text(hb.state, style=STATE_STYLE.get(hb.state, ""))
         trainer.append(f"\n{hb.host or '?'}:{hb.pid or '?'}, {format_age(hb.age_s)} ago", style="dim")
@@ -282,6 +313,6 @@ def render(s: Snapshot) -> Any:
         in_flight = "-" if hb.tasks_in_flight is None else str(hb.tasks_in_flight)
         if hb.slots_waiting is not None:  # ASYNC: how much of the farm waits for the learner
             in_flight += f"\n{100 * hb.slots_waiting:.0f}% of slots waiting for the trainer"
-        runs.add_row(run, policy, trainer, steps, in_flight,
+        runs.add_row(run, policy, trainer, steps, in_flight, _share_cell(r.share),
                      "-" if hb.eval_mean_return is None else f"{hb.eval_mean_return:.1f}")
     return Group(header, workers, runs)
