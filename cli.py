@@ -56,6 +56,26 @@ class PolicyVersion(click.ParamType):
         fail(f"{flag} must be a non-negative integer or 'latest', got {value!r}")
 
 
+class SeedList(click.ParamType):
+    """`--seeds 1-5`, `--seeds 1,2,3` (rlfarm.config.seeds); bad input is one usage line."""
+
+    name = "seeds"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "A-B|A,B,..."
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> list[int]:
+        from rlfarm.config import ConfigError
+        from rlfarm.config.seeds import parse_seeds
+
+        if isinstance(value, list):
+            return value
+        try:
+            return parse_seeds(str(value))
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 class _UsageLine(click.ClickException):
     """A usage error shown as every other rlfarm error is: one line, exit 2 (click's default is a
     usage block of four lines; `--help` still shows the usage)."""
@@ -155,17 +175,25 @@ def _modes_help() -> str:
 @click.option("--if-exists", type=click.Choice(["error", "resume"]), default="error", show_default=True,
               help="When --run-id names a run that already has a checkpoint under --logdir: refuse, or "
                    "resume it (what a restarted trainer service wants).")
+@click.option("--seeds", type=SeedList(),
+              help="Train one run per seed, all at once on one farm (e.g. 1-5 or 1,2,3): run ids "
+                   "RUN_ID-s<seed>, each trainer its own process; prints each seed's best and final "
+                   "greedy evaluation and training return with mean ± std, and writes "
+                   "LOGDIR/RUN_ID-seeds/summary.json. Without --redis one embedded farm serves them all.")
 @click.pass_context
 def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
           overrides: tuple[str, ...], redis_url: str | None, workers: int | None,
           total_steps: int | None, target_return: float | None, seed: int | None,
           run_id: str | None, device: str | None, logdir: str | None, resume: str | None,
-          if_exists: str) -> None:
+          if_exists: str, seeds: list[int] | None) -> None:
     """Train a policy on the farm and save it under LOGDIR/RUN_ID.
 
     Writes config.json, progress.csv, episodes.csv, TensorBoard scalars, a trainer checkpoint (for
     --resume) and final_policy.safetensors.
     """
+    if seeds:
+        _train_seeds(ctx, seeds)
+        return
     from rlfarm.trainer import resume as checkpoint
     from rlfarm import config as C
     from rlfarm.api import RunExists, check_config, check_new_run, run_length_notes, with_run_id
@@ -228,6 +256,81 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
                    f"(best_policy.safetensors); target {'reached' if result.target_reached else 'not reached'}")
     click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
     _exit_now()
+
+
+# Options of `train` a seed's trainer does not get as given: --seeds makes its own --seed, --run-id and
+# --logdir, the farm (--redis, --workers) is the one started for all the seeds, and --resume is refused.
+_SEEDS_OWN = {"seeds", "seed", "run_id", "logdir", "redis_url", "workers", "resume"}
+
+
+def _passed_through(ctx: click.Context, own: set[str]) -> list[str]:
+    """The options the user gave this command (not defaults), as arguments for a child `rlfarm train`.
+    Generic, so an option added to `train` later (e.g. --share) reaches every child unchanged."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in own:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source in (None, click.core.ParameterSource.DEFAULT):
+            continue
+        value, flag = ctx.params[param.name], max(param.opts, key=len)
+        if param.is_flag:
+            args += [flag] if value else [max(param.secondary_opts, key=len)] if param.secondary_opts else []
+        else:
+            args += [a for v in (value if param.multiple else [value]) for a in (flag, str(v))]
+    return args
+
+
+def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
+    """`rlfarm train --seeds`: checks first, then one farm, a trainer subprocess per seed, the table."""
+    from rich.console import Console
+
+    from rlfarm import config as C
+    from rlfarm.api import RunExists, check_config, check_new_run, with_run_id
+    from rlfarm.envs import EnvError, allowed_modules_env
+    from rlfarm.local.shared import farm_for_trainers
+    from rlfarm.tune import seeds as S
+
+    p = ctx.params
+    for name, flag in (("seed", "--seed"), ("resume", "--resume")):
+        if p.get(name) is not None:
+            fail(f"--seeds runs one run per seed; it cannot be combined with {flag}")
+    try:
+        cfg = C.build(p["preset"], p["overrides"], **{
+            "env.id": p["env_id"], "mode": p["mode"], "farm.workers": p["workers"],
+            "total_steps": p["total_steps"], "target_return": p["target_return"], "seed": seeds[0],
+            "run_id": p["run_id"], "device": p["device"], "logdir": p["logdir"]})
+        check_config(cfg)
+        base = with_run_id(cfg).run_id
+        for seed in seeds:
+            check_new_run(C.from_flat({"run_id": S.seed_run_id(base, seed)}, cfg))
+    except RunExists as exc:
+        fail(f"run {exc.run_id} already exists in {exc.run_dir.parent}/; choose another --run-id")
+    except (C.ConfigError, EnvError) as exc:
+        fail(str(exc))
+    logdir = Path(cfg.logdir)
+    seeds_dir = logdir / f"{base}-seeds"
+    seeds_dir.mkdir(parents=True, exist_ok=True)
+    redis_url = p["redis_url"]
+    _sigterm_to_interrupt()
+    note = logging.getLogger("rlfarm.cli").info
+    try:
+        with farm_for_trainers(redis_url, C.local_workers(cfg), seeds_dir / "farm", f"rlfarm-{base}",
+                               allowed_modules_env(cfg.env.id), notify=note) as env:
+            note(f"training seeds {', '.join(map(str, seeds))} at once: runs {base}-s<seed> in {logdir}/, "
+                 f"trainer output in {seeds_dir}/s<seed>.log")
+            runs = S.run_seeds(_passed_through(ctx, _SEEDS_OWN), seeds, base, logdir, env, seeds_dir)
+    except KeyboardInterrupt:
+        click.echo("rlfarm: interrupted; every seed's trainer stopped" +
+                   ("" if redis_url else ", and the embedded workers and Redis"), err=True)
+        sys.exit(130)
+    summary = S.aggregate(runs)
+    path = S.write_summary(seeds_dir, summary)
+    Console(width=None if sys.stdout.isatty() else 160).print(S.table(summary))
+    click.echo(f"summary of {len(seeds)} seeds written to {path}")
+    if summary["failed"]:
+        fail(f"seed{'s' if len(summary['failed']) > 1 else ''} {', '.join(map(str, summary['failed']))} "
+             f"failed (see {seeds_dir}/s<seed>.log); the others finished", 1)
 
 
 def _local_farm_up() -> bool:
