@@ -56,6 +56,26 @@ class PolicyVersion(click.ParamType):
         fail(f"{flag} must be a non-negative integer or 'latest', got {value!r}")
 
 
+class SeedList(click.ParamType):
+    """`--seeds 1-5`, `--seeds 1,2,3` (rlfarm.config.seeds); bad input is one usage line."""
+
+    name = "seeds"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "A-B|A,B,..."
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> list[int]:
+        from rlfarm.config import ConfigError
+        from rlfarm.config.seeds import parse_seeds
+
+        if isinstance(value, list):
+            return value
+        try:
+            return parse_seeds(str(value))
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 class _UsageLine(click.ClickException):
     """A usage error shown as every other rlfarm error is: one line, exit 2 (click's default is a
     usage block of four lines; `--help` still shows the usage)."""
@@ -159,17 +179,25 @@ def _modes_help() -> str:
 @click.option("--if-exists", type=click.Choice(["error", "resume"]), default="error", show_default=True,
               help="When --run-id names a run that already has a checkpoint under --logdir: refuse, or "
                    "resume it (what a restarted trainer service wants).")
+@click.option("--seeds", type=SeedList(),
+              help="Train one run per seed, all at once on one farm (e.g. 1-5 or 1,2,3): run ids "
+                   "RUN_ID-s<seed>, each trainer its own process; prints each seed's best and final "
+                   "greedy evaluation and training return with mean ± std, and writes "
+                   "LOGDIR/RUN_ID-seeds/summary.json. Without --redis one embedded farm serves them all.")
 @click.pass_context
 def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
           overrides: tuple[str, ...], redis_url: str | None, workers: int | None, share: float | None,
           total_steps: int | None, target_return: float | None, seed: int | None,
           run_id: str | None, device: str | None, logdir: str | None, resume: str | None,
-          if_exists: str) -> None:
+          if_exists: str, seeds: list[int] | None) -> None:
     """Train a policy on the farm and save it under LOGDIR/RUN_ID.
 
     Writes config.json, progress.csv, episodes.csv, TensorBoard scalars, a trainer checkpoint (for
     --resume) and final_policy.safetensors.
     """
+    if seeds:
+        _train_seeds(ctx, seeds)
+        return
     from rlfarm.trainer import resume as checkpoint
     from rlfarm import config as C
     from rlfarm.api import RunExists, check_config, check_new_run, run_length_notes, with_run_id
@@ -233,6 +261,81 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
                    f"(best_policy.safetensors); target {'reached' if result.target_reached else 'not reached'}")
     click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
     _exit_now()
+
+
+# Options of `train` a seed's trainer does not get as given: --seeds makes its own --seed, --run-id and
+# --logdir, the farm (--redis, --workers) is the one started for all the seeds, and --resume is refused.
+_SEEDS_OWN = {"seeds", "seed", "run_id", "logdir", "redis_url", "workers", "resume"}
+
+
+def _passed_through(ctx: click.Context, own: set[str]) -> list[str]:
+    """The options the user gave this command (not defaults), as arguments for a child `rlfarm train`.
+    Generic, so an option added to `train` later (e.g. --share) reaches every child unchanged."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in own:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source in (None, click.core.ParameterSource.DEFAULT):
+            continue
+        value, flag = ctx.params[param.name], max(param.opts, key=len)
+        if param.is_flag:
+            args += [flag] if value else [max(param.secondary_opts, key=len)] if param.secondary_opts else []
+        else:
+            args += [a for v in (value if param.multiple else [value]) for a in (flag, str(v))]
+    return args
+
+
+def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
+    """`rlfarm train --seeds`: checks first, then one farm, a trainer subprocess per seed, the table."""
+    from rich.console import Console
+
+    from rlfarm import config as C
+    from rlfarm.api import RunExists, check_config, check_new_run, with_run_id
+    from rlfarm.envs import EnvError, allowed_modules_env
+    from rlfarm.local.shared import farm_for_trainers
+    from rlfarm.tune import seeds as S
+
+    p = ctx.params
+    for name, flag in (("seed", "--seed"), ("resume", "--resume")):
+        if p.get(name) is not None:
+            fail(f"--seeds runs one run per seed; it cannot be combined with {flag}")
+    try:
+        cfg = C.build(p["preset"], p["overrides"], **{
+            "env.id": p["env_id"], "mode": p["mode"], "farm.workers": p["workers"],
+            "total_steps": p["total_steps"], "target_return": p["target_return"], "seed": seeds[0],
+            "run_id": p["run_id"], "device": p["device"], "logdir": p["logdir"]})
+        check_config(cfg)
+        base = with_run_id(cfg).run_id
+        for seed in seeds:
+            check_new_run(C.from_flat({"run_id": S.seed_run_id(base, seed)}, cfg))
+    except RunExists as exc:
+        fail(f"run {exc.run_id} already exists in {exc.run_dir.parent}/; choose another --run-id")
+    except (C.ConfigError, EnvError) as exc:
+        fail(str(exc))
+    logdir = Path(cfg.logdir)
+    seeds_dir = logdir / f"{base}-seeds"
+    seeds_dir.mkdir(parents=True, exist_ok=True)
+    redis_url = p["redis_url"]
+    _sigterm_to_interrupt()
+    note = logging.getLogger("rlfarm.cli").info
+    try:
+        with farm_for_trainers(redis_url, C.local_workers(cfg), seeds_dir / "farm", f"rlfarm-{base}",
+                               allowed_modules_env(cfg.env.id), notify=note) as env:
+            note(f"training seeds {', '.join(map(str, seeds))} at once: runs {base}-s<seed> in {logdir}/, "
+                 f"trainer output in {seeds_dir}/s<seed>.log")
+            runs = S.run_seeds(_passed_through(ctx, _SEEDS_OWN), seeds, base, logdir, env, seeds_dir)
+    except KeyboardInterrupt:
+        click.echo("rlfarm: interrupted; every seed's trainer stopped" +
+                   ("" if redis_url else ", and the embedded workers and Redis"), err=True)
+        sys.exit(130)
+    summary = S.aggregate(runs)
+    path = S.write_summary(seeds_dir, summary)
+    Console(width=None if sys.stdout.isatty() else 160).print(S.table(summary))
+    click.echo(f"summary of {len(seeds)} seeds written to {path}")
+    if summary["failed"]:
+        fail(f"seed{'s' if len(summary['failed']) > 1 else ''} {', '.join(map(str, summary['failed']))} "
+             f"failed (see {seeds_dir}/s<seed>.log); the others finished", 1)
 
 
 def _local_farm_up() -> bool:
@@ -671,6 +774,173 @@ def plot(run_dir: Path, output: Path | None) -> None:
     except (OSError, ValueError) as exc:  # unwritable path, unknown image format
         fail(f"cannot write {output or run_dir / 'curves.png'}: {exc}")
     click.echo(f"wrote {out}")
+
+
+@main.command()
+@click.option("--preset", default="cartpole-ppo", show_default=True,
+              help="The config every trial starts from: a preset name or a TOML file.")
+@click.option("--space", "space_file", type=click.Path(dir_okay=False),
+              help='TOML file with a [space] table: "ppo.learning_rate" = { low = 1e-4, high = 1e-2, '
+                   'log = true } (ints when low and high are ints; step optional), "ppo.update_epochs" = '
+                   '{ choices = [4, 10] }.  [required]')
+@click.option("--trials", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Trials this command runs (each machine sweeping the same study runs its own).")
+@click.option("--parallel", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Trials running at once, each a `rlfarm train` process.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key of every trial (repeatable), e.g. --set total_steps=50000.")
+@click.option("--total-steps", type=click.IntRange(min=1), help="Env steps of each trial's run.")
+@click.option("--mode", type=click.Choice(["sync", "async"]), help="Mode of each trial's run.")
+@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL",
+              help=REDIS_HELP + " The study is kept there too (Optuna's journal storage), so sweeps on "
+                   "several machines against one Redis share it. Omitted: an embedded Redis and local "
+                   "workers for the whole sweep, the study living in it until the sweep ends.")
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the embedded farm.")
+@click.option("--study", "study_name", help="Study name (default: generated); trials' run ids are STUDY-t<number>.")
+@click.option("--resume", "resume", metavar="STUDY",
+              help="Continue the study STUDY in --redis (new trials after its own; a study without "
+                   "--redis ended with its sweep).")
+@click.option("--pruner", type=click.Choice(["median", "hyperband", "threshold", "none"]), default="median",
+              show_default=True,
+              help="Stop unpromising trials early: median (below the median of earlier trials at the same "
+                   "step, after 5 trials), hyperband, threshold (below --prune-below), none.")
+@click.option("--prune-below", type=float, help="With --pruner threshold: stop a trial whose value falls below this.")
+@click.option("--prune-warmup", type=click.IntRange(min=0),
+              help="Env steps of a run before it may be pruned [a quarter of its total steps].")
+@click.option("--metric", type=click.Choice(["eval", "return"]),
+              help="What a trial is scored and pruned by: eval, its greedy evaluations (the best one is "
+                   "the score); return, the mean of its last 20 training episodes (the best one is the "
+                   "score) [eval when the config runs evaluations (eval.interval > 0), else return].")
+@click.option("--seed", type=int, help="Seed of Optuna's sampler (the runs keep the config's seed).")
+@click.option("--logdir", type=click.Path(file_okay=False),
+              help="Parent of the sweep's directory LOGDIR/STUDY, which holds the trials' run "
+                   "directories, trials.csv and best.toml [runs].")
+def sweep(preset: str, space_file: str | None, trials: int, parallel: int, overrides: tuple[str, ...],
+          total_steps: int | None, mode: str | None, redis_url: str | None, workers: int | None,
+          study_name: str | None, resume: str | None, pruner: str, prune_below: float | None,
+          prune_warmup: int | None, metric: str | None, seed: int | None, logdir: str | None) -> None:
+    """Tune hyperparameters with Optuna: every trial an ordinary run on the farm.
+
+    Trials run --parallel at a time; their evaluations (or returns) are reported while they run and
+    the pruner stops the unpromising ones (SIGTERM to their trainer: PRUNED). A trainer that fails or
+    is killed makes its trial FAILED (not retried) and the sweep goes on. Writes LOGDIR/STUDY/
+    trials.csv and best.toml (`rlfarm train --preset LOGDIR/STUDY/best.toml`). Exit status: 0 when
+    every trial ended COMPLETE or PRUNED, 1 when one FAILED (after the others ran), 130 when stopped.
+    """
+    from rlfarm import config as C
+    from rlfarm.api import check_config
+    from rlfarm.config.space import load_space
+    from rlfarm.envs import EnvError, allowed_modules_env
+    from rlfarm.tune.study import SweepError, make_pruner, optuna
+
+    if not space_file:
+        fail("--space FILE is required: a TOML file with a [space] table (see rlfarm sweep --help)")
+    if resume and study_name and resume != study_name:
+        fail(f"--resume {resume} continues that study; --study {study_name} names another")
+    if resume and not redis_url:
+        fail("--resume needs --redis URL: a study lives in the farm's Redis, and one without --redis "
+             "ended with its sweep's embedded Redis")
+    if (pruner == "threshold") != (prune_below is not None):
+        fail("--pruner threshold needs --prune-below VALUE" if pruner == "threshold"
+             else "--prune-below goes with --pruner threshold")
+    try:
+        base = C.load_preset(preset)
+        base.update(C.parse_override(text) for text in overrides)
+        base.update({k: v for k, v in {"total_steps": total_steps, "mode": mode, "farm.workers": workers}.items()
+                     if v is not None})
+        cfg = C.from_flat(base)
+        params = load_space(space_file, base)
+        check_config(cfg)
+        optuna()
+    except (C.ConfigError, EnvError, SweepError) as exc:
+        fail(str(exc))
+    metric = metric or ("eval" if cfg.eval.interval else "return")
+    if metric == "eval" and not cfg.eval.interval:
+        fail("--metric eval needs greedy evaluations during the runs: set eval.interval (e.g. --set "
+             "eval.interval=10240), or use --metric return")
+    name = resume or study_name or f"sweep-{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    sweep_dir = Path(logdir or C.RunConfig.logdir) / name
+    warmup = cfg.total_steps // 4 if prune_warmup is None else prune_warmup
+    child_args = ["--preset", str(Path(preset).resolve()) if Path(preset).suffix == ".toml" else preset,
+                  *(a for o in overrides for a in ("--set", o)),
+                  *(["--total-steps", str(total_steps)] if total_steps else []),
+                  *(["--mode", mode] if mode else [])]
+    _sigterm_to_interrupt()
+    try:
+        _sweep(name, sweep_dir, redis_url, cfg, base, params, child_args, metric, trials, parallel,
+               make_pruner(pruner, warmup, cfg.total_steps, prune_below), bool(resume), seed,
+               allowed_modules_env(cfg.env.id))
+    except SweepError as exc:
+        fail(str(exc), 1)
+
+
+def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metric, trials, parallel,
+           pruner, resume, seed, worker_env) -> None:
+    """The sweep on its farm: the live table, trials.csv and best.toml, the exit status."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from rlfarm import config as C
+    from rlfarm.farm.connection import redact
+    from rlfarm.local.shared import REDIS_ENV, farm_for_trainers
+    from rlfarm.tune.report import trial_line, trials_table, write_best, write_trials_csv
+    from rlfarm.tune.study import open_study
+    from rlfarm.tune.sweep import Sweep
+
+    note = logging.getLogger("rlfarm.cli").info
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    try:
+        with farm_for_trainers(redis_url, C.local_workers(cfg), sweep_dir / "farm", f"rlfarm-{name}",
+                               worker_env, notify=note) as env:
+            study = open_study(env[REDIS_ENV], name, resume, pruner, seed)
+            where = (f"in Redis at {redact(redis_url)}: more machines can join with the same command and "
+                     f"--resume {name}") if redis_url else \
+                "in the embedded Redis, for this sweep's life (trials.csv is its record)"
+            note(f"study {name} {'resumed' if resume else 'created'} {where}; {trials} trials, {parallel} at "
+                 f"once, scored by {metric}; runs and logs in {sweep_dir}/")
+            live = Live(console=console, auto_refresh=False) if console.is_terminal else None
+
+            def on_change(current):
+                if live is not None:
+                    live.update(trials_table(current, f"sweep {name}"), refresh=True)
+
+            def on_end(run):
+                write_trials_csv(study, sweep_dir / "trials.csv")
+                if live is None:
+                    click.echo(trial_line(run))
+                    sys.stdout.flush()
+
+            sweep = Sweep(study, params, child_args, metric, sweep_dir, env, trials, parallel, on_change, on_end)
+            if live is not None:
+                live.start()
+            try:
+                runs = sweep.run()
+            finally:
+                if live is not None:
+                    live.stop()
+                runs = sweep.runs
+                write_trials_csv(study, sweep_dir / "trials.csv")
+                best = write_best(study, base, metric, sweep_dir / "best.toml")
+    except KeyboardInterrupt:
+        click.echo(f"rlfarm: interrupted; every trial's trainer stopped{'' if redis_url else ', and the embedded workers and Redis'}"
+                   f" (running trials marked FAIL); trials so far in {sweep_dir / 'trials.csv'}", err=True)
+        sys.exit(130)
+    if live is None:
+        console.print(trials_table(runs, f"sweep {name}"))
+    click.echo(f"trials: {sweep_dir / 'trials.csv'}")
+    if best is not None:
+        params_text = ", ".join(f"{k}={v}" for k, v in best.params.items())
+        click.echo(f"best: trial {best.number}, {metric} {best.value:.2f} ({params_text}); its config: "
+                   f"{sweep_dir / 'best.toml'} (rlfarm train --preset {sweep_dir / 'best.toml'})")
+    else:
+        click.echo("no trial completed: no best.toml")
+    failed = [run.number for run in runs if run.state == "FAIL"]
+    if failed:
+        fail(f"trial{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} failed (reasons in "
+             f"trials.csv and {sweep_dir}/logs/); the others ran", 1)
+    _exit_now()
 
 
 @main.command()

@@ -24,7 +24,7 @@ from rlfarm.config import ALGORITHMS
 from .conftest import ROOT
 
 PURE_LAYERS = ["config", "core", "envs", "nn", "algos"]
-IO_LAYERS = ["farm", "trainer", "observe", "local"]
+IO_LAYERS = ["farm", "trainer", "observe", "local", "tune"]
 
 
 def _module_name(path) -> str:

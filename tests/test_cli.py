@@ -16,7 +16,7 @@ from .conftest import WORKER_ENV, assert_cleaned_up, poll, processes_matching, r
 @pytest.mark.parametrize("command", [[], ["train"], ["worker"], ["eval"], ["checkpoints"],
                                      ["checkpoints", "list"], ["checkpoints", "export"],
                                      ["checkpoints", "delete"], ["presets"],
-                                     ["status"], ["plot"]])
+                                     ["status"], ["plot"], ["sweep"]])
 def test_help_on_every_command(command):
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output

@@ -1,0 +1,143 @@
+"""A sweep's search space (`rlfarm sweep --space space.toml`), PURE: parsed, checked against a run's
+config before anything starts, and turned into `--set key=value` overrides for a trial.
+
+    [space]
+    "ppo.learning_rate" = { low = 1e-4, high = 1e-2, log = true }   # float (log-uniform)
+    "ppo.update_epochs" = { choices = [4, 10] }                       # categorical
+    "farm.num_tasks" = { low = 2, high = 8, step = 2 }               # int: low and high are ints
+
+Sampling goes through any object with Optuna's `suggest_float / suggest_int / suggest_categorical`
+(an optuna Trial); this module imports no Optuna.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlfarm.config.dump import toml_value
+from rlfarm.config.errors import ConfigError
+from rlfarm.config.run import from_flat
+
+_FIELDS = {"low", "high", "log", "step", "choices"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One dimension of the space: a range (`low`..`high`, ints when both are ints) or `choices`."""
+
+    key: str
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    step: float | int | None = None
+    choices: tuple[Any, ...] = ()
+
+    @property
+    def is_int(self) -> bool:
+        return not self.choices and isinstance(self.low, int) and isinstance(self.high, int)
+
+    def suggest(self, trial: Any) -> Any:
+        if self.choices:
+            return trial.suggest_categorical(self.key, list(self.choices))
+        if self.is_int:
+            return trial.suggest_int(self.key, self.low, self.high, step=self.step or 1, log=self.log)
+        return trial.suggest_float(self.key, float(self.low), float(self.high), step=self.step, log=self.log)
+
+    def describe(self) -> str:
+        if self.choices:
+            return f"one of {list(self.choices)}"
+        kind = "int" if self.is_int else "float"
+        return f"{kind} in [{self.low}, {self.high}]" + (" log" if self.log else "") + (
+            f" step {self.step}" if self.step else "")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_param(key: str, spec: Any) -> Param:
+    """One `[space]` entry, its shape checked (not yet against a config): ConfigError names the key."""
+    where = f"space key {key!r}"
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: expected a table like {{ low = 1e-4, high = 1e-2 }} or "
+                          f"{{ choices = [4, 10] }}, got {spec!r}")
+    unknown = sorted(set(spec) - _FIELDS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r} (fields: low, high, log, step, choices)")
+    if "choices" in spec:
+        choices = spec["choices"]
+        if set(spec) - {"choices"}:
+            raise ConfigError(f"{where}: give either choices or low/high, not both")
+        if not isinstance(choices, list) or not choices:
+            raise ConfigError(f"{where}: choices must be a non-empty list, got {choices!r}")
+        if not all(isinstance(c, bool | int | float | str) for c in choices):
+            raise ConfigError(f"{where}: choices must be numbers, strings or booleans, got {choices!r}")
+        return Param(key, choices=tuple(choices))
+    if "low" not in spec or "high" not in spec:
+        raise ConfigError(f"{where}: a range needs both low and high (or give choices)")
+    low, high, step, log = spec["low"], spec["high"], spec.get("step"), spec.get("log", False)
+    if not (_number(low) and _number(high)):
+        raise ConfigError(f"{where}: low and high must be numbers, got {low!r} and {high!r}")
+    if not low < high:
+        raise ConfigError(f"{where}: bad range: low ({low}) must be below high ({high})")
+    if not isinstance(log, bool):
+        raise ConfigError(f"{where}: log must be true or false, got {log!r}")
+    if log and low <= 0:
+        raise ConfigError(f"{where}: bad range: a log range needs low > 0, got {low}")
+    if step is not None:
+        if not _number(step) or step <= 0:
+            raise ConfigError(f"{where}: step must be a positive number, got {step!r}")
+        if log:
+            raise ConfigError(f"{where}: step and log cannot be combined")
+        if isinstance(low, int) and isinstance(high, int) and not isinstance(step, int):
+            raise ConfigError(f"{where}: an int range (int low and high) needs an int step, got {step!r}")
+    return Param(key, low=low, high=high, log=log, step=step)
+
+
+def parse_space(tree: dict[str, Any], base: dict[str, Any]) -> list[Param]:
+    """The `[space]` table of a space file, each key checked against the run's config: `base` is the
+    flat config the trials start from (preset and overrides); every bound and choice must make a
+    valid config with it, so an unknown key or a value out of the key's range fails here."""
+    space = tree.get("space")
+    if not isinstance(space, dict) or not space:
+        raise ConfigError("the space file needs a non-empty [space] table, e.g. "
+                          "\"ppo.learning_rate\" = { low = 1e-4, high = 1e-2, log = true }")
+    extra = sorted(set(tree) - {"space"})
+    if extra:
+        raise ConfigError(f"unknown table or key {extra[0]!r} in the space file (only [space])")
+    params = [parse_param(key, spec) for key, spec in space.items()]
+    for param in params:
+        for value in param.choices or (param.low, param.high):
+            try:
+                from_flat({**base, param.key: value})
+            except ConfigError as exc:
+                raise ConfigError(f"space key {param.key!r}: {exc}") from None
+    return params
+
+
+def load_space(path: str | Path, base: dict[str, Any]) -> list[Param]:
+    """parse_space of a TOML file; a missing or unreadable file is a ConfigError naming it."""
+    path = Path(path)
+    try:
+        tree = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no space file {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the space file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"space file {path}: invalid TOML: {exc}") from None
+    return parse_space(tree, base)
+
+
+def sample(params: list[Param], trial: Any) -> dict[str, Any]:
+    """{key: value} of one trial."""
+    return {param.key: param.suggest(trial) for param in params}
+
+
+def to_overrides(values: dict[str, Any]) -> list[str]:
+    """['ppo.learning_rate=0.00123', ...]: what `rlfarm train --set` takes (values as TOML)."""
+    return [f"{key}={toml_value(value)}" for key, value in values.items()]

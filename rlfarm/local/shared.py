@@ -1,0 +1,52 @@
+"""One farm for several trainer processes (`rlfarm train --seeds`, `rlfarm sweep`): the given Redis, the
+local farm of `rlfarm up`, or else ONE embedded Redis and local workers for the whole command, stopped
+after it whatever happens (as the embedded default of a single run is, rlfarm.api.run).
+
+What the trainers need is returned as environment variables (RLFARM_REDIS_URL and, for a farm made
+here or by `rlfarm up`, RLFARM_SECRET): never on a command line, where `ps` shows it to every user.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from rlfarm.core.signing import SECRET_ENV, secret_from_env
+
+REDIS_ENV = "RLFARM_REDIS_URL"
+
+
+@contextmanager
+def farm_for_trainers(redis_url: str | None, workers: int, log_dir: Path, name: str,
+                      worker_env: dict[str, str] | None = None,
+                      notify: Callable[[str], None] = print) -> Iterator[dict[str, str]]:
+    """Yields the environment the trainers run with. `worker_env`: more variables for embedded workers
+    (e.g. the allowlist of a `module:callable` env)."""
+    if redis_url:
+        yield {REDIS_ENV: redis_url}
+        return
+    from rlfarm.local import farm as localfarm
+
+    up = localfarm.running()
+    if up is not None:
+        notify(f"no --redis given: using the local farm started by `rlfarm up` ({up['workers']} worker "
+               f"processes)")
+        yield {REDIS_ENV: up["redis_url"], **({SECRET_ENV: up["secret"]} if up.get("secret") else {})}
+        return
+    from rlfarm.local.cluster import LocalCluster
+
+    secret = (secret_from_env() or secrets.token_hex(32).encode()).decode()  # signed, as a single run is
+    log_dir.mkdir(parents=True, exist_ok=True)
+    notify(f"no --redis given: starting one embedded Redis and {workers} local worker processes for "
+           f"all the runs (logs in {log_dir}/)")
+    cluster = LocalCluster(workers=workers, name=name, log_dir=log_dir,
+                           extra_env={**(worker_env or {}), SECRET_ENV: secret})
+    try:
+        cluster.start()
+        (log_dir / "cluster.json").write_text(json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
+        yield {REDIS_ENV: cluster.redis_url, SECRET_ENV: secret}
+    finally:
+        cluster.stop()

@@ -1,0 +1,135 @@
+"""`rlfarm sweep`: Optuna trials as ordinary runs on the farm, `parallel` trainer subprocesses at once.
+
+A trial is `rlfarm train ... --set key=value ... --run-id <study>-t<number>`. While it runs its run
+directory is read every half second (rlfarm.tune.curves) and each new point is reported to Optuna at
+its env step; when the pruner says so the trainer gets SIGTERM (it stops cleanly, SIGKILL after a
+grace), the trial is PRUNED and its slot is given to the next trial at once. Points are checked in
+the order written, whether the trainer is still running or has just exited, so what is pruned does not
+depend on when the files were read.
+
+A trainer that exits non-zero, or is killed by anyone, makes its trial FAILED with the reason (its
+`rlfarm: error:` line, or the signal); the trial is not resumed or retried (a fault that repeats would
+only repeat), and the sweep goes on with the others. A trial still running when the sweep is stopped
+is FAILED too ("interrupted"), so the study holds no trial that looks alive.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rlfarm.config.space import Param, sample, to_overrides
+from rlfarm.tune.curves import Curve, final_score
+from rlfarm.tune.trainers import Trainer, stop_all
+
+POLL_SECONDS = 0.5
+
+
+@dataclass
+class TrialRun:
+    number: int
+    params: dict[str, Any]
+    run_id: str
+    trial: Any = field(repr=False)
+    trainer: Trainer = field(repr=False)
+    curve: Curve = field(repr=False)
+    state: str = "RUNNING"
+    value: float | None = None  # the latest point while it runs, the objective once COMPLETE
+    step: int | None = None
+    reason: str = ""
+
+
+class Sweep:
+    """`run()` asks the study for `trials` trials and runs them `parallel` at a time.
+
+    `args`: what every trial's `rlfarm train` gets (preset, overrides, options); `env`: the trainers'
+    environment (the farm's URL and secret); `on_change(runs)`: called after each round of polling and
+    `on_end(run)` once per finished trial (for the live table and its lines)."""
+
+    def __init__(self, study: Any, params: list[Param], args: list[str], metric: str, sweep_dir: Path,
+                 env: dict[str, str], trials: int, parallel: int,
+                 on_change: Callable[[list[TrialRun]], None] = lambda runs: None,
+                 on_end: Callable[[TrialRun], None] = lambda run: None):
+        self.study, self.params, self.args, self.metric = study, params, args, metric
+        self.sweep_dir, self.env, self.trials, self.parallel = Path(sweep_dir), env, trials, parallel
+        self.on_change, self.on_end = on_change, on_end
+        self.runs: list[TrialRun] = []
+        self._stopping: list[Trainer] = []  # pruned trainers still cleaning up; their slots are free
+
+    def run(self) -> list[TrialRun]:
+        try:
+            while len(self.runs) < self.trials or self._running():
+                while len(self._running()) < self.parallel and len(self.runs) < self.trials:
+                    self._launch()
+                for run in self._running():
+                    self._watch(run)
+                self._stopping = [t for t in self._stopping if not t.reap()]
+                self.on_change(self.runs)
+                if self._running():
+                    time.sleep(POLL_SECONDS)
+        finally:
+            self._interrupt()
+        return self.runs
+
+    def _running(self) -> list[TrialRun]:
+        return [run for run in self.runs if run.state == "RUNNING"]
+
+    def _launch(self) -> None:
+        trial = self.study.ask()
+        values = sample(self.params, trial)
+        run_id = f"{self.study.study_name}-t{trial.number}"
+        trial.set_user_attr("run_id", run_id)
+        args = [*self.args, *(a for o in to_overrides(values) for a in ("--set", o)),
+                "--run-id", run_id, "--logdir", str(self.sweep_dir)]
+        trainer = Trainer(args, self.sweep_dir / "logs" / f"{run_id}.log", self.env)
+        self.runs.append(TrialRun(trial.number, values, run_id, trial, trainer,
+                                  Curve(self.sweep_dir / run_id, self.metric)))
+
+    def _watch(self, run: TrialRun) -> None:
+        code = run.trainer.poll()  # before reading: once it has exited, every point is on disk
+        for step, value in run.curve.read():
+            if step == run.step or (run.step is not None and step < run.step):
+                continue  # one report per step (a final evaluation may repeat the last step)
+            run.step, run.value = step, value
+            run.trial.report(value, step)
+            if run.trial.should_prune():
+                run.trainer.stop()
+                self._stopping.append(run.trainer)
+                self._end(run, "PRUNED")
+                return
+        if code is None:
+            return
+        if code != 0:
+            self._end(run, "FAIL", reason=run.trainer.failure())
+            return
+        value = final_score(self.sweep_dir / run.run_id, self.metric, run.curve.points)
+        if value is None:
+            self._end(run, "FAIL", reason=f"the run finished without a {self.metric} value to score it by")
+        else:
+            run.value = value
+            self._end(run, "COMPLETE")
+
+    def _end(self, run: TrialRun, state: str, reason: str = "") -> None:
+        from optuna.trial import TrialState
+
+        run.state, run.reason = state, reason
+        run.trial.set_user_attr("seconds", round(run.trainer.seconds, 1))
+        if reason:
+            run.trial.set_user_attr("fail_reason", reason)
+        if state == "COMPLETE":
+            self.study.tell(run.trial, run.value)
+        else:
+            self.study.tell(run.trial, state=TrialState[state])
+        self.on_end(run)
+
+    def _interrupt(self) -> None:
+        """Whatever ended the loop: no trainer is left running, and no trial RUNNING in the study."""
+        running = self._running()
+        stop_all([run.trainer for run in running] + self._stopping)
+        for run in running:
+            try:
+                self._end(run, "FAIL", reason="interrupted: the sweep was stopped")
+            except Exception:  # noqa: BLE001 - Redis may be what stopped the sweep; the trainers are stopped
+                pass

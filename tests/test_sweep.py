@@ -1,0 +1,169 @@
+"""`rlfarm sweep` and `rlfarm train --seeds` through the real farm: trainer subprocesses, Optuna's study
+in the farm's Redis, pruning, a failed trial, the files left, and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from rlfarm import config as C
+
+from .conftest import WORKER_ENV, pid_alive, poll, read_csv, read_summary, rlfarm_cmd, run_cli
+
+# Tiny CartPole PPO runs: 512 env steps per iteration, a greedy evaluation of 4 episodes every 1024.
+TINY = ["--set", "farm.steps_per_env=64", "--set", "eval.interval=1024", "--set", "eval.episodes=4"]
+SHORT, LONG = 2048, 40960  # a short trial ends before the pruner's warmup; a long one is pruned past it
+SPACE = ('[space]\n"total_steps" = { choices = [%d, %d] }\n'
+         '"ppo.learning_rate" = { low = 1e-3, high = 1e-2, log = true }\n' % (SHORT, LONG))
+
+
+def optuna():
+    return pytest.importorskip("optuna", reason="rlfarm sweep needs Optuna: pip install 'rlfarm[sweep]'")
+
+
+def enqueued_study(redis_url: str, name: str, trials: list[dict]) -> None:
+    """A study in the farm's Redis whose next trials have these params (`rlfarm sweep --resume` runs them)."""
+    from rlfarm.tune.study import storage
+
+    study = optuna().create_study(study_name=name, storage=storage(redis_url), direction="maximize")
+    for params in trials:
+        study.enqueue_trial(params)
+
+
+def trainers_of(run_prefix: str) -> list[int]:
+    """Pids of the `rlfarm train` processes whose --run-id starts with `run_prefix` (from /proc: ps
+    cuts long command lines to $COLUMNS)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            args = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"--run-id" in args and args[args.index(b"--run-id") + 1].decode().startswith(run_prefix) \
+                and pid_alive(int(entry)):
+            pids.append(int(entry))
+    return pids
+
+
+def states(sweep_dir) -> dict[int, dict]:
+    return {int(row["number"]): row for row in read_csv(sweep_dir / "trials.csv")}
+
+
+@pytest.mark.farm
+def test_sweep_prunes_long_trials_completes_short_ones_and_best_toml_trains(farm, tmp_path):
+    """4 trials, 2 at once: the threshold pruner (warmup 3000 steps) stops both 40960-step trials at
+    their evaluation at step 3072 (CartPole returns are at most 500, below 1000); the 2048-step trials
+    never reach the warmup and COMPLETE. Deterministic whatever the timing: points are checked in order."""
+    name = "sw-prune"
+    enqueued_study(farm.redis_url, name, [{"total_steps": LONG, "ppo.learning_rate": 3e-3},
+                                          {"total_steps": SHORT, "ppo.learning_rate": 3e-3},
+                                          {"total_steps": LONG, "ppo.learning_rate": 5e-3},
+                                          {"total_steps": SHORT, "ppo.learning_rate": 1e-3}])
+    (tmp_path / "space.toml").write_text(SPACE)
+    result = run_cli("sweep", "--resume", name, "--redis", farm.redis_url, "--space", str(tmp_path / "space.toml"),
+                     "--trials", "4", "--parallel", "2", "--pruner", "threshold", "--prune-below", "1000",
+                     "--prune-warmup", "3000", *TINY, "--logdir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    sweep_dir = tmp_path / name
+    trials = states(sweep_dir)
+    assert {n: t["state"] for n, t in trials.items()} == {0: "PRUNED", 1: "COMPLETE", 2: "PRUNED", 3: "COMPLETE"}
+    assert "mean" not in result.stdout and "trial 0 PRUNED at step 3072" in result.stdout
+    for n in (0, 2):  # stopped mid-run: no summary, and far from its 40960 steps
+        run_dir = sweep_dir / f"{name}-t{n}"
+        assert not (run_dir / "summary.json").exists()
+        assert max(int(r["global_step"]) for r in read_csv(run_dir / "progress.csv")) < LONG
+    for n in (1, 3):  # the score is the run's best greedy evaluation
+        assert float(trials[n]["value"]) == read_summary(sweep_dir / f"{name}-t{n}")["best_eval_mean_return"]
+        assert trials[n]["run_id"] == f"{name}-t{n}"
+    from rlfarm.tune.study import storage
+
+    study = optuna().load_study(study_name=name, storage=storage(farm.redis_url))
+    assert [t.state.name for t in study.trials] == ["PRUNED", "COMPLETE", "PRUNED", "COMPLETE"]
+    best_n = max((1, 3), key=lambda n: float(trials[n]["value"]))
+    best = sweep_dir / "best.toml"
+    cfg = C.build(str(best))
+    assert cfg.total_steps == SHORT and cfg.ppo.learning_rate == float(trials[best_n]["ppo.learning_rate"])
+    assert cfg.farm.steps_per_env == 64 and cfg.eval.interval == 1024  # the sweep's --set are in it
+    assert trainers_of(f"{name}-t") == []  # every trainer is gone, the pruned ones too
+    again = run_cli("train", "--preset", str(best), "--redis", farm.redis_url, "--total-steps", "512",
+                    "--run-id", "from-best", "--logdir", str(tmp_path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert read_summary(tmp_path / "from-best")["env_steps"] == 512
+
+
+@pytest.mark.fault
+def test_a_trial_whose_trainer_is_sigkilled_fails_and_the_sweep_finishes_the_others(farm, tmp_path):
+    name = "sw-kill"
+    enqueued_study(farm.redis_url, name, [{"total_steps": LONG, "ppo.learning_rate": 3e-3},
+                                          {"total_steps": SHORT, "ppo.learning_rate": 3e-3},
+                                          {"total_steps": SHORT, "ppo.learning_rate": 5e-3}])
+    (tmp_path / "space.toml").write_text(SPACE)
+    log = tmp_path / "sweep.log"
+    with open(log, "w") as out:
+        sweep = subprocess.Popen(rlfarm_cmd("sweep", "--resume", name, "--redis", farm.redis_url, "--space",
+                                            str(tmp_path / "space.toml"), "--trials", "3", "--parallel", "2",
+                                            "--pruner", "none", *TINY, "--logdir", str(tmp_path)),
+                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **WORKER_ENV})
+    try:
+        victim = tmp_path / name / f"{name}-t0"
+        poll(lambda: (victim / "evals.csv").is_file() and len(read_csv(victim / "evals.csv")) >= 1,
+             "trial 0 evaluated once", sweep, log)
+        [pid] = trainers_of(f"{name}-t0")
+        os.kill(pid, signal.SIGKILL)
+        assert sweep.wait(timeout=600) == 1, log.read_text()[-3000:]
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    trials = states(tmp_path / name)
+    assert {n: t["state"] for n, t in trials.items()} == {0: "FAIL", 1: "COMPLETE", 2: "COMPLETE"}
+    assert trials[0]["fail_reason"] == "trainer killed by SIGKILL"
+    output = log.read_text()
+    assert "trial 0 FAIL: value" in output and "rlfarm: error: trial 0 failed" in output
+    assert not pid_alive(pid) and trainers_of(f"{name}-t") == []
+
+
+@pytest.mark.farm
+def test_seeds_train_two_runs_on_one_embedded_farm_with_mean_and_std(tmp_path):
+    result = run_cli("train", "--seeds", "1,2", "--total-steps", "2048", *TINY, "--run-id", "tiny",
+                     "--logdir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "tiny-seeds" / "summary.json").read_text())
+    assert summary["seeds"] == [1, 2] and summary["failed"] == []
+    best = [read_summary(tmp_path / f"tiny-s{s}")["best_eval_mean_return"] for s in (1, 2)]
+    assert [r["scores"]["best_eval_mean_return"] for r in summary["runs"]] == best
+    assert summary["mean"]["best_eval_mean_return"] == pytest.approx(np.mean(best))
+    assert summary["std"]["best_eval_mean_return"] == pytest.approx(np.std(best))
+    assert [json.loads((tmp_path / f"tiny-s{s}" / "config.json").read_text())["seed"] for s in (1, 2)] == [1, 2]
+    assert "tiny-s1" in result.stdout and "tiny-s2" in result.stdout and "mean ± std" in result.stdout
+    assert f"{np.mean(best):.1f} ± {np.std(best):.1f}" in result.stdout
+    pids = json.loads((tmp_path / "tiny-seeds" / "farm" / "cluster.json").read_text())["pids"]
+    assert pids and not [p for p in pids if pid_alive(p)]  # the one embedded farm is stopped
+    assert trainers_of("tiny-s") == []
+
+
+def test_sweep_refuses_bad_input_in_one_line_before_anything_starts(tmp_path, monkeypatch):
+    from cli import main
+
+    def error(*args):
+        result = CliRunner().invoke(main, ["sweep", *args])
+        assert result.exit_code == 2, result.output
+        [line] = result.output.strip().splitlines()
+        return line
+
+    space = tmp_path / "space.toml"
+    space.write_text('[space]\n"ppo.learnig_rate" = { low = 1e-4, high = 1e-2 }\n')
+    assert error("--space", str(space)).startswith("rlfarm: error: space key 'ppo.learnig_rate': unknown config key")
+    assert error("--space", str(tmp_path / "none.toml")) == f"rlfarm: error: no space file {tmp_path / 'none.toml'}"
+    assert "--resume needs --redis URL" in error("--space", str(space), "--resume", "s")
+    assert "--pruner threshold needs --prune-below" in error("--space", str(space), "--pruner", "threshold")
+    space.write_text('[space]\n"ppo.clip_coef" = { low = 0.1, high = 0.3 }\n')
+    assert "--metric eval needs greedy evaluations" in error("--space", str(space), "--metric", "eval")
+    monkeypatch.setitem(__import__("sys").modules, "optuna", None)  # as if not installed
+    assert error("--space", str(space)) == ("rlfarm: error: rlfarm sweep needs Optuna, which is not installed: "
+                                            "pip install 'rlfarm[sweep]'")
