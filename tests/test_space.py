@@ -138,12 +138,13 @@ def test_bad_seeds_on_the_command_line_are_one_usage_line():
 
 def test_a_seed_trainer_gets_the_options_given_and_any_new_one_like_share():
     """Every option the user typed reaches each seed's `rlfarm train`, except the ones --seeds makes
-    itself; an option `train` gains later (the other engineer's --share) passes with no change here."""
+    itself (--share and any option `train` gains later included, with no list kept here)."""
     from cli import _SEEDS_OWN, _passed_through, train
 
-    command = click.Command("train", params=[*train.params, click.Option(["--share"], type=float)])
+    command = click.Command("train", params=[*train.params, click.Option(["--later"], type=float)])
     ctx = command.make_context("train", ["--preset", "cartpole-ppo", "--set", "a=1", "--set", "b=2",
                                          "--seeds", "1-3", "--run-id", "x", "--share", "0.5",
-                                         "--total-steps", "64", "--mode", "sync"])
+                                         "--total-steps", "64", "--mode", "sync", "--later", "2"])
     assert _passed_through(ctx, _SEEDS_OWN) == ["--preset", "cartpole-ppo", "--mode", "sync", "--set", "a=1",
-                                                "--set", "b=2", "--total-steps", "64", "--share", "0.5"]
+                                                "--set", "b=2", "--share", "0.5", "--total-steps", "64",
+                                                "--later", "2.0"]

@@ -17,7 +17,7 @@ All under `rlfarm:<run>:` (besides the broker's own queue, `celery`, and kombu's
 | `lease:<task>`      | string     | the worker running the task (the node renews it with PEXPIRE only) | lease seconds, renewed |
 | `attempts:<id>`     | string     | the worker delivered a task message         | RESULTS_TTL            |
 
-| `share`             | hash       | trainer (weight, demand, cap, busy seconds: rlfarm.farm.shares) | refreshed each second |
+| `share`             | hash       | trainer (weight, demand, cap, busy seconds: rlfarm.farm.shares) | refreshed 4x a second |
 
 `rlfarm checkpoints delete` removes every key under the prefix (`run_pattern`).
 

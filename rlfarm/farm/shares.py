@@ -23,7 +23,7 @@ import redis
 from rlfarm.core.shares import Demand, allocate, used_fraction
 from rlfarm.farm import keys
 
-HEARTBEAT = 1.0  # seconds between a trainer's registrations
+HEARTBEAT = 0.25  # seconds between a trainer's registrations: how soon it sees another run want slots
 RUN_SECONDS = 3.0  # a run that stopped registering (its trainer died) leaves the split this long after
 NODE_SECONDS = 5.0  # a worker whose main process stopped renewing leaves the slot count this long after
 USED_WINDOW = 60.0  # `rlfarm status`'s "share used": slot time over the last minute
