@@ -27,6 +27,7 @@ HEARTBEAT = 0.25  # seconds between a trainer's registrations: how soon it sees 
 RUN_SECONDS = 3.0  # a run that stopped registering (its trainer died) leaves the split this long after
 NODE_SECONDS = 5.0  # a worker whose main process stopped renewing leaves the slot count this long after
 USED_WINDOW = 60.0  # `rlfarm status`'s "share used": slot time over the last minute
+CONTROL_WINDOW = 20.0  # the slot time each run got over this many seconds steers its share (rlfarm.core.shares)
 
 
 def server_time(client: redis.Redis) -> float:
@@ -77,6 +78,7 @@ class FarmShare:
         self.run_id, self.weight, self.mode = run_id, weight, mode
         self.demand, self.busy = demand, busy
         self.slots = 0
+        self.recent: float | None = None  # this run's fraction of the slot time over CONTROL_WINDOW
         self.others: dict[str, Demand] = {}
         self._history: collections.deque[tuple[float, float]] = collections.deque()  # (time, busy)
         self._stop = threading.Event()
@@ -89,7 +91,7 @@ class FarmShare:
         divide; tasks then wait in the queue as before)."""
         if self.slots <= 0 or not self.others:
             return None  # alone on the farm: its tasks queue as deep as it likes (ASYNC's pipelining)
-        runs = {**self.others, self.run_id: Demand(self.weight, demand)}
+        runs = {**self.others, self.run_id: Demand(self.weight, demand, self.recent)}
         return allocate(self.slots, runs)[self.run_id]
 
     # ---- the registry ----------------------------------------------------------------------------
@@ -100,13 +102,14 @@ class FarmShare:
         self._history.append((now, busy))
         while len(self._history) > 2 and self._history[1][0] <= now - USED_WINDOW:
             self._history.popleft()
-        since, busy_then = self._history[0]
+        self.recent = self._used_since(now - CONTROL_WINDOW, now, busy)
         cap = self.cap(demand)
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(keys.share(self.run_id), mapping={
             "weight": repr(self.weight), "demand": demand, "mode": self.mode,
             "cap": "" if cap is None else cap, "busy": f"{busy:.3f}",
-            "used": f"{used_fraction(busy - busy_then, self.slots, now - since):.4f}",
+            "used": f"{self._used_since(now - USED_WINDOW, now, busy) or 0.0:.4f}",
+            "recent": "" if self.recent is None else f"{self.recent:.4f}",
             "slots": self.slots, "updated": f"{now:.3f}"})
         pipe.expire(keys.share(self.run_id), int(RUN_SECONDS) + 60)  # the backstop; RUNS decides liveness
         pipe.zadd(keys.RUNS, {self.run_id: now + RUN_SECONDS})
@@ -114,8 +117,17 @@ class FarmShare:
         pipe.zremrangebyscore(keys.NODES, "-inf", now)
         pipe.execute()
         self.slots = live_slots(self.client, now)
-        self.others = {run: Demand(float(s.get("weight", 1.0)), int(s.get("demand", 0)))
+        self.others = {run: Demand(float(s.get("weight", 1.0)), int(s.get("demand", 0)),
+                                   float(s["recent"]) if s.get("recent") else None)
                        for run, s in read_runs(self.client, now).items() if run != self.run_id}
+
+    def _used_since(self, start: float, now: float, busy: float) -> float | None:
+        """The fraction of the farm's slot time this run's tasks ran from `start` (or since it began,
+        if later) to `now`; None before a second of record."""
+        since, busy_then = next(((t, b) for t, b in self._history if t >= start), self._history[0])
+        if now - since < 1.0 or self.slots <= 0:
+            return None
+        return used_fraction(busy - busy_then, self.slots, now - since)
 
     def start(self) -> "FarmShare":
         try:
