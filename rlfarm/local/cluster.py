@@ -49,7 +49,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Runs in the child between fork and exec: new session (own process group), and SIGTERM when
     # the parent dies, so an abrupt trainer death still takes its Redis and workers with it.
     os.setsid()
@@ -96,7 +96,7 @@ class LocalCluster:
         """`detached`: processes outlive this one (`rlfarm up`); `password`: Redis requires it;
         `data_dir`: Redis's directory (default: a temporary one, removed by `stop`)."""
         self.workers = workers
-        self._preexec = _detach if detached else _die_with_parent
+        self._preexec = _detach if detached else die_with_parent
         self.password = password
         self.data_dir = Path(data_dir) if data_dir else None
         self.events = events  # workers send task events (-E), for Flower

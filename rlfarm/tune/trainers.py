@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlfarm.local.cluster import _die_with_parent
+from rlfarm.local.cluster import die_with_parent
 
 GRACE = 15.0  # seconds a stopped trainer gets to clean up before SIGKILL
 
@@ -37,7 +37,7 @@ class Trainer:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(train_command(args), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env={**os.environ, **env},
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=die_with_parent)
 
     @property
     def pid(self) -> int:
