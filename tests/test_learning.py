@@ -88,18 +88,18 @@ def test_pendulum_sac_async_confirmed_greedy_eval_reaches_minus_250_within_20k_s
     assert summary["dropped_stale"] == 0  # off-policy: no result was thrown away for its lag
 
 
-def test_pendulum_td3_async_confirmed_greedy_eval_reaches_minus_250_within_20k_steps(tmp_path):
+def test_pendulum_td3_async_confirmed_greedy_eval_reaches_minus_200_within_20k_steps(tmp_path):
     """rl-baselines3-zoo's TD3 settings on Pendulum-v1 (10k steps of uniform heatup, then one gradient
-    step per env step): a greedy evaluation of -250 or better, confirmed on 50 more episodes, within
-    20k env steps; `rlfarm eval` of best_policy.safetensors on 30 fresh seeds agrees."""
+    step per env step): a greedy evaluation of -200 or better, confirmed on 50 more episodes, within
+    20k env steps; `rlfarm eval` of best_policy.safetensors scores -250 or better on 30 fresh seeds."""
     run_dir = train_embedded(tmp_path, "pendulum-td3", "--preset", "pendulum-td3", "--seed", "1")
     summary = json.loads((run_dir / "summary.json").read_text())
     reached = summary["target_reached_at"]
-    print(f"pendulum-td3: target -250 confirmed at {reached}")
+    print(f"pendulum-td3: target -200 confirmed at {reached}")
     assert summary["target_reached"] and reached["env_steps"] <= 20_000
     with open(run_dir / "evals.csv") as f:
         evals = list(csv.DictReader(f))
-    confirmed = [r for r in evals if r["confirmation"] == "1" and float(r["mean_return"]) >= -250]
+    confirmed = [r for r in evals if r["confirmation"] == "1" and float(r["mean_return"]) >= -200]
     assert confirmed and int(confirmed[0]["global_step"]) <= 20_000
     assert summary["dropped_stale"] == 0  # off-policy: no result was thrown away for its lag
     home = run_cli("eval", "--policy", str(run_dir / "best_policy.safetensors"), "--episodes", "30",

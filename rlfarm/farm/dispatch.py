@@ -166,6 +166,16 @@ class Dispatcher:
     def in_flight(self) -> int:
         return len(self.pending)
 
+    def on_farm(self) -> int:
+        """Tasks queued or running: pending ones, less those whose result waits in the run's results
+        list (a learner behind holds finished tasks there, which take no slot)."""
+        waiting = self.share.results_waiting if self.share is not None else 0
+        return max(0, len(self.pending) - waiting)
+
+    def wants_slots(self) -> int:
+        """What the run asks of the farm's slots now: its tasks on the farm and those held back."""
+        return self.on_farm() + len(self.held)
+
     def outstanding(self, kind: str | None = None) -> int:
         """Tasks sent and not yet answered, and those held back for the run's share."""
         if kind is None:
@@ -223,9 +233,9 @@ class Dispatcher:
             return
         room = len(self.held)
         if self.share is not None:
-            cap = self.share.cap(self.outstanding())
+            cap = self.share.cap(self.wants_slots())
             if cap is not None:
-                room = min(room, cap - len(self.pending))
+                room = min(room, cap - self.on_farm())
         if room <= 0:
             return
         specs = [self.held.popleft() for _ in range(room)]

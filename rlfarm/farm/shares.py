@@ -79,6 +79,7 @@ class FarmShare:
         self.demand, self.busy = demand, busy
         self.slots = 0
         self.recent: float | None = None  # this run's fraction of the slot time over CONTROL_WINDOW
+        self.results_waiting = 0  # finished tasks whose results wait for the trainer: they hold no slot
         self.others: dict[str, Demand] = {}
         self._history: collections.deque[tuple[float, float]] = collections.deque()  # (time, busy)
         self._stop = threading.Event()
@@ -115,7 +116,8 @@ class FarmShare:
         pipe.zadd(keys.RUNS, {self.run_id: now + RUN_SECONDS})
         pipe.zremrangebyscore(keys.RUNS, "-inf", now)
         pipe.zremrangebyscore(keys.NODES, "-inf", now)
-        pipe.execute()
+        pipe.llen(keys.results(self.run_id))
+        self.results_waiting = pipe.execute()[-1]
         self.slots = live_slots(self.client, now)
         self.others = {run: Demand(float(s.get("weight", 1.0)), int(s.get("demand", 0)),
                                    float(s["recent"]) if s.get("recent") else None)

@@ -103,7 +103,7 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
                             retry=retry, on_state_lost=hooks.on_state_lost, notify=warn, claim=claim,
                             secret=store.secret, on_unverified=hooks.on_unverified)
     dispatcher.share = FarmShare(redis_url, config.run_id, farm.share, config.mode,
-                                 demand=dispatcher.outstanding, busy=lambda: dispatcher.busy_seconds)
+                                 demand=dispatcher.wants_slots, busy=lambda: dispatcher.busy_seconds)
 
     def open_logger(resume_state: dict[str, Any] | None) -> RunLogger:
         return RunLogger(run_dir, to_dict(config), config.total_steps, console, resume=resume_state)
