@@ -229,3 +229,28 @@ def test_a_sync_group_larger_than_its_share_goes_in_waves_and_learns_the_same(fa
     assert summaries[0]["tasks_held"] == 0
     assert summaries[1]["tasks_held"] >= 2 * 5  # 2 iterations of 6: 5 of each held at first
     assert _digest(tmp_path / "waves-alone") == _digest(tmp_path / "waves-shared")
+
+
+def test_finished_tasks_waiting_for_the_learner_take_no_slot():
+    """A learner behind its farm leaves finished tasks' results in Redis: they count as pending for
+    liveness but not as slots held, so its share does not keep other runs (or itself) off idle slots."""
+    from celery import Celery
+
+    from rlfarm.core.protocol import TaskSpec
+    from rlfarm.farm.dispatch import Dispatcher, Pending
+
+    class Registered:  # what FarmShare tells the dispatcher: its last refresh's results list length
+        results_waiting = 2
+
+        def cap(self, demand):
+            return 2
+
+    d = Dispatcher(Celery(), None, "r", 60.0, 3, share=Registered())
+    for i in range(3):
+        spec = TaskSpec("r", "rollout", i, 0, 0, 1, steps=8)
+        d.pending[spec.key] = Pending(spec, f"id{i}", 0.0, sent=0.0)
+    d.held.append(TaskSpec("r", "rollout", 9, 0, 0, 1, steps=8))
+    assert d.in_flight == 3 and d.outstanding() == 4
+    assert d.on_farm() == 1 and d.wants_slots() == 2
+    Registered.results_waiting = 5  # more results than pending (an evaluation's, a duplicate's)
+    assert d.on_farm() == 0

@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -167,3 +169,42 @@ def test_sweep_refuses_bad_input_in_one_line_before_anything_starts(tmp_path, mo
     monkeypatch.setitem(__import__("sys").modules, "optuna", None)  # as if not installed
     assert error("--space", str(space)) == ("rlfarm: error: rlfarm sweep needs Optuna, which is not installed: "
                                             "pip install 'rlfarm[sweep]'")
+
+
+def test_optuna_dashboard_opens_a_sweeps_study_by_the_farms_redis_url(redis_only, tmp_path):
+    """What the README says to type: `optuna-dashboard REDIS_URL` shows the studies `rlfarm sweep`
+    keeps in the farm's Redis (Optuna's journal storage, default prefix)."""
+    import shutil
+    import urllib.request
+
+    pytest.importorskip("optuna_dashboard", reason="optuna-dashboard is not installed (pip install optuna-dashboard)")
+    from rlfarm.local.cluster import free_port
+    from rlfarm.tune.study import make_pruner, open_study
+
+    study = open_study(redis_only.redis_url, "dash", False, make_pruner("none", 0, 1), seed=1)
+    for value in (10.0, 30.0):
+        trial = study.ask()
+        trial.suggest_float("ppo.learning_rate", 1e-4, 1e-2, log=True)
+        study.tell(trial, value)
+    port = free_port()
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
+    log = tmp_path / "dashboard.log"
+    proc = subprocess.Popen([exe, redis_only.redis_url, "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        def studies():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as r:
+                    return json.loads(r.read())["study_summaries"]
+            except OSError:
+                return None
+
+        found = poll(studies, "optuna-dashboard answering on the study's Redis", proc=proc, log=log)
+        dash = [s for s in found if s["study_name"] == "dash"]
+        assert len(dash) == 1
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{dash[0]['study_id']}", timeout=5) as r:
+            detail = json.loads(r.read())
+        assert sorted(t["values"][0] for t in detail["trials"]) == [10.0, 30.0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
