@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -35,8 +36,17 @@ def start_and_sigkill(tmp_path, run_id: str, args: list[str], kill_after_steps: 
     assert proc.returncode == -signal.SIGKILL
     # Redis and the workers die with their parent (PR_SET_PDEATHSIG); wait for that to happen.
     pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
-    poll(lambda: not [p for p in pids if pid_alive(p)], "no farm process outliving its killed trainer",
-         deadline_s=60)
+    try:
+        poll(lambda: not [p for p in pids if pid_alive(p)], "no farm process outliving its killed trainer",
+             deadline_s=60)
+    except BaseException:  # say what outlived it, in what state, and what the workers last logged
+        for pid in [p for p in pids if pid_alive(p)]:
+            stat = Path(f"/proc/{pid}/stat").read_text().split()
+            print(f"alive: {pid} state {stat[2]} ppid {stat[3]}: "
+                  f"{Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()[:200]}")
+        for log in sorted(run_dir.glob("worker-*.log")):
+            print(f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}")
+        raise
     _, state = checkpoint.load(run_dir)  # the newest one written before the kill
     return state
 
