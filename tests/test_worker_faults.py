@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from rlfarm.farm import keys
 from rlfarm.local.cluster import LocalCluster
 from rlfarm.core.protocol import PROTOCOL
 
@@ -232,5 +233,25 @@ def test_a_process_that_does_not_let_go_is_answered_for_and_killed_after_the_gra
         assert s["faults"]["handed_back"] == 1 and s["faults"]["leases_expired"] == 0
         ids = s["accepted_task_ids"]
         assert len(ids) == len(set(ids)) and s["env_steps"] == 250 * len(ids) >= 500
+    finally:
+        c.stop()
+
+
+def test_a_burst_of_sigterms_still_ends_the_worker(tmp_path):
+    """Several SIGTERMs in a row (a supervisor repeating itself, a death signal beside a stop): the
+    worker exits, the later ones ignored by rlfarm.farm.worker_app._term_once. That guard is for a
+    worker once found deadlocked in four nested runs of Celery's SIGTERM handler (py-spy:
+    `Signal._live_receivers` waiting for its own lock); this burst does not reproduce that race (it
+    passed without the guard too), it shows the guard keeps a SIGTERM a shutdown."""
+    c = cluster(tmp_path, "termburst")
+    try:
+        victim = c.add_worker(2, command=[*RLFARM_WORKER, "--shutdown-grace", "5"])
+        client = redis.Redis.from_url(c.redis_url)
+        poll(lambda: client.zcard(keys.NODES), "the worker up and registered (worker_ready)")
+        for _ in range(50):
+            if victim.poll() is not None:
+                break
+            victim.send_signal(signal.SIGTERM)
+        poll(lambda: victim.poll() is not None, "the worker exiting after a burst of SIGTERMs", deadline_s=60)
     finally:
         c.stop()

@@ -13,6 +13,7 @@ defines the tasks, whose body is `run(request)`.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections import deque
 from typing import Any
@@ -140,6 +141,31 @@ def _keep_leases(sender=None, **_: object) -> None:
     slots = int(getattr(controller, "concurrency", 0) or _app.conf.worker_concurrency or os.cpu_count() or 1)
     LeaseKeeper(_app.conf.broker_url, _running_tasks, node=str(getattr(sender, "hostname", sender)),
                 slots=slots).start()
+    _term_once()
+
+
+def _term_once() -> None:
+    """Celery's SIGTERM handler, called for the first SIGTERM only. It takes a lock of Celery's signal
+    dispatch (worker_shutting_down) without blocking signals; a second SIGTERM arriving inside it ran
+    it again, which waited for that lock forever: a worker of a SIGKILLed trainer (its death signal is
+    SIGTERM, rlfarm.local.cluster) was found so 50 minutes later, its pool idle. The
+    first SIGTERM already shuts the worker down (hand-back, then exit within --shutdown-grace)."""
+    celery_handler = signal.getsignal(signal.SIGTERM)
+    if not callable(celery_handler) or getattr(celery_handler, "rlfarm_once", False):
+        return
+    fired = []
+
+    def once(signum: int, frame: object) -> None:
+        if fired:
+            return  # a shutdown is under way
+        fired.append(signum)
+        celery_handler(signum, frame)
+
+    once.rlfarm_once = True  # type: ignore[attr-defined]
+    try:
+        signal.signal(signal.SIGTERM, once)
+    except ValueError:  # not the main thread: Celery's handler stays as it is
+        pass
 
 
 @worker_shutting_down.connect
