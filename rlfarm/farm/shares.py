@@ -41,10 +41,6 @@ def register_node(client: redis.Redis, node: str, slots: int, now: float | None 
     client.zadd(keys.NODES, {f"{slots}@{node}": now + NODE_SECONDS})
 
 
-def unregister_node(client: redis.Redis, node: str, slots: int) -> None:
-    client.zrem(keys.NODES, f"{slots}@{node}")
-
-
 def live_slots(client: redis.Redis, now: float | None = None) -> int:
     """Pool processes of the rlfarm workers alive now."""
     now = server_time(client) if now is None else now
