@@ -12,6 +12,8 @@ from pathlib import Path
 import click
 
 REDIS_HELP = "Redis URL of the farm (broker, results and policy store); env RLFARM_REDIS_URL."
+METRICS_HELP = ("Serve Prometheus metrics at http://HOST:PORT/metrics: {what}. A bare PORT listens on "
+                "127.0.0.1; 0.0.0.0:PORT lets a Prometheus on another machine scrape it.")
 
 
 # Set by the console script only (not when `main` is called in-process, e.g. by click's test runner).
@@ -184,20 +186,29 @@ def _modes_help() -> str:
                    "RUN_ID-s<seed>, each trainer its own process; prints each seed's best and final "
                    "greedy evaluation and training return with mean ± std, and writes "
                    "LOGDIR/RUN_ID-seeds/summary.json. Without --redis one embedded farm serves them all.")
+@click.option("--metrics-port", "metrics_port", metavar="[HOST:]PORT", help=METRICS_HELP.format(
+                  what="the run's env steps, SPS, tasks wanted, in flight and held, policy version and "
+                       "lag, results, re-sends, policy fetches and bytes, Redis outages, the broker's "
+                       "queue"))
 @click.pass_context
 def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
           overrides: tuple[str, ...], redis_url: str | None, workers: int | None, share: float | None,
           total_steps: int | None, target_return: float | None, seed: int | None,
           run_id: str | None, device: str | None, logdir: str | None, resume: str | None,
-          if_exists: str, seeds: list[int] | None) -> None:
+          if_exists: str, seeds: list[int] | None, metrics_port: str | None) -> None:
     """Train a policy on the farm and save it under LOGDIR/RUN_ID.
 
     Writes config.json, progress.csv, episodes.csv, TensorBoard scalars, a trainer checkpoint (for
     --resume) and final_policy.safetensors.
     """
     if seeds:
+        if metrics_port:  # one port, several trainers
+            fail("--metrics-port serves one trainer's metrics and --seeds starts one trainer per seed; "
+                 "train the seeds without it (rlfarm worker --metrics-port and rlfarm status --json "
+                 "show the farm)")
         _train_seeds(ctx, seeds)
         return
+    listen = _metrics_listen(metrics_port)
     from rlfarm.trainer import resume as checkpoint
     from rlfarm import config as C
     from rlfarm.api import RunExists, check_config, check_new_run, run_length_notes, with_run_id
@@ -244,7 +255,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
              f"{exc.run_id}, or choose another --run-id")
     _sigterm_to_interrupt()
     try:
-        result = _train(cfg, redis_url, resume=bool(resume))
+        result = _train(cfg, redis_url, resume=bool(resume), metrics=listen)
     except KeyboardInterrupt:
         if not redis_url:  # only the embedded default owns (and has now stopped) its workers and Redis
             click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
@@ -372,9 +383,10 @@ def _resume_config(run: str, logdir: str | None, changes: dict):
     return resume_config(run, logdir, **{k.replace("farm.workers", "workers"): v for k, v in changes.items()})
 
 
-def _train(cfg, redis_url: str | None, resume: bool = False):
+def _train(cfg, redis_url: str | None, resume: bool = False, metrics: tuple[str, int] | None = None):
     """rlfarm.api.run, with every failure it can meet turned into one line and an exit status."""
     from rlfarm.api import run
+    from rlfarm.observe.exporter import MetricsError
     from rlfarm.trainer.resume import CheckpointError
     from rlfarm.farm.claim import ClaimLost, RunInUse
     from rlfarm.config import ConfigError
@@ -389,12 +401,14 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
         fail(message, code)
 
     try:  # start-up notes go through logging: `rlfarm: ...` on stderr, hidden by -q
-        return run(cfg, redis_url, resume=resume, notify=logging.getLogger("rlfarm.cli").info)
+        return run(cfg, redis_url, resume=resume, notify=logging.getLogger("rlfarm.cli").info, metrics=metrics)
     except RedisAuthError as exc:  # wrong credentials are a usage error (2), like a bad option
         fatal(str(exc), 2)
     except (ConfigError, CheckpointError) as exc:
         fatal(str(exc))
     except (RolloutError, TaskLostError, RedisEvicts) as exc:
+        fatal(str(exc), 1)
+    except MetricsError as exc:  # its port was taken between the check and the start
         fatal(str(exc), 1)
     except (RunInUse, ClaimLost) as exc:  # another trainer has the run id or its directory
         fatal(str(exc), 1)  # (into this process's own run log only, never the other trainer's)
@@ -411,6 +425,28 @@ def _train(cfg, redis_url: str | None, resume: bool = False):
         fatal(f"Redis at {redact(redis_url or 'the embedded Redis')} is full (maxmemory reached, it "
               f"refuses writes): free memory (e.g. `rlfarm checkpoints delete` old runs) or raise its "
               f"maxmemory; then rlfarm train --resume {cfg.run_id}", 1)
+
+
+def _metrics_listen(value: str | None) -> tuple[str, int] | None:
+    """--metrics-port checked before anything starts: its form, prometheus_client, a free port."""
+    if value is None:
+        return None
+    import socket
+
+    from rlfarm.observe.exporter import MetricsError, check_available, parse_listen
+
+    try:
+        host, port = parse_listen(value)
+        check_available()
+    except MetricsError as exc:
+        fail(str(exc))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            fail(f"--metrics-port {value}: cannot listen on {host}:{port}: {exc.strerror or exc}", 1)
+    return host, port
 
 
 def _allow_env_modules(modules: tuple[str, ...]) -> None:
@@ -452,9 +488,12 @@ def _allow_env_modules(modules: tuple[str, ...]) -> None:
               help="On SIGTERM (a spot instance's notice, docker stop) running tasks are handed back at "
                    "once, for their trainer to send again; a process that has not let go of its task "
                    "after this many seconds (an env stuck in C code) is killed, and the worker exits.")
+@click.option("--metrics-port", "metrics_port", metavar="[HOST:]PORT", help=METRICS_HELP.format(
+                  what="this worker's slots, busy slots, tasks, policy fetches and their bytes, Redis outages"))
 @click.pass_context
 def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str | None, loglevel: str,
-           events: bool, time_limit: float, redis_outage_timeout: float, shutdown_grace: float) -> None:
+           events: bool, time_limit: float, redis_outage_timeout: float, shutdown_grace: float,
+           metrics_port: str | None) -> None:
     """Run a Celery worker with rlfarm's defaults: add this machine's cores to a farm.
 
     Tasks hold a lease in Redis while they run, so a trainer notices within seconds when this worker
@@ -468,6 +507,7 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
     from rlfarm.core.signing import secret_from_env
     from rlfarm.farm.connection import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
 
+    listen = _metrics_listen(metrics_port)
     try:
         probe = connect(redis_url)
     except ConnectionError as exc:
@@ -488,6 +528,8 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
     os.environ["RLFARM_SHUTDOWN_GRACE"] = str(shutdown_grace)
     if time_limit:
         os.environ["RLFARM_TASK_TIME_LIMIT"] = str(time_limit)
+    if listen:  # served by the worker's main process once its pool runs (rlfarm.farm.worker_app)
+        os.environ["RLFARM_METRICS_ADDR"] = f"[{listen[0]}]:{listen[1]}"
     from tasks import app
 
     app.conf.broker_url = redis_url

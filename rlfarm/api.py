@@ -154,9 +154,10 @@ def online_processes(redis_url: str) -> int:
 
 def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         callback: Callable[..., bool | None] | None = None, console: Any = None,
-        notify: Callable[[str], None] | None = None):
+        notify: Callable[[str], None] | None = None, metrics: tuple[str, int] | None = None):
     """Train `cfg` (already checked, with a run id) on the farm at `redis_url`, or on an embedded one.
-    `notify(text)`: where start-up notes go (default: the "rlfarm" logger)."""
+    `notify(text)`: where start-up notes go (default: the "rlfarm" logger). `metrics`: (host, port) to
+    serve the run's Prometheus metrics on while it trains (rlfarm.observe.exporter)."""
     from rlfarm.farm.connection import connect, redact, refuse_eviction
 
     notify = notify or log.info
@@ -190,7 +191,7 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
 
         trainer = make_trainer(cfg, redis_url, run_dir, tasks_in_flight=max(2, processes), **options)
         with RunDirLock(run_dir):  # RunInUse: another trainer writes this directory
-            return trainer.train()
+            return _train_serving(trainer, metrics, notify)
 
     from rlfarm.farm.claim import RunDirLock
     from rlfarm.local.cluster import LocalCluster
@@ -220,10 +221,25 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         trainer = make_trainer(cfg, cluster.redis_url, run_dir, tasks_in_flight=embedded_in_flight(cfg),
                                local_workers=workers, **options)
         cluster.wait_ready()
-        return trainer.train()
+        return _train_serving(trainer, metrics, notify)
     finally:
         cluster.stop()
         lock.release()
+
+
+def _train_serving(trainer: Any, metrics: tuple[str, int] | None, notify: Callable[[str], None]):
+    """trainer.train(), with its Prometheus metrics served meanwhile when `metrics` is (host, port)."""
+    if metrics is None:
+        return trainer.train()
+    from rlfarm.observe import exporter
+
+    served = exporter.serve(exporter.LiveCollector("trainer", exporter.TRAINER_METRICS, "run",
+                                                   trainer.metrics_labels, trainer.live_metrics), *metrics)
+    notify(f"Prometheus metrics of run {trainer.config.run_id} at {served.url}")
+    try:
+        return trainer.train()
+    finally:
+        served.close()
 
 
 def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = None,

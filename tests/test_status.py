@@ -12,12 +12,13 @@ import subprocess
 import termios
 import time
 
+import jsonschema
 import pytest
 from rich.console import Console
 
 from rlfarm.local.cluster import LocalCluster
-from rlfarm.observe.status import (MemoryStatus, Snapshot, format_age, parse_heartbeat, parse_workers, render,
-                           to_json)
+from rlfarm.observe.status import (SCHEMA_FILE, MemoryStatus, Snapshot, format_age, parse_heartbeat, parse_workers,
+                                  render, to_json)
 from rlfarm.farm.connection import connect
 from rlfarm.farm.runs import write_status
 
@@ -25,9 +26,12 @@ from .conftest import WORKER_ENV, make_run, pid_alive, rlfarm_cmd, run_cli, usag
 
 
 def status_json(url: str) -> dict:
+    """`rlfarm status --json`, checked against its schema (rlfarm/observe/status.schema.json)."""
     result = run_cli("status", "--json", "--redis", url)
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    snapshot = json.loads(result.stdout)
+    jsonschema.validate(snapshot, json.loads(SCHEMA_FILE.read_text()))
+    return snapshot
 
 
 def run_entry(snapshot: dict, run_id: str) -> dict:

@@ -100,6 +100,7 @@ class DispatchStats:
     refused: int = 0  # copies refused unrun by workers of another protocol version (re-sent)
     handed_back: int = 0  # copies handed back unfinished by workers shutting down (re-sent at once)
     receive_seconds: float = 0.0  # trainer CPU time spent decoding results
+    policy_fetches: int = 0  # results whose worker fetched its policy version from Redis (not its cache)
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
     accepted_task_ids: list[str] = field(default_factory=list)
 
@@ -309,6 +310,8 @@ class Dispatcher:
         if message.incarnation is not None and message.incarnation != self.claim.incarnation:
             self.stats.duplicates += 1  # sent by an earlier trainer of this run id: not ours
             return None
+        if message.policy_fetched:
+            self.stats.policy_fetches += 1
         if message.skipped:  # a copy that found its task already counted: a free duplicate
             self.stats.skipped += 1
             self.stats.duplicates += 1

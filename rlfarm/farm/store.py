@@ -209,7 +209,9 @@ class PolicyStore:
         if version == "latest":
             latest = self.latest()
             version = "latest" if latest is None else latest  # None: get_blob raises a clear error
-        return self._check(version, self.get_blob(version))
+        blob = self.get_blob(version)
+        self.last_bytes = len(blob)  # what the fetch cost (a worker's metrics)
+        return self._check(version, blob)
 
     def _check(self, version: int | str, blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         try:

@@ -31,6 +31,7 @@ from rlfarm.core.rollout import EnvStream, StreamCache, collect, run_episodes, s
 from rlfarm.farm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 from rlfarm.farm.outage import OutageRetry, is_oom, resilient_client
 from rlfarm.farm.cache import PolicyCache
+from rlfarm.farm.counters import FIELDS, NodeCounters
 from rlfarm.farm.connection import redact
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
@@ -124,6 +125,10 @@ class RolloutWorker:
         self.lease = _Lease(self.client)
         self.running = False  # a task is between its lease and its result: a hand-back may interrupt it
         self.hand_back = False  # set by the hand-back signal: this and any later task is handed back
+        # This process's running totals, stored after each task into its worker's NodeCounters (set
+        # by rlfarm.farm.worker_app in a worker's pool process), which `--metrics-port` exports.
+        self.counters: NodeCounters | None = None
+        self.counts = dict.fromkeys(FIELDS, 0)
 
     def on_hand_back(self) -> None:
         """The hand-back signal's handler (tasks/__init__.py): interrupt the running task where it is
@@ -165,6 +170,8 @@ class RolloutWorker:
         # get() checks sha256, the hmac (RLFARM_SECRET) and that the blob is the version of its key;
         # the cache is keyed by the version fetched, never by what the blob says about itself.
         state, _ = store.get(version)
+        self.counts["policy_fetches"] += 1
+        self.counts["policy_fetch_bytes"] += store.last_bytes
         algorithm = learner(self._run_meta(run)["config"]["algo"])
         network = self._network(run)
         network.load_state_dict(state)
@@ -198,6 +205,7 @@ class RolloutWorker:
         kind "eval": `episodes` whole greedy episodes on one env.
         """
         started = time.perf_counter()
+        self.counts["tasks"] += 1
         run_meta = self._run_meta(spec.run)
         env_cfg = run_meta["config"]["env"]
         actor, version, fetched = self._actor_of(spec.run, spec.version)
@@ -337,6 +345,11 @@ class RolloutWorker:
         finally:
             if lease is not None:
                 self.lease.release()
+            self._store_counts()
+
+    def _store_counts(self) -> None:
+        if self.counters is not None:
+            self.counters.store(**{**self.counts, "redis_outages": self.retry.outages})
 
     def _refuse(self, run: str, base: Result, refusal: str, node: str | None, attempts_key: str) -> None:
         """Answer a task of another protocol without running it; the trainer sends it to others."""

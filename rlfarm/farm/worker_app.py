@@ -5,7 +5,9 @@ defines the tasks, whose body is `run(request)`.
 - Main process: a bootstep adds rlfarm's and the protocol's versions to Celery's `stats` reply; torch
   and rlfarm are imported before the pool forks; a hard time limit is reported to the trainer (the
   killed process cannot); leases of running tasks are renewed from here (rlfarm.farm.node); on
-  SIGTERM running tasks are handed back at once.
+  SIGTERM running tasks are handed back at once; with RLFARM_METRICS_ADDR (`rlfarm worker
+  --metrics-port`) it serves the worker's Prometheus metrics, from counts its pool processes keep in
+  shared memory (rlfarm.farm.counters).
 - Pool processes: one torch thread, no CUDA, the hand-back signal, one `RolloutWorker` kept for the
   process's life (rlfarm.farm.worker).
 """
@@ -28,6 +30,8 @@ _worker = None
 _main_client = None  # the worker main process's own Redis client (time-limit reports)
 _reported: deque[str] = deque(maxlen=1000)  # task ids whose time limit was reported already
 _hand_back_early = False  # a pool process told to hand back before its first task
+_counters = None  # rlfarm.farm.counters.NodeCounters: made before the pool forks, shared with it
+METRICS_ADDR_VAR = "RLFARM_METRICS_ADDR"  # HOST:PORT: serve this worker's Prometheus metrics there
 
 
 class VersionInfo(bootsteps.StartStopStep):
@@ -104,6 +108,10 @@ def _preload(**_: object) -> None:
     # gymnasium already imported instead of each importing them (seconds per process, on shared cores).
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # workers never touch CUDA
     import rlfarm.farm.worker  # noqa: F401
+    from rlfarm.farm.counters import NodeCounters
+
+    global _counters
+    _counters = NodeCounters()  # mapped now, so every pool process forked later shares it
 
 
 @worker_process_init.connect
@@ -139,9 +147,35 @@ def _keep_leases(sender=None, **_: object) -> None:
     # Its pool processes are the farm's slots, which runs training at once divide (rlfarm.farm.shares).
     controller = getattr(sender, "controller", None)
     slots = int(getattr(controller, "concurrency", 0) or _app.conf.worker_concurrency or os.cpu_count() or 1)
-    LeaseKeeper(_app.conf.broker_url, _running_tasks, node=str(getattr(sender, "hostname", sender)),
-                slots=slots).start()
+    node = str(getattr(sender, "hostname", sender))
+    LeaseKeeper(_app.conf.broker_url, _running_tasks, node=node, slots=slots).start()
     _term_once()
+    if os.environ.get(METRICS_ADDR_VAR):
+        _serve_metrics(node, slots, os.environ[METRICS_ADDR_VAR])
+
+
+def _serve_metrics(node: str, slots: int, listen: str) -> None:
+    """This worker's Prometheus metrics (`rlfarm worker --metrics-port`), from its main process: slots
+    from its pool, busy ones from Celery's running requests, the rest from its pool processes' counts."""
+    import logging
+
+    from rlfarm import __version__
+    from rlfarm.core.protocol import PROTOCOL
+    from rlfarm.observe import exporter
+
+    def values() -> dict:
+        totals = _counters.totals() if _counters is not None else {}
+        return {"slots": slots, "slots_busy": len(_running_tasks()), **totals}
+
+    labels = {"worker": node, "version": __version__, "protocol": str(PROTOCOL)}
+    try:
+        host, port = exporter.parse_listen(listen)
+        served = exporter.serve(exporter.LiveCollector("worker", exporter.WORKER_METRICS, "worker",
+                                                       lambda: labels, values), host, port)
+    except exporter.MetricsError as exc:  # `rlfarm worker` checked it; a plain celery worker may not have
+        logging.getLogger("rlfarm.worker").error("no metrics: %s", exc)
+        return
+    logging.getLogger("rlfarm.worker").info("Prometheus metrics of %s at %s", node, served.url)
 
 
 def _term_once() -> None:
@@ -231,6 +265,7 @@ def _rollout_worker():
 
         _worker = RolloutWorker(_app.conf.broker_url)
         _worker.hand_back = _hand_back_early
+        _worker.counters = _counters
     return _worker
 
 

@@ -11,6 +11,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Mapping
 
 from rlfarm.core import codec
@@ -22,6 +23,10 @@ from rlfarm.farm import keys
 from rlfarm.farm.shares import read_runs
 
 INSPECT_TIMEOUT = 1.0  # seconds Celery waits for workers to answer a broadcast
+# `rlfarm status --json`'s "schema" (rlfarm/observe/status.schema.json): fields may be added under one
+# number; one that goes away or changes its meaning or type bumps it.
+SCHEMA = 1
+SCHEMA_FILE = Path(__file__).with_name("status.schema.json")
 
 
 @dataclass(frozen=True)
@@ -213,9 +218,20 @@ def gather(client: Any, app: Any, redis_url: str, inspect_timeout: float = INSPE
 
 
 # ---- output (pure) -------------------------------------------------------------------------------
+def farm_totals(s: Snapshot) -> dict[str, int]:
+    """What an autoscaler sizes the workers by: the farm's slots (pool processes online) and what the
+    runs training now ask of them (their tasks queued, running or held back by their shares)."""
+    training = [r for r in s.runs if r.share is not None]
+    return {"slots": s.processes, "tasks_queued": s.queue_depth,
+            "tasks_wanted": sum(r.share.demand for r in training if r.share is not None),
+            "runs_training": len(training)}
+
+
 def to_json(snapshot: Snapshot) -> str:
     data = asdict(snapshot)
+    data["schema"] = SCHEMA
     data["processes"] = snapshot.processes
+    data["farm"] = farm_totals(snapshot)
     return json.dumps(data, sort_keys=True)
 
 

@@ -111,6 +111,7 @@ class Trainer:
         self.start = 0.0
         self.wall_start = time.time()
         self._sps = 0.0
+        self._last_logged: dict[str, float] = {}  # the last log step's metrics
         self._last_checkpoint = -math.inf
         self._target_reached_at: dict[str, float] | None = None  # when the run first saw it (summary.json)
 
@@ -158,6 +159,31 @@ class Trainer:
                 "farm/time_limits": stats.time_limits,
                 "farm/redis_outages": self.retry.outages,
                 **stats.security()}
+
+    def metrics_labels(self) -> dict[str, str]:
+        cfg = self.config
+        return {"run": cfg.run_id, "algo": cfg.algo, "mode": cfg.mode, "env": cfg.env.id}
+
+    def live_metrics(self) -> dict[str, Any]:
+        """What `rlfarm train --metrics-port` exports (rlfarm.observe.exporter), read from the scrape's
+        thread: counters and lengths the trainer keeps anyway, and the last log step's numbers for
+        what needs Redis (a command from that thread would race the training thread's outage handling)."""
+        d, stats, last = self.dispatcher, self.dispatcher.stats, self._last_logged
+        version_bytes = len(self.store.own[1]) if self.store.own else 0
+        lag = {stat: last[key] for stat, key in (("mean", "farm/policy_lag"), ("min", "farm/policy_lag_min"),
+                                                 ("max", "farm/policy_lag_max")) if key in last}
+        return {
+            "env_steps": self.env_steps, "sps": self._sps, "policy_version": self.version,
+            "tasks_wanted": d.wants_slots(), "tasks_in_flight": d.in_flight, "tasks_held": len(d.held),
+            "slots_waiting": last.get("farm/slots_waiting"), "policy_lag": lag or None,
+            "results": {"accepted": stats.accepted, "duplicate": stats.duplicates,
+                        "stale": self.dropped_stale, "forged": stats.forged},
+            "resent": {"lease_expired": stats.leases_expired, "time_limit": stats.time_limits,
+                       "message_lost": stats.messages_lost, "straggler": stats.stragglers,
+                       "handed_back": stats.handed_back, "refused": stats.refused},
+            "policy_fetches": stats.policy_fetches,
+            "policy_fetch_bytes": stats.policy_fetches * version_bytes,
+            "redis_outages": self.retry.outages, "tasks_queued": last.get("farm/queue_depth")}
 
     def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
         """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone)."""
@@ -371,6 +397,7 @@ class Trainer:
         """One log step: console, CSV and TensorBoard, then the user's callback, which may stop the
         run (return False) or add metrics of its own (LogStep.extra, logged under custom/)."""
         self.logger.scalars(self.env_steps, metrics)
+        self._last_logged = dict(metrics)
         if self.callback is None:
             return
         step = LogStep(self.env_steps, self.version, dict(metrics), self)
