@@ -234,12 +234,15 @@ def _pool_pids(main_pid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def signed_worker(tmp_path_factory):
-    """Redis and one worker process holding the secret (and allowed the tiny envs)."""
+    """Redis and one worker process holding the secret (and allowed the tiny envs). Every process
+    fetches each version from Redis itself (RLFARM_POLICY_SHARE=off): the forged policy below reaches
+    a worker by killing its pool process, whose replacement would otherwise read the machine's checked
+    copy of the version (rlfarm.farm.machine; its own checks: tests/test_machine.py)."""
     from rlfarm.local.cluster import LocalCluster
 
     from .conftest import WORKER_ENV
 
-    env = {**WORKER_ENV, "RLFARM_SECRET": SECRET}
+    env = {**WORKER_ENV, "RLFARM_SECRET": SECRET, "RLFARM_POLICY_SHARE": "off"}
     with LocalCluster(workers=1, name="rlfarm-test-tamper", log_dir=tmp_path_factory.mktemp("tamper"),
                       extra_env=env) as cluster:
         yield cluster

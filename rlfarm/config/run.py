@@ -32,6 +32,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # farm.compress: rlfarm.core.codec.COMPRESS_CHOICES, repeated here so reading a config never imports the
 # codec (and torch with it); tests/test_wire.py checks the two agree.
 COMPRESS = ("auto", "none", "zstd")
+POLICY_DTYPES = ("float32", "float16")  # farm.policy_dtype: rlfarm.core.codec.wire_state
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,10 @@ class FarmConfig:
     # This run's weight in the farm's task slots among the runs training on it at once (`--share W`):
     # slots are split in proportion to the weights of the runs that want them (rlfarm.core.shares).
     share: float = 1.0
+    # Policy versions in Redis: "float32", or "float16" to halve what each fetch sends for large networks
+    # (the Nature CNN: 6.75 MB -> 3.4). Workers act in float32 with the rounded weights; the learner,
+    # its checkpoints and final_policy.safetensors keep float32 (tests/test_machine.py compares acting).
+    policy_dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -347,6 +352,9 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("farm.max_redispatch cannot be negative")
     if config.farm.compress not in COMPRESS:
         raise ConfigError(f"farm.compress must be one of {', '.join(COMPRESS)}, got {config.farm.compress!r}")
+    if config.farm.policy_dtype not in POLICY_DTYPES:
+        raise ConfigError(f"farm.policy_dtype must be one of {', '.join(POLICY_DTYPES)}, got "
+                          f"{config.farm.policy_dtype!r}")
     policy = config.policy
     if policy.activation not in ("tanh", "relu"):
         raise ConfigError(f"policy.activation must be tanh or relu, got {policy.activation!r}")

@@ -206,6 +206,17 @@ def tensor_digest(state: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def wire_state(state: Mapping[str, torch.Tensor], dtype: str = "float32") -> dict[str, torch.Tensor]:
+    """A network's state as a version carries it (farm.policy_dtype): "float16" rounds float32 tensors
+    to half precision, halving what every fetch sends; others (float64 statistics, integers) keep theirs.
+    Loading it into a network (load_state_dict) casts back to the network's float32."""
+    if dtype == "float32":
+        return dict(state)
+    if dtype != "float16":
+        raise ValueError(f"policy dtype must be float32 or float16, got {dtype!r}")
+    return {k: v.half() if v.dtype == torch.float32 else v for k, v in state.items()}
+
+
 def encode_policy(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
                   secret: bytes | str | None = None) -> bytes:
     """Safetensors bytes with `metadata` plus the tensors' sha256; with `secret` (rlfarm.core.signing),

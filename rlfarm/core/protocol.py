@@ -17,7 +17,7 @@ from typing import Any
 # worker. Bump it with any change a worker of the other version would misread or refuse (a new field of
 # TaskSpec, Result or the run meta, a changed config key). Tasks and run metadata carry it; a worker
 # refuses a task of another protocol in one line naming both (docs/architecture.md, decision 13).
-PROTOCOL = 2  # 2: farm.share (fair shares between runs)
+PROTOCOL = 3  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions)
 
 KINDS = ("rollout", "eval")
 ROLLOUT_TASK = "rlfarm.rollout"

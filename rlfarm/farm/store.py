@@ -106,7 +106,7 @@ class PolicyStore:
                 self.pinned[version] = self.own[1]
             else:
                 blob = self.get_blob(version)
-                self._check(version, blob)
+                self.check(version, blob)
                 self.pinned[version] = blob
             self.client.sadd(keys.pinned(self.run_id), version)
         return self.pinned[version]
@@ -209,11 +209,11 @@ class PolicyStore:
         if version == "latest":
             latest = self.latest()
             version = "latest" if latest is None else latest  # None: get_blob raises a clear error
-        blob = self.get_blob(version)
-        self.last_bytes = len(blob)  # what the fetch cost (a worker's metrics)
-        return self._check(version, blob)
+        return self.check(version, self.get_blob(version))
 
-    def _check(self, version: int | str, blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    def check(self, version: int | str, blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """Tensors and metadata of `blob`, read as `version` of this run: PolicyCorrupt unless its
+        sha256, its hmac (with a secret) and the version and run it claims hold."""
         try:
             state, meta = codec.decode_policy(blob, self.secret)
         except codec.CodecError as exc:

@@ -32,6 +32,7 @@ from rlfarm.farm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 from rlfarm.farm.outage import OutageRetry, is_oom, resilient_client
 from rlfarm.farm.cache import PolicyCache
 from rlfarm.farm.counters import FIELDS, NodeCounters
+from rlfarm.farm.machine import SharedPolicies, default_root
 from rlfarm.farm.connection import redact
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
@@ -128,6 +129,9 @@ class RolloutWorker:
         # This process's running totals, stored after each task into its worker's NodeCounters (set
         # by rlfarm.farm.worker_app in a worker's pool process), which `--metrics-port` exports.
         self.counters: NodeCounters | None = None
+        # Versions fetched once per machine, shared through files (RLFARM_POLICY_SHARE=off: per process).
+        root = default_root(redis_url)
+        self.shared = SharedPolicies(root) if root is not None else None
         self.counts = dict.fromkeys(FIELDS, 0)
 
     def on_hand_back(self) -> None:
@@ -167,17 +171,43 @@ class RolloutWorker:
         cached = self.policies.get((run, version))  # type: ignore[arg-type]
         if cached is not None:
             return cached, int(version), False
-        # get() checks sha256, the hmac (RLFARM_SECRET) and that the blob is the version of its key;
-        # the cache is keyed by the version fetched, never by what the blob says about itself.
-        state, _ = store.get(version)
-        self.counts["policy_fetches"] += 1
-        self.counts["policy_fetch_bytes"] += store.last_bytes
+        state, fetched = self._checked_version(store, run, int(version))
         algorithm = learner(self._run_meta(run)["config"]["algo"])
         network = self._network(run)
         network.load_state_dict(state)
         actor = algorithm.actor_snapshot(network)
         self.policies.put((run, int(version)), actor)
-        return actor, int(version), True
+        return actor, int(version), fetched
+
+    def _checked_version(self, store: PolicyStore, run: str, version: int) -> tuple[dict[str, Any], bool]:
+        """A version's tensors, checked (sha256, the hmac with RLFARM_SECRET, that the blob is the
+        version and run of its key), and whether this process fetched it from Redis: not when another
+        process of this machine had (rlfarm.farm.machine). The process's cache is keyed by the version
+        fetched, never by what the blob says about itself."""
+        incarnation = self.incarnations.get(run)
+        if self.shared is None or incarnation is None or not self.shared.usable():
+            return self._fetch(store, version)[0], True  # (no incarnation: not a task's; nothing to key by)
+        path = self.shared.path(run, incarnation, version)
+        blob = self.shared.read(path)  # whole or absent: files are written beside and renamed
+        if blob is None:
+            with self.shared.locked(path) as held:  # one process of the machine fetches, the others wait
+                blob = self.shared.read(path) if held else None
+                if blob is None:
+                    state, blob = self._fetch(store, version)
+                    if held:
+                        self.shared.write(path, blob, version)
+                    return state, True
+        try:
+            return store.check(version, blob)[0], False
+        except PolicyCorrupt:  # a damaged copy: removed, and this process fetches for itself
+            self.shared.drop(path)
+            return self._fetch(store, version)[0], True
+
+    def _fetch(self, store: PolicyStore, version: int) -> tuple[dict[str, Any], bytes]:
+        blob = store.get_blob(version)
+        self.counts["policy_fetches"] += 1
+        self.counts["policy_fetch_bytes"] += len(blob)
+        return store.check(version, blob)[0], blob
 
     def _network(self, run: str) -> Any:
         """The run's network, to load a version's weights into (built on first use; LRU of runs)."""

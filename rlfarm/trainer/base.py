@@ -199,7 +199,8 @@ class Trainer:
 
     def publish(self) -> None:
         # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.
-        self.store.publish(self.version, self.algo.state(), self.config.algo,
+        self.store.publish(self.version, codec.wire_state(self.algo.state(), self.config.farm.policy_dtype),
+                           self.config.algo,
                            {"env_steps": str(self.env_steps), **describe_policy(self.config.algo, self.space)})
 
     def task_options(self, progress: float) -> dict[str, Any]:
