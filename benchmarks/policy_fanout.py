@@ -1,7 +1,8 @@
 """What publishing a policy version costs Redis when every worker process acts with it: bytes Redis
 sends per version and the time until every process acts with it, with 1, 4 and 16 pool processes on
-one machine, each process fetching for itself (before: RLFARM_POLICY_SHARE=off) and one fetch per
-machine (after: rlfarm.farm.machine). Pong's policy (the Nature CNN, 6.75 MB), one run.
+one machine, each process fetching for itself (before: RLFARM_POLICY_SHARE=off), one fetch per
+machine (after: rlfarm.farm.machine, its default directory), and one fetch per machine of versions
+published in float16 (farm.policy_dtype). Pong's policy (the Nature CNN, 6.75 MB), one run.
 
     python benchmarks/policy_fanout.py
     python benchmarks/policy_fanout.py --processes 1 4 16 --versions 6
@@ -90,36 +91,44 @@ def main() -> None:
 
     run = "fanout"
     cfg = C.build("pong", [f"run_id={run}"])
+    from rlfarm.core import codec
     try:
         space = describe(cfg.env.id, C.to_dict(cfg)["env"])
     except EnvError as exc:
         sys.exit(f"policy_fanout.py needs Pong's spaces: {exc}")
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCluster(workers=0, name="rlfarm-bench-fanout", log_dir=Path(tmp)) as cluster:
-        store = PolicyStore(connect(cluster.redis_url), run, keep=args.versions + 1)
-        store.set_run_meta({"config": C.to_dict(cfg), "space": space.to_dict()})
         network = ActorCritic(space, cfg.policy)
-        for v in range(args.versions):
-            with torch.no_grad():
-                for p in network.parameters():
-                    p.add_(0.001)
-            size = len(store.publish(v, network.state_dict(), "ppo"))
-        print(f"policy_fanout: Pong's network, {size / 1e6:.2f} MB a version, {args.versions} versions, "
-              f"{os.cpu_count()} cores; processes act with each version together")
+        sizes = {}
+        for name, dtype in ((run, "float32"), (run + "16", "float16")):  # farm.policy_dtype
+            store = PolicyStore(connect(cluster.redis_url), name, keep=args.versions + 1)
+            store.set_run_meta({"config": C.to_dict(cfg), "space": space.to_dict()})
+            for v in range(args.versions):
+                with torch.no_grad():
+                    for p in network.parameters():
+                        p.add_(0.001)
+                sizes[dtype] = len(store.publish(v, codec.wire_state(network.state_dict(), dtype), "ppo"))
+        print(f"policy_fanout: Pong's network, {sizes['float32'] / 1e6:.2f} MB a version "
+              f"({sizes['float16'] / 1e6:.2f} MB in float16), {args.versions} versions, {os.cpu_count()} "
+              f"cores; processes act with each version together")
         print(f"{'processes':>9}  {'mode':<22} {'Redis MB/version':>16} {'fetches':>8} "
               f"{'all acting (ms)':>16} {'one process (ms)':>17}")
         rows = {}
+        modes = (("per process (before)", "off", run), ("per machine (after)", "", run),
+                 ("per machine, float16", "", run + "16"))
         for n in args.processes:
-            for mode, share in (("per process (before)", "off"), ("per machine (after)", str(Path(tmp) / "shared"))):
-                r = trial(cluster.redis_url, run, n, args.versions, share, mode.split()[1])
+            for mode, share, name in modes:  # "": the default directory (/dev/shm where it has room)
+                r = trial(cluster.redis_url, name, n, args.versions, share, mode.split()[1].strip(","))
                 rows[(n, mode)] = r
                 print(f"{n:>9}  {mode:<22} {r['bytes_per_version'] / 1e6:>16.2f} {r['fetches']:>8} "
                       f"{r['all_acting_ms']:>16.0f} {r['one_process_ms']:>17.0f}")
         for n in args.processes:
-            before, after = rows[(n, "per process (before)")], rows[(n, "per machine (after)")]
-            print(f"{n:>2} processes: Redis bytes per version after/before = "
-                  f"{after['bytes_per_version'] / before['bytes_per_version']:.3f}, time until all act "
-                  f"after/before = {after['all_acting_ms'] / before['all_acting_ms']:.2f}")
+            before = rows[(n, "per process (before)")]
+            for mode in ("per machine (after)", "per machine, float16"):
+                after = rows[(n, mode)]
+                print(f"{n:>2} processes, {mode}: Redis bytes per version / before = "
+                      f"{after['bytes_per_version'] / before['bytes_per_version']:.3f}, time until all act "
+                      f"/ before = {after['all_acting_ms'] / before['all_acting_ms']:.2f}")
 
 
 if __name__ == "__main__":

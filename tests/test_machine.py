@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 
 import numpy as np
 import pytest
@@ -35,6 +36,27 @@ def test_versions_are_files_per_run_and_incarnation_and_old_ones_are_trimmed(tmp
     with shared.locked(b0):  # a new incarnation of the run writes: the old one's copies go
         shared.write(b0, b"new", 0)
     assert not a0.parent.exists() and shared.read(b0) == b"new"
+
+
+def test_runs_untouched_for_an_hour_go_whatever_their_farm_and_empty_farms_with_them(tmp_path):
+    """A farm whose Redis is gone (an embedded default's) leaves copies behind: the next write on the
+    machine removes runs untouched for STALE_SECONDS, of any farm, and farms left empty."""
+    top = tmp_path / "rlfarm-policies-x"
+    gone, live = M.SharedPolicies(top / "gone-farm"), M.SharedPolicies(top / "live-farm")
+    old = gone.path("old-run", "inc", 3)
+    with gone.locked(old):
+        gone.write(old, b"old", 3)
+    recent = live.path("recent-run", "inc", 0)
+    with live.locked(recent):
+        live.write(recent, b"recent", 0)
+    an_hour_ago = time.time() - M.STALE_SECONDS - 60
+    for path in (old.parent, old.parent.parent):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    new = live.path("new-run", "inc", 0)
+    with live.locked(new):
+        live.write(new, b"new", 0)
+    assert not (top / "gone-farm").exists()
+    assert live.read(recent) == b"recent" and live.read(new) == b"new"
 
 
 def test_a_directory_open_to_others_or_not_ours_is_not_used(tmp_path):

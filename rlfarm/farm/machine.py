@@ -13,8 +13,8 @@ HMAC with RLFARM_SECRET, the version and run it claims) exactly as it checks a b
 copy that fails is removed and fetched again. The directory is the user's own (0700), under /dev/shm
 where it has room, else the temporary directory; `RLFARM_POLICY_SHARE=off` turns sharing off, and
 `RLFARM_POLICY_SHARE=/path` puts it elsewhere. Each run keeps its newest `KEEP` versions there, other
-incarnations of a run are removed as soon as a new one writes, and runs untouched for `STALE_SECONDS`
-go at the next write.
+incarnations of a run are removed as soon as a new one writes, runs (of any farm) untouched for
+`STALE_SECONDS` go at the next write, and an embedded default's copies go with its Redis.
 """
 
 from __future__ import annotations
@@ -127,11 +127,23 @@ class SharedPolicies:
             for other in folder.parent.iterdir():  # earlier incarnations of this run id are over
                 if other != folder:
                     shutil.rmtree(other, ignore_errors=True)
-            now = time.time()
-            for run in self.root.iterdir():
-                # A version written into an incarnation's folder touches that folder, not the run's.
-                touched = max((f.stat().st_mtime for f in run.iterdir()), default=run.stat().st_mtime)
-                if run != folder.parent and now - touched > STALE_SECONDS:
-                    shutil.rmtree(run, ignore_errors=True)
+            self._forget_stale(keep=folder.parent)
         except (OSError, ValueError):
             pass
+
+    def _forget_stale(self, keep: Path) -> None:
+        """Runs of any farm of this user untouched for STALE_SECONDS, and farms left with none: a
+        Redis that is gone (an embedded default's) leaves its runs' copies behind otherwise."""
+        now = time.time()
+        for farm in self.root.parent.iterdir():
+            for run in farm.iterdir():
+                # A version written into an incarnation's folder touches that folder, not the run's.
+                touched = max((f.stat().st_mtime for f in run.iterdir()), default=run.stat().st_mtime)
+                if run != keep and now - touched > STALE_SECONDS:
+                    shutil.rmtree(run, ignore_errors=True)
+            if farm != self.root and not any(farm.iterdir()):
+                farm.rmdir()
+
+    def remove(self) -> None:
+        """Every copy of this farm's versions (its Redis is gone: the embedded default's, at its end)."""
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import redis
 
+from rlfarm.farm.machine import SharedPolicies, default_root
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -237,3 +239,7 @@ class LocalCluster:
         if self.redis_proc is not None:
             stop_process_group(self.redis_proc, grace=10.0)
         self._tmp.cleanup()
+        # Its workers' shared copies of policy versions (rlfarm.farm.machine) end with its Redis.
+        root = default_root(self.redis_url)
+        if root is not None:
+            SharedPolicies(root).remove()
