@@ -138,8 +138,8 @@ class LiveCollector:
 class Exporter:
     """A started HTTP server for one collector; `close()` stops it."""
 
-    def __init__(self, server: Any, thread: Any, host: str, port: int):
-        self.server, self.thread, self.host, self.port = server, thread, host, port
+    def __init__(self, server: Any, host: str, port: int):
+        self.server, self.host, self.port = server, host, port
 
     @property
     def url(self) -> str:
@@ -160,7 +160,7 @@ def serve(collector: LiveCollector, host: str, port: int) -> Exporter:
     registry.register(collector)
     ProcessCollector(registry=registry)
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server, _ = start_http_server(port, addr=host, registry=registry)  # its thread is a daemon
     except OSError as exc:
         raise MetricsError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
-    return Exporter(server, thread, host, port)
+    return Exporter(server, host, port)
