@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-REDIS_HELP = "Redis URL of the farm (broker, results and policy store); env RLFARM_REDIS_URL."
+REDIS_HELP = ("Redis URL of the farm (broker, results and policy store); env RLFARM_REDIS_URL. Through "
+              "Redis Sentinel: sentinel://h1:26379;sentinel://h2:26379/0?master_name=NAME.")
 METRICS_HELP = ("Serve Prometheus metrics at http://HOST:PORT/metrics: {what}. A bare PORT listens on "
                 "127.0.0.1; 0.0.0.0:PORT lets a Prometheus on another machine scrape it.")
 
@@ -530,9 +531,10 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
         os.environ["RLFARM_TASK_TIME_LIMIT"] = str(time_limit)
     if listen:  # served by the worker's main process once its pool runs (rlfarm.farm.worker_app)
         os.environ["RLFARM_METRICS_ADDR"] = f"[{listen[0]}]:{listen[1]}"
+    from rlfarm.farm.app import celery_settings
     from tasks import app
 
-    app.conf.broker_url = redis_url
+    app.conf.update(celery_settings(redis_url))
     # Without gossip and mingle: rlfarm needs neither, and kombu's gossip teardown during a Redis
     # restart can kill the worker's main process ('NoneType' object has no attribute 'hostname').
     app.worker_main(["worker", "--pool", "prefork", "--concurrency", str(concurrency),

@@ -37,7 +37,9 @@ WORKER_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.
 # are collected, so a missing one is reported in the first seconds, not after minutes of tests.
 SYSTEM_PACKAGES = {  # test module -> (what it needs, how to check)
     "test_compose": [("docker-compose", lambda: shutil.which("docker-compose")),
-                     ("redis-server (Debian's, with redis-cli)", lambda: shutil.which("redis-cli"))],
+                     ("redis-server (Debian's, with redis-cli)", lambda: shutil.which("redis-cli")),
+                     ("redis-sentinel", lambda: shutil.which("redis-sentinel"))],
+    "test_sentinel": [("redis-sentinel", lambda: shutil.which("redis-sentinel"))],
     "test_security": [("redis-server (Debian's /usr/bin/redis-server, built with TLS)",
                        lambda: os.access("/usr/bin/redis-server", os.X_OK)),
                       ("openssl", lambda: shutil.which("openssl"))],
@@ -50,7 +52,7 @@ def pytest_collection_finish(session):
                       for name, present in SYSTEM_PACKAGES[module] if not present()})
     if missing:
         pytest.exit(f"missing system packages: {', '.join(missing)}. On Debian/Ubuntu: sudo apt-get "
-                    f"install -y redis-server docker-compose openssl (the README's test command does), "
+                    f"install -y redis-server redis-sentinel docker-compose openssl (the README's test command does), "
                     f"or deselect tests/test_compose.py and tests/test_security.py", returncode=4)
 
 

@@ -30,6 +30,7 @@ from .conftest import ROOT, WORKER_ENV, http_request, pid_alive, poll
 
 COMPOSE = ROOT / "docker-compose.yml"
 EXPOSE = ROOT / "docker-compose.expose.yml"
+SENTINEL = ROOT / "docker-compose.sentinel.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
 SECRETS = ("REDIS_PASSWORD", "FLOWER_BASIC_AUTH")
 
@@ -125,7 +126,7 @@ def arg_after(command: list[str], flag: str) -> str:
 # ---- the files ------------------------------------------------------------------------------------
 def test_env_example_documents_every_variable_the_compose_files_use():
     used = set()
-    for f in (COMPOSE, EXPOSE):
+    for f in (COMPOSE, EXPOSE, SENTINEL):
         used |= set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", f.read_text()))
     example = env_example()
     assert used - set(example) == set(), "variables missing from .env.example"
@@ -235,6 +236,63 @@ def test_dockerfile_matches_the_package():
 
 
 # ---- the services, run as local processes ------------------------------------------------------------
+@pytest.mark.process
+def test_sentinel_override_agrees_with_itself_and_its_sentinel_watches_the_master(tmp_path):
+    """docker-compose.sentinel.yml: every rlfarm service connects through the three sentinels, under
+    the name they monitor the master by, with its password; the replica follows `redis`; and the
+    sentinel's start-up script, run here with its redis-sentinel, watches a real master with that
+    password (host `redis` mapped to 127.0.0.1 and a free port)."""
+    from rlfarm.farm.redis_url import parse_sentinel
+    from .sentinel import sentinel_command
+
+    env_file, values = write_env(tmp_path)
+    password = values["REDIS_PASSWORD"]
+    services = compose_config(env_file, COMPOSE, SENTINEL)["services"]
+    assert {"redis", "redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"} <= set(services)
+    assert arg_after(services["redis"]["command"], "--masterauth") == password  # if it becomes a replica
+    replica = services["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1:replica.index("--replicaof") + 3] == ["redis", "6379"]
+    assert arg_after(replica, "--masterauth") == password and arg_after(replica, "--requirepass") == password
+    assert ports(services["redis-replica"]) == []
+    scripts = [services[f"sentinel-{i}"]["command"][-1] for i in (1, 2, 3)]
+    assert len(set(scripts)) == 1 and password not in scripts[0], "the password belongs in the environment"
+    monitor = re.search(r"sentinel monitor (\S+) redis 6379 (\d)", scripts[0])
+    assert monitor and int(monitor.group(2)) == 2, "a quorum of 2 of the 3 sentinels"
+    for name in ("worker", "trainer", "flower"):
+        target = parse_sentinel(services[name]["environment"]["RLFARM_REDIS_URL"])
+        assert target.sentinels == tuple((f"sentinel-{i}", 26379) for i in (1, 2, 3))
+        assert target.master_name == monitor.group(1) and target.password == password
+        assert set(services[name]["depends_on"]) >= {"redis", "sentinel-1", "sentinel-2", "sentinel-3"}
+
+    server, _ = _redis_binaries()
+    master_port, sentinel_port = free_port(), free_port()
+    conf = tmp_path / "sentinel.conf"
+    script = (scripts[0].replace("$$", "$").replace("port 26379", f"port {sentinel_port}")
+              .replace("redis 6379", f"127.0.0.1 {master_port}").replace("/tmp/sentinel.conf", str(conf))
+              .replace("exec redis-sentinel", "exec " + " ".join(sentinel_command())))
+    master = subprocess.Popen([server, "--port", str(master_port), "--bind", "127.0.0.1", "--save", "",
+                               "--requirepass", password], stdout=subprocess.DEVNULL, start_new_session=True)
+    sentinel = subprocess.Popen(["sh", "-c", script], env={"PATH": os.environ["PATH"], "REDIS_PASSWORD": password},
+                                stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        watcher = redis.Redis(port=sentinel_port, socket_connect_timeout=1, decode_responses=True)
+
+        def master_seen_up() -> bool:
+            try:
+                state = watcher.execute_command("SENTINEL", "MASTER", monitor.group(1))
+            except redis.RedisError:
+                return False
+            flags = dict(zip(state[::2], state[1::2])) if isinstance(state, list) else state
+            # authenticated: the master answers its pings, so it has a role and no down flag
+            return flags["flags"] == "master" and flags.get("role-reported") == "master" and \
+                int(flags.get("last-ok-ping-reply", 10**6)) < 2000
+
+        poll(master_seen_up, "the compose sentinel watching the master with its password", sentinel)
+    finally:
+        stop_process_group(sentinel, grace=5.0)
+        stop_process_group(master, grace=5.0)
+
+
 def _redis_binaries() -> tuple[str, str]:
     server = "/usr/bin/redis-server" if os.access("/usr/bin/redis-server", os.X_OK) else find_redis_server()
     cli = shutil.which("redis-cli") or str(Path(server).with_name("redis-cli"))

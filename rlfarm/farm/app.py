@@ -43,10 +43,23 @@ def broker_ssl(redis_url: str) -> dict[str, Any] | None:
     return options
 
 
+FARM_URL_SETTING = "rlfarm_redis_url"
+
+
+def farm_url(app: Celery) -> str:
+    """The farm's Redis URL an app was configured with (for a Sentinel URL, not kombu's broker form)."""
+    return app.conf.get(FARM_URL_SETTING) or app.conf.broker_url
+
+
 def celery_settings(redis_url: str) -> dict[str, Any]:
-    transport = {"visibility_timeout": VISIBILITY_TIMEOUT}
+    """Every setting rlfarm gives Celery, from the farm's URL (plain or Sentinel)."""
+    from rlfarm.farm.redis_url import celery_transport
+
+    broker_url, sentinel = celery_transport(redis_url)  # Sentinel: kombu's URL form and master_name
+    transport = {"visibility_timeout": VISIBILITY_TIMEOUT, **sentinel}
     return {
-        "broker_url": redis_url,
+        FARM_URL_SETTING: redis_url,  # the URL as given: what rlfarm's own clients connect with
+        "broker_url": broker_url,
         "broker_use_ssl": broker_ssl(redis_url),
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,

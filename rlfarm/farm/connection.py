@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import redis
 
+from rlfarm.farm import redis_url
+
+
 class RedisAuthError(ConnectionError):
     """Redis answered but refused the URL's credentials (or wanted some): a configuration error."""
 
@@ -15,8 +18,8 @@ class RedisAuthError(ConnectionError):
 def connect(url: str, timeout: float = 5.0) -> redis.Redis:
     """A client that fails fast and clearly when Redis is not there."""
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_keepalive=True,
-                                      health_check_interval=30)
+        client = redis_url.client(url, socket_connect_timeout=timeout, socket_keepalive=True,
+                                  health_check_interval=30)
         client.ping()
     except redis.AuthenticationError as exc:
         raise RedisAuthError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
@@ -74,9 +77,11 @@ def _tls_hint(url: str, exc: Exception) -> str:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
+    """The URL without its password, for messages and logs (each address of a Sentinel URL)."""
     from urllib.parse import urlsplit, urlunsplit
 
+    if ";" in url:
+        return ";".join(redact(part) for part in url.split(";"))
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -103,25 +108,25 @@ def is_loopback(host: str | None) -> bool:
     return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
+def _all_loopback(url: str) -> bool:
+    """Every address the URL names is this machine (for Sentinel: every sentinel's)."""
+    return all(is_loopback(host) for host in redis_url.hosts(url))
+
+
 def no_password_warning(url: str) -> str | None:
     """The warning for a Redis URL without a password on a non-loopback address (anyone who can reach
     that Redis can queue work on every worker), or None: it has one, or is this machine or a socket."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.scheme == "unix" or parts.password or is_loopback(parts.hostname):
+    scheme = redis_url.scheme(url)
+    if scheme == "unix" or redis_url.has_password(url) or _all_loopback(url):
         return None
     return (f"Redis at {redact(url)} accepts this worker without a password: anyone who can reach it can "
-            f"queue work on every worker; give it one (requirepass) and use {parts.scheme}://:PASSWORD@host:port/db")
+            f"queue work on every worker; give it one (requirepass) and use {scheme}://:PASSWORD@host:port/db")
 
 
 def no_secret_warning(url: str, secret: bytes | str | None) -> str | None:
     """The warning for a Redis off this machine without RLFARM_SECRET (its results, policies and tasks
     are then taken as they come: whoever can write to it can forge them unnoticed), or None."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if secret or parts.scheme == "unix" or is_loopback(parts.hostname):
+    if secret or redis_url.scheme(url) == "unix" or _all_loopback(url):
         return None
     return (f"Redis at {redact(url)} is not on this machine and RLFARM_SECRET is not set: whoever can write "
             f"to it can forge results, policies and tasks unnoticed; give the trainer and every worker the "

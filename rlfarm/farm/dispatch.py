@@ -116,11 +116,14 @@ class Dispatcher:
                  lease_seconds: float = 10.0, time_limit: float = 0.0, retry: OutageRetry | None = None,
                  on_state_lost: Callable[[], None] | None = None, notify: Callable[[str], None] | None = None,
                  claim: Claim | None = None, secret: Any = FROM_ENV,
-                 on_unverified: Callable[[str], str] | None = None, share: Any = None):
+                 on_unverified: Callable[[str], str] | None = None, share: Any = None,
+                 on_outage: Callable[[], None] | None = None):
         """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
         durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
         `on_state_lost`: called when the run's metadata vanished from Redis (FLUSHALL, a Redis
         restarted without its data), after the dispatcher has written back its own state.
+        `on_outage`: called once `client` is back after an outage, to put back what a failover to a
+        replica may have lost of the newest writes (the trainer's newest policy version).
         `claim`: the trainer's claim of the run (rlfarm.farm.claim), whose incarnation every task carries;
         without one the dispatcher claims the run itself when it first sends a task.
         `on_unverified(kind)`: a worker refused the task's "policy", "meta" or "spec" as not signed by the
@@ -142,6 +145,7 @@ class Dispatcher:
         self.retry = retry or OutageRetry()
         self.on_event = on_event or (lambda: None)
         self.on_state_lost = on_state_lost
+        self.on_outage = on_outage
         self.on_unverified = on_unverified
         self.notify = notify or (lambda text: None)
         self.stats = DispatchStats()
@@ -224,6 +228,7 @@ class Dispatcher:
                 raise ValueError(f"task {key} is already in flight")
             seen.add(key)
         self.held.extend(specs)
+        self.after_outage(time.monotonic())  # a spec may name a version Redis lost meanwhile
         self.admit()
         self.stats.held += min(len(self.held), len(specs))
         return task_keys
@@ -406,10 +411,8 @@ class Dispatcher:
             return
         self.claim.check()  # another trainer took the run over: stop before touching it
         self._next_check = now + min(CHECK_SECONDS, self.task_timeout / 4, self.lease_seconds / 4)
+        self.after_outage(now)
         self.admit()  # the share may have grown (another run ended or wants less)
-        if self.retry.outages != self._outages_seen:  # Redis was away: give workers time to renew
-            self._outages_seen = self.retry.outages
-            self._grace(now)
         if not self.pending:
             return
         pending = list(self.pending)
@@ -421,6 +424,9 @@ class Dispatcher:
         for text in texts:
             pipe.get(keys.lease(self.run_id, text))  # its holder: the worker process running it
         meta_exists, backlog, wanted, *leases = pipe.execute()
+        if self.retry.outages != self._outages_seen:  # Redis was away during this very look
+            self.after_outage(time.monotonic())
+            return
         if not meta_exists:
             self._state_lost(now)
             return
@@ -514,8 +520,30 @@ class Dispatcher:
         return (f"a {kind} task is killed at its time limit of {limit:g} s ({source}; a worker's "
                 f"--time-limit may lower it)")
 
+    def after_outage(self, now: float) -> None:
+        """Once after each Redis outage: put back what it may have lost, then let workers renew their
+        leases before any task is judged.
+
+        A restart from an append-only file loses nothing, but a Sentinel failover promotes a replica
+        that copied the master's writes asynchronously: it lacks the newest ones, in order. What that
+        can lose and how it comes back: the `wanted` entries and messages of tasks sent last (re-listed
+        here; a message neither queued nor running is re-sent a lease period later), a worker's
+        result with its lease's deletion (the lease expires: re-sent), the trainer's newest policy
+        version (`on_outage` writes it back), a result already read (read again: a duplicate).
+        Errors of copies sent before now (a policy version missing meanwhile) are retried."""
+        if self.retry.outages == self._outages_seen:
+            return
+        self._outages_seen = self.retry.outages
+        self._restored_at = now
+        if self.pending:
+            self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*k) for k in self.pending])
+        if self.on_outage is not None:
+            self.on_outage()
+        self._grace(now)
+
     def check_state(self) -> None:
-        """Only the first part of `check`: is the run's metadata still in Redis?"""
+        """Only the first part of `check`: was Redis away, is the run's metadata still in Redis?"""
+        self.after_outage(time.monotonic())
         if not self.client.exists(keys.meta(self.run_id)):
             self._state_lost(time.monotonic())
 

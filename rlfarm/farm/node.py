@@ -32,7 +32,7 @@ from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
 from rlfarm.farm.shares import register_node
 from rlfarm.farm.store import PolicyStore
-from rlfarm.farm import keys
+from rlfarm.farm import keys, redis_url
 
 HAND_BACK_SIGNAL = signal.SIGUSR2  # main -> pool process: hand your task back now
 DEFAULT_SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM until pool processes still holding a task are killed
@@ -66,7 +66,7 @@ def task_of(task_id: str, kwargs: dict | None, pid: int | None) -> NodeTask | No
 def client_for(url: str) -> redis.Redis:
     """A client that answers or fails within seconds: a shutting-down worker must not wait out a
     Redis outage (its tasks' leases expire and the trainer re-sends them anyway)."""
-    return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    return redis_url.client(url, socket_connect_timeout=3, socket_timeout=3)
 
 
 def hand_back_reason(node: str, detail: str = "") -> str:

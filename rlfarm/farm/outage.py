@@ -165,6 +165,7 @@ def resilient_client(url: str, retry: OutageRetry, connect_timeout: float = 5.0,
     here because redis-py's default differs between versions: none in 5.x, 5 s in 8.x). Longer than
     any blocking command rlfarm sends (BLPOP waits at most a second).
     """
-    return redis.Redis.from_url(url, retry=retry, socket_connect_timeout=connect_timeout,
-                                socket_timeout=stall_timeout, socket_keepalive=True,
-                                health_check_interval=30)
+    from rlfarm.farm.redis_url import client
+
+    return client(url, retry=retry, socket_connect_timeout=connect_timeout, socket_timeout=stall_timeout,
+                  socket_keepalive=True, health_check_interval=30)

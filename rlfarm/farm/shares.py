@@ -21,7 +21,7 @@ from typing import Callable
 import redis
 
 from rlfarm.core.shares import Demand, allocate, used_fraction
-from rlfarm.farm import keys
+from rlfarm.farm import keys, redis_url
 
 HEARTBEAT = 0.25  # seconds between a trainer's registrations: how soon it sees another run want slots
 RUN_SECONDS = 3.0  # a run that stopped registering (its trainer died) leaves the split this long after
@@ -70,7 +70,7 @@ class FarmShare:
                  demand: Callable[[], int], busy: Callable[[], float]):
         # Its own client, failing within seconds: during a Redis outage the registration lapses and
         # the cap stays what it was (the trainer's own client waits the outage out).
-        self.client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        self.client = redis_url.client(url, socket_connect_timeout=3, socket_timeout=3)
         self.run_id, self.weight, self.mode = run_id, weight, mode
         self.demand, self.busy = demand, busy
         self.slots = 0

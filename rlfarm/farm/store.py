@@ -123,6 +123,26 @@ class PolicyStore:
             pipe.zrem(keys.versions(self.run_id), str(version))
         pipe.execute()
 
+    def restore_newest(self) -> int | None:
+        """Put back the newest version this store published, with its listing and `latest`, if Redis
+        no longer has it: a replica promoted by a failover lacks the writes it had not yet copied
+        (replication is asynchronous). Returns the version written back, or None."""
+        if self.own is None:
+            return None
+        version, blob = self.own
+        pipe = self.client.pipeline(transaction=False)
+        pipe.exists(self._key(version))
+        pipe.get(keys.latest(self.run_id))
+        present, latest = pipe.execute()
+        if present and latest is not None and int(latest) >= version:
+            return None
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(self._key(version), blob)
+        pipe.zadd(keys.versions(self.run_id), {str(version): version})
+        pipe.set(keys.latest(self.run_id), version)
+        pipe.execute()
+        return version
+
     def restore_pinned(self) -> None:
         """Write pinned versions back (after Redis lost its data)."""
         if not self.pinned:

@@ -25,6 +25,8 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure, worker_init, worker_process_init, worker_ready, worker_shutting_down
 from celery.worker.request import Request
 
+from rlfarm.farm.app import farm_url
+
 _app: Any = None  # the Celery app of `tasks`, given to install()
 _worker = None
 _main_client = None  # the worker main process's own Redis client (time-limit reports)
@@ -73,7 +75,7 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     if _main_client is None:
         from rlfarm.farm.outage import OutageRetry, resilient_client
 
-        _main_client = resilient_client(_app.conf.broker_url, OutageRetry(60.0))
+        _main_client = resilient_client(farm_url(_app), OutageRetry(60.0))
     from rlfarm.core.protocol import Result
 
     limit = exception.args[0] if exception.args else "?"
@@ -148,7 +150,7 @@ def _keep_leases(sender=None, **_: object) -> None:
     controller = getattr(sender, "controller", None)
     slots = int(getattr(controller, "concurrency", 0) or _app.conf.worker_concurrency or os.cpu_count() or 1)
     node = str(getattr(sender, "hostname", sender))
-    LeaseKeeper(_app.conf.broker_url, _running_tasks, node=node, slots=slots).start()
+    LeaseKeeper(farm_url(_app), _running_tasks, node=node, slots=slots).start()
     _term_once()
     if os.environ.get(METRICS_ADDR_VAR):
         _serve_metrics(node, slots, os.environ[METRICS_ADDR_VAR])
@@ -255,7 +257,7 @@ def _hand_back(node: str) -> None:
         if not _running_tasks(ids):
             return
         time.sleep(0.1)  # polling the pool's bookkeeping, at most `grace` seconds
-    N.force_hand_back(N.client_for(_app.conf.broker_url), _running_tasks(ids), node, grace)
+    N.force_hand_back(N.client_for(farm_url(_app)), _running_tasks(ids), node, grace)
 
 
 def _rollout_worker():
@@ -263,7 +265,7 @@ def _rollout_worker():
     if _worker is None:
         from rlfarm.farm.worker import RolloutWorker
 
-        _worker = RolloutWorker(_app.conf.broker_url)
+        _worker = RolloutWorker(farm_url(_app))
         _worker.hand_back = _hand_back_early
         _worker.counters = _counters
     return _worker

@@ -55,8 +55,10 @@ def running() -> dict[str, Any] | None:
         return None
     import redis
 
+    from rlfarm.farm.redis_url import client
+
     try:
-        redis.Redis.from_url(state["redis_url"], socket_connect_timeout=1).ping()
+        client(state["redis_url"], socket_connect_timeout=1).ping()
     except (redis.RedisError, OSError):
         return None
     return state

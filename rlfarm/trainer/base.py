@@ -131,6 +131,17 @@ class Trainer:
             self.publish()
         self.heartbeat()
 
+    def after_outage(self) -> None:
+        """Redis was away and is back. Back as a replica promoted by a Sentinel failover, it may lack
+        the newest writes (replication is asynchronous): put back the newest policy version and the
+        pinned ones, which tasks sent before the failover may name (the dispatcher re-lists its
+        pending tasks as wanted and re-sends those lost)."""
+        restored = self.store.restore_newest()
+        self.store.restore_pinned()
+        if restored is not None:
+            self.warn(f"Redis came back without policy v{restored} of run {self.config.run_id} (a replica "
+                      f"promoted before it had copied it): wrote it back")
+
     def run_meta(self) -> dict[str, Any]:
         """What workers read of the run; `incarnation` tells this trainer's run from an earlier one of
         the same id, whose cached metadata and policies a worker must not use."""

@@ -52,6 +52,9 @@ class _TrainerHooks:
     def on_state_lost(self) -> None:
         self.trainer.restore_run_state()
 
+    def on_outage(self) -> None:
+        self.trainer.after_outage()
+
     def on_unverified(self, kind: str) -> str:
         return self.trainer.write_back(kind)
 
@@ -100,8 +103,8 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
                             on_event=hooks.on_event,
                             env=config.env.id,  # shown in Flower's task labels
                             lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
-                            retry=retry, on_state_lost=hooks.on_state_lost, notify=warn, claim=claim,
-                            secret=store.secret, on_unverified=hooks.on_unverified)
+                            retry=retry, on_state_lost=hooks.on_state_lost, on_outage=hooks.on_outage,
+                            notify=warn, claim=claim, secret=store.secret, on_unverified=hooks.on_unverified)
     dispatcher.share = FarmShare(redis_url, config.run_id, farm.share, config.mode,
                                  demand=dispatcher.wants_slots, busy=lambda: dispatcher.busy_seconds)
 

@@ -30,6 +30,11 @@ def optuna() -> Any:
 
 
 def storage(redis_url: str) -> Any:
+    from rlfarm.farm.redis_url import is_sentinel
+
+    if is_sentinel(redis_url):  # Optuna's journal opens its own redis-py client from a plain URL
+        raise SweepError("rlfarm sweep keeps its Optuna study in Redis through a plain redis:// URL; it "
+                         "does not follow a Sentinel failover: give --redis the master's redis:// URL")
     optuna()
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalRedisBackend
