@@ -71,6 +71,17 @@ def test_a_sentinel_url_is_redacted_and_warned_about_like_a_plain_one():
     assert no_password_warning(mixed) is not None
 
 
+def test_unreachable_sentinels_and_bad_urls_are_one_clear_line():
+    from rlfarm.farm.connection import connect
+
+    with pytest.raises(ConnectionError, match="no sentinel there names a master 'farm'"):
+        connect("sentinel://127.0.0.1:1;sentinel://127.0.0.1:2/0?master_name=farm", timeout=1)
+    with pytest.raises(ConnectionError, match="bad Redis URL sentinel://127.0.0.1:1/0: .*master_name"):
+        connect("sentinel://127.0.0.1:1/0")
+    with pytest.raises(ConnectionError, match="starts with redis://, rediss://, unix:// or sentinel://"):
+        connect("http://127.0.0.1:1/0")
+
+
 # ---- failover on a real farm -------------------------------------------------------------------
 def _farm(tmp_path, events: bool = False) -> SentinelFarm:
     farm = SentinelFarm(tmp_path, name=f"rlfarm-sentinel-{os.getpid()}", events=events,

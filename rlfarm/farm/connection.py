@@ -7,6 +7,7 @@ from __future__ import annotations
 
 
 import redis
+from redis.sentinel import MasterNotFoundError
 
 from rlfarm.farm import redis_url
 
@@ -25,7 +26,14 @@ def connect(url: str, timeout: float = 5.0) -> redis.Redis:
         raise RedisAuthError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
     except redis.ResponseError as exc:  # e.g. NOAUTH: a password is required and the URL has none
         raise RedisAuthError(f"Redis at {redact(url)} refused the connection: {exc}") from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
+    except MasterNotFoundError:
+        target = redis_url.parse_sentinel(url)
+        raise ConnectionError(f"cannot reach Redis at {redact(url)}: no sentinel there names a master "
+                              f"{target.master_name!r} (none answered, or they monitor it under another "
+                              f"name: `redis-cli -p 26379 SENTINEL MASTERS` lists theirs)") from None
+    except ValueError as exc:
+        raise ConnectionError(f"bad Redis URL {redact(url)}: {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         raise ConnectionError(f"cannot reach Redis at {redact(url)}: {exc}{_tls_hint(url, exc)}") from None
     except redis.RedisError as exc:  # e.g. InvalidResponse: something else listens on that port
         raise ConnectionError(f"Redis at {redact(url)} did not answer like a Redis server: "

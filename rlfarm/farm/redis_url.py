@@ -119,6 +119,9 @@ def client(url: str, **kwargs: Any) -> redis.Redis:
     once each with short timeouts and no retries, so a dead sentinel costs a refused connection, not
     the master connection's outage clock."""
     if not is_sentinel(url):
+        if scheme(url) not in ("redis", "rediss", "unix"):
+            raise ValueError(f"a Redis URL starts with redis://, rediss://, unix:// or sentinel:// (got "
+                             f"{scheme(url) or 'none'}://)")
         return redis.Redis.from_url(url, **kwargs)
     from redis.sentinel import Sentinel
 
