@@ -58,7 +58,7 @@ def parse_sentinel(url: str) -> SentinelURL:
         except ValueError:
             raise ValueError(f"bad port in {part!r}") from None
         sentinels.append((parts.hostname, port))
-        if parts.password is not None and password is None:
+        if parts.password and password is None:  # an empty one (":@") is none
             username, password = parts.username or None, parts.password
         path = parts.path.strip("/")
         if path:
@@ -87,9 +87,10 @@ def hosts(url: str) -> list[str | None]:
 
 
 def has_password(url: str) -> bool:
+    """Whether the URL carries a password (an empty one, `redis://:@host`, is none)."""
     if is_sentinel(url):
-        return parse_sentinel(url).password is not None
-    return urlsplit(url).password is not None
+        return bool(parse_sentinel(url).password)
+    return bool(urlsplit(url).password)
 
 
 def scheme(url: str) -> str:
