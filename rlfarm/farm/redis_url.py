@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 SENTINEL_SCHEME = "sentinel"
 DEFAULT_SENTINEL_PORT = 26379
@@ -97,20 +98,15 @@ def scheme(url: str) -> str:
     return urlsplit(url.split(";", 1)[0]).scheme.lower()
 
 
-def _following_connection() -> type:
-    from redis.sentinel import SentinelManagedConnection
+class FollowingConnection(SentinelManagedConnection):
+    """Asks the sentinels for the master at every connection attempt. redis-py's own reconnects a
+    dropped connection (`connect_check_health`, under the client's Retry) to the address it had:
+    after a failover that is the dead master, tried until the outage limit (tests/test_sentinel.py)."""
 
-    class FollowingConnection(SentinelManagedConnection):
-        """Asks the sentinels for the master at every connection attempt. redis-py's own reconnects a
-        dropped connection (`connect_check_health`, under the client's Retry) to the address it had:
-        after a failover that is the dead master, tried until the outage limit (tests/test_sentinel.py)."""
-
-        def _connect(self):  # type: ignore[no-untyped-def]
-            if self.connection_pool.is_master:
-                self.host, self.port = self.connection_pool.get_master_address()
-            return super()._connect()
-
-    return FollowingConnection
+    def _connect(self):  # type: ignore[no-untyped-def]
+        if self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        return super()._connect()
 
 
 def client(url: str, **kwargs: Any) -> redis.Redis:
@@ -124,8 +120,6 @@ def client(url: str, **kwargs: Any) -> redis.Redis:
             raise ValueError(f"a Redis URL starts with redis://, rediss://, unix:// or sentinel:// (got "
                              f"{scheme(url) or 'none'}://)")
         return redis.Redis.from_url(url, **kwargs)
-    from redis.sentinel import Sentinel
-
     target = parse_sentinel(url)
     timeout = kwargs.get("socket_connect_timeout") or 5.0
     sentinel_kwargs = {"socket_connect_timeout": timeout, "socket_timeout": timeout,
@@ -134,7 +128,7 @@ def client(url: str, **kwargs: Any) -> redis.Redis:
         sentinel_kwargs["password"] = target.sentinel_password
     manager = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
     return manager.master_for(target.master_name, db=target.db, username=target.username,
-                              password=target.password, connection_class=_following_connection(), **kwargs)
+                              password=target.password, connection_class=FollowingConnection, **kwargs)
 
 
 def celery_transport(url: str) -> tuple[str, dict[str, Any]]:
