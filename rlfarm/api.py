@@ -62,6 +62,10 @@ def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
 
     check_mode(cfg.algo, cfg.mode)
     check_env(cfg.algo, describe(cfg.env.id, dataclasses.asdict(cfg.env)))
+    if cfg.farm.episodes == "continue":
+        from rlfarm.envs import snapshot
+
+        snapshot.check(cfg.env.id, dataclasses.asdict(cfg.env))
     if embedded and cfg.mode == "async":
         C.check_results_per_update(cfg, cfg.async_.tasks_in_flight or embedded_in_flight(cfg))
     if cfg.device == "cuda":

@@ -107,7 +107,7 @@ def test_box_actions_are_clipped_for_env_but_stored_raw(env_id):
 
 # ---- "continue": env streams across tasks --------------------------------------------------------
 def _stream(env_id: str, n: int, seeds: list[int]):
-    from rlfarm.core.rollout import EnvStream
+    from rlfarm.core.streams import EnvStream
 
     return EnvStream(make_vector_env(env_id, n), seeds)
 
@@ -126,38 +126,31 @@ def test_a_stream_goes_on_where_its_last_task_left_it():
     assert all(t.episode_returns.size == 0 for t in fresh)  # "fresh" never reaches an episode end
 
 
-def test_stream_seeds_differ_by_process_and_generation_and_repeat_for_the_same():
-    from rlfarm.core.rollout import stream_seeds
+def test_stream_seeds_are_the_runs_own_distinct_per_stream_and_restart():
+    """A stream's seeds come from the run (seed, stream index, restarts), never from the process that
+    starts it: any process starts stream 3 alike, and no two streams or restarts start alike."""
+    from rlfarm.core.streams import stream_seeds
 
-    a = stream_seeds(1, "host:100", 0, 4)
-    assert a == stream_seeds(1, "host:100", 0, 4)
-    others = [stream_seeds(1, "host:101", 0, 4), stream_seeds(1, "host:100", 1, 4), stream_seeds(2, "host:100", 0, 4)]
+    a = stream_seeds(1, 0, 0, 4)
+    assert a == stream_seeds(1, 0, 0, 4)
+    others = [stream_seeds(1, 1, 0, 4), stream_seeds(1, 0, 1, 4), stream_seeds(2, 0, 0, 4)]
     assert all(set(a).isdisjoint(o) for o in others)
     assert len(set(a)) == 4  # the sub-envs of one stream differ too
 
 
-def test_the_stream_cache_keeps_a_stream_per_run_and_closes_the_least_recently_used():
-    from rlfarm.core.rollout import StreamCache
+def test_the_stream_cache_keeps_streams_by_run_and_index_and_closes_the_least_recently_used():
+    from rlfarm.core.streams import StreamCache
 
     cache = StreamCache(size=2)
-    made: list[tuple[str, int]] = []
-
-    def maker(run):
-        def make(generation):
-            made.append((run, generation))
-            return _stream("tests.tiny_envs:terminating", 1, [generation])
-        return make
-
-    a = cache.get("a", maker("a"))
-    b = cache.get("b", maker("b"))
-    assert cache.get("a", maker("a")) is a  # kept, and now the most recently used
-    cache.get("c", maker("c"))  # evicts b, the least recently used
-    assert "b" not in cache and "a" in cache and len(cache) == 2
-    assert b.envs.closed
-    cache.get("b", maker("b"))  # back: a new stream with a new generation (new seeds)
-    assert made == [("a", 0), ("b", 1), ("c", 2), ("b", 3)]
-    cache.drop("b")
-    assert "b" not in cache
+    a, b, c = (_stream("tests.tiny_envs:terminating", 1, [i]) for i in range(3))
+    cache.put("run", 0, a)
+    cache.put("run", 1, b)
+    assert cache.get("run", 0) is a and cache.get("other", 0) is None  # a: now the most recently used
+    cache.put("other", 0, c)  # evicts ("run", 1), the least recently used
+    assert ("run", 1) not in cache and ("run", 0) in cache and len(cache) == 2
+    assert b.envs.closed and not a.envs.closed
+    cache.drop("run")
+    assert ("run", 0) not in cache and a.envs.closed and ("other", 0) in cache
 
 
 class ScoredEnv:

@@ -1,12 +1,14 @@
-"""farm.episodes = "continue": worker processes keep their envs running across tasks, so episodes
-longer than a task are learned from and reported, each once and whole, on real Redis and Celery
-workers. (Pure stream mechanics: test_rollout.py; a worker SIGKILLed mid-stream: test_faults.py.)"""
+"""farm.episodes = "continue": a run's env streams go on across tasks, so episodes longer than a task
+are learned from and reported, each once and whole, on real Redis and Celery workers, and a batch
+holds the same distinct streams whatever the number of processes. (Pure stream mechanics and moved
+streams: test_rollout.py, test_snapshot.py; a worker SIGKILLed mid-stream: test_faults.py.)"""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from .conftest import read_csv, read_summary, run_cli
+from .conftest import WORKER_ENV, dispatcher, make_run, read_csv, read_summary, run_cli
 from .tiny_envs import LongEnv
 
 pytestmark = pytest.mark.farm
@@ -53,3 +55,65 @@ def test_a_bad_episodes_mode_is_one_error_line(tmp_path):
     r = run_cli("train", "--set", "farm.episodes=forever", "--logdir", str(tmp_path))
     assert r.returncode != 0
     assert "farm.episodes must be fresh or continue" in one_error_line(r.stderr)
+
+
+# ---- the run's streams, whatever the farm ---------------------------------------------------------
+LONG_RUN = ["env.id=tests.tiny_envs:long_episodes", "farm.episodes=continue", "env.num_envs=2",
+            "farm.num_tasks=2", "farm.steps_per_env=64", "policy.hidden_sizes=[16]"]
+
+
+def _iterations(redis_url: str, run_id: str, count: int, book=None, first: int = 0):
+    """`count` SYNC iterations of 2 tasks x 2 LongEnv streams driven as the trainer drives them:
+    each task names its stream and the snapshot its last task left; yields each batch and results."""
+    from rlfarm.core.protocol import TaskSpec
+    from rlfarm.core.rollout import Rollout, concat
+    from rlfarm.core.streams import StreamBook
+
+    d = dispatcher(redis_url, run_id)
+    book = book or StreamBook(2)
+    for it in range(first, first + count):
+        specs = [TaskSpec(run_id, "rollout", it, i, 0, 1, steps=64, stream=book.ref(i)) for i in range(2)]
+        results = d.gather_group(specs)
+        for i, r in enumerate(results):
+            book.advance(r.stream, i)
+        yield concat([Rollout.from_dict(r.rollout) for r in results]), results, book
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_sync_batch_holds_num_tasks_x_num_envs_distinct_streams_whatever_the_processes(processes, tmp_path):
+    """The shipped Atari presets' shape in small: 2 tasks x 2 envs per iteration. Each batch holds 4
+    distinct games, each advanced by its own tasks only (LongEnv's first observation is its step
+    count / 1000; its second, noise from its own RNG). Before streams were the run's, one process ran
+    both tasks of an iteration on its one stream: task 1 went on from where task 0 stopped."""
+    from rlfarm.local.cluster import LocalCluster
+
+    with LocalCluster(workers=processes, name=f"rlfarm-test-streams-{processes}", log_dir=tmp_path,
+                      extra_env=WORKER_ENV) as farm:
+        make_run(farm.redis_url, "distinct", LONG_RUN)
+        workers = set()
+        for it, (batch, results, _) in enumerate(_iterations(farm.redis_url, "distinct", 5)):
+            assert batch.obs.shape == (64, 4, 2)
+            np.testing.assert_allclose(batch.obs[0, :, 0], it * 64 / 1000)  # each stream at its own step
+            np.testing.assert_allclose(batch.obs[-1, :, 0], (it * 64 + 63) / 1000)
+            assert len(set(batch.obs[0, :, 1].tolist())) == 4  # four games, not two played twice
+            workers |= {r.worker for r in results}
+        assert len(workers) == processes
+
+
+def test_a_lost_snapshot_restarts_its_stream_from_new_seeds_and_says_why(farm):
+    """Redis lost a stream's snapshot (expired, flushed): the next task starts the stream from the
+    seeds of (run seed, stream, restart 1) and its result says why; the other stream goes on."""
+    import redis as redis_py
+
+    from rlfarm.farm import keys
+
+    make_run(farm.redis_url, "lost-snapshot", LONG_RUN)
+    runs = _iterations(farm.redis_url, "lost-snapshot", 3)
+    *_, (batch, _, book) = runs
+    redis_py.Redis.from_url(farm.redis_url).delete(keys.stream("lost-snapshot", book.after[1]))
+    batch, results, book = next(_iterations(farm.redis_url, "lost-snapshot", 1, book, first=3))
+    assert results[0].stream["restarts"] == 0 and results[0].stream.get("restart") is None
+    assert results[1].stream["restarts"] == 1 and "is not in Redis" in results[1].stream["restart"]
+    np.testing.assert_allclose(batch.obs[0, :2, 0], 3 * 64 / 1000)  # stream 0 went on
+    np.testing.assert_allclose(batch.obs[0, 2:, 0], 0.0)  # stream 1 began a new episode
+    assert book.restarts == [0, 1] and book.stats.restarted == 1

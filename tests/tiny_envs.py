@@ -366,3 +366,46 @@ class DeafHangingEnv(SlowEnv):
 
 def hang_deaf_once() -> gym.Env:
     return DeafHangingEnv()
+
+
+class _Simulator:
+    """An object whose state rlfarm cannot see into (a simulator handle, a socket to a game server)."""
+
+    def __init__(self) -> None:
+        self.t = 0
+
+
+class OpaqueEnv(SlowEnv):
+    """State inside an object rlfarm does not know how to save: "continue" episodes refuse it."""
+
+    def __init__(self) -> None:
+        super().__init__(step_seconds=0.0)
+        self.sim = _Simulator()
+
+
+def opaque() -> gym.Env:
+    return OpaqueEnv()
+
+
+class SelfSavingEnv(OpaqueEnv):
+    """The same, saving its simulator's state itself (rlfarm_snapshot / rlfarm_restore)."""
+
+    def step(self, action):
+        self.sim.t += 1
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs + self.sim.t / 1000, reward, terminated, truncated, info
+
+    def rlfarm_snapshot(self) -> dict:
+        import json
+
+        return {"t": self.sim.t, "rng": json.dumps(self.np_random.bit_generator.state)}
+
+    def rlfarm_restore(self, state: dict) -> None:
+        import json
+
+        self.sim.t = state["t"]
+        self.np_random.bit_generator.state = json.loads(state["rng"])
+
+
+def self_saving() -> gym.Env:
+    return SelfSavingEnv()

@@ -17,7 +17,8 @@ from typing import Any
 # worker. Bump it with any change a worker of the other version would misread or refuse (a new field of
 # TaskSpec, Result or the run meta, a changed config key). Tasks and run metadata carry it; a worker
 # refuses a task of another protocol in one line naming both (docs/architecture.md, decision 13).
-PROTOCOL = 3  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions)
+PROTOCOL = 4  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
+# 4: env streams of the run (TaskSpec.stream, Result.stream), ppo.vf_loss, ppo.anneal_clip, reference
 
 KINDS = ("rollout", "eval")
 ROLLOUT_TASK = "rlfarm.rollout"
@@ -72,6 +73,9 @@ class TaskSpec:
     incarnation: str | None = None  # the sending trainer's nonce (rlfarm.farm.claim): workers run the task only while it lives
     env: str | None = None  # the run's env id, a label for Flower only: workers take it from the run
     protocol: int = PROTOCOL  # the trainer's; on the wire a spec without it is of protocol 0
+    # farm.episodes = "continue": the env stream the task continues (rlfarm.core.streams):
+    # {"index": i, "after": snapshot digest or None (start it), "restarts": n (its seeds' restart count)}
+    stream: dict[str, Any] | None = None
     sig: str | None = None  # HMAC over all other fields (rlfarm.core.signing), when RLFARM_SECRET is set
 
     def __post_init__(self) -> None:
@@ -101,6 +105,8 @@ class TaskSpec:
             kwargs["act"] = dict(self.act)
         if self.incarnation is not None:
             kwargs["incarnation"] = self.incarnation
+        if self.stream is not None:
+            kwargs["stream"] = dict(self.stream)
         for name in ("env", "sig"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
@@ -125,6 +131,8 @@ class TaskSpec:
         `run=cartpole-1 v=latest it=12 idx=1 steps=256 seed=1 eps=0.05 env=CartPole-v1`.
         What varies from task to task comes before the env (Flower cuts a cell at ~50 characters)."""
         parts = [f"run={self.run}", f"v={self.version}", f"it={self.iteration}", f"idx={self.index}"]
+        if self.stream is not None:
+            parts.append(f"stream={self.stream.get('index')}")
         parts += [f"{name}={getattr(self, name)}" for name in ("steps", "episodes") if getattr(self, name)]
         parts.append(f"seed={self.seed}")
         parts += [f"{_SHORT.get(k, k)}={v}" for k, v in self.acting_options().items()]
@@ -169,6 +177,11 @@ class Result:
     # With RLFARM_SECRET, what of the task's inputs did not verify ("spec", "meta" or "policy"): written
     # by someone without the secret; the trainer writes back its own copy and re-sends the task.
     unverified: str | None = None
+    # farm.episodes = "continue": where the task left its stream (rlfarm.core.streams): {"index",
+    # "digest" of the snapshot saved with the result, "restarts", "bytes", "seconds" spent saving and
+    # restoring, "restored": the process restored the stream from its snapshot, "restart": why a lost
+    # snapshot made it start the stream from new seeds}
+    stream: dict[str, Any] | None = None
 
     @property
     def key(self) -> Key:

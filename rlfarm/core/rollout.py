@@ -4,17 +4,15 @@ Two ways a task meets its episodes (`farm.episodes`):
 - "fresh": episodes start fresh in every task, seeded from (run seed, iteration, task index): the
   same task run twice, on any worker, gives the same arrays. Episodes still running when the task
   ends are cut and bootstrapped from the value of the last observation; they are never reported.
-- "continue": a worker process keeps its sub-envs running across tasks (an `EnvStream`); a task
-  takes the next steps of its process's stream, and an episode spanning many tasks is reported, with
-  its whole return and length, by the task in which it ends. Which stream a task continues depends on
-  scheduling, so this is not bit-reproducible.
+- "continue": a run's env streams (rlfarm.core.streams) go on across tasks; a task takes the next
+  steps of the stream it names, and an episode spanning many tasks is reported, with its whole return
+  and length, by the task in which it ends. A stream's state travels as a snapshot between tasks, so
+  this is as reproducible as "fresh": the same on any process, or any number of them.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -22,6 +20,7 @@ import numpy as np
 if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
 
+    from rlfarm.core.streams import EnvStream
     from rlfarm.envs import SpaceSpec
     from rlfarm.nn.actors import Actor
 
@@ -73,65 +72,6 @@ def task_seeds(run_seed: int, iteration: int, index: int, num_envs: int) -> tupl
 EPISODE_MODES = ("fresh", "continue")
 
 
-@dataclass
-class EnvStream:
-    """Sub-envs kept running across tasks ("continue"): the envs, and where the last task left them.
-    `obs` is None until the first task resets them (with `first_seeds`)."""
-
-    envs: "VectorEnv"
-    first_seeds: list[int]
-    obs: np.ndarray | None = None
-    episode_return: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    episode_length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-    def close(self) -> None:
-        self.envs.close()
-
-
-def stream_seeds(run_seed: int, identity: str, generation: int, num_envs: int) -> list[int]:
-    """First-reset seeds of a stream, from the run seed, the process's identity (host:pid) and how
-    many streams the process has opened: no two streams of a run start alike. Later episodes follow
-    from each sub-env's own RNG (gymnasium seeds an env once, at its first reset)."""
-    who = int.from_bytes(hashlib.sha256(identity.encode()).digest()[:8], "little")
-    ss = np.random.SeedSequence([run_seed, who, generation])
-    return [int(s) for s in ss.generate_state(num_envs, dtype=np.uint32)]
-
-
-class StreamCache:
-    """A worker process's streams, one per run, least recently used closed beyond `size`: a process
-    serving many runs keeps bounded memory and env handles."""
-
-    def __init__(self, size: int = 4):
-        self.size = size
-        self.generation = 0  # streams opened by this process: part of each new stream's seeds
-        self._streams: OrderedDict[str, EnvStream] = OrderedDict()
-
-    def get(self, run: str, make: Callable[[int], EnvStream]) -> EnvStream:
-        """The run's stream, made with `make(generation)` if the process has none."""
-        if run in self._streams:
-            self._streams.move_to_end(run)
-            return self._streams[run]
-        stream = make(self.generation)
-        self.generation += 1
-        self._streams[run] = stream
-        while len(self._streams) > self.size:
-            _, dropped = self._streams.popitem(last=False)
-            dropped.close()
-        return stream
-
-    def drop(self, run: str) -> None:
-        """Forget a run's stream (a task failed inside it: its state is not trusted any more)."""
-        stream = self._streams.pop(run, None)
-        if stream is not None:
-            stream.close()
-
-    def __contains__(self, run: str) -> bool:
-        return run in self._streams
-
-    def __len__(self) -> int:
-        return len(self._streams)
-
-
 def as_obs(spec: "SpaceSpec", obs: Any, n: int) -> np.ndarray:
     """A batch of n observations as the spec keeps them: its shape, uint8 or float32 (float64 envs
     are cast here, once)."""
@@ -140,7 +80,7 @@ def as_obs(spec: "SpaceSpec", obs: Any, n: int) -> np.ndarray:
 
 def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[int],
             action_seed: int, deterministic: bool = False, keep_next_obs: bool = False,
-            stream: EnvStream | None = None, refresh: Callable[[], "Actor | None"] | None = None,
+            stream: "EnvStream | None" = None, refresh: Callable[[], "Actor | None"] | None = None,
             refresh_steps: int = 0) -> Rollout:
     """Step `envs` (SAME_STEP autoreset, see envs.make_vector_env) for n_steps with `policy`.
     `keep_next_obs`: also keep every step's real next observation (off-policy learners).

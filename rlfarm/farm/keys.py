@@ -16,6 +16,7 @@ All under `rlfarm:<run>:` (besides the broker's own queue, `celery`, and kombu's
 | `results`           | list       | workers push, the trainer pops              | RESULTS_TTL (backstop) |
 | `lease:<task>`      | string     | the worker running the task (the node renews it with PEXPIRE only) | lease seconds, renewed |
 | `attempts:<id>`     | string     | the worker delivered a task message         | RESULTS_TTL            |
+| `stream:<sha256>`   | string     | the worker of a "continue" task, with its result: the env stream's snapshot (rlfarm.core.streams); the trainer deletes it once superseded | STREAM_TTL |
 
 | `share`             | hash       | trainer (weight, demand, cap, busy seconds: rlfarm.farm.shares) | refreshed 4x a second |
 
@@ -35,6 +36,9 @@ NAMESPACE = "rlfarm"
 # Backstop expiries: the trainer pops results as they come and deletes what it owns at the end; these
 # only bound what a dead trainer leaves behind.
 RESULTS_TTL = 3600
+# A stream's snapshot waits for the stream's next task (seconds, unless the trainer is stopped): a
+# trainer resumed within this long goes on with its streams, later ones restart them from new seeds.
+STREAM_TTL = 6 * 3600
 STATUS_TTL = 120  # seconds: a trainer that stops writing drops out of `rlfarm status` by itself
 CLAIM_SECONDS = 15.0  # a dead trainer's tasks stop running and its run id is free this long after it died
 LIVE = "*"  # member of `wanted` while the run's trainer lives (not a task key: those hold ':')
@@ -104,6 +108,11 @@ def lease(run: str, task_text: str) -> str:
 
 def attempts(run: str, task_id: str) -> str:
     return f"{prefix(run)}attempts:{task_id}"
+
+
+def stream(run: str, digest: str) -> str:
+    """An env stream's snapshot, named by its sha256 (rlfarm.core.streams)."""
+    return f"{prefix(run)}stream:{digest}"
 
 
 def _glob_escape(text: str) -> str:

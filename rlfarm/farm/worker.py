@@ -27,7 +27,10 @@ from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec, make_env, make_vector_env
 from rlfarm.core.protocol import Result, TaskSpec
 from rlfarm.farm.node import hand_back_reason
-from rlfarm.core.rollout import EnvStream, StreamCache, collect, run_episodes, stream_seeds, task_seeds
+from rlfarm.core import streams
+from rlfarm.core.rollout import collect, run_episodes, task_seeds
+from rlfarm.core.streams import EnvStream, StreamCache, stream_seeds
+from rlfarm.envs import snapshot
 from rlfarm.farm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 from rlfarm.farm.outage import OutageRetry, is_oom, resilient_client
 from rlfarm.farm.cache import PolicyCache
@@ -37,7 +40,7 @@ from rlfarm.farm.connection import redact
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
 
-MAX_STREAMS = 4  # runs whose env streams ("continue" episodes) one process keeps; LRU beyond
+MAX_STREAMS = 8  # env streams ("continue" episodes) one process keeps, of any runs; LRU beyond (then restored)
 MAX_NETWORKS = 4  # runs whose network one process keeps to load new versions into; LRU beyond
 MAX_ATTEMPTS = 4  # deliveries of one task id before it is refused (a task that kills its worker)
 
@@ -120,7 +123,8 @@ class RolloutWorker:
         # keep their own weights.
         self.networks: OrderedDict[str, Any] = OrderedDict()
         self.envs: dict[tuple[str, int, str], Any] = {}
-        self.streams = StreamCache(MAX_STREAMS)  # farm.episodes = "continue": envs kept per run
+        self.streams = StreamCache(MAX_STREAMS)  # farm.episodes = "continue": (run, stream) -> its envs here
+        self.stream_snapshot: tuple[str, bytes] | None = None  # the last task's stream snapshot: key, blob
         self.runs: dict[str, dict[str, Any]] = {}
         self.incarnations: dict[str, str] = {}  # run -> the trainer incarnation the caches above are of
         self.lease = _Lease(self.client)
@@ -256,15 +260,7 @@ class RolloutWorker:
                 refresh = self._refresher(spec, result)
             collect_kw = {"keep_next_obs": keep_next_obs, "refresh": refresh, "refresh_steps": refresh_steps}
             if run_meta["config"]["farm"].get("episodes", "fresh") == "continue":
-                stream = self.streams.get(spec.run, lambda generation: EnvStream(
-                    make_vector_env(env_cfg["id"], env_cfg["num_envs"], trusted=False, options=env_cfg),
-                    stream_seeds(spec.seed, self.identity, generation, env_cfg["num_envs"])))
-                try:
-                    rollout = collect(actor, stream.envs, spec.steps, env_seeds, action_seed, stream=stream,
-                                      **collect_kw)
-                except BaseException:
-                    self.streams.drop(spec.run)  # half-stepped: the next task starts it afresh
-                    raise
+                rollout = self._continue(spec, env_cfg, actor, action_seed, result, collect_kw)
             else:
                 envs = self._vector_env(env_cfg)
                 rollout = collect(actor, envs, spec.steps, env_seeds, action_seed, **collect_kw)
@@ -273,6 +269,52 @@ class RolloutWorker:
         result.finished = time.time()
         result.timings = {"policy": acting - started, "collect": result.duration - (acting - started)}
         return result
+
+    def _continue(self, spec: TaskSpec, env_cfg: dict[str, Any], actor: Any, action_seed: int,
+                  result: Result, collect_kw: dict[str, Any]) -> Any:
+        """A task of an env stream (farm.episodes = "continue"): go on from the snapshot the spec names,
+        at once when this process holds the stream there, else restored from Redis; start it from its
+        seeds when the spec names none (or the snapshot is lost). The stream's new snapshot goes to
+        Redis with the result (`handle`); the result names it (rlfarm.core.streams)."""
+        ref = spec.stream
+        if not isinstance(ref, dict) or not isinstance(ref.get("index"), int):
+            raise protocol.ProtocolError('a farm.episodes = "continue" task must name its env stream')
+        index, after, restarts = ref["index"], ref.get("after"), int(ref.get("restarts", 0))
+        report: dict[str, Any] = {"index": index, "restored": False}
+        started = time.perf_counter()
+        stream = self.streams.get(spec.run, index)
+        if stream is None or after is None or stream.digest != after:
+            envs = stream.envs if stream is not None else make_vector_env(
+                env_cfg["id"], env_cfg["num_envs"], trusted=False, options=env_cfg)
+            stream = EnvStream(envs, stream_seeds(spec.seed, index, restarts, env_cfg["num_envs"]))
+            self.streams.put(spec.run, index, stream)
+            if after is not None:
+                try:
+                    blob = self.client.get(keys.stream(spec.run, after))
+                    if blob is None:
+                        raise streams.SnapshotError(f"snapshot {after[:12]} is not in Redis (expired, or "
+                                                    f"Redis lost its data)")
+                    streams.resume(stream, streams.decode(blob, after), snapshot.restore)
+                    report["restored"] = True
+                except (streams.SnapshotError, ValueError) as exc:  # lost or not ours: start it anew
+                    restarts += 1
+                    stream.first_seeds = stream_seeds(spec.seed, index, restarts, env_cfg["num_envs"])
+                    stream.obs = None
+                    report["restart"] = str(exc)
+                    log.warning("env stream %d of run %s restarts from new seeds: %s", index, spec.run, exc)
+        restored = time.perf_counter() - started
+        try:
+            rollout = collect(actor, stream.envs, spec.steps, [], action_seed, stream=stream, **collect_kw)
+            saving = time.perf_counter()
+            blob, digest = streams.encode(stream, snapshot.capture(stream.envs))
+        except BaseException:
+            self.streams.drop(spec.run, index)  # half-stepped: the snapshot in Redis is still the truth
+            raise
+        stream.digest = digest
+        self.stream_snapshot = (keys.stream(spec.run, digest), blob)
+        result.stream = {**report, "digest": digest, "restarts": restarts, "bytes": len(blob),
+                         "seconds": restored + time.perf_counter() - saving}
+        return rollout
 
     def _refresher(self, spec: TaskSpec, result: Result) -> Any:
         """For a task acting with "latest": a callable returning the actor of a version newer than the
@@ -332,6 +374,7 @@ class RolloutWorker:
             self._refuse(run, base, refusal, node, attempts_key)
             return
         lease = None
+        snapshot_item = None
         try:
             task = TaskSpec.from_kwargs(signing.verify_spec(spec, self.secret))
             self._enter(run, incarnation)
@@ -352,12 +395,14 @@ class RolloutWorker:
                 raise HandedBack()
             self.lease.hold(lease, self.identity, farm.get("lease_seconds", 10.0))
             checked = time.perf_counter()
+            self.stream_snapshot = None
             result = self.rollout(task)
             self.running = False
             result.task_id = task_id
             result.timings = {"checks": checked - taken, **(result.timings or {})}
             payload = encode_result(result, farm)
             done = key_text
+            snapshot_item, self.stream_snapshot = self.stream_snapshot, None
         except HandedBack:  # the trainer sends it again at once; the key stays wanted
             self.running = False
             base.error, base.retryable, base.handed_back = hand_back_reason(node or self.identity), True, True
@@ -371,7 +416,7 @@ class RolloutWorker:
             payload = codec.pack(base.to_message())
             done = None
         try:
-            self._push(run, payload, attempts_key, lease, done)
+            self._push(run, payload, attempts_key, lease, done, snapshot_item)
         finally:
             if lease is not None:
                 self.lease.release()
@@ -389,14 +434,18 @@ class RolloutWorker:
         self._push(run, base.to_message(), attempts_key)
 
     def _push(self, run: str, message: dict[str, Any] | bytes, attempts_key: str,
-              lease: str | None = None, done: str | None = None) -> None:
+              lease: str | None = None, done: str | None = None,
+              stream_snapshot: tuple[str, bytes] | None = None) -> None:
         """Result, attempts counter, lease and `wanted` entry in one transaction: the trainer never
         sees a lease gone before its result is there, and from now on every other copy of the
-        task (`done`) is skipped unrun."""
+        task (`done`) is skipped unrun. An env stream's snapshot goes in the same transaction, so
+        the result that names it never arrives without it."""
         payload = signing.seal_result(run, message if isinstance(message, bytes) else codec.pack(message),
                                       self.secret)
         key = keys.results(run)
         pipe = self.client.pipeline(transaction=True)
+        if stream_snapshot is not None:
+            pipe.set(stream_snapshot[0], stream_snapshot[1], ex=keys.STREAM_TTL)
         pipe.rpush(key, payload)
         pipe.expire(key, keys.RESULTS_TTL)
         pipe.delete(attempts_key, *([lease] if lease else []))

@@ -56,6 +56,10 @@ class AsyncTrainer(Trainer):
         self._last_pump = 0.0
         self.updates = 0  # algorithm updates; a version is published every algo.publish_every
         self._task_counter = 0
+        # "continue": one env stream per task slot; a finished task's stream goes to its replacement.
+        self.open_streams(self.tasks_in_flight)
+        self._free_streams: deque[int] = deque(range(self.tasks_in_flight))
+        self._task_streams: dict[int, int] = {}  # task number -> its stream
         self._lags: list[int] = []
         self._end_lags: list[int] = []
         self.results_refreshed = 0  # results whose task picked up a newer version while it ran
@@ -72,8 +76,13 @@ class AsyncTrainer(Trainer):
 
     def dispatch_one(self) -> None:
         cfg = self.config
+        stream = None
+        if self.streams is not None:
+            stream = self._free_streams.popleft()
+            self._task_streams[self._task_counter] = stream
         self.dispatcher.submit(TaskSpec(cfg.run_id, "rollout", self._task_counter, 0, "latest", cfg.seed,
-                                        steps=cfg.farm.steps_per_env, act=self.task_options(self.progress)))
+                                        steps=cfg.farm.steps_per_env, act=self.task_options(self.progress),
+                                        stream=self.stream_ref(stream) if stream is not None else None))
         self._task_counter += 1
         if self._owed:  # this task takes the slot a finished one left: it waited this long
             waited = max(0.0, time.time() - self._owed.popleft())
@@ -97,6 +106,10 @@ class AsyncTrainer(Trainer):
             if message.kind == "eval":
                 self.handle_eval(message)
             else:
+                if self.streams is not None:  # the stream moved on, whether its result is learned or dropped
+                    stream = self._task_streams.pop(message.iteration)
+                    self.advance_stream(message, stream)
+                    self._free_streams.append(stream)
                 self._backlog.append(message)
                 self._owed.append(message.finished or time.time())
             timeout = 0

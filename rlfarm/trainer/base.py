@@ -25,6 +25,8 @@ from rlfarm.algos.saved import describe_policy
 from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.core import codec
 from rlfarm.core.protocol import PROTOCOL, Result
+from rlfarm.core.streams import StreamBook
+from rlfarm.farm import keys
 from rlfarm.farm.app import queue_depth
 from rlfarm.farm.runs import write_status
 from rlfarm.farm.store import PolicyCorrupt
@@ -114,6 +116,36 @@ class Trainer:
         self._last_logged: dict[str, float] = {}  # the last log step's metrics
         self._last_checkpoint = -math.inf
         self._target_reached_at: dict[str, float] | None = None  # when the run first saw it (summary.json)
+        # farm.episodes = "continue": the run's env streams (rlfarm.core.streams); a mode sizes them.
+        self.streams: StreamBook | None = None
+
+    # ---- env streams ("continue" episodes) -----------------------------------------------------------
+    def open_streams(self, count: int) -> None:
+        if self.config.farm.episodes == "continue":
+            self.streams = StreamBook(count)
+
+    def stream_ref(self, index: int) -> dict[str, Any] | None:
+        """What a rollout task on stream `index` carries; None in "fresh" mode."""
+        return self.streams.ref(index) if self.streams is not None else None
+
+    def advance_stream(self, message: Result, index: int) -> None:
+        """The accepted result of a task on stream `index`: its next task continues from the snapshot
+        this one saved; the one before is deleted from Redis (a copy still running of the task just
+        accepted is skipped by its worker, so nothing will read it)."""
+        if self.streams is None:
+            return
+        old, notice = self.streams.advance(message.stream, index)
+        if notice:
+            self.warn(f"run {self.config.run_id}: {notice}")
+        if old is not None:
+            self.client.delete(keys.stream(self.config.run_id, old))
+
+    def drop_streams(self) -> None:
+        """A finished run's snapshots (an interrupted one keeps them for --resume; they expire)."""
+        if self.streams is not None:
+            names = [keys.stream(self.config.run_id, d) for d in self.streams.after if d]
+            if names:
+                self.client.delete(*names)
 
     # ---- the farm: Redis and the dispatcher's callbacks ---------------------------------------------
     def warn(self, text: str) -> None:
@@ -306,13 +338,16 @@ class Trainer:
             **self.evals.state(),
             "dispatch": {"dispatched": stats.dispatched, "redispatched": stats.redispatched,
                          "duplicates": stats.duplicates, "accepted": stats.accepted},
-            "algo": algo_state, "logger": self.logger.state(self.env_steps)}
+            "algo": algo_state, "logger": self.logger.state(self.env_steps),
+            **({"streams": self.streams.state()} if self.streams is not None else {})}
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         self.algo.restore(tensors, state["algo"])
         torch.set_rng_state(tensors["rng.torch"])
         self.env_steps, self.version = state["env_steps"], state["version"]
         self.evals.restore(state, task_offset=self.RESUME_TASK_OFFSET)
+        if self.streams is not None:
+            self.streams.restore(state.get("streams"))
         stats = self.dispatcher.stats
         for key, value in state["dispatch"].items():
             setattr(stats, key, value)
@@ -388,6 +423,7 @@ class Trainer:
             self.save_checkpoint(force=True)
             result = self._finish(time.perf_counter() - self.start)
             state = "finished"
+            self.drop_streams()
             return result
         finally:
             if state == "failed":
@@ -448,5 +484,8 @@ class Trainer:
             best_policy=best if self.best_version is not None and best.exists() else None)
         write_summary(self.run_dir, build_summary(result, stats, self.retry,
                                                   target_reached_at=self._target_reached_at,
-                                                  threads=self.threads, extras=self.summary_extras()))
+                                                  threads=self.threads, extras={
+                                                      **self.summary_extras(),
+                                                      **({"streams": self.streams.summary()}
+                                                         if self.streams is not None else {})}))
         return result

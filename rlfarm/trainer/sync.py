@@ -20,6 +20,10 @@ from rlfarm.trainer.base import Trainer, log
 class SyncTrainer(Trainer):
     iteration = 0  # iterations done; the next one's tasks get seeds from (seed, iteration, index)
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.open_streams(self.config.farm.num_tasks)  # "continue": task i always continues stream i
+
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors, state = super().checkpoint_state()
         return tensors, {**state, "iteration": self.iteration}
@@ -32,8 +36,11 @@ class SyncTrainer(Trainer):
         cfg = self.config
         act = self.task_options(progress)
         specs = [TaskSpec(cfg.run_id, "rollout", iteration, i, self.version, cfg.seed,
-                          steps=cfg.farm.steps_per_env, act=act) for i in range(cfg.farm.num_tasks)]
+                          steps=cfg.farm.steps_per_env, act=act, stream=self.stream_ref(i))
+                 for i in range(cfg.farm.num_tasks)]
         results = self.dispatcher.gather_group(specs, on_other=self.handle_eval)
+        for i, result in enumerate(results):
+            self.advance_stream(result, i)
         return concat([Rollout.from_dict(r.rollout) for r in results])
 
     def train_loop(self) -> None:

@@ -1,0 +1,100 @@
+"""Env streams move between processes: a stream's complete state saved after one task and restored
+by another process goes on bit for bit (rlfarm.envs.snapshot, rlfarm.core.streams). Pure: two env
+objects in one process stand for two worker processes; the farm tests are in test_streams.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlfarm.core import streams
+from rlfarm.core.rollout import Rollout, collect, task_seeds
+from rlfarm.core.streams import EnvStream, StreamBook, stream_seeds
+from rlfarm.envs import describe, make_vector_env, snapshot
+
+ENVS = ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "tests.tiny_envs:long_episodes", "tests.tiny_envs:self_saving"]
+try:
+    import mujoco  # noqa: F401
+
+    ENVS += ["HalfCheetah-v5", "Ant-v5"]  # Ant-v5 reads MuJoCo's derived positions before a step
+except ImportError:  # the mujoco extra: its tests run where it is installed (.ci/run installs it)
+    pass
+
+
+def _actor(env_id: str):
+    import torch
+
+    from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.config import PolicyConfig
+
+    torch.manual_seed(0)
+    return ActorCritic(describe(env_id), PolicyConfig(hidden_sizes=(16,))).actor_snapshot()
+
+
+def _tasks(env_id: str, n_envs: int, steps: int, tasks: int, move: bool) -> list[Rollout]:
+    """`tasks` tasks of one stream: in one process (`move=False`), or each in the other of two
+    processes, which restores the stream from the snapshot the last task saved (`move=True`)."""
+    actor = _actor(env_id)
+    seeds = stream_seeds(7, 0, 0, n_envs)
+    here = [EnvStream(make_vector_env(env_id, n_envs), seeds), EnvStream(make_vector_env(env_id, n_envs), seeds)]
+    out, blob, digest = [], None, None
+    for task in range(tasks):
+        stream = here[task % 2 if move else 0]
+        if blob is not None and stream.digest != digest:
+            streams.resume(stream, streams.decode(blob, digest), snapshot.restore)
+        out.append(collect(actor, stream.envs, steps, [], task_seeds(7, task, 0, n_envs)[1], stream=stream))
+        blob, digest = streams.encode(stream, snapshot.capture(stream.envs))
+        stream.digest = digest
+    return out
+
+
+@pytest.mark.parametrize("env_id", ENVS)
+def test_a_stream_restored_in_another_process_goes_on_bit_for_bit(env_id):
+    """Six tasks of one stream, each in the other of two processes, against the same six in one: every
+    array of every task is equal, episodes spanning tasks included."""
+    steps = 150 if env_id.endswith("-v5") else 90
+    alone = _tasks(env_id, 2, steps, 6, move=False)
+    moved = _tasks(env_id, 2, steps, 6, move=True)
+    for a, b in zip(alone, moved):
+        for name, value in a.to_dict().items():
+            if value is not None:
+                np.testing.assert_array_equal(value, b.to_dict()[name], err_msg=f"{env_id}: {name}")
+    assert sum(r.episode_returns.size for r in alone) or env_id.startswith(("tests.", "HalfCheetah", "Ant"))
+
+
+def test_an_env_holding_an_object_rlfarm_cannot_save_is_refused_by_name():
+    with pytest.raises(snapshot.Unsnapshotable) as caught:
+        snapshot.check("tests.tiny_envs:opaque")
+    text = str(caught.value)
+    assert "OpaqueEnv.sim" in text and "rlfarm_snapshot" in text and 'farm.episodes = "fresh"' in text
+    snapshot.check("tests.tiny_envs:self_saving")  # the same env saving its state itself
+
+
+def test_a_snapshot_is_checked_against_its_digest_before_it_is_decoded():
+    envs = make_vector_env("CartPole-v1", 1)
+    stream = EnvStream(envs, [0])
+    collect(_actor("CartPole-v1"), envs, 5, [], 0, stream=stream)
+    blob, digest = streams.encode(stream, snapshot.capture(envs))
+    assert streams.decode(blob, digest)["obs"].shape == (1, 4)
+    forged = blob[:-1] + bytes([blob[-1] ^ 1])
+    with pytest.raises(streams.SnapshotError, match="does not match its digest"):
+        streams.decode(forged, digest)
+    other = make_vector_env("Pendulum-v1", 1)
+    with pytest.raises(ValueError):  # a snapshot of another env is refused, not half applied
+        snapshot.restore(other, snapshot.capture(envs))
+
+
+def test_the_book_advances_each_stream_and_says_once_when_one_restarts():
+    book = StreamBook(2)
+    assert book.ref(1) == {"index": 1, "after": None, "restarts": 0}
+    assert book.advance({"index": 1, "digest": "aa", "restarts": 0, "bytes": 10}, 1) == (None, None)
+    assert book.ref(1)["after"] == "aa"
+    old, notice = book.advance({"index": 1, "digest": "bb", "restarts": 1, "restart": "snapshot aa is not in Redis"}, 1)
+    assert old == "aa" and "env stream 1 restarted" in notice and "not in Redis" in notice
+    assert book.advance({"index": 1, "digest": "cc", "restarts": 1}, 1)[1] is None  # said once
+    with pytest.raises(ValueError):
+        book.advance({"index": 0, "digest": "dd"}, 1)  # a result of another stream
+    resumed = StreamBook(3)  # ASYNC resumed on a larger farm: the first two go on, the third starts
+    resumed.restore(book.state())
+    assert [resumed.ref(i)["after"] for i in range(3)] == [None, "cc", None]
+    assert book.summary()["restarted"] == 1 and book.summary()["tasks"] == 3
