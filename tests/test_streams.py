@@ -49,6 +49,18 @@ def test_fresh_mode_never_reaches_the_end_of_an_episode_longer_than_a_task(farm,
     assert read_summary(tmp_path / "fresh")["env_steps"] == 4096
 
 
+def test_continue_mode_on_an_env_whose_state_cannot_be_saved_is_one_error_line(tmp_path):
+    """Refused before anything starts, naming the attribute and the two ways out."""
+    from .conftest import one_error_line
+
+    r = run_cli("train", "--env", "tests.tiny_envs:opaque", "--set", "farm.episodes=continue",
+                "--logdir", str(tmp_path), env=WORKER_ENV)
+    assert r.returncode == 2
+    line = one_error_line(r.stderr)
+    assert "OpaqueEnv.sim" in line and "rlfarm_snapshot()" in line and 'farm.episodes = "fresh"' in line
+    assert not (tmp_path / "cluster.json").exists() and not list(tmp_path.iterdir())  # nothing started
+
+
 def test_a_bad_episodes_mode_is_one_error_line(tmp_path):
     from .conftest import one_error_line
 
