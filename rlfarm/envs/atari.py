@@ -175,7 +175,9 @@ class AleVector(gym.vector.VectorEnv):
         self._sticky_threshold = math.ceil(p * 2 ** 32)  # u32 >= this: the new action is taken
         self._sticky_draws = 0 < p < 1  # otherwise the outcome needs no draw: always, or never
         self._sticky = np.full(num_envs, self._noop.value, np.int64)  # the action a repeat replays
-        self._replicas: list[np.random.MT19937 | None] = [None] * num_envs
+        # ALE's generators as AleVector follows them (made once: a new MT19937 seeds itself, slowly).
+        self._replicas = [np.random.MT19937(0) for _ in range(num_envs)] if self._sticky_draws else []
+        self._probe = np.random.MT19937(0)
         for i in range(num_envs):  # loadROM reset the game: a snapshot may come before any reset
             self._follow_generator(i)
 
@@ -240,7 +242,7 @@ class AleVector(gym.vector.VectorEnv):
         the draws from ALE's generator as it stands now are followed (_follow_sticky)."""
         self._sticky[i] = self._noop.value
         if self._sticky_draws:
-            self._replicas[i] = _ale_rng(self._ales[i].cloneState(include_rng=True).serialize())
+            self._replicas[i].state = _ale_rng(self._ales[i].cloneState(include_rng=True).serialize())
 
     def _seeds(self, seed: Any) -> list[int | None]:
         """Per-env seeds as SyncVectorEnv takes them: None, one int (seed + i), or one per env."""
@@ -318,7 +320,7 @@ class AleVector(gym.vector.VectorEnv):
     def _follow_sticky(self, i: int, action: Any, emulated: int) -> None:
         """The action ALE's next sticky repeat would replay, after `emulated` frames asked `action`."""
         if self._sticky_draws:
-            draws = self._replicas[i].random_raw(2 * emulated)  # type: ignore[union-attr]
+            draws = self._replicas[i].random_raw(2 * emulated)
             if draws[::2].max() >= self._sticky_threshold:  # player A's draws
                 self._sticky[i] = action.value
         elif self._sticky_threshold == 0:  # p = 0: every frame takes its action
@@ -335,7 +337,7 @@ class AleVector(gym.vector.VectorEnv):
         states = [ale.cloneState(include_rng=True).serialize() for ale in self._ales]
         if self._sticky_draws:
             for i, state in enumerate(states):
-                if not _same_stream(self._replicas[i], _ale_rng(state)):  # type: ignore[arg-type]
+                if not self._same_stream(self._replicas[i].state, _ale_rng(state)):
                     raise EnvError(f"{self._config['game']}: sticky actions drew numbers AleVector did not "
                                    "follow (the game draws from ALE's generator itself): no exact snapshot")
         return {
@@ -393,24 +395,36 @@ class AleVector(gym.vector.VectorEnv):
         for i, ale in enumerate(self._ales):
             try:
                 self._restore_sticky(ale, ale_states[i], rngs[i], self._actions_by_value[int(sticky[i])])
+                if self._sticky_draws:
+                    self._replicas[i].state = rngs[i]
             except Exception as exc:  # noqa: BLE001 - as above; the sub-envs before it are restored
                 raise ValueError(f"snapshot: ALE could not restore sub-env {i} ({type(exc).__name__}); "
                                  "this AleVector is now half restored: reset it or drop it") from None
-            self._replicas[i] = rngs[i] if self._sticky_draws else None
         self._sticky[:] = sticky
         self._np_random = np_random
         self._pool[:] = pool
         self._frames[:] = frames
         self._lives[:] = lives
 
-    def _restore_sticky(self, ale: Any, state: Any, rng: np.random.MT19937, action: Any) -> None:
+    def _same_stream(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
+        """Whether two MT19937 states give the same numbers: the same words and position, or else
+        the same next 624 outputs (which fix an mt19937's state; libc++'s text is another form)."""
+        if a["state"]["pos"] == b["state"]["pos"] and np.array_equal(a["state"]["key"], b["state"]["key"]):
+            return True
+        outputs = []
+        for state in (a, b):
+            self._probe.state = state
+            outputs.append(self._probe.random_raw(_MT_WORDS))
+        return bool(np.array_equal(*outputs))
+
+    def _restore_sticky(self, ale: Any, state: Any, rng: dict[str, Any], action: Any) -> None:
         """Restore `state` into `ale` with `action` as the one a sticky repeat replays. ALE's state
         does not hold it, but act() sets it when its draw says so: act it on the restored state
         (whose draws `rng` foretells) until a draw takes it, then restore the state again."""
         ale.restoreState(state)
         if self._sticky_threshold <= 2 ** 32 - 1:  # p = 1 (never taken): it is NOOP, as ALE left it
-            probe = np.random.MT19937()
-            probe.state = rng.state
+            probe = self._probe
+            probe.state = rng
             while True:
                 taken = probe.random_raw(2)[0] >= self._sticky_threshold
                 ale.act(action)  # a terminal state emulates nothing but still takes the action
@@ -427,12 +441,12 @@ def _checked_array(state: Mapping[str, Any], key: str, dtype: Any, shape: tuple[
     return value
 
 
-def _ale_rng(serialized: bytes) -> np.random.MT19937:
-    """The sticky-action generator saved in a serialized ALEState, as a numpy MT19937 at the same
-    point of the same stream. The layout (ale_state.cpp, Serializer.cxx): six little-endian int32s,
-    the emulator's state as a string (int32 length, bytes), two int32s; the emulator's state ends
-    with the bool `true` and the mt19937 as text: libstdc++ writes its 624 words and its position,
-    libc++ its 624 words oldest first (the position a fresh twist: 624)."""
+def _ale_rng(serialized: bytes) -> dict[str, Any]:
+    """The sticky-action generator saved in a serialized ALEState, as the state of a numpy MT19937
+    at the same point of the same stream. The layout (ale_state.cpp, Serializer.cxx): six
+    little-endian int32s, the emulator's state as a string (int32 length, bytes), two int32s; the
+    emulator's state ends with the bool `true` and the mt19937 as text: libstdc++ writes its 624
+    words and its position, libc++ its 624 words oldest first (the position of a fresh twist: 624)."""
     if len(serialized) < 36:
         raise ValueError("not a serialized ALE state: too short")
     (length,) = struct.unpack_from("<i", serialized, 24)
@@ -452,19 +466,7 @@ def _ale_rng(serialized: bytes) -> np.random.MT19937:
         raise ValueError(f"serialized ALE state: a generator of {len(numbers)} numbers is no mt19937")
     if max(words) >= 2 ** 32:
         raise ValueError("serialized ALE state: mt19937 words must be 32-bit")
-    rng = np.random.MT19937()
-    rng.state = {"bit_generator": "MT19937", "state": {"key": np.array(words, np.uint32), "pos": position}}
-    return rng
-
-
-def _same_stream(a: np.random.MT19937, b: np.random.MT19937) -> bool:
-    """Whether two generators give the same numbers from here: 624 outputs fix an mt19937's state."""
-    copies = []
-    for rng in (a, b):
-        copy = np.random.MT19937()
-        copy.state = rng.state
-        copies.append(copy.random_raw(_MT_WORDS))
-    return bool(np.array_equal(*copies))
+    return {"bit_generator": "MT19937", "state": {"key": np.array(words, np.uint32), "pos": position}}
 
 
 def _generator_state(generator: np.random.Generator) -> dict[str, Any]:
