@@ -129,6 +129,7 @@ def test_tasks_step_ale_vector_with_the_wrapper_chains_frames_from_the_reset_on(
 
     cases = [("ALE/Pong-v5", {"noop_max": 30}, [5, 6], 300),  # sticky actions, no-op starts
              ("PongNoFrameskip-v4", {"noop_max": 0, "frame_stack": 2, "clip_rewards": False}, 9, 150),
+             ("PongNoFrameskip-v4", {"noop_max": 30, "screen_size": 42}, [7, 8], 150),  # the pong-appo preset's frames
              (short_games["ALE/Pong-v5"], {"noop_max": 30}, 2**32 - 1, 250),  # cut every ~100 steps
              (short_games["ALE/Breakout-v5"], {"noop_max": 30, "terminal_on_life_loss": True}, [3, 4], 400)]
     for env_id, options, seed, steps in cases:

@@ -43,6 +43,7 @@ class EnvConfig:
     # (rlfarm.envs.atari) and none for the rest; "atari" | "none" force it. The keys below are Atari's.
     preprocess: str = "auto"
     frame_stack: int = 4  # frames stacked into one observation
+    screen_size: int = 84  # frames resized to this square (DeepMind's 84; 42: RLlib's APPO on Pong)
     noop_max: int = 30  # up to this many no-op actions at an episode's start
     terminal_on_life_loss: bool = False  # a lost life ends the episode for learning (not the game)
     clip_rewards: bool = True  # learn from the sign of the reward; episode returns stay the game score
@@ -325,7 +326,7 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {config.mode!r}")
     if config.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {config.device!r}")
-    at_least_1(config, "env.num_envs", "env.frame_stack", "farm.num_tasks", "farm.steps_per_env",
+    at_least_1(config, "env.num_envs", "env.frame_stack", "env.screen_size", "farm.num_tasks", "farm.steps_per_env",
                 "farm.keep_versions", "total_steps", "async.publish_interval", "eval.episodes", "eval.tasks")
     for key in ("farm.workers", "torch_threads"):
         if get(config, key) < 0:

@@ -3,7 +3,7 @@ evaluation caveats) as gymnasium wrappers. PURE: no Redis, no Celery.
 
     ALE/Pong-v5 (frameskip=1)
       -> AtariPreprocessing: up to `noop_max` no-op starts, frame skip 4 with max-pooling of the last
-         two frames, 84x84 grayscale, uint8 (gymnasium's wrapper)
+         two frames, 84x84 (`screen_size`) grayscale, uint8 (gymnasium's wrapper)
       -> LifeLossSignal (optional): a life lost is a terminal for learning, not an episode end
       -> RawScore: rewards clipped to their sign for learning; the real game score in info["raw_reward"]
       -> FrameStackObservation: the last `frame_stack` frames, (4, 84, 84) uint8, channels first
@@ -79,7 +79,7 @@ def wrap(env: gym.Env, options: Mapping[str, Any]) -> gym.Env:
     except ImportError:
         raise EnvError(f"Atari preprocessing needs OpenCV: {INSTALL_HINT}") from None
     env = gym.wrappers.AtariPreprocessing(env, noop_max=int(options.get("noop_max", 30)), frame_skip=4,
-                                          screen_size=84, grayscale_obs=True, scale_obs=False)
+                                          screen_size=screen_size(options), grayscale_obs=True, scale_obs=False)
     if options.get("terminal_on_life_loss", False):
         env = LifeLossSignal(env)
     env = RawScore(env, clip=bool(options.get("clip_rewards", True)))
@@ -89,7 +89,12 @@ def wrap(env: gym.Env, options: Mapping[str, Any]) -> gym.Env:
 # ---- AleVector: the chain's arithmetic over ale-py's emulators, with its state saved and restored --
 
 SNAPSHOT_FORMAT = "rlfarm.envs.atari.AleVector/1"
-SCREEN_SIZE = (84, 84)
+SCREEN_SIZE = 84  # DeepMind's; `env.screen_size` = 42 is the small input RLlib's APPO solves Pong with
+
+
+def screen_size(options: Mapping[str, Any]) -> int:
+    return int(options.get("screen_size", SCREEN_SIZE))
+
 FRAME_SKIP = 4
 _TRUE = 0xFAB1FAB2  # how ALE's Serializer writes `true` (emucore/Deserializer.hxx)
 _MT_WORDS = 624  # mt19937's state: 624 words (and a position)
@@ -127,7 +132,10 @@ class AleVector(gym.vector.VectorEnv):
         registered = gym.registry[env_id].kwargs
         if registered.get("continuous", False):
             raise EnvError(f"env {env_id!r}: continuous ALE actions are not supported")
-        self._resize = lambda frame: cv2.resize(frame, SCREEN_SIZE, interpolation=cv2.INTER_AREA)
+        size = screen_size(options)
+        if size < 1:
+            raise ValueError(f"screen_size must be at least 1, got {size}")
+        self._resize = lambda frame: cv2.resize(frame, (size, size), interpolation=cv2.INTER_AREA)
         self._ALEState = ale_py.ALEState
         self.num_envs = num_envs
         self.noop_max = int(options.get("noop_max", 30))
@@ -145,7 +153,7 @@ class AleVector(gym.vector.VectorEnv):
             "full_action_space": bool(registered.get("full_action_space", False)),
             "max_num_frames_per_episode": None if max_frames is None else int(max_frames),
             "num_envs": num_envs, "noop_max": self.noop_max, "frame_stack": self.frame_stack,
-            "clip_rewards": self.clip, "terminal_on_life_loss": self.signal_life_loss}
+            "clip_rewards": self.clip, "terminal_on_life_loss": self.signal_life_loss, "screen_size": size}
         self._rom = roms.get_rom_path(self._config["game"])
 
         ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
@@ -183,10 +191,10 @@ class AleVector(gym.vector.VectorEnv):
 
         height, width = first.getScreenDims()
         self._pool = np.zeros((num_envs, 2, height, width), np.uint8)  # AtariPreprocessing.obs_buffer
-        self._frames = np.zeros((num_envs, self.frame_stack, *SCREEN_SIZE), np.uint8)  # oldest first
+        self._frames = np.zeros((num_envs, self.frame_stack, size, size), np.uint8)  # oldest first
         self._lives = np.zeros(num_envs, np.int64)  # LifeLossSignal.lives
 
-        self.single_observation_space = gym.spaces.Box(0, 255, (self.frame_stack, *SCREEN_SIZE), np.uint8)
+        self.single_observation_space = gym.spaces.Box(0, 255, (self.frame_stack, size, size), np.uint8)
         self.single_action_space = gym.spaces.Discrete(len(self._action_set))
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
