@@ -184,3 +184,42 @@ def test_ppo_learners_take_continuous_actions(mode):
     metrics = train_once(algorithm, rollout_for(algorithm, "Pendulum-v1", seed=4))
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert any(not torch.equal(before[k], v) for k, v in algorithm.state().items())
+
+
+def test_appos_circular_buffer_learns_each_batch_its_passes_round_robin_and_resumes_bit_identically():
+    """ppo.buffer_batches = 3, ppo.batch_passes = 2 (RLlib's circular buffer, in small): the first three
+    batches are learned from as they come, then each again in turn; every batch gets exactly 2 updates.
+    A learner checkpointed with a batch still in its buffer goes on exactly as one never stopped."""
+    env = "CartPole-v1"
+
+    def appo(seed: int = 0):
+        cfg = C.build(None, ["algo=ppo", "mode=async", f"env.id={env}", "env.num_envs=2", "farm.steps_per_env=64",
+                             "ppo.num_minibatches=2", "ppo.update_epochs=1", "ppo.buffer_batches=3",
+                             "ppo.batch_passes=2", "async.results_per_update=1", "policy.hidden_sizes=[32, 32]"],
+                      seed=seed)
+        torch.manual_seed(seed)
+        return learner("ppo", "async")(cfg, describe(env), torch.device("cpu"))
+
+    def feed(algorithm, rollout) -> int:
+        algorithm.observe(rollout, policy_lag=0)
+        updates = 0
+        while algorithm.ready():
+            algorithm.update(0.1)
+            updates += 1
+        return updates
+
+    whole = appo()
+    rollouts = [rollout_for(whole, env, seed=s) for s in range(6)]
+    assert [feed(whole, r) for r in rollouts[:4]] == [1, 1, 4, 1]
+    tensors, state = whole.checkpoint()
+    tensors = {k: v.clone() for k, v in tensors.items()}
+    assert [feed(whole, r) for r in rollouts[4:]] == [1, 4]  # 12 updates for 6 batches
+    assert whole.versions_per_result() == 2
+
+    resumed = appo(seed=42)
+    resumed.restore(tensors, state)  # batch 3 waits in the buffer for its second pass
+    assert [feed(resumed, r) for r in rollouts[4:]] == [1, 4]
+    a, b = whole.state(), resumed.state()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(C.ConfigError, match="ASYNC"):
+        C.build(None, ["algo=ppo", "mode=sync", "ppo.batch_passes=2"])

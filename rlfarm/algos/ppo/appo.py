@@ -9,13 +9,18 @@ IMPALA policy-gradient loss, `ppo.pg_loss = "impala"`), the value loss towards `
 bonus. Truncated episodes bootstrap from the behaviour critic's value of the real final observation
 (the worker computes it), task ends from the learner's value of the last observation.
 
+With `ppo.buffer_batches` B and `ppo.batch_passes` P (RLlib's circular buffer), the learner keeps the
+last B batches and learns from them round robin, each P times before it leaves: an update takes the
+batch under the buffer's cursor, or a new one where that slot is spent (so it waits for results only
+then), and V-trace corrects for the versions published since the batch arrived.
+
 With `ppo.vtrace = false` the data is treated as on-policy (GAE on the behaviour values, as SYNC
 does): the ablation that shows what the correction buys at high lag.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -82,6 +87,10 @@ class APPO(PPO):
         super().__init__(config, spec, device)
         self.results_per_update = max(1, config.async_.results_per_update or 1)
         self._results: list[tuple[Rollout, int]] = []
+        # The circular buffer: each slot a batch and the lags its results arrived with, its updates left.
+        self._slots: list[tuple[Rollout, list[int]] | None] = [None] * self.config.buffer_batches
+        self._passes_left = [0] * self.config.buffer_batches
+        self._cursor = 0
 
     def on_farm(self, tasks_in_flight: int) -> None:
         # auto: one result from each task in flight. Fewer per update (more, smaller updates) took more
@@ -94,29 +103,66 @@ class APPO(PPO):
         return 1  # every update is a batch of whole results: publish it, so lag stays small
 
     def versions_per_result(self) -> float:
-        return 1.0 / self.results_per_update
+        return self.config.batch_passes / self.results_per_update
 
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
         self._results.append((rollout, policy_lag))
 
     def ready(self) -> bool:
-        return len(self._results) >= self.results_per_update
+        return self._passes_left[self._cursor] > 0 or len(self._results) >= self.results_per_update
 
     def update(self, progress: float, between: Callable[[], None] | None = None) -> dict[str, float]:
         cfg = self.config
-        taken, self._results = self._results[:self.results_per_update], self._results[self.results_per_update:]
-        rollout = concat([r for r, _ in taken])
+        slot = self._cursor
+        fresh = self._passes_left[slot] == 0
+        if fresh:  # the slot is spent: a new batch of results takes it
+            taken, self._results = self._results[:self.results_per_update], self._results[self.results_per_update:]
+            self._slots[slot] = (concat([r for r, _ in taken]), [lag for _, lag in taken])
+            self._passes_left[slot] = cfg.batch_passes
+        rollout, lags = self._slots[slot]  # type: ignore[misc]
+        self._passes_left[slot] -= 1
+        self._cursor = (slot + 1) % cfg.buffer_batches
+        if self._passes_left[slot] == 0:
+            self._slots[slot] = None  # spent: its memory goes now
         self._anneal(1.0 - progress)
         if self._one_pass(rollout):
             metrics, ratios = self._learn_in_one_pass(rollout, between)
         else:
             metrics, ratios = self._learn_after_targets(rollout, between)
-        self.update_normalizer(rollout)
+        if fresh:  # observation statistics take each batch in once
+            self.update_normalizer(rollout)
         metrics["vtrace/rho_mean"] = float(np.minimum(cfg.rho_bar, ratios).mean())
         # (a hair above rho_bar: numpy acting and torch learning differ in the last float bits)
         metrics["vtrace/rho_clipped_frac"] = float((ratios > cfg.rho_bar * (1 + 1e-5)).mean())
-        metrics["vtrace/policy_lag_mean"] = float(np.mean([lag for _, lag in taken]))
+        metrics["vtrace/policy_lag_mean"] = float(np.mean(lags))
         return metrics
+
+    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """PPO's, and the circular buffer's batches still to be learned from (with buffer_batches > 1)."""
+        tensors, state = super().checkpoint()
+        slots = []
+        for i, slot in enumerate(self._slots):
+            if slot is None:
+                slots.append(None)
+                continue
+            rollout, lags = slot
+            fields = [name for name, value in rollout.to_dict().items() if value is not None]
+            tensors.update({f"appo.slot{i}.{name}": torch.from_numpy(np.ascontiguousarray(getattr(rollout, name)))
+                            for name in fields})
+            slots.append({"fields": fields, "lags": list(lags)})
+        return tensors, {**state, "buffer": {"slots": slots, "passes_left": list(self._passes_left), "cursor": self._cursor}}
+
+    def restore(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
+        super().restore(tensors, state)
+        buffer = state.get("buffer")
+        if not buffer or len(buffer["slots"]) != len(self._slots):  # (another buffer size: start it empty)
+            return
+        for i, slot in enumerate(buffer["slots"]):
+            self._slots[i] = None if slot is None else (
+                Rollout.from_dict({name: tensors[f"appo.slot{i}.{name}"].numpy() for name in slot["fields"]}),
+                list(slot["lags"]))
+        self._passes_left = [int(n) for n in buffer["passes_left"]]
+        self._cursor = int(buffer["cursor"])
 
     def _one_pass(self, rollout: Rollout) -> bool:
         """Whether this batch is learned as IMPALA learns: one pass (update_epochs = 1), V-trace

@@ -44,9 +44,17 @@ class PPOConfig(AlgoSection):
     # "proximal": the network as the update begins (Hilton et al. 2021's decoupled PPO), so a lagged
     # result keeps PPO's full trust region and V-trace's truncated weights pi/mu do the correction.
     clip_to: str = "behaviour"
+    # ASYNC only: a circular buffer of the last `buffer_batches` batches, each learned from in
+    # `batch_passes` updates, round robin, before it leaves (RLlib's circular_buffer_num_batches and
+    # circular_buffer_iterations_per_batch, with which its APPO solves Pong). 1 and 1: each batch once.
+    buffer_batches: int = 1
+    batch_passes: int = 1
 
     def check(self, run: "RunConfig") -> None:
-        at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches")
+        at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches", "ppo.buffer_batches", "ppo.batch_passes")
+        if run.mode == "sync" and (self.buffer_batches, self.batch_passes) != (1, 1):
+            raise ConfigError("ppo.buffer_batches and ppo.batch_passes are ASYNC (APPO) settings: SYNC PPO "
+                              "learns each iteration's batch in ppo.update_epochs epochs")
         if run.mode == "async":  # an update is a batch of whole results
             per_task = run.env.num_envs * run.farm.steps_per_env
             if per_task % self.num_minibatches:
@@ -72,4 +80,4 @@ class PPOConfig(AlgoSection):
         # over the batch first, except in APPO's one pass (rlfarm.algos.ppo.appo), where the loss's
         # forward gives them (SYNC learns from the values the workers computed).
         targets = run.mode == "async" and not (self.update_epochs == 1 and self.vtrace)
-        return 3.0 * self.update_epochs + (1.0 if targets else 0.0)
+        return (3.0 * self.update_epochs + (1.0 if targets else 0.0)) * self.batch_passes
