@@ -33,6 +33,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # codec (and torch with it); tests/test_wire.py checks the two agree.
 COMPRESS = ("auto", "none", "zstd")
 POLICY_DTYPES = ("float32", "float16")  # farm.policy_dtype: rlfarm.core.codec.wire_state
+REFERENCES = ("", "sb3", "cleanrl")  # `reference`: Stable-Baselines3, CleanRL, or none
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,10 @@ RunConfig = dataclasses.make_dataclass("RunConfig", [
     ("seed", int, field(default=1)),
     ("total_steps", int, field(default=100_000)),
     ("target_return", float, field(default=math.inf)),  # stop early once the mean of the last 20 episodes reaches it
+    # The implementation whose update this config's matches, "sb3" (Stable-Baselines3) or "cleanrl",
+    # on the same batch and weights (tests/test_reference.py checks every shipped SYNC PPO preset that
+    # way); "" for none. It changes nothing in a run: it says what the hyper-parameters may be compared to.
+    ("reference", str, field(default="")),
     ("device", str, field(default="auto")),
     ("run_id", str, field(default="")),  # empty: generated at start
     ("logdir", str, field(default="runs")),
@@ -324,6 +329,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"unknown algo {config.algo!r}{hint}; available: {', '.join(sorted(ALGORITHMS))}")
     if config.mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {config.mode!r}")
+    if config.reference not in REFERENCES:
+        raise ConfigError(f"reference must be sb3, cleanrl or \"\" (none), got {config.reference!r}")
     if config.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {config.device!r}")
     at_least_1(config, "env.num_envs", "env.frame_stack", "env.screen_size", "farm.num_tasks", "farm.steps_per_env",

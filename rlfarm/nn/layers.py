@@ -100,7 +100,9 @@ class NatureCNN(nn.Module):
             # oneDNN's convolutions are fastest on NHWC ("channels last") on CPU, forward and backward
             # (benchmarks/learner.py): reorder the uint8 pixels, a quarter of float32's bytes, once.
             x = x.contiguous(memory_format=torch.channels_last)
-        return self.linear(self.convs(x.float()))  # pixels scaled to [0, 1] by the first layer (PixelConv2d)
+        # Pixels as the weights' floats (float32; a float64 copy computes in float64: tests/test_reference.py),
+        # scaled to [0, 1] by the first layer (PixelConv2d).
+        return self.linear(self.convs(x.to(self.linear[0].weight.dtype)))
 
 
 def place(network: nn.Module, device: torch.device) -> nn.Module:

@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from rlfarm.config.run import RunConfig
 
 
+# ppo.vf_loss: the value loss's factor on mean((V - R)^2), by name (rlfarm.algos.ppo.ppo reads it).
+VF_LOSSES = {"half_mse": 0.5, "mse": 1.0}
+
+
 @dataclass(frozen=True)
 class PPOConfig(AlgoSection):
     """[ppo]: PPO with the clipped surrogate objective (rlfarm.algos.ppo.ppo; ASYNC: rlfarm.algos.ppo.appo)."""
@@ -30,7 +34,13 @@ class PPOConfig(AlgoSection):
     num_minibatches: int = 4
     norm_adv: bool = True
     clip_coef: float = 0.2
+    # The surrogate's clip range falls linearly to 0 over the run, with anneal_lr's progress (SB3's
+    # `lin_X` schedule, rl-baselines3-zoo's Atari `clip_range: lin_0.1`); clip_vloss keeps clip_coef.
+    anneal_clip: bool = False
     clip_vloss: bool = True
+    # The value loss's form: "half_mse" 0.5 * mean((V - R)^2) (CleanRL) or "mse" mean((V - R)^2)
+    # (Stable-Baselines3, so rl-baselines3-zoo); with clip_vloss the max of clipped and unclipped either way.
+    vf_loss: str = "half_mse"
     ent_coef: float = 0.0
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
@@ -72,6 +82,9 @@ class PPOConfig(AlgoSection):
                 raise ConfigError(f"ppo.{key} must be positive, got {getattr(self, key)}")
         if self.pg_loss not in ("clip", "impala"):
             raise ConfigError(f"ppo.pg_loss must be clip or impala, got {self.pg_loss!r}")
+        if self.vf_loss not in VF_LOSSES:
+            raise ConfigError(f"ppo.vf_loss must be half_mse (CleanRL: 0.5 * mean((V - R)^2)) or mse "
+                              f"(Stable-Baselines3: mean((V - R)^2)), got {self.vf_loss!r}")
         if self.clip_to not in ("behaviour", "proximal"):
             raise ConfigError(f"ppo.clip_to must be behaviour or proximal, got {self.clip_to!r}")
 

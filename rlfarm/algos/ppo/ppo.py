@@ -1,6 +1,8 @@
 """PPO with clipped surrogate objective (Schulman et al. 2017), CleanRL-style, on gathered rollouts.
 
 SYNC only: one update per iteration, on the whole group of tasks acted with the version being trained.
+`ppo.vf_loss` and `ppo.anneal_clip` give Stable-Baselines3's value loss and clip schedule instead;
+tests/test_reference.py checks each PPO preset's update against the implementation it names.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from rlfarm.algos.base import (Algorithm, to_device, load_optimizer_state, optim
                                unprefixed)
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.envs import SpaceSpec
+from rlfarm.algos.ppo.config import VF_LOSSES
 from rlfarm.algos.ppo.policies import ActorCritic
 from rlfarm.nn.layers import pixel_layout, place
 from rlfarm.core.rollout import Rollout
@@ -49,8 +52,9 @@ class PPO(Algorithm):
 
     name = "ppo"
     head = "actor"  # the output MLP of a saved policy (rlfarm.algos.saved.load_network)
-    loss_keys = ("charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
-                 "losses/approx_kl", "losses/clipfrac", "losses/explained_variance", "losses/early_stopped")
+    loss_keys = ("charts/learning_rate", "charts/clip_coef", "losses/value_loss", "losses/policy_loss",
+                 "losses/entropy", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
+                 "losses/early_stopped")
 
     @classmethod
     def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> ActorCritic:
@@ -64,6 +68,8 @@ class PPO(Algorithm):
                                           fused=True)
         # Minibatch order from a private generator: reproducible, untouched by anything else.
         self.generator = torch.Generator().manual_seed(config.seed)
+        # The surrogate's clip range in force (ppo.anneal_clip), set with the learning rate by `_anneal`.
+        self.clip_coef = self.config.clip_coef
         self._rollout: Rollout | None = None
 
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
@@ -99,9 +105,13 @@ class PPO(Algorithm):
                             self.spec)
 
     def _anneal(self, progress_remaining: float) -> None:
+        """Learning rate and surrogate clip range for this update, linear in the progress remaining
+        (SB3's `lin_X` schedules) where anneal_lr and anneal_clip ask for it."""
         if self.config.anneal_lr:
             for group in self.optimizer.param_groups:
                 group["lr"] = progress_remaining * self.config.learning_rate
+        if self.config.anneal_clip:
+            self.clip_coef = progress_remaining * self.config.clip_coef
 
     def _optimize(self, rollout: Rollout, logprobs: np.ndarray, values: np.ndarray, advantages: np.ndarray,
                   returns: np.ndarray, impala_loss: bool = False,
@@ -147,6 +157,7 @@ class PPO(Algorithm):
         explained_var = float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
         return {
             "charts/learning_rate": self.optimizer.param_groups[0]["lr"],
+            "charts/clip_coef": self.clip_coef,
             "losses/value_loss": v_loss.item(),
             "losses/policy_loss": pg_loss.item(),
             "losses/entropy": entropy_loss.item(),
@@ -161,14 +172,15 @@ class PPO(Algorithm):
               impala_loss: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
         """One gradient step on a minibatch's loss: the clipped surrogate against `logprobs` (or, with
         `impala_loss`, the IMPALA policy gradient -log pi(a) * advantage), the value loss towards
-        `returns` (clipped around `values` with clip_vloss) and the entropy bonus. Returns the policy,
-        value and entropy terms, approx_kl and the clip fraction."""
+        `returns` (clipped around `values` with clip_vloss; its factor by vf_loss) and the entropy
+        bonus. Returns the policy, value and entropy terms, approx_kl and the clip fraction."""
         cfg = self.config
+        clip = self.clip_coef  # the surrogate's, annealed with anneal_clip; the value clip stays clip_coef
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
         with torch.no_grad():
             approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
-            clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean().item()
+            clipfrac = ((ratio - 1.0).abs() > clip).float().mean().item()
 
         if cfg.norm_adv:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -176,15 +188,17 @@ class PPO(Algorithm):
             pg_loss = -(advantages * newlogprob).mean()
         else:
             pg_loss1 = -advantages * ratio
-            pg_loss2 = -advantages * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)
+            pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip, 1 + clip)
             pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
+        # 0.5 (CleanRL) or 1 (SB3): at the same vf_coef SB3's value gradient is twice CleanRL's.
+        factor = VF_LOSSES[cfg.vf_loss]
         if cfg.clip_vloss:
             v_loss_unclipped = (newvalue - returns) ** 2
             v_clipped = values + torch.clamp(newvalue - values, -cfg.clip_coef, cfg.clip_coef)
-            v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
+            v_loss = factor * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
         else:
-            v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+            v_loss = factor * ((newvalue - returns) ** 2).mean()
 
         entropy_loss = entropy.mean()
         loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
