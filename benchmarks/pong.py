@@ -4,6 +4,7 @@ and how much of the machine's attainable FLOP rate the learner and the actors us
     pip install -e ".[atari,bench]"
     python benchmarks/pong.py                    # 240 s of each side, after a 30 s warm-up
     python benchmarks/pong.py --seconds 120 --skip-sb3
+    python benchmarks/pong.py --preset pong --preset pong-appo   # each preset against one SB3 run
 
 1. Attainable FLOP rate: a 2048x2048 float32 matmul on 1 thread and on all cores (median of rounds).
 2. In isolation: one learner update of the `pong` preset as shipped (synthetic batch of its shape, the
@@ -78,13 +79,13 @@ def layer_flops(network, example) -> tuple[float, float]:
     return sum(counted), counted[0]
 
 
-def pong_setup():
+def pong_setup(preset: str = "pong"):
     import torch
 
     from rlfarm import config as C
     from rlfarm.envs import describe
 
-    cfg = C.build("pong", [])
+    cfg = C.build(preset, [])
     spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
     from rlfarm.algos.ppo.policies import ActorCritic
 
@@ -93,7 +94,9 @@ def pong_setup():
     return cfg, spec, fwd, first
 
 
-def learner_update_seconds(cfg, spec, threads: int, updates: int = 5) -> float:
+def learner_update_seconds(cfg, spec, threads: int, updates: int = 8) -> float:
+    """Seconds the learner takes per update's worth of results (SYNC: a group; APPO: results_per_update
+    results, whatever its circular buffer makes of them), after as many for warm-up."""
     import torch
 
     from learner import synthetic_rollout
@@ -107,26 +110,25 @@ def learner_update_seconds(cfg, spec, threads: int, updates: int = 5) -> float:
     else:  # APPO takes results_per_update results per update
         results = max(1, cfg.async_.results_per_update or 1)
         rollouts = [synthetic_rollout(spec, cfg.farm.steps_per_env, cfg.env.num_envs, rng) for _ in range(results)]
-    times = []
-    for i in range(updates + 1):
+    spent = 0.0
+    for i in range(2 * updates):  # (APPO's buffer of B batches learns in bursts: 2 x 8 rounds cover them)
         for r in rollouts:
             algorithm.observe(r, 0)
         t = time.perf_counter()
         while algorithm.ready():
             algorithm.update(0.0)
-        if i:  # the first is a warm-up
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        if i >= updates:  # the first half is a warm-up
+            spent += time.perf_counter() - t
+    return spent / updates
 
 
-def actor_step_seconds(spec, num_envs: int, steps: int = 200) -> tuple[float, str]:
+def actor_step_seconds(cfg, spec, num_envs: int, steps: int = 200) -> tuple[float, str]:
     import torch
 
-    from rlfarm.config import PolicyConfig
     from rlfarm.algos.ppo.policies import ActorCritic
 
     torch.set_num_threads(1)  # as on a worker
-    actor = ActorCritic(spec, PolicyConfig()).actor_snapshot()
+    actor = ActorCritic(spec, cfg.policy).actor_snapshot()
     obs = np.random.default_rng(0).integers(0, 256, (num_envs, *spec.obs_shape), dtype=np.uint8)
     rng = np.random.default_rng(0)
     for _ in range(10):
@@ -140,10 +142,11 @@ def actor_step_seconds(spec, num_envs: int, steps: int = 200) -> tuple[float, st
     return statistics.median(rounds), type(actor).__name__
 
 
-def rlfarm_sps(seconds: float, warmup: float, extra: list[str]) -> tuple[float, dict]:
-    """Env steps/s of `rlfarm train --preset pong` over `seconds` after `warmup` seconds of its loop."""
+def rlfarm_sps(preset: str, seconds: float, warmup: float, extra: list[str]) -> tuple[float, dict]:
+    """Env steps/s of `rlfarm train --preset PRESET` over `seconds` after `warmup` seconds of its loop."""
     with tempfile.TemporaryDirectory() as logdir:
-        cmd = [sys.executable, "-m", "cli", "train", "--preset", "pong", "--total-steps", str(10 ** 9),
+        cmd = [sys.executable, "-m", "cli", "train", "--preset", preset, "--total-steps", str(10 ** 9),
+               "--target-return", "100",  # (never reached: the run is measured, not stopped)
                "--logdir", logdir, "--run-id", "bench", *extra]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
@@ -215,6 +218,8 @@ def sb3_sps(seconds: float, warmup: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", dest="presets", action="append", default=[],
+                        help="rlfarm's preset (repeatable: each is measured; default pong)")
     parser.add_argument("--seconds", type=float, default=240, help="measured seconds of each side's training")
     parser.add_argument("--warmup", type=float, default=30, help="seconds of each side's training not measured")
     parser.add_argument("--skip-sb3", action="store_true", help="rlfarm only")
@@ -227,8 +232,22 @@ def main() -> None:
     peak1, peakn = matmul_gflops(1), matmul_gflops(cores)
     print(f"cores: {cores}; attainable (2048^2 float32 matmul): {peak1:.0f} GFLOP/s on 1 thread, "
           f"{peakn:.0f} on {cores}", flush=True)
+    measured = {}
+    for preset in args.presets or ["pong"]:
+        measured[preset] = measure_preset(preset, args, cores, peak1, peakn)
+    if not args.skip_sb3:
+        cfg, spec, fwd, first = pong_setup("pong")  # SB3 runs the zoo's settings: the pong preset's network
+        sb3 = sb3_sps(args.seconds, args.warmup)
+        sb3_flops = sb3 * (fwd + 4 * (3 * fwd - first)) / 1e9  # acting (actions and values in one forward), 4 epochs
+        print(f"SB3 PPO (zoo Atari settings, 1 process, {cores} threads): {sb3:.0f} env steps/s, "
+              f"{sb3_flops:.1f} GFLOP/s = {sb3_flops / peakn:.2f} of attainable")
+        for preset, sps in measured.items():
+            print(f"rlfarm --preset {preset} / SB3: {sps / sb3:.2f}x")
 
-    cfg, spec, fwd, first = pong_setup()
+
+def measure_preset(preset: str, args, cores: int, peak1: float, peakn: float) -> float:
+    """The preset's learner and actor alone, then its training's env steps/s; returns that."""
+    cfg, spec, fwd, first = pong_setup(preset)
     from rlfarm.config import local_workers, trainer_threads
 
     threads = trainer_threads(cfg, spec.is_image, local_workers(cfg), cores)
@@ -236,34 +255,30 @@ def main() -> None:
     fwd_bwd = 3 * fwd - first  # backward = 2 x forward, less the first layer's input gradient
     # SYNC PPO's values come with the rollout; APPO with one epoch learns in one pass (V-trace's
     # targets from the loss's own forward); with more, a forward over the batch gives the targets first.
-    learned_per_step = epochs * fwd_bwd + (0 if cfg.mode == "sync" or epochs == 1 else fwd)
+    # APPO's circular buffer learns each batch batch_passes times.
+    learned_per_step = (epochs * fwd_bwd + (0 if cfg.mode == "sync" or epochs == 1 else fwd)) * cfg.ppo.batch_passes
     per_update = cfg.farm.num_tasks if cfg.mode == "sync" else max(1, cfg.async_.results_per_update or 1)
     batch = cfg.farm.steps_per_env * cfg.env.num_envs * per_update
     update = learner_update_seconds(cfg, spec, threads)
     peak_t = peak1 if threads == 1 else matmul_gflops(threads)
     learner_rate = batch * learned_per_step / update / 1e9
-    print(f"Nature CNN: {fwd / 1e6:.1f} MFLOP forward per observation, {fwd_bwd / 1e6:.1f} forward+backward; "
-          f"learned per env step: {learned_per_step / 1e6:.1f} MFLOP ({epochs} epoch(s))")
-    print(f"learner alone ({threads} thread(s)): {update:.2f} s per update of {batch}, {batch / update:.0f} env "
-          f"steps/s, {learner_rate:.1f} GFLOP/s = {learner_rate / peak_t:.2f} of attainable", flush=True)
-    act, kind = actor_step_seconds(spec, cfg.env.num_envs)
+    print(f"[{preset}] CNN: {fwd / 1e6:.1f} MFLOP forward per observation, {fwd_bwd / 1e6:.1f} forward+backward; "
+          f"learned per env step: {learned_per_step / 1e6:.1f} MFLOP")
+    print(f"[{preset}] learner alone ({threads} thread(s)): {update:.3f} s per {batch} env steps, {batch / update:.0f} "
+          f"env steps/s, {learner_rate:.1f} GFLOP/s = {learner_rate / peak_t:.2f} of attainable", flush=True)
+    act, kind = actor_step_seconds(cfg, spec, cfg.env.num_envs)
     actor_rate = cfg.env.num_envs * fwd / act / 1e9
-    print(f"actor alone ({kind}, 1 thread, batch {cfg.env.num_envs}): {act * 1e3:.2f} ms per step, "
+    print(f"[{preset}] actor alone ({kind}, 1 thread, batch {cfg.env.num_envs}): {act * 1e3:.2f} ms per step, "
           f"{actor_rate:.1f} GFLOP/s = {actor_rate / peak1:.2f} of attainable", flush=True)
 
     extra = [f"--set={o}" for o in args.overrides] + ([f"--workers={args.workers}"] if args.workers else [])
-    sps, last = rlfarm_sps(args.seconds, args.warmup, extra)
-    print(f"rlfarm train --preset pong {' '.join(extra)}: {sps:.0f} env steps/s "
+    sps, last = rlfarm_sps(preset, args.seconds, args.warmup, extra)
+    print(f"rlfarm train --preset {preset} {' '.join(extra)}: {sps:.0f} env steps/s "
           f"(slots waiting {float(last.get('farm/slots_waiting') or 0):.2f}, policy lag "
           f"{float(last.get('farm/policy_lag') or 0):.1f})", flush=True)
     print(f"  learner delivered {sps * learned_per_step / 1e9:.1f} GFLOP/s, actors "
           f"{sps * fwd / 1e9:.1f}: {(sps * (learned_per_step + fwd)) / 1e9 / peakn:.2f} of the machine's attainable")
-    if not args.skip_sb3:
-        sb3 = sb3_sps(args.seconds, args.warmup)
-        sb3_flops = sb3 * (fwd + 4 * fwd_bwd) / 1e9  # acting (actions and values in one forward), 4 epochs
-        print(f"SB3 PPO (zoo Atari settings, 1 process, {cores} threads): {sb3:.0f} env steps/s, "
-              f"{sb3_flops:.1f} GFLOP/s = {sb3_flops / peakn:.2f} of attainable")
-        print(f"rlfarm / SB3: {sps / sb3:.2f}x")
+    return sps
 
 
 if __name__ == "__main__":

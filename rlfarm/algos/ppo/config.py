@@ -37,6 +37,7 @@ class PPOConfig(AlgoSection):
     # The surrogate's clip range falls linearly to 0 over the run, with anneal_lr's progress (SB3's
     # `lin_X` schedule, rl-baselines3-zoo's Atari `clip_range: lin_0.1`); clip_vloss keeps clip_coef.
     anneal_clip: bool = False
+    anneal_ent: bool = False  # the entropy bonus falls linearly to 0 likewise (RLlib's APPO on Pong)
     clip_vloss: bool = True
     # The value loss's form: "half_mse" 0.5 * mean((V - R)^2) (CleanRL) or "mse" mean((V - R)^2)
     # (Stable-Baselines3, so rl-baselines3-zoo); with clip_vloss the max of clipped and unclipped either way.

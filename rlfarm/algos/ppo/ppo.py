@@ -70,6 +70,7 @@ class PPO(Algorithm):
         self.generator = torch.Generator().manual_seed(config.seed)
         # The surrogate's clip range in force (ppo.anneal_clip), set with the learning rate by `_anneal`.
         self.clip_coef = self.config.clip_coef
+        self.ent_coef = self.config.ent_coef  # likewise with ppo.anneal_ent
         self._rollout: Rollout | None = None
 
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
@@ -112,6 +113,8 @@ class PPO(Algorithm):
                 group["lr"] = progress_remaining * self.config.learning_rate
         if self.config.anneal_clip:
             self.clip_coef = progress_remaining * self.config.clip_coef
+        if self.config.anneal_ent:
+            self.ent_coef = progress_remaining * self.config.ent_coef
 
     def _optimize(self, rollout: Rollout, logprobs: np.ndarray, values: np.ndarray, advantages: np.ndarray,
                   returns: np.ndarray, impala_loss: bool = False,
@@ -201,7 +204,7 @@ class PPO(Algorithm):
             v_loss = factor * ((newvalue - returns) ** 2).mean()
 
         entropy_loss = entropy.mean()
-        loss = pg_loss - cfg.ent_coef * entropy_loss + v_loss * cfg.vf_coef
+        loss = pg_loss - self.ent_coef * entropy_loss + v_loss * cfg.vf_coef
         self.optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
