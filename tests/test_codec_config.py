@@ -87,9 +87,10 @@ def test_auto_threads_and_workers_split_the_cores():
     cfg = C.build("pong", ["torch_threads=auto", "farm.workers=auto"])
     assert cfg.torch_threads == 0 and cfg.farm.workers == 0
     assert C.acting_share(cfg) == pytest.approx(1.4 / (1.4 + 3 * 4))  # the preset's 4 SYNC epochs
-    assert [C.local_workers(cfg, cores) for cores in (1, 2, 3, 16)] == [1, 1, 1, 2]
-    assert C.trainer_threads(cfg, image=True, local=1, cores=2) == 2  # the worker waits for the learner
-    assert C.trainer_threads(cfg, image=True, local=2, cores=16) == 14
+    # SYNC: a group is acted, then learned from: a worker per task (2) while they act, every core to learn
+    assert [C.local_workers(cfg, cores) for cores in (1, 2, 3, 16)] == [1, 2, 2, 2]
+    assert C.trainer_threads(cfg, image=True, local=2, cores=2) == 2
+    assert C.trainer_threads(cfg, image=True, local=2, cores=16) == 16
     assert C.trainer_threads(cfg, image=True, local=0, cores=16) == 16  # a remote farm: every core
     assert C.trainer_threads(cfg, image=True, local=4, cores=1) == 1  # never below one
     assert C.trainer_threads(cfg, image=False, local=0, cores=16) == 1
@@ -99,6 +100,10 @@ def test_auto_threads_and_workers_split_the_cores():
     assert C.trainer_threads(one_pass, image=True, local=5, cores=16) == 11
     two_pass = C.build("pong", ["mode=async", "ppo.update_epochs=2"])  # V-trace's targets: one more forward
     assert C.acting_share(two_pass) == pytest.approx(1.4 / (1.4 + 3 * 2 + 1))
+    async_pong = C.build("pong", ["mode=async"])  # acting beside the 4-epoch learner: its share of the cores
+    assert [C.local_workers(async_pong, cores) for cores in (2, 16)] == [1, 2]
+    assert C.trainer_threads(async_pong, image=True, local=1, cores=2) == 2  # the worker waits for the learner
+    assert C.trainer_threads(async_pong, image=True, local=2, cores=16) == 14
     fixed = C.build("pong", ["torch_threads=3", "farm.workers=5"])
     assert C.trainer_threads(fixed, image=True, local=5, cores=2) == 3 and C.local_workers(fixed, 2) == 5
     assert C.local_workers(C.build("cartpole-ppo"), 16) == 2  # presets that name a count keep it
