@@ -7,7 +7,7 @@ their state (an env stream moving between processes) costs.
 
 Step (random actions, DeepMind's preprocessing: no-op starts up to 30, frame skip 4 with max-pool,
 84x84 grayscale, 4 stacked frames), milliseconds per step of the whole vector:
-  AleVector     rlfarm.envs.atari.AleVector: one ale_py.ALEInterface per sub-env, one Python loop
+  AleVector     rlfarm.envs.ale_vector.AleVector: one ale_py.ALEInterface per sub-env, one Python loop
   native        ale-py's C++ AtariVectorEnv, one thread, set up as rlfarm's NativeVector did (its
                 outputs copied and rewards clipped, as NativeVector did); its state cannot be saved
   chain         the gymnasium wrapper chain (rlfarm.envs.make_env) in a SAME_STEP SyncVectorEnv
@@ -51,7 +51,7 @@ def _native(env_id: str, num_envs: int) -> Any:
 def steppers(env_id: str, num_envs: int, actions: np.ndarray) -> dict[str, Callable[[], None]]:
     """Each variant reset with seed 0, as a function stepping it through `actions` (T, N)."""
     from rlfarm.envs import make_env
-    from rlfarm.envs.atari import AleVector
+    from rlfarm.envs.ale_vector import AleVector
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
     ale = AleVector(env_id, num_envs, {})
@@ -100,7 +100,7 @@ def median_ms(fn: Callable[[], Any], repeats: int) -> float:
 
 def snapshot_costs(env_id: str, num_envs: int, steps: int, repeats: int) -> dict[str, float]:
     """Sizes (bytes) and times (ms) of an AleVector's snapshot after `steps` random steps."""
-    from rlfarm.envs.atari import AleVector
+    from rlfarm.envs.ale_vector import AleVector
 
     envs = AleVector(env_id, num_envs, {})
     envs.reset(seed=0)

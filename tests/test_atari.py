@@ -125,7 +125,7 @@ def test_tasks_step_ale_vector_with_the_wrapper_chains_frames_from_the_reset_on(
     ALE/*-v5) it computes what the wrapper chain computes with the same seeds, bit for bit: frames,
     rewards, game scores, lost lives, episode ends, final observations and the resets after them."""
     from rlfarm.envs import make_vector_env
-    from rlfarm.envs.atari import AleVector
+    from rlfarm.envs.ale_vector import AleVector
 
     cases = [("ALE/Pong-v5", {"noop_max": 30}, [5, 6], 300),  # sticky actions, no-op starts
              ("PongNoFrameskip-v4", {"noop_max": 0, "frame_stack": 2, "clip_rewards": False}, 9, 150),
@@ -164,7 +164,7 @@ def test_ale_vector_signals_lost_lives_and_hands_over_final_observations():
     episode cut by the frame cap leaves its real last frames in final_obs."""
     import gymnasium as gym
 
-    from rlfarm.envs.atari import AleVector
+    from rlfarm.envs.ale_vector import AleVector
 
     envs = AleVector("ALE/Breakout-v5", 2, {"terminal_on_life_loss": True, "noop_max": 0})
     envs.reset(seed=[1, 2])
@@ -213,7 +213,7 @@ def test_a_snapshot_restored_into_a_fresh_ale_vector_goes_on_bit_for_bit():
     the original's snapshot also moves into a second AleVector that sat idle since its own restore,
     whose emulators last took other actions: the action a sticky repeat replays, which ALE's saved
     state lacks, must come back too (restoring ALE's state alone fails this within a few hundred steps)."""
-    from rlfarm.envs.atari import AleVector
+    from rlfarm.envs.ale_vector import AleVector
 
     options = {"noop_max": 30}
     make = lambda: AleVector("ALE/Pong-v5", 2, options)  # noqa: E731
@@ -251,7 +251,7 @@ def test_a_snapshot_taken_right_before_a_life_is_lost_or_a_game_ends_restores_wh
     before a life is lost or an episode ends, a fresh AleVector flags the life as the original does,
     ends the episode alike (its final observation from the max-pool buffers as the early break left
     them) and resets alike (no-op starts drawn from the restored generator)."""
-    from rlfarm.envs.atari import AleVector
+    from rlfarm.envs.ale_vector import AleVector
 
     env_id = short_games["ALE/Breakout-v5"]
     options = {"noop_max": 30, "terminal_on_life_loss": True}
@@ -280,7 +280,7 @@ def test_a_snapshot_taken_right_before_a_life_is_lost_or_a_game_ends_restores_wh
 
 
 def test_restore_refuses_a_snapshot_of_another_game_size_or_preprocessing():
-    from rlfarm.envs.atari import AleVector
+    from rlfarm.envs.ale_vector import AleVector
 
     pong = AleVector("ALE/Pong-v5", 2, {"noop_max": 30})
     pong.reset(seed=1)

@@ -116,7 +116,7 @@ def _entry_package(env_id: str) -> str:
 def make_vector_env(env_id: str, num_envs: int, trusted: bool = True,
                     options: Mapping[str, Any] | None = None) -> "gym.vector.VectorEnv":
     """Sub-envs in this process, with SAME_STEP autoreset (ALE ids with Atari preprocessing:
-    rlfarm.envs.atari.AleVector, the wrapper chain's arithmetic with a state that can be saved).
+    rlfarm.envs.ale_vector.AleVector, the wrapper chain's arithmetic with a state that can be saved).
 
     gymnasium >= 1.0 defaults to NEXT_STEP autoreset: the step after an episode ends is a reset whose
     action is ignored. SAME_STEP instead resets inside the ending step and hands the real final
@@ -124,11 +124,11 @@ def make_vector_env(env_id: str, num_envs: int, trusted: bool = True,
     """
     _factory(env_id, trusted)  # the checks once, before any sub-env is made
     if preprocessing(env_id, options) == "atari" and _is_atari_id(env_id):
-        from rlfarm.envs import atari
+        from rlfarm.envs.ale_vector import AleVector
 
         # The wrapper chain's frames bit for bit, without its wrappers' calls per frame, and snapshots.
         if "game" in gym.registry[env_id].kwargs:
-            return atari.AleVector(env_id, num_envs, options or {})
+            return AleVector(env_id, num_envs, options or {})
     return SyncVectorEnv([lambda: make_env(env_id, trusted, options=options)] * num_envs,
                          autoreset_mode=AutoresetMode.SAME_STEP)
 

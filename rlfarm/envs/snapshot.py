@@ -4,7 +4,7 @@ episodes) move from one worker process to another and go on bit for bit (PURE: n
 A snapshot is a tree of plain values (numpy arrays, bytes, str, int, float, bool, None, lists and
 maps) that rlfarm.core.codec packs without pickle. Three kinds of env state are understood:
 
-- a vector env with `snapshot()` / `restore(state)` methods of its own (rlfarm.envs.atari.AleVector:
+- a vector env with `snapshot()` / `restore(state)` methods of its own (rlfarm.envs.ale_vector.AleVector:
   the emulators' states with their RNGs, frame stacks, max-pool buffers);
 - gymnasium's `SyncVectorEnv`, one sub-env at a time, each walked from its outermost wrapper to the
   env itself. Each layer's attributes are saved when they are plain values (arrays, numbers, numpy
