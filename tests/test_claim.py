@@ -16,6 +16,7 @@ import time
 import pytest
 import redis
 
+from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.farm.claim import CLAIM_SECONDS
 from rlfarm.farm import keys
 from rlfarm.local.cluster import LocalCluster
@@ -67,7 +68,7 @@ def test_the_same_run_id_started_twice_at_once_trains_once_and_the_other_is_one_
     assert claim["pid"] == winner.pid
     meta = json.loads(client.get("rlfarm:dup:meta"))
     assert meta["incarnation"] == claim["incarnation"]  # the run's state is the winner's, whole
-    assert client.smembers("rlfarm:dup:wanted") and client.llen("celery") == 2  # its tasks, still wanted
+    assert client.smembers("rlfarm:dup:wanted") and client.llen(TASK_QUEUE) == 2  # its tasks, still wanted
     loser_dir = (tmp_path / "a" if loser is a else tmp_path / "b") / "dup"
     assert not (loser_dir / "config.json").exists() and not (loser_dir / "rlfarm.log").exists()
 
@@ -115,7 +116,7 @@ def test_a_reused_run_id_with_other_settings_is_a_new_run_to_every_worker(store,
 def test_the_queued_tasks_of_a_sigkilled_trainer_are_dropped_unrun(store, tmp_path):
     client = redis.Redis.from_url(store.redis_url)
     proc = train(store, "dead", tmp_path, *PPO, "--set", "farm.num_tasks=4")
-    poll(lambda: client.llen("celery") >= 4, "the trainer's 4 tasks to be queued", proc)
+    poll(lambda: client.llen(TASK_QUEUE) >= 4, "the trainer's 4 tasks to be queued", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert client.sismember("rlfarm:dead:wanted", "rollout:0:0")  # nobody cleaned up after it
@@ -125,6 +126,6 @@ def test_the_queued_tasks_of_a_sigkilled_trainer_are_dropped_unrun(store, tmp_pa
     log = tmp_path / "worker-0.log"
     poll(lambda: log.read_text().count("of run dead: the run has no live trainer") == 4,
          "the worker to drop the 4 queued tasks")
-    assert client.llen("celery") == 0
+    assert client.llen(TASK_QUEUE) == 0
     assert client.llen("rlfarm:dead:results") == 0  # none ran: nothing pushed
     assert not client.keys("rlfarm:dead:lease:*")

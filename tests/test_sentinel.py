@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 import redis
 
+from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.farm.app import celery_settings, make_app
 from rlfarm.farm.connection import no_password_warning, no_secret_warning, redact
 from rlfarm.farm.redis_url import celery_transport, parse_sentinel
@@ -176,7 +177,7 @@ def test_status_and_flower_follow_a_failover(tmp_path):
             if status != 200 or not [w for w in json.loads(body)["data"] if w.get("status")]:
                 return False
             status, body = _get(f"{base}/api/queues/length", auth)  # Flower's broker view, through Sentinel
-            return status == 200 and "celery" in body.decode()
+            return status == 200 and TASK_QUEUE in body.decode()
 
         poll(lambda: flower_sees("before"), "Flower sees the worker and the queue", flower, tmp_path / "flower.log")
 

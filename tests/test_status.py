@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 from rich.console import Console
 
+from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.local.cluster import LocalCluster
 from rlfarm.observe.status import (SCHEMA_FILE, MemoryStatus, Snapshot, format_age, parse_heartbeat, parse_workers,
                                   render, to_json)
@@ -94,7 +95,7 @@ def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
     for worker in snap["workers"]:
         assert worker["processes"] == len(worker["pids"]) >= 1
         assert all(pid_alive(pid) for pid in worker["pids"])
-    assert snap["queue_depth"] == connect(farm.redis_url).llen("celery")
+    assert snap["queue_depth"] == connect(farm.redis_url).llen(TASK_QUEUE)
     assert snap["memory"]["used_bytes"] > 0 and snap["memory"]["used_human"].endswith(("K", "M", "G"))
     assert snap["memory"]["policy"] == "noeviction"
 

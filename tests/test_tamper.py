@@ -15,6 +15,7 @@ import os
 import pytest
 import torch
 
+from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.core import codec
 from rlfarm.farm.connection import connect
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
@@ -77,7 +78,7 @@ def _queued_tasks(client, run_id: str) -> list[tuple[int, dict]]:
     import msgpack
 
     found = []
-    for i, raw in enumerate(client.lrange("celery", 0, -1)):
+    for i, raw in enumerate(client.lrange(TASK_QUEUE, 0, -1)):
         try:
             _, kwargs, _ = msgpack.unpackb(base64.b64decode(json.loads(raw)["body"]), raw=False)
         except (ValueError, KeyError, TypeError):
@@ -137,7 +138,7 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
             there, so its genuine result cannot be first); False: none queued, or the queue moved."""
             with client.pipeline() as pipe:
                 try:
-                    pipe.watch("celery")
+                    pipe.watch(TASK_QUEUE)
                     waiting = _queued_tasks(pipe, run_id)
                     if not waiting:
                         return False
@@ -295,8 +296,8 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
         def tamper_a_queued_task() -> bool:
             with client.pipeline() as pipe:
                 try:
-                    pipe.watch("celery")
-                    for i, raw in enumerate(pipe.lrange("celery", 0, -1)):
+                    pipe.watch(TASK_QUEUE)
+                    for i, raw in enumerate(pipe.lrange(TASK_QUEUE, 0, -1)):
                         message = json.loads(raw)
                         task_args, kwargs, embed = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)
                         if kwargs.get("run") != run_id:
@@ -305,7 +306,7 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
                         message["body"] = base64.b64encode(msgpack.packb([task_args, kwargs, embed],
                                                                          use_bin_type=True)).decode()
                         pipe.multi()
-                        pipe.lset("celery", i, json.dumps(message))
+                        pipe.lset(TASK_QUEUE, i, json.dumps(message))
                         pipe.execute()
                         return True
                 except redis.WatchError:

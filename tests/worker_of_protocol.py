@@ -5,7 +5,9 @@ import sys
 
 import rlfarm.core.protocol
 
-rlfarm.core.protocol.PROTOCOL = int(sys.argv.pop(1))  # before anything reads it: pool processes fork from here
+# Before anything reads them (pool processes fork from here): its version and so its queue.
+rlfarm.core.protocol.PROTOCOL = int(sys.argv.pop(1))
+rlfarm.core.protocol.TASK_QUEUE = rlfarm.core.protocol.task_queue(rlfarm.core.protocol.PROTOCOL)
 
 import cli  # noqa: E402
 

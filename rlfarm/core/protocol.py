@@ -16,9 +16,19 @@ from typing import Any
 # The protocol version: what a task spec, a result and a run's metadata mean between a trainer and a
 # worker. Bump it with any change a worker of the other version would misread or refuse (a new field of
 # TaskSpec, Result or the run meta, a changed config key). Tasks and run metadata carry it; a worker
-# refuses a task of another protocol in one line naming both (docs/architecture.md, decision 13).
-PROTOCOL = 4  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
-# 4: env streams of the run (TaskSpec.stream, Result.stream), ppo.vf_loss, ppo.anneal_clip, reference
+# refuses a task of another protocol in one line naming both (docs/architecture.md, decision 16).
+PROTOCOL = 5  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
+# 4: env streams of the run (TaskSpec.stream, Result.stream), ppo.vf_loss, ppo.anneal_clip, reference;
+# 5: tasks travel on the queue of their protocol (TASK_QUEUE), claims are signed
+
+
+def task_queue(protocol: int) -> str:
+    """The broker queue of tasks of `protocol`: only workers that speak it consume it, so a worker of
+    another rlfarm never takes (and refuses, and hands back) a task it cannot run (decision 16)."""
+    return f"rlfarm.p{protocol}"
+
+
+TASK_QUEUE = task_queue(PROTOCOL)
 
 KINDS = ("rollout", "eval")
 ROLLOUT_TASK = "rlfarm.rollout"

@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from celery import Celery
 
-from rlfarm.core.protocol import EVAL_TASK, ROLLOUT_TASK  # noqa: F401 - the task names live with the protocol
+from rlfarm.core.protocol import EVAL_TASK, ROLLOUT_TASK, TASK_QUEUE  # noqa: F401 - the task names live with the protocol
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -63,6 +63,9 @@ def celery_settings(redis_url: str) -> dict[str, Any]:
         "broker_use_ssl": broker_ssl(redis_url),
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
+        # Tasks of this protocol go to, and workers consume, this protocol's queue only: a worker of
+        # another rlfarm version listens elsewhere and never takes them (decision 16).
+        "task_default_queue": TASK_QUEUE,
         # No pickle anywhere: a broker writer must not be able to run code on workers.
         # json stays accepted for Celery's own remote-control and event messages.
         "task_serializer": "msgpack",
@@ -90,7 +93,8 @@ def make_app(redis_url: str = DEFAULT_REDIS_URL, main: str = "rlfarm") -> Celery
     return app
 
 
-CELERY_QUEUE = "celery"  # Celery's default queue: a Redis list of waiting task messages
+# The broker queue of this protocol's tasks: a Redis list of waiting task messages (kombu's).
+CELERY_QUEUE = TASK_QUEUE
 
 
 def queue_depth(client: Any, queue: str = CELERY_QUEUE) -> int:

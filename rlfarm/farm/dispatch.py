@@ -473,8 +473,9 @@ class Dispatcher:
                             f"this trainer's is {PROTOCOL}): start workers of this trainer's rlfarm")
             else:
                 self.notify(f"{len(self.pending)} tasks waiting and none started for "
-                            f"{IDLE_WARNING_SECONDS:.0f} s: are workers running, connected to the same Redis "
-                            f"(`rlfarm worker --redis URL`)?")
+                            f"{IDLE_WARNING_SECONDS:.0f} s: are workers of this rlfarm (protocol {PROTOCOL}, "
+                            f"queue {self._queue}) running, connected to the same Redis (`rlfarm worker "
+                            f"--redis URL`)? Workers of another rlfarm version consume another queue")
         if unseen:
             queued = self.queued_task_ids()
             for key in unseen:
