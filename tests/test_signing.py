@@ -52,7 +52,7 @@ def test_sign_and_verify_refuse_tampered_missing_and_other_secret():
         signing.verify(data + b" ", sig, SECRET)
     with pytest.raises(SignatureError, match="bad signature"):
         signing.verify(data, sig, "another secret")
-    with pytest.raises(SignatureError, match="not signed, but RLFARM_SECRET is set"):
+    with pytest.raises(SignatureError, match="not signed, but this farm signs its data"):
         signing.verify(data, None, SECRET)
     with pytest.raises(SignatureError, match="bad signature"):
         signing.verify(data, "zz" + sig[2:], SECRET)
@@ -360,7 +360,7 @@ def test_allow_env_module_option_and_unsigned_meta_on_a_signed_farm(signed_farm,
     meta = store.run_meta()
     PolicyStore(connect(url), "signed-unsigned-meta", secret=None).set_run_meta(meta)
     with pytest.raises(RolloutError, match="SignatureError: run 'signed-unsigned-meta': metadata in Redis is "
-                                           "not signed, but RLFARM_SECRET is set"):
+                                           "not signed, but this farm signs its data"):
         dispatcher(url, "signed-unsigned-meta").gather_group(task_specs(0, 1, 8))
 
 

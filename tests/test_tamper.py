@@ -162,7 +162,8 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     assert summary["env_steps"] == 8192 and summary["security"]["refused_result"] == 1
     stderr = (tmp_path / "stderr.txt").read_text()
     warned = [line for line in stderr.splitlines() if "rlfarm: warning: dropped a result of run" in line]
-    assert len(warned) == 1 and "is not signed, but RLFARM_SECRET is set" in warned[0], stderr[-3000:]
+    assert len(warned) == 1 and "is not signed, but this farm signs its data" in warned[0], stderr[-3000:]
+    assert "RLFARM_SECRET is set" not in stderr  # the user set none: the embedded farm made its own
     assert "dropped a result of run" in (run_dir / "rlfarm.log").read_text()
 
 

@@ -70,11 +70,36 @@ def sign(data: bytes, secret: bytes | str) -> str:
 def verify(data: bytes, signature: str | None, secret: bytes | str, what: str = "data") -> None:
     """Raise SignatureError unless `signature` is the HMAC of `data` (constant-time comparison)."""
     if not signature:
-        raise SignatureError(f"{what} is not signed, but {SECRET_ENV} is set: refusing it")
+        raise SignatureError(f"{what} is not signed, but this farm signs its data ({SECRET_ENV}, or the "
+                             f"secret the embedded farm made): refusing it")
     if not isinstance(signature, str) or not hmac.compare_digest(sign(data, secret).encode(),
                                                                  signature.encode("ascii", "replace")):
         raise SignatureError(f"{what} has a bad signature (forged, or signed with another "
                              f"{SECRET_ENV}): refusing it")
+
+
+# ---- a run's claim (rlfarm.farm.claim) -------------------------------------------------------------
+_CLAIM_TAG = b"rlfarm-claim\0"
+
+
+def sign_claim(run_id: str, holder: Mapping[str, Any], secret: bytes | str | None) -> dict[str, Any]:
+    """The claim's JSON fields with "hmac" over (run, fields) added; unchanged without a secret."""
+    fields = {k: v for k, v in holder.items() if k != "hmac"}
+    if not secret:
+        return fields
+    return {**fields, "hmac": sign(_CLAIM_TAG + canonical({"run": run_id, "holder": fields}), secret)}
+
+
+def claim_signed(run_id: str, holder: Mapping[str, Any], secret: bytes | str | None) -> bool:
+    """Whether a claim read from Redis was written by a trainer holding the secret (always, without one)."""
+    if not secret:
+        return True
+    fields = {k: v for k, v in holder.items() if k != "hmac"}
+    try:
+        verify(_CLAIM_TAG + canonical({"run": run_id, "holder": fields}), holder.get("hmac"), secret, "claim")
+    except (SignatureError, TypeError, ValueError):
+        return False
+    return True
 
 
 # ---- run metadata --------------------------------------------------------------------------------
@@ -101,7 +126,8 @@ def open_run_meta(run_id: str, raw: bytes | str, secret: bytes | str | None) -> 
     what = f"run {run_id!r}: metadata in Redis"
     if not _is_wrapper(obj):
         if secret is not None:
-            raise SignatureError(f"{what} is not signed, but {SECRET_ENV} is set: refusing it")
+            raise SignatureError(f"{what} is not signed, but this farm signs its data ({SECRET_ENV}, or the "
+                             f"secret the embedded farm made): refusing it")
         return obj
     if secret is not None:
         verify(_meta_message(run_id, obj["signed"]), obj["hmac"], secret, what)

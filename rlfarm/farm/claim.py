@@ -27,10 +27,11 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
+from rlfarm.core import signing
 from rlfarm.observe.rundir import RunDirError
 from rlfarm.farm import keys
 
@@ -105,14 +106,21 @@ def describe_holder(holder: dict[str, Any] | None) -> str:
 class Claim:
     """A trainer's claim of its run id; `acquire` before anything of the run is touched."""
 
-    def __init__(self, client: redis.Redis, run_id: str, seconds: float = CLAIM_SECONDS):
+    def __init__(self, client: redis.Redis, run_id: str, seconds: float = CLAIM_SECONDS,
+                 secret: bytes | str | None = None,
+                 on_forged: Callable[[str], None] | None = None):
+        """`secret`: signs the claim; with one, a claim that does not verify was written by someone
+        without it and is refused and overwritten (`on_forged(text)` is told), never obeyed."""
         self.client = client
         self.run_id = run_id
         self.key = keys.claim(run_id)
         self.seconds = seconds
+        self.secret = secret
+        self.on_forged = on_forged or (lambda text: None)
         self.incarnation = secrets.token_hex(8)
-        self.value = json.dumps({"incarnation": self.incarnation, "host": socket.gethostname(),
-                                 "pid": os.getpid(), "since": round(time.time(), 3)})
+        self.value = json.dumps(signing.sign_claim(run_id, {
+            "incarnation": self.incarnation, "host": socket.gethostname(), "pid": os.getpid(),
+            "since": round(time.time(), 3)}, secret))
         self.held = False
         self.lost: str | None = None  # who took it, once another trainer did
         self._stop = threading.Event()
@@ -132,6 +140,8 @@ class Claim:
             if raw is None:
                 continue
             holder = _parse(raw) or {}
+            if self._forged(holder, raw) and self.client.eval(_REPLACE, 1, self.key, raw, self.value, self._ms):
+                break
             if self._stale(holder) and self.client.eval(_REPLACE, 1, self.key, raw, self.value, self._ms):
                 break
             raise RunInUse(
@@ -160,8 +170,25 @@ class Claim:
             return False
         if int(self.client.eval(_RENEW, 1, self.key, self.value, self._ms)):
             return True
-        self.lost = describe_holder(_parse(self.client.get(self.key)))
+        raw = self.client.get(self.key)
+        holder = _parse(raw)
+        if self._forged(holder or {}, raw) and int(self.client.eval(_REPLACE, 1, self.key, raw, self.value,
+                                                                    self._ms)):
+            return True
+        if raw is None:  # expired between the two commands: ours to write again
+            return self.renew()
+        self.lost = describe_holder(holder)
         return False
+
+    def _forged(self, holder: dict[str, Any], raw: bytes | str | None) -> bool:
+        """With a secret, a claim that does not verify: written by someone without it (one SET must not
+        end a signed run nor keep it from starting): said once per value, then overwritten."""
+        if not self.secret or raw is None or signing.claim_signed(self.run_id, holder, self.secret):
+            return False
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        self.on_forged(f"refused {self.key}: a claim of run {self.run_id!r} that is not signed by this "
+                       f"farm ({text[:80]!r}); wrote this trainer's back")
+        return True
 
     def _renew_loop(self) -> None:
         # A thread, not the training loop: a long SYNC update or checkpoint must not let it expire.

@@ -78,6 +78,7 @@ class Pending:
     reason: str = ""  # why it was last re-sent
     refused: float | None = None  # when a worker of another protocol refused it (re-sent at the next check)
     refusals: int = 0  # copies a worker refused (Result.unverified)
+    unwanted_since: float | None = None  # when it was first seen out of `wanted` with no result waiting
 
 
 @dataclass
@@ -94,6 +95,7 @@ class DispatchStats:
     stragglers: int = 0  # backup copies of tasks running longer than task_timeout
     held: int = 0  # tasks held back for a while because the run had its share of the farm's slots
     forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
+    forged_keys: int = 0  # keys of the run found as the trainer did not write them: refused, written back
     # Task inputs workers refused as not signed by the farm (Result.unverified), by kind; re-sent.
     unverified: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("policy", "meta", "spec"), 0))
     state_restored: int = 0  # times the run's state was found lost in Redis and written back
@@ -106,7 +108,7 @@ class DispatchStats:
 
     def security(self) -> dict[str, int]:
         """What was refused for want of a valid signature (RLFARM_SECRET), by what it was."""
-        return {"security/refused_result": self.forged,
+        return {"security/refused_result": self.forged, "security/refused_key": self.forged_keys,
                 **{f"security/refused_{kind}": n for kind, n in self.unverified.items()}}
 
 
@@ -166,6 +168,15 @@ class Dispatcher:
         self.secret = signing.secret_from_env() if secret is FROM_ENV else secret  # signs specs, checks results
         self._own_claim = claim is None
         self.claim = claim or Claim(client, run_id)
+        self.on_rewrite: Callable[[], None] | None = None  # the trainer writes back what it owns
+        self._rewrite_due = False
+
+    def refused_key(self, text: str) -> None:
+        """A key of the run was not as the trainer (or its workers) wrote it: counted, said, and what the
+        trainer owns is written back at the next check (rlfarm.farm.guard, PolicyStore, Claim)."""
+        self.stats.forged_keys += 1
+        self.notify(text)
+        self._rewrite_due = True
 
     @property
     def in_flight(self) -> int:
@@ -412,6 +423,8 @@ class Dispatcher:
         self.claim.check()  # another trainer took the run over: stop before touching it
         self._next_check = now + min(CHECK_SECONDS, self.task_timeout / 4, self.lease_seconds / 4)
         self.after_outage(now)
+        if self._rewrite_due:
+            self._rewrite(now)
         self.admit()  # the share may have grown (another run ended or wants less)
         if not self.pending:
             return
@@ -439,7 +452,18 @@ class Dispatcher:
                 self._resend(key, p, "refused by a worker of another protocol version", counted=False)
                 continue
             if not is_wanted:
-                continue  # its result has been pushed and waits in the results list
+                # Its result has been pushed and waits in the results list; or, with the list empty and
+                # no worker running it, someone took it out of `wanted` (one SREM must not stall the run).
+                if backlog or leased:
+                    p.unwanted_since = None
+                elif p.unwanted_since is None:
+                    p.unwanted_since = now
+                elif now - p.unwanted_since > self.lease_seconds:
+                    p.unwanted_since = None
+                    self.refused_key(f"refused {self.wanted}: {describe_key(key)} was taken out of it, but no "
+                                     f"result of it came (written by someone else); sending it again")
+                    self._resend(key, p, "its entry in the run's wanted set was removed", counted=False)
+                continue
             if leased:
                 p.last_seen, p.lease_gone = now, None
                 if p.started is None:
@@ -540,6 +564,17 @@ class Dispatcher:
             self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*k) for k in self.pending])
         if self.on_outage is not None:
             self.on_outage()
+        self._grace(now)
+
+    def _rewrite(self, now: float) -> None:
+        """After a forged key: the run's wanted entries, its claim and what the trainer owns (metadata,
+        newest and pinned versions) written back; workers get a lease period before tasks are judged."""
+        self._rewrite_due = False
+        self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*k) for k in self.pending])
+        if self.claim.held:
+            self.claim.renew()
+        if self.on_rewrite is not None:
+            self.on_rewrite()
         self._grace(now)
 
     def check_state(self) -> None:

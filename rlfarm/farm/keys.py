@@ -47,6 +47,27 @@ RUNS = f"{NAMESPACE}:@farm:runs"  # runs training now, for fair shares (rlfarm.f
 NODES = f"{NAMESPACE}:@farm:nodes"  # rlfarm workers alive now and their slots
 
 
+# The Redis type of every key above, by the name after `rlfarm:<run>:` (its first part): what a trainer
+# expects to find when it reads or writes one. A key of another type was written by someone else (a
+# run's keys are written only by its trainer and workers): rlfarm.farm.guard deletes it and the
+# trainer writes its own again.
+TYPES = {"meta": "string", "policy": "string", "versions": "zset", "pinned": "set", "trainer": "string",
+         "status": "hash", "share": "hash", "wanted": "set", "results": "list", "lease": "string",
+         "attempts": "string", "stream": "string"}
+FARM_TYPES = {RUNS: "zset", NODES: "zset"}
+
+
+def expected_type(key: bytes | str) -> str | None:
+    """The Redis type `key` must have (`TYPES`, `FARM_TYPES`); None for a key rlfarm does not know."""
+    text = key.decode(errors="replace") if isinstance(key, bytes) else key
+    if text in FARM_TYPES:
+        return FARM_TYPES[text]
+    parts = text.split(":", 3)
+    if len(parts) < 3 or parts[0] != NAMESPACE:
+        return None
+    return TYPES.get(parts[2])
+
+
 def prefix(run: str) -> str:
     return f"{NAMESPACE}:{run}:"
 

@@ -22,6 +22,7 @@ import redis
 
 from rlfarm.core.shares import Demand, allocate, used_fraction
 from rlfarm.farm import keys, redis_url
+from rlfarm.farm.guard import delete_wrong_types
 
 HEARTBEAT = 0.25  # seconds between a trainer's registrations: how soon it sees another run want slots
 RUN_SECONDS = 3.0  # a run that stopped registering (its trainer died) leaves the split this long after
@@ -45,7 +46,13 @@ def live_slots(client: redis.Redis, now: float | None = None) -> int:
     """Pool processes of the rlfarm workers alive now."""
     now = server_time(client) if now is None else now
     members = client.zrangebyscore(keys.NODES, now, "+inf")
-    return sum(int(m.decode().split("@", 1)[0]) for m in members)
+    return sum(_slots(m) for m in members)
+
+
+def _slots(member: bytes) -> int:
+    """The slots a NODES member registers; 0 for one no worker wrote (`<slots>@<node>`, slots 1..4096)."""
+    head = member.decode(errors="replace").split("@", 1)[0]
+    return int(head) if head.isdigit() and 0 < int(head) <= 4096 else 0
 
 
 def read_runs(client: redis.Redis, now: float | None = None) -> dict[str, dict[str, str]]:
@@ -60,6 +67,19 @@ def read_runs(client: redis.Redis, now: float | None = None) -> dict[str, dict[s
         if raw:
             found[run] = {k.decode(): v.decode() for k, v in raw.items()}
     return found
+
+
+def _demand(share: dict[str, str]) -> Demand | None:
+    """Another run's registration as numbers; None for one its trainer did not write (not numbers,
+    or out of range), which then takes no part in the split."""
+    try:
+        weight, demand = float(share.get("weight", 1.0)), int(share.get("demand", 0))
+        recent = float(share["recent"]) if share.get("recent") else None
+    except (TypeError, ValueError):
+        return None
+    if not (0 < weight <= 1e6 and 0 <= demand <= 10**6) or (recent is not None and not 0 <= recent <= 1e3):
+        return None
+    return Demand(weight, demand, recent)
 
 
 class FarmShare:
@@ -93,7 +113,17 @@ class FarmShare:
 
     # ---- the registry ----------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Register (weight, demand, cap, busy seconds, share used), then read the others and the slots."""
+        """Register (weight, demand, cap, busy seconds, share used), then read the others and the slots.
+        A registry key of the wrong type (written by someone else) is deleted and written anew."""
+        try:
+            self._refresh()
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc) or not delete_wrong_types(
+                    self.client, [keys.share(self.run_id), keys.RUNS, keys.NODES]):
+                raise
+            self._refresh()
+
+    def _refresh(self) -> None:
         now = server_time(self.client)
         demand, busy = self.demand(), self.busy()
         self._history.append((now, busy))
@@ -115,9 +145,8 @@ class FarmShare:
         pipe.llen(keys.results(self.run_id))
         self.results_waiting = pipe.execute()[-1]
         self.slots = live_slots(self.client, now)
-        self.others = {run: Demand(float(s.get("weight", 1.0)), int(s.get("demand", 0)),
-                                   float(s["recent"]) if s.get("recent") else None)
-                       for run, s in read_runs(self.client, now).items() if run != self.run_id}
+        self.others = {run: demand for run, s in read_runs(self.client, now).items()
+                       if run != self.run_id and (demand := _demand(s)) is not None}
 
     def _used_since(self, start: float, now: float, busy: float) -> float | None:
         """The fraction of the farm's slot time this run's tasks ran from `start` (or since it began,

@@ -10,7 +10,7 @@ and each policy blob's metadata an `hmac`; a store with a secret refuses unsigne
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import redis
 import torch
@@ -40,6 +40,19 @@ class RunNotFound(LookupError):
 FROM_ENV: Any = object()  # PolicyStore's default secret: RLFARM_SECRET, read when the store is made
 
 
+def _as_int(raw: Any) -> int | None:
+    """A version number read from Redis; None for anything else (written by someone else)."""
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _show(raw: Any) -> str:
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return repr(text[:40])
+
+
 class PolicyStore:
     def __init__(self, client: redis.Redis, run_id: str, keep: int = 5,
                  secret: bytes | str | None = FROM_ENV):
@@ -57,6 +70,10 @@ class PolicyStore:
         # own copy, never bytes read back from Redis, which anyone who can write to Redis can replace.
         self.own: tuple[int, bytes] | None = None
         self.own_meta: bytes | None = None
+        # The versions this store lists (`versions`), as it wrote them: the listing in Redis is written
+        # from this, never read back into it (None until the first publish reads what a resumed run has).
+        self.listed: set[int] | None = None
+        self.on_forged: Callable[[str], None] = lambda text: None  # a pointer it did not write, refused
 
     def _key(self, version: int) -> str:
         return keys.policy(self.run_id, version)
@@ -76,26 +93,56 @@ class PolicyStore:
     # ---- versions ------------------------------------------------------------------------------
     def publish(self, version: int, state: Mapping[str, torch.Tensor], algo: str,
                 extra: Mapping[str, str] | None = None) -> bytes:
-        """Store `version` and move `latest` to it in one transaction; trim beyond `keep`."""
-        latest = self.latest()
-        if latest is not None and version <= latest:
-            raise ValueError(f"version {version} is not newer than the latest ({latest})")
+        """Store `version` and move `latest` to it in one transaction; trim beyond `keep`.
+
+        The store owns its version line: `latest` and the listing are written from what it published,
+        never taken from Redis. One it did not write (`SET ...:policy:latest 9999`, a member added to
+        `versions`) is refused: reported through `on_forged` and overwritten by this transaction."""
+        if self.own is not None and version <= self.own[0]:
+            raise ValueError(f"version {version} is not newer than the latest ({self.own[0]})")
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(keys.latest(self.run_id))
+        pipe.zrange(keys.versions(self.run_id), 0, -1)
+        raw_latest, raw_listed = pipe.execute()
+        latest, listed = _as_int(raw_latest), {v for v in map(_as_int, raw_listed) if v is not None}
+        if self.own is None:
+            if latest is not None and version <= latest and self._genuine(latest):
+                raise ValueError(f"version {version} is not newer than the latest ({latest})")
+            self.listed = {v for v in listed if v < version}  # a resumed run's; forged newer ones left out
+        else:
+            if raw_latest is not None and latest != self.own[0]:  # None: flushed, not forged
+                self.on_forged(f"refused {keys.latest(self.run_id)} = {_show(raw_latest)}: this trainer "
+                               f"published v{self.own[0]} last; writing v{version}")
+            if raw_listed and (listed != self.listed or len(raw_listed) != len(listed)):
+                self.on_forged(f"refused {keys.versions(self.run_id)}: it lists "
+                               f"{sorted(_show(v) for v in raw_listed)[:8]}, this trainer "
+                               f"{sorted(self.listed or ())}; writing its own")
         meta = {"version": str(version), "algo": algo, "run": self.run_id,
                 "created": f"{time.time():.6f}", **(extra or {})}
         blob = codec.encode_policy(state, meta, self.secret)
-        old = [int(v) for v in self.client.zrangebyscore(keys.versions(self.run_id), "-inf",
-                                                         version - self.keep)
-               if int(v) not in self.pinned]
+        assert self.listed is not None
+        self.listed.add(version)
+        old = sorted(v for v in self.listed if v <= version - self.keep and v not in self.pinned)
+        self.listed.difference_update(old)
         pipe = self.client.pipeline(transaction=True)
         pipe.set(self._key(version), blob)
-        pipe.zadd(keys.versions(self.run_id), {str(version): version})
+        pipe.delete(keys.versions(self.run_id))
+        pipe.zadd(keys.versions(self.run_id), {str(v): v for v in self.listed})
         pipe.set(keys.latest(self.run_id), version)
         if old:
             pipe.delete(*[self._key(v) for v in old])
-            pipe.zrem(keys.versions(self.run_id), *[str(v) for v in old])
         pipe.execute()
         self.own = (version, blob)
         return blob
+
+    def _genuine(self, version: int) -> bool:
+        """Whether Redis holds a policy `version` that passes `check` (a pointer to nothing, or to a
+        forged blob, is not a newer version)."""
+        try:
+            self.get(version)
+        except PolicyError:
+            return False
+        return True
 
     def pin(self, version: int) -> bytes:
         """Keep `version` whatever `keep` says (listed in `rlfarm:<run>:pinned`); returns its blob: the
@@ -121,6 +168,8 @@ class PolicyStore:
         if latest is not None and version <= latest - self.keep:
             pipe.delete(self._key(version))
             pipe.zrem(keys.versions(self.run_id), str(version))
+            if self.listed is not None:
+                self.listed.discard(version)
         pipe.execute()
 
     def restore_newest(self) -> int | None:
@@ -196,11 +245,13 @@ class PolicyStore:
         return written
 
     def latest(self) -> int | None:
-        raw = self.client.get(keys.latest(self.run_id))
-        return None if raw is None else int(raw)
+        """Redis's pointer to the newest version (None when absent or not a version number)."""
+        return _as_int(self.client.get(keys.latest(self.run_id)))
 
     def versions(self) -> list[int]:
-        return [int(v) for v in self.client.zrange(keys.versions(self.run_id), 0, -1)]
+        """The retained versions, oldest first (members that are not version numbers are skipped)."""
+        found = (_as_int(v) for v in self.client.zrange(keys.versions(self.run_id), 0, -1))
+        return sorted(v for v in found if v is not None)
 
     def get_blob(self, version: int | str) -> bytes:
         """Raw safetensors bytes of a version ('latest' allowed), with a clear error when absent."""

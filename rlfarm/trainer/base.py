@@ -158,8 +158,9 @@ class Trainer:
                   f"its data): writing back its metadata and policy v{self.version}, re-sending lost tasks")
         self.store.set_run_meta(self.run_meta())
         self.store.restore_pinned()  # the best version and those being evaluated
-        latest = self.store.latest()
-        if latest is None or latest < self.version:
+        if self.store.own is not None and self.store.own[0] >= self.version:
+            self.store.restore_newest()  # the version it published, from its own copy
+        else:
             self.publish()
         self.heartbeat()
 
@@ -179,6 +180,16 @@ class Trainer:
         the same id, whose cached metadata and policies a worker must not use."""
         return {"config": to_dict(self.config), "space": self.space.to_dict(),
                 "incarnation": self.claim.incarnation, "protocol": PROTOCOL}
+
+    def rewrite_owned(self) -> None:
+        """A key of the run was found as the trainer did not write it (rlfarm.farm.guard): put back
+        every key it owns from its own copies (metadata, newest and pinned versions, heartbeat)."""
+        written = self.store.write_back()
+        self.store.restore_newest()
+        self.store.restore_pinned()
+        self.heartbeat()
+        if written:
+            self.warn(f"wrote back {' and '.join(written)} of run {self.config.run_id} from the trainer's own copy")
 
     def write_back(self, kind: str) -> str:
         """A worker refused the run's metadata, a policy or a task spec (rlfarm.farm.dispatch): put back

@@ -23,7 +23,8 @@ from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.dispatch import Dispatcher
 from rlfarm.farm.shares import FarmShare
-from rlfarm.farm.outage import OutageRetry, resilient_client
+from rlfarm.farm.guard import GuardedRetry, KeyGuard
+from rlfarm.farm.outage import resilient_client
 from rlfarm.farm.connection import connect, no_secret_warning, redact, refuse_eviction
 from rlfarm.farm.store import FROM_ENV, PolicyStore
 from rlfarm.observe.metrics import RunLogger
@@ -58,6 +59,12 @@ class _TrainerHooks:
     def on_unverified(self, kind: str) -> str:
         return self.trainer.write_back(kind)
 
+    def on_rewrite(self) -> None:
+        self.trainer.rewrite_owned()
+
+    def refused_key(self, text: str) -> None:
+        self.trainer.dispatcher.refused_key(text)
+
 
 def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
                  resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None,
@@ -87,10 +94,16 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
     finally:
         probe.close()
     # From here on, every Redis command waits out an outage of up to farm.redis_outage_timeout.
-    retry = OutageRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}", notify=warn)
+    # ... and a key of the run found of another type than the trainer writes is refused and rewritten.
+    hooks = _TrainerHooks()
+    guard = KeyGuard(config.run_id, notify=hooks.refused_key)
+    retry = GuardedRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}", notify=warn,
+                         guard=guard)
     client = resilient_client(redis_url, retry)
+    guard.client = client
     store = PolicyStore(client, config.run_id, keep=config.farm.keep_versions, secret=secret)
-    claim = Claim(client, config.run_id)
+    store.on_forged = hooks.refused_key
+    claim = Claim(client, config.run_id, secret=store.secret, on_forged=hooks.refused_key)
     app = make_app(redis_url)
 
     threads = trainer_threads(config, space.is_image, local_workers)
@@ -98,13 +111,13 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
     torch.manual_seed(config.seed)  # the network's initial weights
     algo = learner(config.algo, config.mode)(config, space, device)
     farm = config.farm
-    hooks = _TrainerHooks()
     dispatcher = Dispatcher(app, client, config.run_id, farm.task_timeout, farm.max_redispatch,
                             on_event=hooks.on_event,
                             env=config.env.id,  # shown in Flower's task labels
                             lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
                             retry=retry, on_state_lost=hooks.on_state_lost, on_outage=hooks.on_outage,
                             notify=warn, claim=claim, secret=store.secret, on_unverified=hooks.on_unverified)
+    dispatcher.on_rewrite = hooks.on_rewrite
     dispatcher.share = FarmShare(redis_url, config.run_id, farm.share, config.mode,
                                  demand=dispatcher.wants_slots, busy=lambda: dispatcher.busy_seconds)
 
