@@ -234,3 +234,25 @@ def test_a_trainer_that_cannot_be_forked_stops_the_others(fake_trainers, tmp_pat
     assert str(err.value) == ("could not start the trainer of seed 3 (Resource temporarily unavailable); "
                               "the 2 running were stopped")
     assert len(fake_trainers) == 2 and FakeTrainer.running == []
+
+
+def test_a_fork_failure_under_train_seeds_is_one_line(tmp_path, monkeypatch):
+    """What the user sees when the process limit stops a trainer's start: one line, exit 1 (the farm is
+    stood in for; unit tier, so nothing is started)."""
+    import contextlib
+
+    from cli import main
+    from rlfarm.local import shared
+
+    def run_seeds(args, seeds, base, logdir, env, seeds_dir, parallel):
+        assert parallel == 2
+        raise S.StartFailed(3, BlockingIOError(11, "Resource temporarily unavailable"), 2)
+
+    monkeypatch.setattr(shared, "farm_for_trainers", lambda *a, **k: contextlib.nullcontext({}))
+    monkeypatch.setattr(S, "run_seeds", run_seeds)
+    result = CliRunner().invoke(main, ["train", "--seeds", "1-4", "--parallel", "2", "--logdir", str(tmp_path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert [line for line in result.output.splitlines() if "error" in line] == [
+        "rlfarm: error: could not start the trainer of seed 3 (Resource temporarily unavailable); the 2 running "
+        "were stopped; this machine's process limit (ulimit -u, a container's pids limit) or memory is reached: "
+        "lower --parallel (it was 2)"]
