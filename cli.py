@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from rlfarm.config import bounds as B  # pure and light: the upper bounds of the options below
+
 REDIS_HELP = ("Redis URL of the farm (broker, results and policy store); env RLFARM_REDIS_URL. Through "
               "Redis Sentinel: sentinel://h1:26379;sentinel://h2:26379/0?master_name=NAME.")
 METRICS_HELP = ("Serve Prometheus metrics at http://HOST:PORT/metrics: {what}. A bare PORT listens on "
@@ -162,7 +164,8 @@ def _modes_help() -> str:
 @click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL",
               help=REDIS_HELP + " Omitted: the local farm of `rlfarm up` if one is up, else an embedded "
                    "Redis and local workers are started for the run.")
-@click.option("--workers", type=click.IntRange(min=1), help="Worker processes for the embedded default.")
+@click.option("--workers", type=click.IntRange(min=1, max=B.MAX_WORKERS),
+              help=f"Worker processes for the embedded default (at most {B.MAX_WORKERS}).")
 @click.option("--share", type=click.FloatRange(min=0, min_open=True), metavar="W",
               help="This run's weight on a farm shared with other runs (farm.share, default 1): the "
                    "farm's worker processes are divided among the runs training at once in proportion "
@@ -183,10 +186,13 @@ def _modes_help() -> str:
               help="When --run-id names a run that already has a checkpoint under --logdir: refuse, or "
                    "resume it (what a restarted trainer service wants).")
 @click.option("--seeds", type=SeedList(),
-              help="Train one run per seed, all at once on one farm (e.g. 1-5 or 1,2,3): run ids "
-                   "RUN_ID-s<seed>, each trainer its own process; prints each seed's best and final "
-                   "greedy evaluation and training return with mean ± std, and writes "
+              help=f"Train one run per seed on one farm (e.g. 1-5 or 1,2,3; at most {B.MAX_SEEDS:,} seeds), "
+                   "--parallel at a time: run ids RUN_ID-s<seed>, each trainer its own process; prints each "
+                   "seed's best and final greedy evaluation and training return with mean ± std, and writes "
                    "LOGDIR/RUN_ID-seeds/summary.json. Without --redis one embedded farm serves them all.")
+@click.option("--parallel", type=click.IntRange(min=1, max=B.MAX_PARALLEL_TRAINERS),
+              help=f"With --seeds: trainers running at once; the next seed starts when one ends [this "
+                   f"machine's cores, at least 2; at most {B.MAX_PARALLEL_TRAINERS}].")
 @click.option("--metrics-port", "metrics_port", metavar="[HOST:]PORT", help=METRICS_HELP.format(
                   what="the run's env steps, SPS, tasks wanted, in flight and held, policy version and "
                        "lag, results, re-sends, policy fetches and bytes, Redis outages, the broker's "
@@ -196,12 +202,14 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
           overrides: tuple[str, ...], redis_url: str | None, workers: int | None, share: float | None,
           total_steps: int | None, target_return: float | None, seed: int | None,
           run_id: str | None, device: str | None, logdir: str | None, resume: str | None,
-          if_exists: str, seeds: list[int] | None, metrics_port: str | None) -> None:
+          if_exists: str, seeds: list[int] | None, parallel: int | None, metrics_port: str | None) -> None:
     """Train a policy on the farm and save it under LOGDIR/RUN_ID.
 
     Writes config.json, progress.csv, episodes.csv, TensorBoard scalars, a trainer checkpoint (for
     --resume) and final_policy.safetensors.
     """
+    if parallel is not None and not seeds:
+        fail("--parallel is how many seeds train at once; give it with --seeds")
     if seeds:
         if metrics_port:  # one port, several trainers
             fail("--metrics-port serves one trainer's metrics and --seeds starts one trainer per seed; "
@@ -276,8 +284,9 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
 
 
 # Options of `train` a seed's trainer does not get as given: --seeds makes its own --seed, --run-id and
-# --logdir, the farm (--redis, --workers) is the one started for all the seeds, and --resume is refused.
-_SEEDS_OWN = {"seeds", "seed", "run_id", "logdir", "redis_url", "workers", "resume"}
+# --logdir, --parallel is the parent's, the farm (--redis, --workers) is the one started for all the
+# seeds, and --resume is refused.
+_SEEDS_OWN = {"seeds", "parallel", "seed", "run_id", "logdir", "redis_url", "workers", "resume"}
 
 
 def _passed_through(ctx: click.Context, own: set[str]) -> list[str]:
@@ -305,6 +314,7 @@ def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
     from rlfarm import config as C
     from rlfarm.api import RunExists, check_config, check_new_run, with_run_id
     from rlfarm.envs import EnvError, allowed_modules_env
+    from rlfarm.config.seeds import compact_seeds
     from rlfarm.local.shared import farm_for_trainers
     from rlfarm.tune import seeds as S
 
@@ -329,14 +339,21 @@ def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
     seeds_dir = logdir / f"{base}-seeds"
     seeds_dir.mkdir(parents=True, exist_ok=True)
     redis_url = p["redis_url"]
+    # Trainers run on this machine whatever the farm: one per core (each learner needs one while it
+    # learns), at least 2 so seeds share the farm as they always did on small machines.
+    parallel = min(len(seeds), p["parallel"] or min(max(2, C.machine_cores()), B.MAX_PARALLEL_TRAINERS))
     _sigterm_to_interrupt()
     note = logging.getLogger("rlfarm.cli").info
     try:
         with farm_for_trainers(redis_url, C.local_workers(cfg), seeds_dir / "farm", f"rlfarm-{base}",
                                allowed_modules_env(cfg.env.id), notify=note) as env:
-            note(f"training seeds {', '.join(map(str, seeds))} at once: runs {base}-s<seed> in {logdir}/, "
-                 f"trainer output in {seeds_dir}/s<seed>.log")
-            runs = S.run_seeds(_passed_through(ctx, _SEEDS_OWN), seeds, base, logdir, env, seeds_dir)
+            at_once = "all at once" if parallel == len(seeds) else f"{parallel} at a time"
+            note(f"training {len(seeds)} seeds ({compact_seeds(seeds)}) {at_once}: runs {base}-s<seed> in "
+                 f"{logdir}/, trainer output in {seeds_dir}/s<seed>.log")
+            runs = S.run_seeds(_passed_through(ctx, _SEEDS_OWN), seeds, base, logdir, env, seeds_dir, parallel)
+    except S.StartFailed as exc:  # one line, not fork's traceback; the farm is stopped by now
+        fail(f"{exc}; this machine's process limit (ulimit -u, a container's pids limit) or memory is "
+             f"reached: lower --parallel (it was {parallel})", 1)
     except KeyboardInterrupt:
         click.echo("rlfarm: interrupted; every seed's trainer stopped" +
                    ("" if redis_url else ", and the embedded workers and Redis"), err=True)
@@ -346,7 +363,7 @@ def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(S.table(summary))
     click.echo(f"summary of {len(seeds)} seeds written to {path}")
     if summary["failed"]:
-        fail(f"seed{'s' if len(summary['failed']) > 1 else ''} {', '.join(map(str, summary['failed']))} "
+        fail(f"seed{'s' if len(summary['failed']) > 1 else ''} {compact_seeds(summary['failed'])} "
              f"failed (see {seeds_dir}/s<seed>.log); the others finished", 1)
 
 
@@ -468,8 +485,9 @@ def _allow_env_modules(modules: tuple[str, ...]) -> None:
               help=REDIS_HELP + " The default, a Redis on this machine without a password, is for trying "
                    "things out: a farm's Redis needs a password, redis://:PASSWORD@host:6379/0 (a "
                    "warning says so when a Redis on another address lets this worker in without one).")
-@click.option("-c", "--concurrency", type=click.IntRange(min=1), default=os.cpu_count(), show_default=True,
-              help="Rollout processes on this machine (one torch thread each).")
+@click.option("-c", "--concurrency", type=click.IntRange(min=1, max=B.MAX_WORKERS),
+              default=min(os.cpu_count() or 1, B.MAX_WORKERS), show_default=True,
+              help=f"Rollout processes on this machine (one torch thread each; at most {B.MAX_WORKERS}).")
 @click.option("-n", "--hostname", default=None, help="Celery node name [rlfarm-<pid>@<host>].")
 @click.option("-l", "--loglevel", default="INFO", show_default=True,
               help="Celery log level [WARNING with rlfarm -q, DEBUG with rlfarm -v].")
@@ -544,8 +562,9 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
 
 
 @main.command()
-@click.option("-w", "--workers", type=click.IntRange(min=1), default=os.cpu_count(), show_default=True,
-              help="Worker processes of the local farm.")
+@click.option("-w", "--workers", type=click.IntRange(min=1, max=B.MAX_WORKERS),
+              default=min(os.cpu_count() or 1, B.MAX_WORKERS), show_default=True,
+              help=f"Worker processes of the local farm (at most {B.MAX_WORKERS}).")
 @click.option("--allow-env-module", "modules", multiple=True, metavar="MODULE",
               help="Let its workers build 'MODULE:callable' envs (repeatable).")
 def up(workers: int, modules: tuple[str, ...]) -> None:
@@ -588,7 +607,8 @@ def down() -> None:
               help="Policy version of --run: a number or 'latest'.")
 @click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", help=REDIS_HELP)
 @click.option("--env", "env_id", help="Env id [the one the policy was trained on].")
-@click.option("--episodes", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--episodes", type=click.IntRange(min=1, max=B.MAX_EPISODES), default=10, show_default=True,
+              help=f"Greedy episodes to play (at most {B.MAX_EPISODES:,}).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first episode.")
 @click.option("--video", "video_dir", type=click.Path(file_okay=False),
               help='Record every episode to an .mp4 file in this directory (needs moviepy: '
@@ -827,10 +847,11 @@ def plot(run_dir: Path, output: Path | None) -> None:
               help='TOML file with a [space] table: "ppo.learning_rate" = { low = 1e-4, high = 1e-2, '
                    'log = true } (ints when low and high are ints; step optional), "ppo.update_epochs" = '
                    '{ choices = [4, 10] }.  [required]')
-@click.option("--trials", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Trials this command runs (each machine sweeping the same study runs its own).")
-@click.option("--parallel", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Trials running at once, each a `rlfarm train` process.")
+@click.option("--trials", type=click.IntRange(min=1, max=B.MAX_TRIALS), default=16, show_default=True,
+              help=f"Trials this command runs (each machine sweeping the same study runs its own; at most "
+                   f"{B.MAX_TRIALS:,}).")
+@click.option("--parallel", type=click.IntRange(min=1, max=B.MAX_PARALLEL_TRAINERS), default=2, show_default=True,
+              help=f"Trials running at once, each a `rlfarm train` process (at most {B.MAX_PARALLEL_TRAINERS}).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key of every trial (repeatable), e.g. --set total_steps=50000.")
 @click.option("--total-steps", type=click.IntRange(min=1), help="Env steps of each trial's run.")
@@ -839,7 +860,8 @@ def plot(run_dir: Path, output: Path | None) -> None:
               help=REDIS_HELP + " The study is kept there too (Optuna's journal storage), so sweeps on "
                    "several machines against one Redis share it. Omitted: an embedded Redis and local "
                    "workers for the whole sweep, the study living in it until the sweep ends.")
-@click.option("--workers", type=click.IntRange(min=1), help="Worker processes of the embedded farm.")
+@click.option("--workers", type=click.IntRange(min=1, max=B.MAX_WORKERS),
+              help=f"Worker processes of the embedded farm (at most {B.MAX_WORKERS}).")
 @click.option("--study", "study_name", help="Study name (default: generated); trials' run ids are STUDY-t<number>.")
 @click.option("--resume", "resume", metavar="STUDY",
               help="Continue the study STUDY in --redis (new trials after its own; a study without "

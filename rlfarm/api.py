@@ -61,7 +61,10 @@ def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
     from rlfarm.envs import describe
 
     check_mode(cfg.algo, cfg.mode)
-    check_env(cfg.algo, describe(cfg.env.id, dataclasses.asdict(cfg.env)))
+    spec = describe(cfg.env.id, dataclasses.asdict(cfg.env))
+    check_env(cfg.algo, spec)
+    C.check_replay_memory(cfg, spec.obs_shape, spec.obs_dtype == "uint8",
+                        1 if spec.discrete else spec.action_dim, C.machine_memory())
     if cfg.farm.episodes == "continue":
         from rlfarm.envs import snapshot
 

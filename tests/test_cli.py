@@ -54,6 +54,10 @@ def test_presets_lists_each_with_a_line():
      "algo 'sac' scales its tanh-squashed actions to the action space's bounds and needs finite ones"),
     (["--preset", "pendulum-sac", "--set", "sac.tau=1.5"], "sac.tau must be in (0, 1], got 1.5"),
     (["--preset", "pendulum-sac", "--set", "sac.replay_ratio=-1"], "sac.replay_ratio cannot be negative"),
+    # issue 32's audit: each was accepted, and started processes or allocated until something broke
+    (["--seeds", "1-100000"], "the range 1-100000 is 100,000 seeds, more than the 1,000 one command may train"),
+    (["--set", "env.num_envs=100000"], "env.num_envs = 100,000 is above its bound of 4,096"),
+    (["--set", "ppo.learning_rate=1e6"], "ppo.learning_rate = 1e+06 is outside (0, 1]"),
 ])
 def test_bad_input_fails_before_dispatch(tmp_path, args, message):
     result = run_cli("train", "--logdir", str(tmp_path), *args)

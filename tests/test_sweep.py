@@ -149,6 +149,21 @@ def test_seeds_train_two_runs_on_one_embedded_farm_with_mean_and_std(tmp_path):
     assert trainers_of("tiny-s") == []
 
 
+@pytest.mark.farm
+def test_seeds_with_parallel_1_train_one_after_another(tmp_path):
+    """Waves: with --parallel 1 each seed's trainer starts once the one before has exited, as the start
+    and end times in summary.json show (the end is when the parent saw the exit, so no overlap is real)."""
+    result = run_cli("train", "--seeds", "1-3", "--parallel", "1", "--total-steps", "512",
+                     "--set", "farm.steps_per_env=64", "--run-id", "wave", "--logdir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "training 3 seeds (1-3) 1 at a time" in result.stderr
+    runs = json.loads((tmp_path / "wave-seeds" / "summary.json").read_text())["runs"]
+    assert [r["seed"] for r in runs] == [1, 2, 3] and {r["state"] for r in runs} == {"finished"}
+    assert all(r["started_at"] < r["ended_at"] for r in runs)
+    assert all(a["ended_at"] <= b["started_at"] for a, b in zip(runs, runs[1:]))
+    assert trainers_of("wave-s") == []
+
+
 def test_sweep_refuses_bad_input_in_one_line_before_anything_starts(tmp_path, monkeypatch):
     from cli import main
 

@@ -1,9 +1,12 @@
 """Run configuration, PURE (no torch, no Redis): `RunConfig` and its sections (run), what an algorithm's
-section is (section), how the cores are split between learner and workers (cores), presets in
+section is (section), how the cores are split between learner and workers (cores), the upper bounds
+of every number that starts processes or allocates memory (bounds), presets in
 `presets/`. This module is the layer's face: import from it.
 """
 
-from rlfarm.config.cores import ACTING_FORWARDS, acting_share, local_workers, machine_cores, trainer_threads
+from rlfarm.config.bounds import check_replay_memory
+from rlfarm.config.cores import (ACTING_FORWARDS, acting_share, local_workers, machine_cores, machine_memory,
+                                 trainer_threads)
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.run import (ALGORITHMS, AUTO_KEYS, COMPRESS, DEVICES, MODES, AsyncConfig, EnvConfig, EvalConfig,
                                FarmConfig, PolicyConfig, RunConfig, build, check_results_per_update, flatten,
@@ -13,6 +16,6 @@ from rlfarm.config.section import AlgoSection, at_least_1, check_replay, get
 
 __all__ = ["ACTING_FORWARDS", "ALGORITHMS", "AUTO_KEYS", "COMPRESS", "DEVICES", "MODES", "AlgoSection", "AsyncConfig",
            "ConfigError", "EnvConfig", "EvalConfig", "FarmConfig", "PolicyConfig", "RunConfig", "acting_share",
-           "at_least_1", "build", "check_replay", "check_results_per_update", "flatten", "from_dict", "from_flat",
-           "get", "json_safe", "load_preset", "local_workers", "machine_cores", "parse_override", "policy_config",
+           "at_least_1", "build", "check_replay", "check_replay_memory", "check_results_per_update", "flatten", "from_dict", "from_flat",
+           "get", "json_safe", "load_preset", "local_workers", "machine_cores", "machine_memory", "parse_override", "policy_config",
            "preset_description", "preset_names", "to_dict", "trainer_threads", "valid_keys", "validate"]

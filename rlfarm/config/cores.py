@@ -18,6 +18,14 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+def machine_memory() -> int:
+    """Bytes of physical memory of this machine (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
 # What a worker spends per env step of a CNN run, in forwards of the network per observation: its own
 # forward at a task's batch, and the emulator's step (about 0.4 of one on Pong, benchmarks/pong.py).
 ACTING_FORWARDS = 1.4

@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlfarm.config.bounds import check_config_bounds
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import FIELD as _FIELD
 from rlfarm.config.section import AlgoSection, at_least_1, get
@@ -382,6 +383,7 @@ def validate(config: RunConfig) -> None:
     if config.async_.refresh_steps < 0:
         raise ConfigError("async.refresh_steps cannot be negative (0: a task acts with one version)")
     check_results_per_update(config, config.async_.tasks_in_flight)
+    check_config_bounds(config)  # after the lower bounds, so a 0 is not reported as a bound
     config.algo_config.check(config)
     if config.run_id and not all(c.isalnum() or c in "-_." for c in config.run_id):
         raise ConfigError(f"run_id may hold letters, digits, '-', '_' and '.', got {config.run_id!r}")

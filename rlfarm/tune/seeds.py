@@ -1,6 +1,7 @@
-"""`rlfarm train --seeds 1-5`: one ordinary run per seed, all at once on one farm, each trainer a
-subprocess; then each seed's scores and their mean ± std over the seeds that finished (as
-rl-baselines3-zoo's benchmark reports them), as a table and as SEEDS_DIR/summary.json.
+"""`rlfarm train --seeds 1-5`: one ordinary run per seed on one farm, each trainer a subprocess, at
+most `--parallel` at once (a seed starts when another's trainer ends); then each seed's scores and
+their mean ± std over the seeds that finished (as rl-baselines3-zoo's benchmark reports them), as a
+table and as SEEDS_DIR/summary.json.
 
 Std is numpy's (population, ddof=0), the ± `rlfarm eval` prints too.
 """
@@ -28,10 +29,24 @@ class SeedRun:
     seed: int
     run_id: str
     run_dir: str
-    state: str = "running"  # finished | failed
+    state: str = "waiting"  # running | finished | failed
     reason: str = ""
     seconds: float = 0.0
     scores: dict[str, float | None] = field(default_factory=dict)
+    # Wall-clock times (Unix seconds) its trainer was started and seen to have exited: with --parallel
+    # they show which seeds ran at once.
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+class StartFailed(Exception):
+    """A trainer could not be started (fork or exec refused: a process limit, memory); the others were
+    stopped. `seed`: the one that failed, `stopped`: how many were running."""
+
+    def __init__(self, seed: int, error: OSError, stopped: int):
+        super().__init__(f"could not start the trainer of seed {seed} ({error.strerror or error}); "
+                         f"the {stopped} running were stopped")
+        self.seed, self.error, self.stopped = seed, error, stopped
 
 
 def seed_run_id(base: str, seed: int) -> str:
@@ -39,27 +54,43 @@ def seed_run_id(base: str, seed: int) -> str:
 
 
 def run_seeds(args: list[str], seeds: list[int], base: str, logdir: Path, env: dict[str, str],
-              seeds_dir: Path) -> list[SeedRun]:
-    """Start `rlfarm train ARGS --seed S --run-id BASE-sS --logdir LOGDIR` for every seed, wait for all.
-    Ctrl-C / SIGTERM (KeyboardInterrupt) stops every child before it propagates."""
-    runs, trainers = [], []
+              seeds_dir: Path, parallel: int) -> list[SeedRun]:
+    """`rlfarm train ARGS --seed S --run-id BASE-sS --logdir LOGDIR` for every seed, at most `parallel` at
+    once: the next seed starts when a trainer exits (a farm-sized number of processes, however many
+    seeds). Ctrl-C / SIGTERM (KeyboardInterrupt) stops every child before it propagates; so does a
+    trainer that cannot be started (StartFailed)."""
+    runs = [SeedRun(seed, seed_run_id(base, seed), str(logdir / seed_run_id(base, seed))) for seed in seeds]
+    waiting, running = list(runs), []  # running: (SeedRun, Trainer) pairs
     try:
-        for seed in seeds:
-            run_id = seed_run_id(base, seed)
-            runs.append(SeedRun(seed, run_id, str(logdir / run_id)))
-            trainers.append(Trainer([*args, "--seed", str(seed), "--run-id", run_id, "--logdir", str(logdir)],
-                                    seeds_dir / f"s{seed}.log", env))
-        while any(t.poll() is None for t in trainers):
-            time.sleep(0.5)  # polling interval: the children run for minutes
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                run = waiting.pop(0)
+                try:
+                    trainer = Trainer([*args, "--seed", str(run.seed), "--run-id", run.run_id, "--logdir",
+                                       str(logdir)], seeds_dir / f"s{run.seed}.log", env)
+                except OSError as exc:  # EAGAIN from fork under a pids limit, ENOMEM, ...
+                    run.state, run.reason = "failed", f"not started: {exc.strerror or exc}"
+                    raise StartFailed(run.seed, exc, len(running)) from None
+                run.state, run.started_at = "running", time.time()
+                running.append((run, trainer))
+            for run, trainer in [pair for pair in running if pair[1].poll() is not None]:
+                _finish(run, trainer)
+                running.remove((run, trainer))
+            if running and (not waiting or len(running) >= parallel):
+                time.sleep(0.5)  # polling interval: the children run for minutes
     finally:
-        stop_all(trainers)  # nothing left running, whatever happened
-    for run, trainer in zip(runs, trainers):
-        run.seconds = round(trainer.seconds, 1)
-        if trainer.poll() == 0:
-            run.state, run.scores = "finished", _scores(Path(run.run_dir))
-        else:
-            run.state, run.reason = "failed", trainer.failure()
+        stop_all([trainer for _, trainer in running])  # nothing left running, whatever happened
+        for run, trainer in running:
+            _finish(run, trainer)
     return runs
+
+
+def _finish(run: SeedRun, trainer: Trainer) -> None:
+    run.ended_at, run.seconds = time.time(), round(trainer.seconds, 1)
+    if trainer.poll() == 0:
+        run.state, run.scores = "finished", _scores(Path(run.run_dir))
+    else:
+        run.state, run.reason = "failed", trainer.failure()
 
 
 def _scores(run_dir: Path) -> dict[str, float | None]:
@@ -80,7 +111,7 @@ def aggregate(runs: list[SeedRun]) -> dict[str, Any]:
         mean[key] = float(np.mean(values)) if values else None
         std[key] = float(np.std(values)) if values else None
     return {"seeds": [r.seed for r in runs], "runs": [asdict(r) for r in runs],
-            "finished": len(done), "failed": [r.seed for r in runs if r.state == "failed"],
+            "finished": len(done), "failed": [r.seed for r in runs if r.state != "finished"],
             "mean": mean, "std": std}
 
 

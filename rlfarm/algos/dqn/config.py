@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from rlfarm.config.bounds import check_learning_rate, check_replay_bounds
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import AlgoSection, at_least_1, check_replay  # noqa: F401
 
@@ -44,6 +45,8 @@ class DQNConfig(AlgoSection):
 
     def check(self, run: "RunConfig") -> None:
         check_replay(run, "dqn")
+        check_replay_bounds(run, "dqn")
+        check_learning_rate(run, "dqn.learning_rate")
         at_least_1(run, "dqn.target_update_interval")
         if not 0 < self.tau <= 1:
             raise ConfigError(f"dqn.tau must be in (0, 1], got {self.tau}")

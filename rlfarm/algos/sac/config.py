@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from rlfarm.config.bounds import check_learning_rate, check_replay_bounds
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import AlgoSection, at_least_1, check_bounded_box, check_replay  # noqa: F401
 
@@ -47,11 +48,11 @@ class SACConfig(AlgoSection):
 
     def check(self, run: "RunConfig") -> None:
         check_replay(run, "sac")
+        check_replay_bounds(run, "sac")
+        check_learning_rate(run, "sac.learning_rate")
         at_least_1(run, "sac.policy_frequency", "sac.target_network_frequency")
         if not 0 < self.tau <= 1:
             raise ConfigError(f"sac.tau must be in (0, 1], got {self.tau}")
-        if not self.learning_rate > 0:
-            raise ConfigError(f"sac.learning_rate must be positive, got {self.learning_rate}")
         if not self.initial_alpha > 0:  # autotune learns log(alpha)
             raise ConfigError(f"sac.initial_alpha must be positive, got {self.initial_alpha}")
         if self.alpha < 0:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from rlfarm.config.bounds import check_learning_rate, check_replay_bounds
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import AlgoSection, at_least_1, check_bounded_box, check_replay
 
@@ -51,11 +52,11 @@ class TD3Config(AlgoSection):
 
     def check(self, run: "RunConfig") -> None:
         check_replay(run, "td3")
+        check_replay_bounds(run, "td3")
+        check_learning_rate(run, "td3.learning_rate")
         at_least_1(run, "td3.policy_delay")
         if not 0 < self.tau <= 1:
             raise ConfigError(f"td3.tau must be in (0, 1], got {self.tau}")
-        if not self.learning_rate > 0:
-            raise ConfigError(f"td3.learning_rate must be positive, got {self.learning_rate}")
         for key in ("target_policy_noise", "target_noise_clip", "exploration_noise"):
             value = getattr(self, key)
             if not (math.isfinite(value) and value >= 0):
