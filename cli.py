@@ -961,7 +961,8 @@ def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metr
                     click.echo(trial_line(run))
                     sys.stdout.flush()
 
-            sweep = Sweep(study, params, child_args, metric, sweep_dir, env, trials, parallel, on_change, on_end)
+            sweep = Sweep(study, params, child_args, metric, sweep_dir, env, trials, parallel, on_change, on_end,
+                          total_steps=cfg.total_steps)
             if live is not None:
                 live.start()
             try:

@@ -7,6 +7,9 @@ grace), the trial is PRUNED and its slot is given to the next trial at once. Poi
 the order written, whether the trainer is still running or has just exited, so what is pruned does not
 depend on when the files were read.
 
+A point at the run's end (its env step reaches the trial's total steps, or the last point of a trainer
+that exited 0) is reported but never prunes: the run has already cost all it will, so it COMPLETES.
+
 A trial whose params are not a point of the space (a trial enqueued by someone who can write to the
 farm's Redis: Optuna gives its values as they are, out of range or not) is REFUSED: told FAILED with
 the reason, never trained (docs/architecture.md, decision 23). With RLFARM_SECRET set, each trial the
@@ -47,6 +50,7 @@ class TrialRun:
     value: float | None = None  # the latest point while it runs, the objective once COMPLETE
     step: int | None = None
     reason: str = ""
+    final_step: int | None = None  # the run's total steps: a point there never prunes
 
 
 class Sweep:
@@ -54,15 +58,16 @@ class Sweep:
 
     `args`: what every trial's `rlfarm train` gets (preset, overrides, options); `env`: the trainers'
     environment (the farm's URL and secret); `on_change(runs)`: called after each round of polling and
-    `on_end(run)` once per finished or refused trial (for the live table and its lines)."""
+    `on_end(run)` once per finished or refused trial (for the live table and its lines); `total_steps`:
+    the runs' total steps unless the space sets them (a point there is the run's end)."""
 
     def __init__(self, study: Any, params: list[Param], args: list[str], metric: str, sweep_dir: Path,
                  env: dict[str, str], trials: int, parallel: int,
                  on_change: Callable[[list[TrialRun]], None] = lambda runs: None,
-                 on_end: Callable[[TrialRun], None] = lambda run: None):
+                 on_end: Callable[[TrialRun], None] = lambda run: None, total_steps: int | None = None):
         self.study, self.params, self.args, self.metric = study, params, args, metric
         self.sweep_dir, self.env, self.trials, self.parallel = Path(sweep_dir), env, trials, parallel
-        self.on_change, self.on_end = on_change, on_end
+        self.on_change, self.on_end, self.total_steps = on_change, on_end, total_steps
         self.secret = secret_from_env({**os.environ, **env})  # the trainers' own: they sign with it too
         self.runs: list[TrialRun] = []
         self._stopping: list[Trainer] = []  # pruned trainers still cleaning up; their slots are free
@@ -112,8 +117,9 @@ class Sweep:
         args = [*self.args, *(a for o in to_overrides(values) for a in ("--set", o)),
                 "--run-id", run_id, "--logdir", str(self.sweep_dir)]
         trainer = Trainer(args, self.sweep_dir / "logs" / f"{run_id}.log", self.env)
+        final = values.get("total_steps", self.total_steps)
         self.runs.append(TrialRun(trial.number, values, run_id, trial, trainer,
-                                  Curve(self.sweep_dir / run_id, self.metric)))
+                                  Curve(self.sweep_dir / run_id, self.metric), final_step=final))
 
     def _refuse(self, run: TrialRun, problem: str) -> None:
         from optuna.trial import TrialState
@@ -126,12 +132,15 @@ class Sweep:
 
     def _watch(self, run: TrialRun) -> None:
         code = run.trainer.poll()  # before reading: once it has exited, every point is on disk
-        for step, value in run.curve.read():
+        points = run.curve.read()
+        for i, (step, value) in enumerate(points):
             if step == run.step or (run.step is not None and step < run.step):
                 continue  # one report per step (a final evaluation may repeat the last step)
             run.step, run.value = step, value
             run.trial.report(value, step)
-            if run.trial.should_prune():
+            at_end = (run.final_step is not None and step >= run.final_step) or (
+                code == 0 and all(later <= step for later, _ in points[i + 1:]))  # an exited run's last
+            if not at_end and run.trial.should_prune():
                 run.trainer.stop()
                 self._stopping.append(run.trainer)
                 self._end(run, "PRUNED")
