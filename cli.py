@@ -889,9 +889,12 @@ def sweep(preset: str, space_file: str | None, trials: int, parallel: int, overr
 
     Trials run --parallel at a time; their evaluations (or returns) are reported while they run and
     the pruner stops the unpromising ones (SIGTERM to their trainer: PRUNED). A trainer that fails or
-    is killed makes its trial FAILED (not retried) and the sweep goes on. Writes LOGDIR/STUDY/
-    trials.csv and best.toml (`rlfarm train --preset LOGDIR/STUDY/best.toml`). Exit status: 0 when
-    every trial ended COMPLETE or PRUNED, 1 when one FAILED (after the others ran), 130 when stopped.
+    is killed makes its trial FAILED (not retried) and the sweep goes on. A trial whose params are not
+    in the space (one enqueued by someone else) is REFUSED, never trained. Writes LOGDIR/STUDY/
+    trials.csv and best.toml (`rlfarm train --preset LOGDIR/STUDY/best.toml`), the best COMPLETE trial
+    whose params are in the space (and, with RLFARM_SECRET, signed by a sweep). Exit status: 0 when
+    every trial ended COMPLETE or PRUNED, 1 when one FAILED or was REFUSED (after the others ran),
+    130 when stopped.
     """
     from rlfarm import config as C
     from rlfarm.api import check_config
@@ -947,9 +950,10 @@ def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metr
     from rich.live import Live
 
     from rlfarm import config as C
+    from rlfarm.core.signing import secret_from_env
     from rlfarm.farm.connection import redact
     from rlfarm.local.shared import REDIS_ENV, farm_for_trainers
-    from rlfarm.tune.report import trial_line, trials_table, write_best, write_trials_csv
+    from rlfarm.tune.report import skipped_line, trial_line, trials_table, write_best, write_trials_csv
     from rlfarm.tune.study import open_study
     from rlfarm.tune.sweep import Sweep
 
@@ -961,6 +965,7 @@ def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metr
         with farm_for_trainers(redis_url, C.local_workers(cfg), sweep_dir / "farm", f"rlfarm-{name}",
                                worker_env, notify=note) as env:
             study = open_study(env[REDIS_ENV], name, resume, pruner, seed)
+            secret = secret_from_env({**os.environ, **env})  # the trainers' secret, as the sweep signs with it
             where = (f"in Redis at {redact(redis_url)}: more machines can join with the same command and "
                      f"--resume {name}") if redis_url else \
                 "in the embedded Redis, for this sweep's life (trials.csv is its record)"
@@ -973,12 +978,13 @@ def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metr
                     live.update(trials_table(current, f"sweep {name}"), refresh=True)
 
             def on_end(run):
-                write_trials_csv(study, sweep_dir / "trials.csv")
+                write_trials_csv(study, sweep_dir / "trials.csv", params, secret)
                 if live is None:
                     click.echo(trial_line(run))
                     sys.stdout.flush()
 
-            sweep = Sweep(study, params, child_args, metric, sweep_dir, env, trials, parallel, on_change, on_end)
+            sweep = Sweep(study, params, child_args, metric, sweep_dir, env, trials, parallel, on_change, on_end,
+                          total_steps=cfg.total_steps)
             if live is not None:
                 live.start()
             try:
@@ -987,8 +993,8 @@ def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metr
                 if live is not None:
                     live.stop()
                 runs = sweep.runs
-                write_trials_csv(study, sweep_dir / "trials.csv")
-                best = write_best(study, base, metric, sweep_dir / "best.toml")
+                write_trials_csv(study, sweep_dir / "trials.csv", params, secret)
+                best, skipped = write_best(study, base, metric, sweep_dir / "best.toml", params, secret)
     except KeyboardInterrupt:
         click.echo(f"rlfarm: interrupted; every trial's trainer stopped{'' if redis_url else ', and the embedded workers and Redis'}"
                    f" (running trials marked FAIL); trials so far in {sweep_dir / 'trials.csv'}", err=True)
@@ -996,6 +1002,8 @@ def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metr
     if live is None:
         console.print(trials_table(runs, f"sweep {name}"))
     click.echo(f"trials: {sweep_dir / 'trials.csv'}")
+    for trial, problem in skipped:  # the study is data: what is not the space's, or not signed, is named
+        click.echo(f"rlfarm: warning: {skipped_line(trial, problem)}", err=True)
     if best is not None:
         params_text = ", ".join(f"{k}={v}" for k, v in best.params.items())
         click.echo(f"best: trial {best.number}, {metric} {best.value:.2f} ({params_text}); its config: "
@@ -1003,9 +1011,13 @@ def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metr
     else:
         click.echo("no trial completed: no best.toml")
     failed = [run.number for run in runs if run.state == "FAIL"]
+    refused = [run.number for run in runs if run.state == "REFUSED"]
     if failed:
         fail(f"trial{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} failed (reasons in "
              f"trials.csv and {sweep_dir}/logs/); the others ran", 1)
+    if refused:
+        fail(f"trial{'s' if len(refused) > 1 else ''} {', '.join(map(str, refused))} refused: params not in "
+             f"the space (reasons in trials.csv); the others ran", 1)
     _exit_now()
 
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from rlfarm import config as C
 from rlfarm.config.dump import preset_toml, toml_value
 from rlfarm.config.seeds import parse_seeds
-from rlfarm.config.space import load_space, parse_space, sample, to_overrides
+from rlfarm.config.space import check_params, load_space, parse_space, sample, to_overrides
 
 BASE = C.load_preset("cartpole-ppo")
 
@@ -89,6 +89,68 @@ def test_bad_spaces_are_one_clear_error_naming_the_key(entries, message):
         space(**entries)
     assert message in str(exc.value)
     assert str(exc.value).startswith(f"space key {next(iter(entries))!r}: ")
+
+
+def test_env_id_is_searched_only_by_choices():
+    """A string key has no range: env.id with low/high is one error; its choices are the only ids a
+    trial may carry (check_params), a module id too if the user listed it."""
+    with pytest.raises(C.ConfigError) as exc:
+        space(**{"env.id": {"low": 1, "high": 2}})
+    assert str(exc.value) == "space key 'env.id': env.id: expected a string, got 1"
+    [env] = space(**{"env.id": {"choices": ["CartPole-v1", "tests.tiny_envs:slow"]}})
+    assert env.contains("tests.tiny_envs:slow") and not env.contains("tempfile:mkdtemp")
+
+
+def test_a_param_contains_only_the_points_of_its_dimension():
+    lr, epochs, tasks, clip, vloss, coef = space(**{
+        "ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}, "ppo.update_epochs": {"choices": [4, 10]},
+        "farm.num_tasks": {"low": 2, "high": 8, "step": 2}, "ppo.clip_coef": {"low": 0.1, "high": 0.3, "step": 0.05},
+        "ppo.clip_vloss": {"choices": [False, True]}, "ppo.ent_coef": {"low": 0, "high": 0.5}})
+    assert lr.contains(1e-4) and lr.contains(1e-2) and lr.contains(3e-3)
+    assert not any(lr.contains(v) for v in (1e6, 0.0, -1e-3, float("nan"), float("inf"), "0.001", True, None))
+    assert epochs.contains(4) and epochs.contains(10.0)  # TOML may give 10 back as 10.0: the same number
+    assert not any(epochs.contains(v) for v in (5, "4", True, [4]))
+    assert tasks.contains(2) and tasks.contains(8) and tasks.contains(6)
+    assert not any(tasks.contains(v) for v in (3, 10, 0, 4.0, 100000, True))  # an int range takes ints
+    assert clip.contains(0.1) and clip.contains(0.15000000000000002) and clip.contains(0.3)
+    assert not clip.contains(0.12) and not clip.contains(0.35)
+    assert vloss.contains(True) and vloss.contains(False) and not vloss.contains(1) and not vloss.contains(0)
+    assert coef.contains(0) and coef.contains(0.25) and not coef.contains(0.6)
+
+
+def test_optuna_samples_only_points_check_params_accepts():
+    """Whatever Optuna's sampler draws from a space is a point of it (float steps included), so a
+    sweep never refuses its own trial."""
+    optuna = pytest.importorskip("optuna")
+    params = space(**{"ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
+                      "ppo.clip_coef": {"low": 0.1, "high": 0.3, "step": 0.05},
+                      "farm.num_tasks": {"low": 2, "high": 9, "step": 3},
+                      "ppo.vf_coef": {"low": 0.1, "high": 0.9, "step": 0.1},
+                      "ppo.update_epochs": {"choices": [4, 10]}})
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(300):
+        trial = study.ask()
+        values = sample(params, trial)
+        assert check_params(values, params) is None and check_params(trial.params, params) is None, values
+        study.tell(trial, 0.0)
+
+
+def test_check_params_names_the_first_key_and_value_not_in_the_space():
+    params = space(**{"ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
+                      "env.num_envs": {"low": 1, "high": 8}})
+    ok = {"ppo.learning_rate": 1e-3, "env.num_envs": 4}
+    assert check_params(ok, params) is None
+    assert check_params({**ok, "env.num_envs": 100000}, params) == \
+        "env.num_envs = 100000 is not in the space (int in [1, 8])"
+    assert check_params({**ok, "ppo.learning_rate": 1e6}, params) == \
+        "ppo.learning_rate = 1000000.0 is not in the space (float in [0.0001, 0.01] log)"
+    assert check_params({**ok, "env.id": "tempfile:mkdtemp"}, params) == \
+        'env.id = "tempfile:mkdtemp" is not in the space (no such key in it)'
+    assert check_params({"ppo.learning_rate": 1e-3}, params) == "env.num_envs has no value, but it is in the space"
+    long = check_params({**ok, "env.num_envs": "x" * 10_000}, params)  # a forged value of any length: one short line
+    assert len(long) < 200 and "\n" not in long and long.endswith("is not in the space (int in [1, 8])")
+    assert "\n" not in check_params({**ok, "a\nb": 1}, params)
 
 
 def test_a_space_file_missing_empty_or_not_toml_is_one_error(tmp_path):

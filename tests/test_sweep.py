@@ -223,3 +223,55 @@ def test_optuna_dashboard_opens_a_sweeps_study_by_the_farms_redis_url(redis_only
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+class ExitedTrainer:
+    """A trainer that has already exited with `code` (what Sweep._watch asks of one)."""
+
+    seconds = 1.0
+
+    def __init__(self, code):
+        self.code, self.stopped = code, False
+
+    def poll(self):
+        return self.code
+
+    def stop(self):
+        self.stopped = True
+
+
+class Points:
+    """A curve whose points are all on disk at the first read."""
+
+    def __init__(self, points):
+        self.points, self._new = [], list(points)
+
+    def read(self):
+        new, self._new = self._new, []
+        self.points += new
+        return new
+
+
+@pytest.mark.parametrize("points, code, total, state", [
+    ([(1024, 5.0), (2048, 9.0)], None, 2048, "PRUNED"),   # below the threshold mid-run: pruned at 1024
+    ([(2048, 9.0)], None, 2048, "RUNNING"),                # its report at the run's total steps never prunes
+    ([(2048, 9.0), (2048, 9.5)], 0, 4096, "COMPLETE"),     # an exited run's last point (target reached)
+    ([(2048, 9.0), (3072, 8.0)], 0, 4096, "PRUNED"),       # ... but not an earlier one
+])
+def test_a_point_at_the_runs_end_never_prunes_its_trial(tmp_path, points, code, total, state):
+    """Before, a trial whose report at its final step fell below the threshold was PRUNED although its
+    run had finished; now the run's end (total steps, or the last point once the trainer exited 0)
+    COMPLETES it, scored as any finished run."""
+    from rlfarm.tune.sweep import Sweep, TrialRun
+
+    module = optuna()
+    module.logging.set_verbosity(module.logging.WARNING)
+    study = module.create_study(direction="maximize", pruner=module.pruners.ThresholdPruner(lower=1000))
+    trial = study.ask()
+    run = TrialRun(trial.number, {}, "r", trial, ExitedTrainer(code), Points(points), final_step=total)
+    sweep = Sweep(study, [], [], "return", tmp_path, {}, trials=1, parallel=1)
+    sweep._watch(run)
+    assert run.state == state and study.trials[0].state.name == state
+    assert run.trainer.stopped == (state == "PRUNED")
+    if state == "COMPLETE":
+        assert study.trials[0].value == max(v for _, v in points)

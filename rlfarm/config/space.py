@@ -8,6 +8,11 @@ config before anything starts, and turned into `--set key=value` overrides for a
 
 Sampling goes through any object with Optuna's `suggest_float / suggest_int / suggest_categorical`
 (an optuna Trial); this module imports no Optuna.
+
+The space is also the authority over what a sweep trains and writes (docs/architecture.md, decision
+23): a trial's params read back from the study are data that anyone who can write to the farm's Redis
+may have put there, so `check_params` holds them against the space before a trial trains or becomes
+best.toml.
 """
 
 from __future__ import annotations
@@ -47,6 +52,20 @@ class Param:
             return trial.suggest_int(self.key, self.low, self.high, step=self.step or 1, log=self.log)
         return trial.suggest_float(self.key, float(self.low), float(self.high), step=self.step, log=self.log)
 
+    def contains(self, value: Any) -> bool:
+        """Whether `value` is a point of this dimension: one of the choices (same kind: True is not 1),
+        or a number of the range's kind within its bounds and on its step."""
+        if self.choices:
+            return any(_same(value, choice) for choice in self.choices)
+        if not _number(value) or not self.low <= value <= self.high:
+            return False
+        if self.is_int:
+            return isinstance(value, int) and (value - self.low) % (self.step or 1) == 0
+        if self.step:  # Optuna's grid: low + k * step, k an integer up to float rounding
+            k = (value - self.low) / self.step
+            return abs(k - round(k)) <= 1e-6
+        return True
+
     def describe(self) -> str:
         if self.choices:
             return f"one of {list(self.choices)}"
@@ -57,6 +76,21 @@ class Param:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _same(value: Any, choice: Any) -> bool:
+    """Equal and of the same kind: Python's True == 1 and "1" != 1 aside, a bool is no number here."""
+    kinds = (isinstance(value, bool), isinstance(value, str), isinstance(choice, bool), isinstance(choice, str))
+    return kinds[:2] == kinds[2:] and value == choice
+
+
+def _show(value: Any) -> str:
+    """A value as TOML where it can be, cut short: a forged value may be anything, of any length."""
+    try:
+        text = toml_value(value)
+    except TypeError:
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def parse_param(key: str, spec: Any) -> Param:
@@ -131,6 +165,22 @@ def load_space(path: str | Path, base: dict[str, Any]) -> list[Param]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"space file {path}: invalid TOML: {exc}") from None
     return parse_space(tree, base)
+
+
+def check_params(params: dict[str, Any], space: list[Param]) -> str | None:
+    """None when `params` (a trial's, read back from the study) is a point of `space`: exactly its keys,
+    each value within its dimension; else the first problem, in one line naming the key and value."""
+    dims = {param.key: param for param in space}
+    for key, value in params.items():
+        shown = key if isinstance(key, str) and key.isprintable() and len(key) <= 80 else _show(key)
+        if key not in dims:
+            return f"{shown} = {_show(value)} is not in the space (no such key in it)"
+        if not dims[key].contains(value):
+            return f"{shown} = {_show(value)} is not in the space ({dims[key].describe()})"
+    missing = [key for key in dims if key not in params]
+    if missing:
+        return f"{missing[0]} has no value, but it is in the space"
+    return None
 
 
 def sample(params: list[Param], trial: Any) -> dict[str, Any]:

@@ -22,6 +22,9 @@ made for one kind of object never verifies as another):
   recomputed sha256 no longer pass.
 - Task specs: `sign_spec` adds "sig" over `b"rlfarm-spec\\0" + canonical(all other fields)`;
   `verify_spec` checks and strips it.
+- Sweep trials: the user attr "signature" of an Optuna trial a sweep sampled, over
+  `b"rlfarm-sweep-trial\\0" + canonical({"study": name, "number": n, "params": {...}})`, so a trial
+  someone else appended to the study, or params added to one of ours, do not verify.
 
 `canonical` is `json.dumps(obj, sort_keys=True, separators=(",", ":"))`, ASCII-only.
 """
@@ -169,6 +172,29 @@ def verify_spec(spec: Mapping[str, Any], secret: bytes | str | None) -> dict[str
     if secret is not None:
         verify(_spec_message(spec), spec.get("sig"), secret, "task spec")
     return {k: v for k, v in spec.items() if k != "sig"}
+
+
+# ---- sweep trials -------------------------------------------------------------------------------
+_TRIAL_TAG = b"rlfarm-sweep-trial\0"
+
+
+def _trial_message(study: str, number: int, params: Mapping[str, Any]) -> bytes:
+    return _TRIAL_TAG + canonical({"study": study, "number": number, "params": dict(params)})
+
+
+def trial_signature(study: str, number: int, params: Mapping[str, Any], secret: bytes | str) -> str:
+    """The "signature" user attr of trial `number` of sweep `study`, sampled with these params."""
+    return sign(_trial_message(study, number, params), secret)
+
+
+def verify_trial(study: str, number: int, params: Mapping[str, Any], signature: Any,
+                 secret: bytes | str) -> None:
+    """Raise SignatureError unless `signature` is this trial's (its params as read back)."""
+    try:
+        message = _trial_message(study, number, params)
+    except (TypeError, ValueError):  # params no JSON can carry (NaN, ...): nothing of ours
+        raise SignatureError(f"trial {number} of sweep {study!r} has params no sweep signs: refusing it") from None
+    verify(message, signature, secret, f"trial {number} of sweep {study!r}")
 
 
 # ---- results -------------------------------------------------------------------------------------

@@ -86,6 +86,8 @@ def make_env(env_id: str, trusted: bool = True, render_mode: str | None = None,
         kwargs["frameskip"] = 1  # the preprocessing skips frames itself, max-pooling the last two
     try:
         env = factory(**kwargs)
+        if not isinstance(env, gym.Env):  # a callable that makes no env ("tempfile:mkdtemp"): one line
+            raise EnvError(f"env {env_id!r}: its constructor returned {type(env).__name__}, not a gymnasium Env")
         if atari:
             from rlfarm.envs import atari as atari_wrappers
 

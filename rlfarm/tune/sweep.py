@@ -7,6 +7,14 @@ grace), the trial is PRUNED and its slot is given to the next trial at once. Poi
 the order written, whether the trainer is still running or has just exited, so what is pruned does not
 depend on when the files were read.
 
+A point at the run's end (its env step reaches the trial's total steps, or the last point of a trainer
+that exited 0) is reported but never prunes: the run has already cost all it will, so it COMPLETES.
+
+A trial whose params are not a point of the space (a trial enqueued by someone who can write to the
+farm's Redis: Optuna gives its values as they are, out of range or not) is REFUSED: told FAILED with
+the reason, never trained (docs/architecture.md, decision 23). With RLFARM_SECRET set, each trial the
+sweep trains gets the user attr "signature" over (study, number, params), which best.toml requires.
+
 A trainer that exits non-zero, or is killed by anyone, makes its trial FAILED with the reason (its
 `rlfarm: error:` line, or the signal); the trial is not resumed or retried (a fault that repeats would
 only repeat), and the sweep goes on with the others. A trial still running when the sweep is stopped
@@ -15,12 +23,15 @@ is FAILED too ("interrupted"), so the study holds no trial that looks alive.
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rlfarm.config.space import Param, sample, to_overrides
+from rlfarm.config.space import Param, check_params, to_overrides
+from rlfarm.core.signing import secret_from_env, trial_signature
 from rlfarm.tune.curves import Curve, final_score
 from rlfarm.tune.trainers import Trainer, stop_all
 
@@ -33,12 +44,13 @@ class TrialRun:
     params: dict[str, Any]
     run_id: str
     trial: Any = field(repr=False)
-    trainer: Trainer = field(repr=False)
-    curve: Curve = field(repr=False)
-    state: str = "RUNNING"
+    trainer: Trainer | None = field(repr=False)  # None: REFUSED, never started
+    curve: Curve | None = field(repr=False)
+    state: str = "RUNNING"  # then COMPLETE, PRUNED, FAIL, or REFUSED (not in the space: never trained)
     value: float | None = None  # the latest point while it runs, the objective once COMPLETE
     step: int | None = None
     reason: str = ""
+    final_step: int | None = None  # the run's total steps: a point there never prunes
 
 
 class Sweep:
@@ -46,15 +58,17 @@ class Sweep:
 
     `args`: what every trial's `rlfarm train` gets (preset, overrides, options); `env`: the trainers'
     environment (the farm's URL and secret); `on_change(runs)`: called after each round of polling and
-    `on_end(run)` once per finished trial (for the live table and its lines)."""
+    `on_end(run)` once per finished or refused trial (for the live table and its lines); `total_steps`:
+    the runs' total steps unless the space sets them (a point there is the run's end)."""
 
     def __init__(self, study: Any, params: list[Param], args: list[str], metric: str, sweep_dir: Path,
                  env: dict[str, str], trials: int, parallel: int,
                  on_change: Callable[[list[TrialRun]], None] = lambda runs: None,
-                 on_end: Callable[[TrialRun], None] = lambda run: None):
+                 on_end: Callable[[TrialRun], None] = lambda run: None, total_steps: int | None = None):
         self.study, self.params, self.args, self.metric = study, params, args, metric
         self.sweep_dir, self.env, self.trials, self.parallel = Path(sweep_dir), env, trials, parallel
-        self.on_change, self.on_end = on_change, on_end
+        self.on_change, self.on_end, self.total_steps = on_change, on_end, total_steps
+        self.secret = secret_from_env({**os.environ, **env})  # the trainers' own: they sign with it too
         self.runs: list[TrialRun] = []
         self._stopping: list[Trainer] = []  # pruned trainers still cleaning up; their slots are free
 
@@ -76,25 +90,57 @@ class Sweep:
     def _running(self) -> list[TrialRun]:
         return [run for run in self.runs if run.state == "RUNNING"]
 
+    def _sample(self, trial: Any) -> tuple[dict[str, Any], str | None]:
+        """The trial's values and, if they are not a point of the space, why (check_params)."""
+        values: dict[str, Any] = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna's warning of an enqueued value out of range: refused below
+            for param in self.params:
+                try:
+                    values[param.key] = param.suggest(trial)
+                except (ValueError, TypeError) as exc:  # an enqueued value Optuna cannot even take
+                    why = " ".join(str(exc).split())[:200]  # one line, whatever the value was
+                    return values, f"{param.key}: {why} (not in the space: {param.describe()})"
+        return values, check_params(values, self.params)
+
     def _launch(self) -> None:
         trial = self.study.ask()
-        values = sample(self.params, trial)
+        values, problem = self._sample(trial)
         run_id = f"{self.study.study_name}-t{trial.number}"
         trial.set_user_attr("run_id", run_id)
+        if problem is not None:
+            self._refuse(TrialRun(trial.number, values, run_id, trial, None, None), problem)
+            return
+        if self.secret is not None:
+            trial.set_user_attr("signature", trial_signature(self.study.study_name, trial.number, values,
+                                                             self.secret))
         args = [*self.args, *(a for o in to_overrides(values) for a in ("--set", o)),
                 "--run-id", run_id, "--logdir", str(self.sweep_dir)]
         trainer = Trainer(args, self.sweep_dir / "logs" / f"{run_id}.log", self.env)
+        final = values.get("total_steps", self.total_steps)
         self.runs.append(TrialRun(trial.number, values, run_id, trial, trainer,
-                                  Curve(self.sweep_dir / run_id, self.metric)))
+                                  Curve(self.sweep_dir / run_id, self.metric), final_step=final))
+
+    def _refuse(self, run: TrialRun, problem: str) -> None:
+        from optuna.trial import TrialState
+
+        run.state, run.reason = "REFUSED", problem
+        run.trial.set_user_attr("fail_reason", f"refused, not trained: {problem}")
+        self.study.tell(run.trial, state=TrialState.FAIL)
+        self.runs.append(run)
+        self.on_end(run)
 
     def _watch(self, run: TrialRun) -> None:
         code = run.trainer.poll()  # before reading: once it has exited, every point is on disk
-        for step, value in run.curve.read():
+        points = run.curve.read()
+        for i, (step, value) in enumerate(points):
             if step == run.step or (run.step is not None and step < run.step):
                 continue  # one report per step (a final evaluation may repeat the last step)
             run.step, run.value = step, value
             run.trial.report(value, step)
-            if run.trial.should_prune():
+            at_end = (run.final_step is not None and step >= run.final_step) or (
+                code == 0 and all(later <= step for later, _ in points[i + 1:]))  # an exited run's last
+            if not at_end and run.trial.should_prune():
                 run.trainer.stop()
                 self._stopping.append(run.trainer)
                 self._end(run, "PRUNED")
