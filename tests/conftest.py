@@ -210,6 +210,14 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def assert_nothing_lost_or_double_counted(s: dict, steps_per_result: int) -> None:
+    """A run's summary: every accepted task id once, and every env step from exactly one result."""
+    ids = s["accepted_task_ids"]
+    assert len(ids) == len(set(ids)) == s["unique_task_ids_accepted"]
+    # every env step counted comes from exactly one accepted (and not stale-dropped) result
+    assert s["env_steps"] == (len(ids) - s.get("dropped_stale", 0)) * steps_per_result
+
+
 def read_csv(path: Path) -> list[dict[str, str]]:
     """The rows of one of a run's CSV files (progress.csv, episodes.csv, evals.csv)."""
     with open(path, newline="") as f:

@@ -70,7 +70,8 @@ def test_the_same_run_id_started_twice_at_once_trains_once_and_the_other_is_one_
     assert meta["incarnation"] == claim["incarnation"]  # the run's state is the winner's, whole
     assert client.smembers("rlfarm:dup:wanted") and client.llen(TASK_QUEUE) == 2  # its tasks, still wanted
     loser_dir = (tmp_path / "a" if loser is a else tmp_path / "b") / "dup"
-    assert not (loser_dir / "config.json").exists() and not (loser_dir / "rlfarm.log").exists()
+    # Not a file, not a directory: its run directory and logdir (made for its lock) are gone again.
+    assert not loser_dir.parent.exists(), sorted(loser_dir.parent.rglob("*"))
 
     # The same for its run directory: a second trainer resuming it (here on an embedded Redis of its
     # own, where no claim in the first Redis can stop it) is refused before it writes anything.
@@ -129,3 +130,32 @@ def test_the_queued_tasks_of_a_sigkilled_trainer_are_dropped_unrun(store, tmp_pa
     assert client.llen(TASK_QUEUE) == 0
     assert client.llen("rlfarm:dead:results") == 0  # none ran: nothing pushed
     assert not client.keys("rlfarm:dead:lease:*")
+
+
+def test_a_refused_trainer_leaves_no_file_it_created(tmp_path):
+    """RunDirLock: a trainer refused before it wrote anything (the run claimed in Redis by another)
+    removes its lock file and the directories it made; one refused on a locked directory creates
+    nothing; a directory with anything else in it, or a lock file it did not create, is kept."""
+    from rlfarm.farm.claim import RunDirLock, RunInUse
+
+    run_dir = tmp_path / "logs" / "run"
+    refused_later = RunDirLock(run_dir)
+    refused_later.acquire()
+    assert (run_dir / "trainer.lock").exists()
+    refused_later.release()  # RunInUse from the claim: nothing else was written
+    assert not (tmp_path / "logs").exists()
+
+    holder = RunDirLock(run_dir)
+    holder.acquire()
+    with pytest.raises(RunInUse):
+        RunDirLock(run_dir).acquire()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["trainer.lock"]  # the holder's, untouched
+    (run_dir / "config.json").write_text("{}")  # the holder trains
+    holder.release()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "trainer.lock"]
+
+    (run_dir / "config.json").unlink()
+    resumed = RunDirLock(run_dir)  # the lock file is an earlier trainer's: not this one's to remove
+    resumed.acquire()
+    resumed.release()
+    assert (run_dir / "trainer.lock").exists()

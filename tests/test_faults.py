@@ -22,7 +22,8 @@ from kombu.exceptions import OperationalError
 from rlfarm.farm.app import make_app
 from rlfarm.local.cluster import LocalCluster
 
-from .conftest import ROOT, WORKER_ENV, one_error_line, pid_alive, poll, read_csv, read_summary, rlfarm_cmd
+from .conftest import (ROOT, WORKER_ENV, assert_nothing_lost_or_double_counted, one_error_line, pid_alive,
+                       poll, read_csv, read_summary, rlfarm_cmd)
 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
@@ -97,13 +98,6 @@ def progress_rows(run_dir: Path) -> list[dict]:
 def wait_for_rows(proc: subprocess.Popen, run_dir: Path, rows: int = 1) -> None:
     """Until the trainer has logged `rows` rows (it is training), or fail if it died."""
     poll(lambda: len(progress_rows(run_dir)) >= rows, f"{rows} logged iterations", proc)
-
-
-def assert_nothing_lost_or_double_counted(s: dict, steps_per_result: int) -> None:
-    ids = s["accepted_task_ids"]
-    assert len(ids) == len(set(ids)) == s["unique_task_ids_accepted"]
-    # every env step counted comes from exactly one accepted (and not stale-dropped) result
-    assert s["env_steps"] == (len(ids) - s.get("dropped_stale", 0)) * steps_per_result
 
 
 @pytest.fixture

@@ -222,27 +222,38 @@ class Claim:
 
 class RunDirLock:
     """flock on RUN_DIR/trainer.lock while a trainer writes the directory; the kernel drops it when the
-    process dies, however it dies."""
+    process dies, however it dies.
+
+    A trainer that wrote nothing else there (refused: the run is claimed in Redis by another trainer)
+    removes at release the lock file and the directories it made: a refusal leaves no trace. The file
+    is unlinked while still locked, and a trainer that locks it checks that the path still names the
+    file it locked, so no two trainers ever hold locks on two different files of one path."""
 
     NAME = "trainer.lock"
 
     def __init__(self, run_dir: Path | str):
         self.path = Path(run_dir) / self.NAME
         self._fd = -1
+        self._made: list[Path] = []  # directories this lock created, deepest last
+        self._created = False  # this lock created the file
 
     def acquire(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise RunDirError(self.path, exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _parse(os.pread(fd, 4096, 0))
+        self._made = [d for d in reversed(self.path.parents) if not d.exists()]
+        for _ in range(10):  # the file unlinked by a refused trainer between our open and our flock
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _parse(os.pread(fd, 4096, 0))
+                os.close(fd)
+                self._forget_made()
+                raise RunInUse(f"run directory {self.path.parent} is in use by {describe_holder(holder)}: "
+                               f"wait for it to end or stop it, or choose another --run-id or --logdir") from None
+            if self._same_file(fd):
+                break
             os.close(fd)
-            raise RunInUse(f"run directory {self.path.parent} is in use by {describe_holder(holder)}: wait "
-                           f"for it to end or stop it, or choose another --run-id or --logdir") from None
+        else:
+            raise RunDirError(self.path, OSError(f"{self.path} keeps being replaced"))
         try:  # who holds it, for the message of the next one to try
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
@@ -251,10 +262,58 @@ class RunDirLock:
             pass  # a full disk: the lock holds all the same
         self._fd = fd
 
+    def _open(self) -> int:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            while True:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                    self._created = True
+                    return fd
+                except FileExistsError:
+                    pass
+                try:
+                    fd = os.open(self.path, os.O_RDWR)
+                    self._created = False
+                    return fd
+                except FileNotFoundError:
+                    continue  # unlinked between the two opens by a trainer that was refused
+        except OSError as exc:
+            raise RunDirError(self.path, exc) from None
+
+    def _same_file(self, fd: int) -> bool:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _forget_made(self) -> None:
+        """Remove the directories acquire made, where still empty (deepest first)."""
+        for directory in reversed(self._made):
+            try:
+                directory.rmdir()
+            except OSError:
+                break  # not empty (someone wrote there meanwhile) or not ours to remove
+        self._made = []
+
     def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._fd < 0:
+            return
+        try:
+            untouched = self._created and [p.name for p in self.path.parent.iterdir()] == [self.NAME]
+        except OSError:
+            untouched = False
+        if untouched:  # nothing but the lock: this trainer wrote nothing (refused before it began)
+            try:
+                self.path.unlink()  # while locked: see the class docstring
+            except OSError:
+                untouched = False
+        os.close(self._fd)
+        self._fd = -1
+        if untouched:
+            self._forget_made()
 
     def __enter__(self) -> "RunDirLock":
         self.acquire()

@@ -164,6 +164,7 @@ class Dispatcher:
         self._last_finish = time.monotonic()  # a task finished, or tasks were sent to an idle farm
         self._stall_noticed = 0.0
         self._outages_seen = self.retry.outages
+        self._claim_renewed_at = self.retry.outages  # outages after which the claim was renewed
         self._queue = app.conf.task_default_queue
         self.secret = signing.secret_from_env() if secret is FROM_ENV else secret  # signs specs, checks results
         self._own_claim = claim is None
@@ -213,11 +214,14 @@ class Dispatcher:
         spec = dataclasses.replace(spec, incarnation=self.claim.incarnation)  # workers run it while we live
         kwargs = signing.sign_spec(spec.to_kwargs(), self.secret)  # with RLFARM_SECRET: workers verify it
         limit = self.time_limit_for(spec.kind)
-        # kwargsrepr is what Flower and worker events show: a short label instead of the dict repr.
+
+        def send() -> Any:
+            self.renew_claim_after_outage()  # also when this very send is what waited the outage out
+            # kwargsrepr is what Flower and worker events show: a short label instead of the dict repr.
+            return self.app.send_task(spec.task_name, kwargs=kwargs, kwargsrepr=spec.label(), time_limit=limit)
+
         # Celery's publisher gives up after ~1 s of a Redis outage; the outage clock waits longer.
-        result = self.retry.run(lambda: self.app.send_task(
-            spec.task_name, kwargs=kwargs, kwargsrepr=spec.label(), time_limit=limit),
-            errors=(OperationalError,))
+        result = self.retry.run(send, errors=(OperationalError,))
         self.stats.dispatched += 1
         self.stats.task_ids.setdefault(spec.key, []).append(result.id)
         return result.id
@@ -545,6 +549,17 @@ class Dispatcher:
         return (f"a {kind} task is killed at its time limit of {limit:g} s ({source}; a worker's "
                 f"--time-limit may lower it)")
 
+    def renew_claim_after_outage(self) -> None:
+        """After a Redis outage (or during one, for a send being retried), renew the run's claim before
+        any task is sent: an outage longer than CLAIM_SECONDS lets it lapse, workers skip tasks of a
+        run whose claim is gone, and the claim's thread may still be in its back-off when Redis is
+        back. ClaimLost if another trainer took the run meanwhile."""
+        if self.retry.outages == self._claim_renewed_at and self.retry.outage_started is None:
+            return
+        if self.claim.held and not self.claim.renew():
+            self.claim.check()
+        self._claim_renewed_at = self.retry.outages
+
     def after_outage(self, now: float) -> None:
         """Once after each Redis outage: put back what it may have lost, then let workers renew their
         leases before any task is judged.
@@ -558,6 +573,7 @@ class Dispatcher:
         Errors of copies sent before now (a policy version missing meanwhile) are retried."""
         if self.retry.outages == self._outages_seen:
             return
+        self.renew_claim_after_outage()  # first: workers drop every task of a run without a live claim
         self._outages_seen = self.retry.outages
         self._restored_at = now
         if self.pending:

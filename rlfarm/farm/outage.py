@@ -8,6 +8,12 @@ the outage starts at the first failure of any command and ends at the first succ
 seconds it raises `RedisUnavailable`, which the CLI turns into one line and a non-zero exit (the run
 stays resumable from its checkpoint). `run()` applies the same clock to calls outside redis-py
 (Celery's publisher, which has its own short retry policy and then gives up).
+
+An outage is named for what it is: "unreachable" when connections fail (refused, reset, no route)
+or when a command timed out and a fresh TCP connection to Redis's address fails too (a network
+partition that drops packets looks like a timeout from inside an open connection); "stalled" only
+when a command timed out while Redis still accepts connections (a slow command, a fork for a save,
+a paused server). `outage_kind` is that decision; `can_connect` the probe.
 """
 
 from __future__ import annotations
@@ -29,11 +35,40 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.T
                                                   ConnectionError)
 # Answers, not outages: a wrong password stays wrong however long we wait.
 NOT_OUTAGES: tuple[type[BaseException], ...] = (redis.AuthenticationError,)
-# A connection that stays open but gets no answer: Redis is busy (a slow command, a fork for a save,
-# DEBUG SLEEP, a paused container), not gone; said differently so an operator looks in the right place.
+# No answer within a timeout: either Redis is busy with the connection open (a slow command, a fork
+# for a save, DEBUG SLEEP, a paused container) or a partition drops the packets; `outage_kind` tells
+# which, so an operator looks in the right place.
 STALL_ERRORS: tuple[type[BaseException], ...] = (redis.TimeoutError, socket.timeout, TimeoutError)
+PROBE_SECONDS = 1.0  # a fresh TCP connect to a Redis that listens takes milliseconds, even to a stalled one
 NOTICE_SECONDS = 10.0  # while an outage lasts, say so this often
 DEFAULT_LIMIT = 120.0  # seconds; `farm.redis_outage_timeout` for trainers, RLFARM_REDIS_OUTAGE_TIMEOUT for workers
+
+
+def outage_kind(error: BaseException, reachable: bool | None) -> str:
+    """"stalled" or "unreachable": what an outage that began with `error` is. `reachable`: whether a
+    fresh TCP connection to Redis's address succeeded right after (None: no probe could be made).
+
+    A failed connection is unreachable. A timeout means the connection stayed open and no answer
+    came: Redis is stalled if it still accepts a new connection; if that fails too, the timeout was
+    a partition (packets dropped, a link down) and Redis is unreachable."""
+    if not isinstance(error, STALL_ERRORS):
+        return "unreachable"
+    return "unreachable" if reachable is False else "stalled"
+
+
+def can_connect(address: tuple[str, int] | str, timeout: float = PROBE_SECONDS) -> bool:
+    """Whether a new TCP (or Unix socket) connection to `address` is accepted within `timeout` s. Only
+    the connect: a stalled Redis's kernel still accepts connections into its backlog."""
+    try:
+        if isinstance(address, str):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(address)
+        else:
+            socket.create_connection(address, timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 class RedisUnavailable(RuntimeError):
@@ -64,6 +99,9 @@ class OutageRetry(Retry):
         self._depth = threading.local()
         self.outages = 0  # outages ridden out so far (a trainer re-checks its run state after each)
         self.outage_seconds = 0.0
+        # Whether Redis accepts a new connection right now (set by resilient_client, which knows the
+        # address): tells a partition from a stall when a command times out.
+        self.probe: Callable[[], bool] | None = None
 
     def __deepcopy__(self, memo: dict) -> "OutageRetry":
         return self
@@ -78,17 +116,25 @@ class OutageRetry(Retry):
             raise error
         now = time.monotonic()
         if self.outage_started is None:
-            self._stall = isinstance(error, STALL_ERRORS)
+            timed_out = isinstance(error, STALL_ERRORS)
+            reachable = self.probe() if timed_out and self.probe is not None else None
+            self._stall = outage_kind(error, reachable) == "stalled"
             self._last_notice = now
             if self._stall:  # Redis has not answered since the attempt was sent
                 self.outage_started = attempt_started
                 self.notify(f"{self.where} did not answer for {now - attempt_started:.0f} s "
                             f"({type(error).__name__}: {error}): it is stalled (a slow command, a save, "
                             f"a paused or overloaded server), not gone; waiting for up to {self.limit:g} s")
+            elif timed_out:  # no answer, and no new connection either: cut off since the attempt was sent
+                self.outage_started = attempt_started
+                self.notify(f"lost {self.where}: no answer for {now - attempt_started:.0f} s "
+                            f"({type(error).__name__}: {error}) and a new connection failed within "
+                            f"{PROBE_SECONDS:g} s: it is unreachable (a network partition, a link or host "
+                            f"down); retrying for up to {self.limit:g} s")
             else:
                 self.outage_started = now
-                self.notify(f"lost {self.where} ({type(error).__name__}: {error}); retrying for up to "
-                            f"{self.limit:g} s")
+                self.notify(f"lost {self.where} ({type(error).__name__}: {error}): it is unreachable; "
+                            f"retrying for up to {self.limit:g} s")
         elif now - self._last_notice >= NOTICE_SECONDS and now - self.outage_started <= self.limit:
             self._last_notice = now
             self.notify(f"still waiting for {self.where}: {now - self.outage_started:.0f} s of "
@@ -167,5 +213,24 @@ def resilient_client(url: str, retry: OutageRetry, connect_timeout: float = 5.0,
     """
     from rlfarm.farm.redis_url import client
 
-    return client(url, retry=retry, socket_connect_timeout=connect_timeout, socket_timeout=stall_timeout,
+    made = client(url, retry=retry, socket_connect_timeout=connect_timeout, socket_timeout=stall_timeout,
                   socket_keepalive=True, health_check_interval=30)
+    retry.probe = _prober(made.connection_pool)
+    return made
+
+
+def _prober(pool: redis.ConnectionPool) -> Callable[[], bool]:
+    """A probe of the address `pool` connects to: the master the sentinels name now, a Unix socket's
+    path, or host and port."""
+    master = getattr(pool, "get_master_address", None)
+    settings = pool.connection_kwargs
+
+    def probe() -> bool:
+        try:
+            address = (master() if master is not None else settings.get("path")
+                       or (settings.get("host", "localhost"), int(settings.get("port", 6379))))
+        except (redis.RedisError, OSError):  # no sentinel names a master: that is unreachable too
+            return False
+        return can_connect(address)
+
+    return probe

@@ -45,9 +45,9 @@ def find_redis_server() -> str:
                        "Redis, or pass --redis URL of a running server")
 
 
-def free_port() -> int:
+def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -94,9 +94,12 @@ class LocalCluster:
     def __init__(self, workers: int = 2, name: str = "rlfarm", log_dir: Path | None = None,
                  extra_env: dict[str, str] | None = None, start_workers: bool = True,
                  redis_args: list[str] | None = None, events: bool = False, detached: bool = False,
-                 password: str | None = None, data_dir: Path | None = None):
+                 password: str | None = None, data_dir: Path | None = None, host: str = LOOPBACK,
+                 prefix: list[str] | None = None):
         """`detached`: processes outlive this one (`rlfarm up`); `password`: Redis requires it;
-        `data_dir`: Redis's directory (default: a temporary one, removed by `stop`)."""
+        `data_dir`: Redis's directory (default: a temporary one, removed by `stop`). For tests of
+        network faults: `host`, the address Redis binds and clients use; `prefix`, a command the
+        redis-server runs under (`ip netns exec NS`)."""
         self.workers = workers
         self._preexec = _detach if detached else die_with_parent
         self.password = password
@@ -109,6 +112,8 @@ class LocalCluster:
         self.start_workers = start_workers
         self.redis_args = redis_args or []
         self.port = 0
+        self.host = host
+        self.prefix = list(prefix or [])
         self.redis_proc: subprocess.Popen | None = None
         self.worker_procs: list[subprocess.Popen] = []
         self._nodes: list[str] = []
@@ -116,7 +121,7 @@ class LocalCluster:
     @property
     def redis_url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}{LOOPBACK}:{self.port}/0"
+        return f"redis://{auth}{self.host}:{self.port}/0"
 
     @property
     def pids(self) -> list[int]:
@@ -148,14 +153,14 @@ class LocalCluster:
     def start_redis(self, timeout: float = 20.0, same_port: bool = False) -> None:
         """Start the redis-server (`same_port`: again on the port it had, e.g. after `stop_redis`)."""
         if not (same_port and self.port):
-            self.port = free_port()
+            self.port = free_port(self.host)
         conf = []
         if self.password:  # in a private file, not on the command line, where `ps` shows it to all users
             path = Path(self.data_dir or self._tmp.name) / "redis-auth.conf"
             path.touch(mode=0o600)
             path.write_text(f"requirepass {self.password}\n")
             conf = [str(path)]
-        cmd = [find_redis_server(), *conf, "--port", str(self.port), "--bind", LOOPBACK,
+        cmd = [*self.prefix, find_redis_server(), *conf, "--port", str(self.port), "--bind", self.host,
                "--protected-mode", "yes", "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
                "--dir", str(self.data_dir or self._tmp.name), "--daemonize", "no", "--loglevel", "warning",
                # Rollout results can be large; never disconnect a slow consumer for buffering them.
@@ -163,7 +168,7 @@ class LocalCluster:
         log = open(self.log_dir / "redis.log", "ab")
         self.redis_proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, preexec_fn=self._preexec)
-        client = redis.Redis(host=LOOPBACK, port=self.port, socket_connect_timeout=1, password=self.password)
+        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=1, password=self.password)
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -192,10 +197,12 @@ class LocalCluster:
                 *(["-E"] if self.events else [])]
 
     def add_worker(self, concurrency: int, timeout: float = 90.0, wait: bool = True,
-                   extra_args: list[str] | None = None, command: list[str] | None = None) -> subprocess.Popen:
+                   extra_args: list[str] | None = None, command: list[str] | None = None,
+                   prefix: list[str] | None = None) -> subprocess.Popen:
         """Start one Celery worker (main process + `concurrency` pool processes); wait until it answers.
 
-        `command`: another worker command line, e.g. `rlfarm worker`, to which `-c N -n NODE` is added."""
+        `command`: another worker command line, e.g. `rlfarm worker`, to which `-c N -n NODE` is added;
+        `prefix`: a command it runs under (`ip netns exec NS`, which execs: the pid stays the worker's)."""
         node = f"{self.name}-{len(self.worker_procs)}@{socket.gethostname()}"
         self._nodes.append(node)
         # A cluster that dies with its parent loses its Redis for good with it: its workers give up on
@@ -203,8 +210,8 @@ class LocalCluster:
         short = {} if self._preexec is _detach else {"RLFARM_REDIS_OUTAGE_TIMEOUT": "5"}
         env = {**os.environ, **short, **self.extra_env, "RLFARM_REDIS_URL": self.redis_url}
         log = open(self.log_dir / f"worker-{len(self.worker_procs)}.log", "ab")
-        cmd = ([*command, "-c", str(concurrency), "-n", node] if command
-               else self.worker_command(concurrency, node)) + list(extra_args or [])
+        cmd = [*(prefix or []), *([*command, "-c", str(concurrency), "-n", node] if command
+                                  else self.worker_command(concurrency, node)), *(extra_args or [])]
         proc = subprocess.Popen(cmd, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=self._preexec)
