@@ -772,8 +772,10 @@ def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
         fail(f"--interval must be a positive number of seconds, got {interval}")
     try:
         client = connect(redis_url)
-    except ConnectionError as exc:
-        fail(str(exc))
+    except ConnectionError as exc:  # as `train` and `worker`: 1 unreachable, 2 wrong credentials
+        from rlfarm.farm.connection import RedisAuthError
+
+        fail(str(exc), 2 if isinstance(exc, RedisAuthError) else 1)
     evicts = eviction_error(client, redis_url)
     if evicts:  # status only reads: it still shows what is there, after saying why runs would fail
         click.echo(f"rlfarm: warning: {evicts}", err=True)

@@ -53,3 +53,36 @@ def test_an_evicting_redis_is_refused_before_anything_starts(evicting_redis, tmp
     assert eviction_policy(client) is None
     status = run_cli("status", "--redis", url)
     assert status.returncode == 0 and "warning" not in status.stderr
+
+
+def test_a_redis_switched_to_evicting_mid_run_is_said_once(tmp_path):
+    """`CONFIG SET maxmemory-policy allkeys-lru` while a run trains: checked at the start only, it went
+    unnoticed; now the trainer says so in one warning (once, not at every heartbeat) and goes on."""
+    import os
+    import subprocess
+
+    from rlfarm.farm import keys
+
+    from .conftest import WORKER_ENV, poll, rlfarm_cmd
+
+    with LocalCluster(workers=1, name="rlfarm-test-evicting-later", log_dir=tmp_path, extra_env=WORKER_ENV,
+                      redis_args=["--maxmemory", "256mb"]) as cluster:
+        client = connect(cluster.redis_url)
+        log = tmp_path / "stderr.txt"
+        with open(log, "w") as err:
+            proc = subprocess.Popen(rlfarm_cmd("train", "--redis", cluster.redis_url, "--run-id", "later",
+                                               "--logdir", str(tmp_path), "--env", "tests.tiny_envs:long_slow",
+                                               "--total-steps", str(2 * 256 * 24), "--set", "farm.num_tasks=2",
+                                               "--set", "env.num_envs=1", "--set", "farm.steps_per_env=256"),
+                                    env={**os.environ, **WORKER_ENV}, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            poll(lambda: int(client.get(keys.latest("later")) or -1) >= 1, "policy v1", proc, log)
+            client.config_set("maxmemory-policy", "allkeys-lru")
+            assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    warnings = [line for line in log.read_text().splitlines() if "now evicts keys" in line]
+    assert len(warnings) == 1 and "maxmemory-policy allkeys-lru" in warnings[0] and FIX in warnings[0], \
+        log.read_text()[-3000:]

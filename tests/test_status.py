@@ -23,7 +23,7 @@ from rlfarm.observe.status import (SCHEMA_FILE, MemoryStatus, Snapshot, format_a
 from rlfarm.farm.connection import connect
 from rlfarm.farm.runs import write_status
 
-from .conftest import WORKER_ENV, make_run, pid_alive, rlfarm_cmd, run_cli, usage_error_line
+from .conftest import WORKER_ENV, error_line, make_run, pid_alive, rlfarm_cmd, run_cli, usage_error_line
 
 
 def status_json(url: str) -> dict:
@@ -162,8 +162,13 @@ def test_watch_refreshes_until_ctrl_c(farm, output):
 # ---- own Redis: errors, passwords, a live training run -----------------------------------------------
 @pytest.mark.process
 def test_unreachable_redis_and_bad_interval_are_one_clear_line():
-    line = usage_error_line(run_cli("status", "--redis", "redis://:hunter2@127.0.0.1:1/0"))
+    unreachable = run_cli("status", "--redis", "redis://:hunter2@127.0.0.1:1/0")
+    assert unreachable.returncode == 1, unreachable.stderr  # as `train` and `worker` exit on it
+    line = error_line(unreachable)
     assert "cannot reach Redis at redis://:***@127.0.0.1:1/0" in line and "hunter2" not in line
+    for command in (["train", "--total-steps", "4096"], ["worker"]):  # the same line, the same status
+        other = run_cli(*command, "--redis", "redis://:hunter2@127.0.0.1:1/0")
+        assert other.returncode == 1 and "cannot reach Redis at" in error_line(other), other.stderr
     line = usage_error_line(run_cli("status", "--watch", "--interval", "0", "--redis", "redis://127.0.0.1:1/0"))
     assert "--interval must be a positive number" in line
 

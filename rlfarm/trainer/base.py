@@ -28,6 +28,7 @@ from rlfarm.core.protocol import PROTOCOL, Result
 from rlfarm.core.streams import StreamBook
 from rlfarm.farm import keys
 from rlfarm.farm.app import queue_depth
+from rlfarm.farm.connection import eviction_policy
 from rlfarm.farm.runs import write_status
 from rlfarm.farm.store import PolicyCorrupt
 from rlfarm.observe import logs
@@ -37,6 +38,8 @@ from rlfarm.trainer.evaluation import Decision, Evaluations, Record, Send, Unpin
 from rlfarm.trainer.summary import TrainResult
 from rlfarm.trainer.summary import build as build_summary
 from rlfarm.trainer.summary import write as write_summary
+
+EVICTION_CHECK_SECONDS = 5.0  # how often the trainer looks whether Redis began to evict keys
 
 if TYPE_CHECKING:
     import redis
@@ -112,6 +115,8 @@ class Trainer:
         self.dropped_stale = 0  # ASYNC: results older than async.max_policy_lag
         self.start = 0.0
         self.wall_start = time.time()
+        self._eviction_seen: str | None = None  # Redis's evicting maxmemory-policy, once warned about
+        self._eviction_checked = 0.0
         self._sps = 0.0
         self._last_logged: dict[str, float] = {}  # the last log step's metrics
         self._last_checkpoint = -math.inf
@@ -241,6 +246,7 @@ class Trainer:
 
     def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
         """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone)."""
+        self._check_eviction()
         cfg = self.config
         farm = farm if farm is not None else self.farm_scalars()
         write_status(self.client, cfg.run_id, {
@@ -250,6 +256,20 @@ class Trainer:
             "eval_mean_return": f"{self.eval_mean_return:.2f}", "host": socket.gethostname(),
             **({"slots_waiting": f"{farm['farm/slots_waiting']:.3f}"} if "farm/slots_waiting" in farm else {}),
             "pid": os.getpid(), "started": f"{self.wall_start:.3f}", "updated": f"{time.time():.3f}"})
+
+    def _check_eviction(self) -> None:
+        """Redis switched to evicting keys mid-run (`CONFIG SET maxmemory-policy allkeys-lru`): the run
+        was checked for noeviction at its start only; say so once, every EVICTION_CHECK_SECONDS at most."""
+        now = time.monotonic()
+        if now < self._eviction_checked + EVICTION_CHECK_SECONDS:
+            return
+        self._eviction_checked = now
+        policy = eviction_policy(self.client)
+        if policy is not None and policy != self._eviction_seen:
+            self.warn(f"Redis now evicts keys when memory runs short (maxmemory-policy {policy}, set since "
+                      f"this run started): it may drop run {self.config.run_id}'s policies, metadata and "
+                      f"queued tasks; set it back with `redis-cli CONFIG SET maxmemory-policy noeviction`")
+        self._eviction_seen = policy
 
     def publish(self) -> None:
         # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.
