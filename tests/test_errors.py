@@ -56,7 +56,7 @@ def test_bad_train_input_is_one_line_and_writes_nothing(tmp_path, args, message)
 @pytest.mark.parametrize("args, message", [
     (["train", "--total-steps", "-5"], "invalid value for '--total-steps': -5 is not in the range x>=1 "
                                        "(see "),
-    (["worker", "-c", "0"], "invalid value for '-c' / '--concurrency': 0 is not in the range x>=1"),
+    (["worker", "-c", "0"], "invalid value for '-c' / '--concurrency': 0 is not in the range 1<=x<=1024"),
     (["train", "--no-such-option"], "no such option '--no-such-option'"),
     (["no-such-command"], "no such command 'no-such-command'"),
     (["checkpoints", "list", "--bogus"], "no such option '--bogus'"),
