@@ -1,5 +1,5 @@
 """The learning-proof tables from the curves committed under benchmarks/results/, so a reader can check
-the README's figures against the numbers.
+docs/pong.md's figures against the numbers.
 
     python benchmarks/curves.py                          # every run under benchmarks/results/
     python benchmarks/curves.py benchmarks/results/pong-seed1 --target 18

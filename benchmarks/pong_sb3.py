@@ -1,5 +1,5 @@
 """SB3 PPO's Pong score after the env steps it would take in a given wall time on this machine: the
-other half of the README's Pong learning proof ("SB3 PPO's score after the same wall time").
+other half of docs/pong.md's learning proof ("SB3 PPO's score after the same wall time").
 
     pip install -e ".[atari,bench]"
     python benchmarks/pong.py --seconds 120        # prints SB3's env steps/s on this machine

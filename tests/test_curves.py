@@ -1,4 +1,4 @@
-"""benchmarks/curves.py, which prints the README's Pong table from the curves under benchmarks/results/:
+"""benchmarks/curves.py, which prints docs/pong.md's table from the curves under benchmarks/results/:
 where the mean of the last 20 games first reaches the target, the mean at a wall-clock mark, and where
 a run stopped (its summary, or its last game when it was interrupted before writing one)."""
 

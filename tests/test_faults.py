@@ -28,7 +28,7 @@ from .conftest import (ROOT, WORKER_ENV, assert_nothing_lost_or_double_counted, 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
 RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING"]
-# The plain Celery way from the README, with Celery's defaults (gossip and mingle on).
+# The plain Celery way from docs/deploy.md, with Celery's defaults (gossip and mingle on).
 CELERY_WORKER = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-O", "fair", "-l", "WARNING"]
 SLOW_PPO = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
             "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=250", "--set", "ppo.num_minibatches=2",

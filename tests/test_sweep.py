@@ -187,7 +187,7 @@ def test_sweep_refuses_bad_input_in_one_line_before_anything_starts(tmp_path, mo
 
 
 def test_optuna_dashboard_opens_a_sweeps_study_by_the_farms_redis_url(redis_only, tmp_path):
-    """What the README says to type: `optuna-dashboard REDIS_URL` shows the studies `rlfarm sweep`
+    """What docs/sweeps.md says to type: `optuna-dashboard REDIS_URL` shows the studies `rlfarm sweep`
     keeps in the farm's Redis (Optuna's journal storage, default prefix)."""
     import shutil
     import urllib.request

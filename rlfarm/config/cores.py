@@ -42,7 +42,7 @@ def local_workers(config: "RunConfig", cores: int | None = None) -> int:
     """Worker processes the embedded default starts: `farm.workers`, or for 0 ("auto"):
     - SYNC: one per task of a group, up to the cores. A group is acted, then learned from, never
       both at once, so the group's tasks may take every core while they act (pong on 2 cores: 2
-      workers made 415 env steps/s, 1 worker 354: README, "Pong on two CPU cores");
+      workers made 415 env steps/s, 1 worker 354: docs/pong.md);
     - ASYNC: the cores' share the actors need (acting_share), at least 1. The learner paces an ASYNC
       run on one machine: a worker beyond that share would wait for it (pong, 2 epochs: 1 worker on
       2 cores, 3 on 16)."""

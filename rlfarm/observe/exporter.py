@@ -3,7 +3,7 @@
 
 Values are read when Prometheus scrapes: a collector calls a function that returns the process's
 live numbers (counters and lengths it keeps anyway), so nothing is added to the training or acting
-path. `TRAINER_METRICS` and `WORKER_METRICS` are the names the README documents; tests scrape a real
+path. `TRAINER_METRICS` and `WORKER_METRICS` are the names docs/metrics.md documents; tests scrape a real
 trainer and worker for them, and check that the autoscaling example (docs/keda-scaledobject.yaml)
 only asks for names listed here.
 """

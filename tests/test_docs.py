@@ -1,0 +1,90 @@
+"""The documentation: README.md leads (at most 300 lines, every relative link in it resolves), and the
+reference site in docs/ (mkdocs.yml, MkDocs Material) builds with --strict, so a link to a page or a
+heading that is not there fails here rather than on a reader."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+README = ROOT / "README.md"
+README_MAX_LINES = 300
+
+
+def markdown_text(path: Path) -> str:
+    """The file's text without fenced code blocks and inline code, where `[x](y)` is not a link."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def relative_links(path: Path) -> list[str]:
+    targets = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", markdown_text(path))
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t)]  # http:, https:, mailto:
+
+
+def slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc extension (MkDocs) gives a heading; GitHub's agrees for the
+    plain headings these pages have."""
+    text = unicodedata.normalize("NFKD", heading).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: Path) -> set[str]:
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*#*$", markdown_text(path), flags=re.M)
+    return {slug(h) for h in headings}
+
+
+def test_the_readme_leads_in_at_most_300_lines():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines, over {README_MAX_LINES}: move reference text to a page in docs/")
+
+
+def test_every_relative_link_in_the_readme_points_to_a_file_that_exists():
+    links = relative_links(README)
+    assert any(link.startswith("docs/") for link in links)  # the parser finds the README's links
+    broken = []
+    for link in links:
+        target, _, anchor = link.partition("#")
+        path = README if not target else ROOT / target
+        if not path.exists():
+            broken.append(f"{link}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(f"{link}: no heading with that anchor in {path.relative_to(ROOT)}")
+    assert not broken, broken
+
+
+def test_the_readme_shows_its_images_from_the_repository_root():
+    images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", markdown_text(README))
+    assert images and all((ROOT / image).is_file() for image in images), images
+
+
+@pytest.mark.process  # runs mkdocs in a subprocess
+def test_the_docs_site_builds_with_strict(tmp_path):
+    """`mkdocs build --strict`: every page is in the nav, every link to a page, a heading or an image
+    resolves, and nothing else warns (mkdocs-material is in the `test` and `docs` extras)."""
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    site = tmp_path / "site"
+    for page in ("index", "cli", "reliability", "security", "metrics", "architecture", "pong"):
+        assert (site / ("index.html" if page == "index" else f"{page}/index.html")).is_file(), page
+    for image in ("flower-tasks.png", "plot-cartpole-ppo.png", "pong-curve.png"):
+        assert (site / image).is_file(), image
+
+
+def test_every_page_in_docs_is_in_the_nav():
+    """A page left out of mkdocs.yml's nav is built but unreachable from the site's menu."""
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert pages and all(re.search(rf":\s*{re.escape(page)}\s*$", nav, flags=re.M) for page in pages), pages
