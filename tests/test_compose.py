@@ -1,7 +1,8 @@
 """docker-compose.yml kept honest without a Docker engine.
 
-The file is resolved by a real Compose implementation (Debian's `docker-compose`, which needs no
-engine for `config`), its structure is checked, and then each service's resolved command and
+The file is resolved by a real Compose implementation (Debian's `docker-compose`, Compose v1 1.29.2 on
+Debian 12, which packages no v2; it needs no engine for `config`; v2's `docker compose`, which the deploy
+docs use, resolves it too where installed), its structure is checked, and then each service's resolved command and
 environment are started as local processes (host `redis` mapped to 127.0.0.1 and a free port), so a
 command or variable that drifts from the CLI breaks here, not on someone's cluster.
 """
@@ -127,7 +128,8 @@ def arg_after(command: list[str], flag: str) -> str:
 def test_env_example_documents_every_variable_the_compose_files_use():
     used = set()
     for f in (COMPOSE, EXPOSE, SENTINEL):
-        used |= set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", f.read_text()))
+        # $${...} is the shell's, escaped from Compose
+        used |= set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", f.read_text()))
     example = env_example()
     assert used - set(example) == set(), "variables missing from .env.example"
     lines = ENV_EXAMPLE.read_text().splitlines()
@@ -150,7 +152,7 @@ def test_missing_password_is_a_clear_error(tmp_path):
 def test_compose_structure(tmp_path):
     env_file, values = write_env(tmp_path)
     services = compose_config(env_file)["services"]
-    assert set(services) == {"redis", "worker", "trainer", "flower"}
+    assert set(services) == {"check-secrets", "redis", "worker", "trainer", "flower"}
     password = values["REDIS_PASSWORD"]
 
     r = services["redis"]
@@ -219,6 +221,88 @@ def test_worker_on_another_machine_points_at_redis_host(tmp_path):
     assert worker["environment"]["RLFARM_REDIS_URL"] == url
 
 
+def check_secrets(service: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Runs the check-secrets service's script as its container would (its sh -c, its environment)."""
+    assert service["command"][:2] == ["sh", "-c"]
+    script = service["command"][2].replace("$$", "$")  # Compose v1's config keeps the $$ escape
+    return subprocess.run(["sh", "-c", script], env={"PATH": os.environ["PATH"], **env},
+                          capture_output=True, text=True)
+
+
+@pytest.mark.process
+def test_placeholder_secrets_stop_compose_up_before_anything_starts(tmp_path):
+    """`docker compose up` with .env.example copied unchanged starts nothing: check-secrets runs first,
+    Redis waits for it to succeed and every rlfarm service waits for a healthy Redis."""
+    example = env_example()
+    env_file, _ = write_env(tmp_path, REDIS_PASSWORD=example["REDIS_PASSWORD"],
+                            FLOWER_BASIC_AUTH=example["FLOWER_BASIC_AUTH"])
+    services = compose_config(env_file)["services"]
+    check = services["check-secrets"]
+    assert services["redis"]["depends_on"]["check-secrets"]["condition"] == "service_completed_successfully"
+    for name in ("worker", "trainer", "flower"):
+        assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert ports(check) == [] and check["network_mode"] == "none" and check["restart"] == "no"
+    assert set(check["environment"]) == {"REDIS_PASSWORD", "FLOWER_BASIC_AUTH", "RLFARM_SECRET"}
+
+    # .env.example untouched: refused in one line naming the variable, and no value is printed.
+    proc = check_secrets(check, check["environment"])
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and "REDIS_PASSWORD" in proc.stderr, proc.stderr
+    assert example["REDIS_PASSWORD"] not in proc.stderr
+    proc = check_secrets(check, {**check["environment"], "REDIS_PASSWORD": secrets.token_hex(16)})
+    assert proc.returncode == 1 and "FLOWER_BASIC_AUTH" in proc.stderr, proc.stderr
+    assert example["FLOWER_BASIC_AUTH"].partition(":")[2] not in proc.stderr
+
+    # Real secrets (as the other tests write them): accepted.
+    env_file, values = write_env(tmp_path)
+    good = compose_config(env_file)["services"]["check-secrets"]
+    assert good["environment"]["REDIS_PASSWORD"] == values["REDIS_PASSWORD"]
+    assert values["REDIS_PASSWORD"] not in " ".join(good["command"]), "password on the command line"
+    proc = check_secrets(good, good["environment"])
+    assert proc.returncode == 0, proc.stderr
+
+    ok = good["environment"]
+    refused = {  # variable named in the line -> environment
+        "REDIS_PASSWORD": {**ok, "REDIS_PASSWORD": "abc123"},                   # shorter than 12
+        "RLFARM_SECRET": {**ok, "RLFARM_SECRET": "CHANGE-ME-" + "x" * 20},      # optional, but no placeholder
+        "FLOWER_BASIC_AUTH": {**ok, "FLOWER_BASIC_AUTH": f"{ok['FLOWER_BASIC_AUTH']},bob:change-me-later"},
+    }
+    for name, env in refused.items():
+        proc = check_secrets(good, env)
+        assert proc.returncode == 1 and name in proc.stderr, (name, proc.stderr)
+    for value in ("admin", "admin:short", ":" + secrets.token_hex(8)):  # no password, short, no user
+        proc = check_secrets(good, {**ok, "FLOWER_BASIC_AUTH": value})
+        assert proc.returncode == 1 and "FLOWER_BASIC_AUTH" in proc.stderr, (value, proc.stderr)
+    accepted = [{**ok, "RLFARM_SECRET": secrets.token_hex(32)},
+                {**ok, "FLOWER_BASIC_AUTH": f"{ok['FLOWER_BASIC_AUTH']},bob:*{secrets.token_hex(8)}*"}]
+    for env in accepted:
+        proc = check_secrets(good, env)
+        assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.process
+def test_compose_v2_resolves_the_files_too(tmp_path):
+    """The deploy docs say `docker compose` (v2); where it is installed it must agree with v1."""
+    try:
+        v2 = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no docker CLI")
+    if v2.returncode != 0:
+        pytest.skip("Compose v2 (`docker compose`) not installed (Debian 12 packages only v1)")
+    env_file, values = write_env(tmp_path)
+    for files in ((COMPOSE,), (COMPOSE, EXPOSE), (COMPOSE, SENTINEL)):
+        cmd = ["docker", "compose", *[a for f in files for a in ("-f", str(f))], "--env-file", str(env_file)]
+        proc = subprocess.run([*cmd, "config"], capture_output=True, text=True, env=compose_env(), cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        services = yaml.safe_load(proc.stdout)["services"]
+        assert services["redis"]["depends_on"]["check-secrets"]["condition"] == "service_completed_successfully"
+        assert services["check-secrets"]["environment"]["REDIS_PASSWORD"] == values["REDIS_PASSWORD"]
+    env_file, _ = write_env(tmp_path, drop=("REDIS_PASSWORD",))
+    proc = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "--env-file", str(env_file), "config"],
+                          capture_output=True, text=True, env=compose_env(), cwd=ROOT)
+    assert proc.returncode != 0 and "set REDIS_PASSWORD in .env" in proc.stderr
+
+
 def test_dockerfile_matches_the_package():
     dockerfile = (ROOT / "Dockerfile").read_text()
     pin = re.search(r"torch==([\w.]+)", (ROOT / "setup.cfg").read_text()).group(1)
@@ -232,7 +316,32 @@ def test_dockerfile_matches_the_package():
     assert not re.search(r"PASSWORD|BASIC_AUTH|redis://", dockerfile.split("CMD")[0].replace(
         "# No secrets here: RLFARM_REDIS_URL and FLOWER_BASIC_AUTH", "")), "secret baked into the image"
     ignored = (ROOT / ".dockerignore").read_text().split()
-    assert {".env", ".venv", ".git", "runs"} <= set(ignored)
+    assert {".env", ".env.*", ".venv", ".git", "runs"} <= set(ignored), "secrets must never enter an image"
+
+
+def test_docs_spell_compose_one_way():
+    """Deploy commands say `docker compose` (Compose v2) everywhere; `docker-compose` is only named, as
+    Debian's package the test command installs (the tests resolve the files with it: Debian 12 has no v2)."""
+    texts = [ROOT / "README.md", ROOT / ".env.example", *(ROOT / "docs").glob("*.md"),
+             *ROOT.glob("docker-compose*.yml")]
+    v1_command = re.compile(r"docker-compose\s+(-f|-p|--env-file|up|down|logs|ps|config|build|stop|start|"
+                            r"restart|exec|run|pull|rm|kill)\b")
+    for path in texts:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            assert not v1_command.search(line), f"{path.name}:{n} runs docker-compose: {line}"
+    assert "docker compose up" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.process
+def test_env_is_git_ignored_and_its_template_tracked():
+    def git(*args: str) -> int:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True).returncode
+    if git("rev-parse", "--is-inside-work-tree") != 0:
+        pytest.skip("not a git checkout")
+    assert git("check-ignore", "-q", ".env") == 0, ".env holds the secrets: .gitignore must list it"
+    assert git("check-ignore", "-q", ".env.production") == 0
+    assert git("check-ignore", "-q", ".env.example") == 1, ".env.example must not be ignored"
+    assert git("ls-files", "--error-unmatch", ".env.example") == 0, ".env.example must be tracked"
 
 
 # ---- the services, run as local processes ------------------------------------------------------------
