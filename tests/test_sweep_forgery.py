@@ -117,7 +117,8 @@ def test_with_a_secret_an_unsigned_trial_inside_the_space_is_never_best(redis_on
     best, skipped = write_best(study, BASE, "eval", tmp_path / "best.toml", SPACE, SECRET)
     assert (best.number, best.value) == (1, 150.0)
     assert [(t.number, why) for t, why in skipped] == [
-        (2, f"trial 2 of sweep {name!r} is not signed, but RLFARM_SECRET is set: refusing it"),
+        (2, f"trial 2 of sweep {name!r} is not signed, but this farm signs its data "
+         f"(RLFARM_SECRET, or the secret the embedded farm made): refusing it"),
         (3, f"trial 3 of sweep {name!r} has a bad signature (forged, or signed with another RLFARM_SECRET): "
             f"refusing it"),
         (4, f"trial 4 of sweep {name!r} has a bad signature (forged, or signed with another RLFARM_SECRET): "
