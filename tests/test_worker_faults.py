@@ -126,6 +126,37 @@ def test_a_worker_of_an_earlier_release_never_takes_a_task_of_this_one(tmp_path,
         c.stop()
 
 
+def test_a_worker_without_the_farms_secret_says_so_stops_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A farm that signs (RLFARM_SECRET) and a worker started without the secret, the way a new user
+    adds one: before, the trainer dropped its unsigned results and waited forever, silently. Now the
+    worker refuses its first task in one line that says where the secret is and stops; the trainer
+    sends the task again, warns once naming the worker, and the run finishes on a worker that has it."""
+    secret = "a-farm-secret-0123456789abcdef"
+    monkeypatch.delenv("RLFARM_SECRET", raising=False)
+    c = cluster(tmp_path, "nosecret")
+    try:
+        bad = c.add_worker(1, command=RLFARM_WORKER)  # no RLFARM_SECRET in its environment
+        proc = subprocess.Popen(rlfarm_cmd("train", "--redis", c.redis_url, "--run-id", "nosecret", "--logdir",
+                                           str(tmp_path), *SLOW_PPO, "--total-steps", "2000"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": secret})
+        poll(lambda: bad.poll() is not None, "the worker without the secret to stop", proc)
+        c.extra_env["RLFARM_SECRET"] = secret
+        c.add_worker(1, command=RLFARM_WORKER)
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-3000:]
+    finally:
+        c.stop()
+    lines = [line for line in worker_log(c, bad).splitlines() if "NoSecret:" in line]
+    assert len(lines) == 1 and "has no RLFARM_SECRET" in lines[0] and "local-farm.json" in lines[0], lines
+    warned = [line for line in stderr.splitlines() if "it has no RLFARM_SECRET" in line]
+    assert len(warned) == 1 and warned[0].startswith("rlfarm: warning: dropped a result of run"), stderr[-3000:]
+    assert "give every worker the farm's secret; sending its task again" in warned[0]
+    s = read_summary(tmp_path / "nosecret")
+    assert s["env_steps"] >= 2000 and s["redispatched"] >= 1
+    assert len(s["accepted_task_ids"]) == len(set(s["accepted_task_ids"]))
+
+
 # ---- item 8: SIGTERM to a worker mid-task (a spot instance's notice) ------------------------------
 def _active_on(c: LocalCluster, node: str, run_id: str) -> list[str]:
     """Ids of the tasks of `run_id` that worker `node` is running right now."""

@@ -152,6 +152,7 @@ class Dispatcher:
         self.notify = notify or (lambda text: None)
         self.stats = DispatchStats()
         self.refusing: dict[str, Any] = {}  # workers of another protocol version -> theirs
+        self.unsigned_workers: set[str] = set()  # workers named by results dropped as unsigned (warned once)
         self.pending: dict[Key, Pending] = {}
         self.share = share
         self.held: collections.deque[TaskSpec] = collections.deque()  # past the share's cap, in order
@@ -309,11 +310,37 @@ class Dispatcher:
             message = codec.unpack(signing.open_result(self.run_id, item[1], self.secret))
         except signing.SignatureError as exc:  # not from a worker holding the farm's secret
             self.stats.forged += 1
-            self.notify(f"dropped {exc}")
+            self._unsigned(item[1], exc)
             return None
         self.stats.receive_seconds += time.process_time() - t0
         self.stats.received += 1
         return Result.from_message(message)
+
+    def _unsigned(self, data: bytes, exc: signing.SignatureError) -> None:
+        """A result dropped for its signature: forged, or pushed by a worker without the farm's secret
+        (or with another one). Nothing in it counts, but the task it names, if pending as that very
+        copy, is sent again for the other workers (at most MAX_REFUSALS times), so such a worker
+        cannot stall the run; said once per worker it names."""
+        try:
+            claimed = Result.from_message(codec.unpack(signing.open_result(self.run_id, data, None)))
+        except Exception:  # noqa: BLE001 - not even a result: nothing to re-send
+            self.notify(f"dropped {exc}")
+            return
+        worker = str(claimed.worker)[:80]
+        p = self.pending.get(claimed.key)
+        resend = p is not None and claimed.task_id == p.task_id
+        if worker not in self.unsigned_workers:
+            self.unsigned_workers.add(worker)
+            why = ("it has no RLFARM_SECRET" if str(claimed.error or "").startswith("NoSecret:") else
+                   "one without this farm's RLFARM_SECRET, or with another one, or a forgery")
+            self.notify(f"dropped {exc}; it names worker {worker} ({why}): give every worker the farm's "
+                        f"secret" + ("; sending its task again to the others" if resend else ""))
+        if resend:
+            p.refusals += 1
+            if p.refusals > MAX_REFUSALS:
+                raise TaskLostError(f"{describe_key(claimed.key)} came back unsigned {p.refusals} times; "
+                                    f"last: {exc}")
+            self._resend(claimed.key, p, f"its result was dropped: {exc}", counted=False)
 
     def next_result(self, timeout: float) -> Result | None:
         """The next first-copy result of a pending task, or None (nothing came, a duplicate, a
@@ -490,11 +517,18 @@ class Dispatcher:
             elif now - p.last_seen > self.lease_seconds:
                 unseen.append(key)
         self._notice_stall(now, pending, leases)
-        if any(leases) or not any(wanted):
+        # Progress: a task running, a result waiting to be read, or one accepted (`_last_finish`);
+        # whatever else keeps the run from moving (no workers, only refusing or unsigned ones), say so.
+        if any(leases) or backlog:
             self._last_progress = now
-        elif now - self._last_progress > IDLE_WARNING_SECONDS:
+        elif now - max(self._last_progress, self._last_finish) > IDLE_WARNING_SECONDS:
             self._last_progress = now  # again in another IDLE_WARNING_SECONDS if nothing changes
-            if self.refusing:
+            if self.unsigned_workers:
+                self.notify(f"{len(self.pending)} tasks waiting and no result accepted for "
+                            f"{IDLE_WARNING_SECONDS:.0f} s: {self.stats.forged} results were dropped as not "
+                            f"signed by this farm (workers {', '.join(sorted(self.unsigned_workers)[:4])}): "
+                            f"start workers with the farm's RLFARM_SECRET")
+            elif self.refusing:
                 self.notify(f"{len(self.pending)} tasks waiting and none started for "
                             f"{IDLE_WARNING_SECONDS:.0f} s: only workers of another protocol version took "
                             f"them ({', '.join(f'{w}: protocol {v}' for w, v in self.refusing.items())}; "

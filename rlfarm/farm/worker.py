@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
@@ -137,6 +137,10 @@ class RolloutWorker:
         root = default_root(redis_url)
         self.shared = SharedPolicies(root) if root is not None else None
         self.counts = dict.fromkeys(FIELDS, 0)
+        # Stops this worker (rlfarm.farm.worker_app: SIGTERM to its main process, which hands running
+        # tasks back): a worker that cannot take part in the farm says why once and goes, rather than
+        # taking tasks whose results would all be dropped.
+        self.stop_worker: Callable[[], None] | None = None
 
     def on_hand_back(self) -> None:
         """The hand-back signal's handler (tasks/__init__.py): interrupt the running task where it is
@@ -373,6 +377,9 @@ class RolloutWorker:
         if refusal is not None:
             self._refuse(run, base, refusal, node, attempts_key)
             return
+        if self.secret is None and spec.get("sig"):
+            self._no_secret(run, base, node, attempts_key)
+            return
         lease = None
         snapshot_item = None
         try:
@@ -421,6 +428,21 @@ class RolloutWorker:
             if lease is not None:
                 self.lease.release()
             self._store_counts()
+
+    def _no_secret(self, run: str, base: Result, node: str | None, attempts_key: str) -> None:
+        """The farm signs its tasks (RLFARM_SECRET) and this worker has no secret: every result it
+        pushed would be dropped as unsigned. Say so in one line, hand the task back (the trainer sends
+        it again to the others) and stop this worker."""
+        line = (f"NoSecret: worker {node or self.identity} has no RLFARM_SECRET, but run {run!r} signs its "
+                f"tasks: its results would be dropped. Start it with the farm's secret in RLFARM_SECRET "
+                f"(`rlfarm up` keeps it in $RLFARM_HOME/local-farm.json, an embedded run in "
+                f"RUN_DIR/cluster.json, docker compose in .env); this worker stops")
+        log.error("%s", line)
+        base.error, base.retryable, base.handed_back = line, True, True
+        base.worker = node or self.identity
+        self._push(run, base.to_message(), attempts_key)
+        if self.stop_worker is not None:
+            self.stop_worker()
 
     def _store_counts(self) -> None:
         if self.counters is not None:

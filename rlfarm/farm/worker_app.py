@@ -268,7 +268,16 @@ def _rollout_worker():
         _worker = RolloutWorker(farm_url(_app))
         _worker.hand_back = _hand_back_early
         _worker.counters = _counters
+        _worker.stop_worker = _stop_worker
     return _worker
+
+
+def _stop_worker() -> None:
+    """From a pool process: SIGTERM to the worker's main process, its ordinary way to stop (running
+    tasks handed back at once, rlfarm.farm.node)."""
+    import signal
+
+    os.kill(os.getppid(), signal.SIGTERM)
 
 
 def run(request) -> None:
