@@ -5,7 +5,7 @@ the trainer with a traceback: one `SET rlfarm:<run>:wanted x` by anyone who can 
 `GuardedRetry` is the trainer's outage clock (rlfarm.farm.outage) that also answers WRONGTYPE: it
 deletes the run's keys of the wrong type (`KeyGuard.repair`), counts and reports them, and runs the
 command again, which writes the key anew; the trainer then writes back the rest of what it owns
-(the dispatcher's `rewrite`). Commands the trainer sends are idempotent (SET, SADD, ZADD, HSET, DEL,
+(`notify` reaches `Dispatcher.refused_key`, which schedules its `_rewrite`). Commands the trainer sends are idempotent (SET, SADD, ZADD, HSET, DEL,
 GET, LPOP of a list that did not exist), so running one again after a repair is safe.
 """
 
@@ -46,8 +46,6 @@ class KeyGuard:
         self.run_id = run_id
         self.notify = notify
         self.client: redis.Redis | None = None  # set once the client exists (it carries this guard)
-        self.forged: list[str] = []  # keys deleted, in order
-        self.on_repair: list[Callable[[], None]] = []  # what writes back the owner's state
 
     def repair(self) -> bool:
         """Delete the keys of the wrong type; True if there were any (the failed command may run again)."""
@@ -56,11 +54,8 @@ class KeyGuard:
                  for k in self.client.scan_iter(match=keys.run_pattern(self.run_id), count=1000)]
         found = delete_wrong_types(self.client, names + list(keys.FARM_TYPES))
         for name, kind, expected in found:
-            self.forged.append(name)
             self.notify(f"refused {name}: a {kind} where the run keeps a {expected} (written by someone "
                         f"else, e.g. without RLFARM_SECRET); deleted it, the trainer writes its own back")
-        for hook in self.on_repair if found else ():
-            hook()
         return bool(found)
 
 
