@@ -333,7 +333,7 @@ def render(s: Snapshot) -> Any:
         if hb is None:
             # A trainer's last word (finished, failed, stopped) is kept: a run without any had its trainer
             # killed or its machine lost (or ended before rlfarm kept last words, or was resumed elsewhere).
-            runs.add_row(run, policy, Text("no trainer heartbeat\n(trainer gone without a word: killed?)",
+            runs.add_row(run, policy, Text("no trainer heartbeat\n(gone without a word: killed?)",
                                            style="dim"), "-", "-", "-", "-")
             continue
         trainer = Text(hb.state, style=STATE_STYLE.get(hb.state, ""))
