@@ -555,7 +555,6 @@ def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname
     listen = _metrics_listen(metrics_port)
     farm = find_farm(redis_url)  # with the up farm, its secret too: its trainers sign their tasks with it
     redis_url = farm.url
-    logging.getLogger("rlfarm.worker").info("farm: %s", _describe(farm))
     try:
         probe = connect(redis_url)
     except ConnectionError as exc:
@@ -564,6 +563,7 @@ def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname
     probe.close()
     if evicts:
         fail(evicts, 1)
+    logging.getLogger("rlfarm.worker").info("farm: %s", _describe(farm))  # reached: a failure stays one line
     for warning in (no_password_warning(redis_url),  # it let us in without one
                     no_secret_warning(redis_url, secret_from_env())):
         if warning:
