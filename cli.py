@@ -13,8 +13,11 @@ import click
 
 from rlfarm.config import bounds as B  # pure and light: the upper bounds of the options below
 
-REDIS_HELP = ("Redis URL of the farm (broker, results and policy store); env RLFARM_REDIS_URL. Through "
-              "Redis Sentinel: sentinel://h1:26379;sentinel://h2:26379/0?master_name=NAME.")
+REDIS_HELP = ("Redis URL of the farm (broker, results and policy store). Omitted: env RLFARM_REDIS_URL, "
+              "else the local farm of `rlfarm up` (with its secret). Through Redis Sentinel: "
+              "sentinel://h1:26379;sentinel://h2:26379/0?master_name=NAME.")
+RUN_FARM_HELP = REDIS_HELP + (" No farm found that way: the run's own embedded Redis "
+                              "(runs/RUN/cluster.json) while it trains.")
 METRICS_HELP = ("Serve Prometheus metrics at http://HOST:PORT/metrics: {what}. A bare PORT listens on "
                 "127.0.0.1; 0.0.0.0:PORT lets a Prometheus on another machine scrape it.")
 
@@ -38,6 +41,26 @@ def _exit_now() -> None:
 def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
     click.echo(f"rlfarm: error: {message}", err=True)
     sys.exit(code)
+
+
+def find_farm(redis_url: str | None, run_id: str | None = None, needed: bool = True):
+    """The farm a command works on (rlfarm.local.find): --redis, RLFARM_REDIS_URL, the `rlfarm up` farm,
+    or the live embedded Redis of the run named. Its secret goes into this process's environment, for
+    the worker processes it starts and the signed data it reads; a different RLFARM_SECRET of the user's
+    is said in one warning line. `needed`: fail in one line (exit 1) when none is found."""
+    from rlfarm.config import RunConfig
+    from rlfarm.local.find import find_farm as find, not_found, use_secret
+
+    run_dir = Path(RunConfig.logdir) / run_id if run_id else None
+    farm = find(redis_url, run_dir)
+    if farm.url is None:
+        if needed:
+            fail(not_found(run_dir), 1)
+        return farm
+    warning = use_secret(farm)
+    if warning:
+        logging.getLogger("rlfarm.cli").warning("%s", warning)
+    return farm
 
 
 class PolicyVersion(click.ParamType):
@@ -126,8 +149,9 @@ class OneLineErrors(click.Group):
 def main(verbose: int, quiet: int) -> None:
     """rlfarm: RL rollout episodes as Celery tasks on any number of machines, Redis in the middle.
 
-    Start with `rlfarm train` (no Redis running? it starts an embedded one and local workers),
-    add machines with `rlfarm worker --redis URL`.
+    Start with `rlfarm train` (no Redis running? it starts an embedded one and local workers), or
+    `rlfarm up` for a farm that stays up; add machines with `rlfarm worker --redis URL`. Every command
+    finds its farm the same way: --redis, else RLFARM_REDIS_URL, else the `rlfarm up` farm.
     """
     from rlfarm.observe.logs import setup_logging
 
@@ -161,9 +185,9 @@ def _modes_help() -> str:
 @click.option("--mode", type=click.Choice(["sync", "async"]), help=_modes_help())
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key, e.g. --set ppo.learning_rate=1e-3 (repeatable).")
-@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL",
-              help=REDIS_HELP + " Omitted: the local farm of `rlfarm up` if one is up, else an embedded "
-                   "Redis and local workers are started for the run.")
+@click.option("--redis", "redis_url",
+              help=REDIS_HELP + " None of these: an embedded Redis and local workers are started for the "
+                   "run.")
 @click.option("--workers", type=click.IntRange(min=1, max=B.MAX_WORKERS),
               help=f"Worker processes for the embedded default (at most {B.MAX_WORKERS}).")
 @click.option("--share", type=click.FloatRange(min=0, min_open=True), metavar="W",
@@ -249,7 +273,8 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
                 "total_steps": total_steps,
                 "target_return": target_return, "seed": seed, "run_id": run_id, "device": device,
                 "logdir": logdir})
-        check_config(cfg, embedded=not redis_url and not _local_farm_up())
+        farm = _train_farm(redis_url)
+        check_config(cfg, embedded=farm.url is None)
     except (C.ConfigError, EnvError) as exc:
         fail(str(exc))
     for level, note in run_length_notes(cfg):  # iterations rounded up; episodes longer than a task
@@ -264,12 +289,12 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
              f"{exc.run_id}, or choose another --run-id")
     _sigterm_to_interrupt()
     try:
-        result = _train(cfg, redis_url, resume=bool(resume), metrics=listen)
+        result = _train(cfg, farm, resume=bool(resume), metrics=listen)
     except KeyboardInterrupt:
-        if not redis_url:  # only the embedded default owns (and has now stopped) its workers and Redis
+        if not farm.url:  # only the embedded default owns (and has now stopped) its workers and Redis
             click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
         else:
-            click.echo(_interrupted_on_redis(ctx, cfg, run_dir, redis_url), err=True)
+            click.echo(_interrupted_on_redis(farm, cfg, run_dir), err=True)
         sys.exit(130)
     evaluated = "" if result.eval_mean_return != result.eval_mean_return else (
         f", greedy evaluation of the final policy {result.eval_mean_return:.1f}")
@@ -338,14 +363,14 @@ def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
     logdir = Path(cfg.logdir)
     seeds_dir = logdir / f"{base}-seeds"
     seeds_dir.mkdir(parents=True, exist_ok=True)
-    redis_url = p["redis_url"]
+    farm = find_farm(p["redis_url"], needed=False)
     # Trainers run on this machine whatever the farm: one per core (each learner needs one while it
     # learns), at least 2 so seeds share the farm as they always did on small machines.
     parallel = min(len(seeds), p["parallel"] or min(max(2, C.machine_cores()), B.MAX_PARALLEL_TRAINERS))
     _sigterm_to_interrupt()
     note = logging.getLogger("rlfarm.cli").info
     try:
-        with farm_for_trainers(redis_url, C.local_workers(cfg), seeds_dir / "farm", f"rlfarm-{base}",
+        with farm_for_trainers(farm, C.local_workers(cfg), seeds_dir / "farm", f"rlfarm-{base}",
                                allowed_modules_env(cfg.env.id), notify=note) as env:
             at_once = "all at once" if parallel == len(seeds) else f"{parallel} at a time"
             note(f"training {len(seeds)} seeds ({compact_seeds(seeds)}) {at_once}: runs {base}-s<seed> in "
@@ -356,7 +381,7 @@ def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
              f"reached: lower --parallel (it was {parallel})", 1)
     except KeyboardInterrupt:
         click.echo("rlfarm: interrupted; every seed's trainer stopped" +
-                   ("" if redis_url else ", and the embedded workers and Redis"), err=True)
+                   ("" if farm.url else ", and the embedded workers and Redis"), err=True)
         sys.exit(130)
     summary = S.aggregate(runs)
     path = S.write_summary(seeds_dir, summary)
@@ -367,13 +392,15 @@ def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
              f"failed (see {seeds_dir}/s<seed>.log); the others finished", 1)
 
 
-def _local_farm_up() -> bool:
-    from rlfarm.local import farm as localfarm
+def _train_farm(redis_url: str | None):
+    """The farm `rlfarm train` trains on (Farm(None): the embedded default). The trainer takes the farm's
+    secret from the Farm (rlfarm.api.run), not from RLFARM_SECRET, which signs the run directory's files."""
+    from rlfarm.local.find import find_farm as find
 
-    return localfarm.running() is not None
+    return find(redis_url)
 
 
-def _interrupted_on_redis(ctx: click.Context, cfg, run_dir: Path, redis_url: str) -> str:
+def _interrupted_on_redis(farm, cfg, run_dir: Path) -> str:
     """The line for a run on a farm (--redis) stopped by Ctrl-C: its workers and Redis are not this
     process's and keep running; say how to continue the run from its checkpoint."""
     import shlex
@@ -389,8 +416,8 @@ def _interrupted_on_redis(ctx: click.Context, cfg, run_dir: Path, redis_url: str
     command = f"rlfarm train --resume {cfg.run_id}"
     if Path(cfg.logdir) != Path(RunConfig.logdir):
         command += f" --logdir {shlex.quote(cfg.logdir)}"
-    if ctx.get_parameter_source("redis_url") is not click.core.ParameterSource.ENVIRONMENT:
-        command += f" --redis {shlex.quote(redact(redis_url))}"  # password masked: retype it
+    if farm.source.startswith("--redis"):  # RLFARM_REDIS_URL and the up farm are found again by themselves
+        command += f" --redis {shlex.quote(redact(farm.url))}"  # password masked: retype it
     return f"rlfarm: interrupted; run {cfg.run_id} can continue with: {command}"
 
 
@@ -401,7 +428,7 @@ def _resume_config(run: str, logdir: str | None, changes: dict):
     return resume_config(run, logdir, **{k.replace("farm.workers", "workers"): v for k, v in changes.items()})
 
 
-def _train(cfg, redis_url: str | None, resume: bool = False, metrics: tuple[str, int] | None = None):
+def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = None):
     """rlfarm.api.run, with every failure it can meet turned into one line and an exit status."""
     from rlfarm.api import run
     from rlfarm.observe.exporter import MetricsError
@@ -419,7 +446,8 @@ def _train(cfg, redis_url: str | None, resume: bool = False, metrics: tuple[str,
         fail(message, code)
 
     try:  # start-up notes go through logging: `rlfarm: ...` on stderr, hidden by -q
-        return run(cfg, redis_url, resume=resume, notify=logging.getLogger("rlfarm.cli").info, metrics=metrics)
+        return run(cfg, farm.url, resume=resume, notify=logging.getLogger("rlfarm.cli").info, metrics=metrics,
+                   farm=farm)
     except RedisAuthError as exc:  # wrong credentials are a usage error (2), like a bad option
         fatal(str(exc), 2)
     except (ConfigError, CheckpointError) as exc:
@@ -440,7 +468,7 @@ def _train(cfg, redis_url: str | None, resume: bool = False, metrics: tuple[str,
     except Exception as exc:  # noqa: BLE001 - only Redis refusing writes is turned into one line here
         if not is_oom(exc):
             raise
-        fatal(f"Redis at {redact(redis_url or 'the embedded Redis')} is full (maxmemory reached, it "
+        fatal(f"Redis at {redact(farm.url or 'the embedded Redis')} is full (maxmemory reached, it "
               f"refuses writes): free memory (e.g. `rlfarm checkpoints delete` old runs) or raise its "
               f"maxmemory; then rlfarm train --resume {cfg.run_id}", 1)
 
@@ -480,10 +508,8 @@ def _allow_env_modules(modules: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", default="redis://127.0.0.1:6379/0",
-              show_default=True,
-              help=REDIS_HELP + " The default, a Redis on this machine without a password, is for trying "
-                   "things out: a farm's Redis needs a password, redis://:PASSWORD@host:6379/0 (a "
+@click.option("--redis", "redis_url",
+              help=REDIS_HELP + " A farm's Redis needs a password, redis://:PASSWORD@host:6379/0 (a "
                    "warning says so when a Redis on another address lets this worker in without one).")
 @click.option("-c", "--concurrency", type=click.IntRange(min=1, max=B.MAX_WORKERS),
               default=min(os.cpu_count() or 1, B.MAX_WORKERS), show_default=True,
@@ -510,7 +536,7 @@ def _allow_env_modules(modules: tuple[str, ...]) -> None:
 @click.option("--metrics-port", "metrics_port", metavar="[HOST:]PORT", help=METRICS_HELP.format(
                   what="this worker's slots, busy slots, tasks, policy fetches and their bytes, Redis outages"))
 @click.pass_context
-def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str | None, loglevel: str,
+def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname: str | None, loglevel: str,
            events: bool, time_limit: float, redis_outage_timeout: float, shutdown_grace: float,
            metrics_port: str | None) -> None:
     """Run a Celery worker with rlfarm's defaults: add this machine's cores to a farm.
@@ -527,6 +553,8 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
     from rlfarm.farm.connection import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
 
     listen = _metrics_listen(metrics_port)
+    farm = find_farm(redis_url)  # with the up farm, its secret too: its trainers sign their tasks with it
+    redis_url = farm.url
     try:
         probe = connect(redis_url)
     except ConnectionError as exc:
@@ -535,6 +563,7 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
     probe.close()
     if evicts:
         fail(evicts, 1)
+    logging.getLogger("rlfarm.worker").info("farm: %s", _describe(farm))  # reached: a failure stays one line
     for warning in (no_password_warning(redis_url),  # it let us in without one
                     no_secret_warning(redis_url, secret_from_env())):
         if warning:
@@ -561,6 +590,12 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
                      "--hostname", hostname or f"rlfarm-{os.getpid()}@%h", *(["-E"] if events else [])])
 
 
+def _describe(farm) -> str:
+    from rlfarm.local.find import describe
+
+    return describe(farm)
+
+
 @main.command()
 @click.option("-w", "--workers", type=click.IntRange(min=1, max=B.MAX_WORKERS),
               default=min(os.cpu_count() or 1, B.MAX_WORKERS), show_default=True,
@@ -570,9 +605,10 @@ def worker(ctx: click.Context, redis_url: str, concurrency: int, hostname: str |
 def up(workers: int, modules: tuple[str, ...]) -> None:
     """Start a local farm that stays up: a Redis on 127.0.0.1 and WORKERS worker processes.
 
-    Until `rlfarm down`, `rlfarm train` without --redis trains on it and skips the start-up of an
-    embedded Redis and workers. Its URL (with a random password) and logs are under $RLFARM_HOME
-    (default ~/.cache/rlfarm).
+    Until `rlfarm down`, every command without --redis or RLFARM_REDIS_URL uses it: `rlfarm train`
+    trains on it and skips the start-up of an embedded Redis and workers, `rlfarm worker` adds
+    workers to it, `rlfarm status` shows it. Its URL (with a random password), its RLFARM_SECRET and
+    logs are under $RLFARM_HOME (default ~/.cache/rlfarm; local-farm.json, mode 0600).
     """
     from rlfarm.local import farm as localfarm
     from rlfarm.envs import ALLOWED_MODULES_VAR, allowed_env_modules, valid_module_name
@@ -588,6 +624,9 @@ def up(workers: int, modules: tuple[str, ...]) -> None:
         fail(str(exc), 1)
     click.echo(f"local farm up: Redis {redact(state['redis_url'])}, {workers} worker processes, logs in "
                f"{state['logs']}; `rlfarm train` uses it until `rlfarm down`")
+    click.echo(f"more workers on this machine: `rlfarm worker -c N` (it finds this farm and its secret by "
+               f"itself, as status, eval --run, checkpoints and sweep do); its URL and secret, e.g. for "
+               f"Flower (RLFARM_REDIS_URL): {localfarm.state_path()} (redis_url, secret)")
 
 
 @main.command()
@@ -602,10 +641,10 @@ def down() -> None:
 @main.command(name="eval")
 @click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
               help="A saved policy (e.g. RUN_DIR/final_policy.safetensors).")
-@click.option("--run", "run_id", help="A run in Redis (with --redis).")
+@click.option("--run", "run_id", help="A run in the farm's Redis.")
 @click.option("--version", "version", type=PolicyVersion(), default="latest", show_default=True,
               help="Policy version of --run: a number or 'latest'.")
-@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", help=REDIS_HELP)
+@click.option("--redis", "redis_url", help=RUN_FARM_HELP)
 @click.option("--env", "env_id", help="Env id [the one the policy was trained on].")
 @click.option("--episodes", type=click.IntRange(min=1, max=B.MAX_EPISODES), default=10, show_default=True,
               help=f"Greedy episodes to play (at most {B.MAX_EPISODES:,}).")
@@ -624,11 +663,9 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     from rlfarm.observe import playback
 
     if bool(policy_file) == bool(run_id):
-        fail("give exactly one of --policy FILE or --run RUN (with --redis URL)")
+        fail("give exactly one of --policy FILE or --run RUN")
     if video_dir and render:
         fail("give --video DIR (record) or --render (watch), not both")
-    if run_id and not redis_url:
-        fail("--run needs --redis URL (or RLFARM_REDIS_URL)")
     if video_dir:
         try:
             import moviepy  # noqa: F401 - gymnasium's RecordVideo writes the .mp4 files with it
@@ -639,6 +676,8 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
         fail("--render opens a window, but there is no display here (DISPLAY is not set); record the "
              "episodes to files instead with --video DIR", 1)
     render_mode = "rgb_array" if video_dir else "human" if render else None
+    if run_id:
+        redis_url = find_farm(redis_url, run_id).url
     try:
         policy = playback.from_file(policy_file) if policy_file else playback.from_run(redis_url, run_id, version)
         env, env_id = playback.open_env(policy, env_id, render_mode)
@@ -664,9 +703,9 @@ def checkpoints() -> None:
 
 
 @checkpoints.command(name="list")
-@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", required=True, help=REDIS_HELP)
+@click.option("--redis", "redis_url", help=RUN_FARM_HELP)
 @click.option("--run", "run_id", help="Run whose versions to list (default: list the runs).")
-def checkpoints_list(redis_url: str, run_id: str | None) -> None:
+def checkpoints_list(redis_url: str | None, run_id: str | None) -> None:
     """Runs in Redis, or the retained versions of one run."""
     from datetime import datetime
 
@@ -677,6 +716,7 @@ def checkpoints_list(redis_url: str, run_id: str | None) -> None:
     from rlfarm.farm.runs import list_runs, run_exists
     from rlfarm.farm.store import PolicyStore
 
+    redis_url = find_farm(redis_url, run_id).url
     try:
         client = connect(redis_url)
     except ConnectionError as exc:
@@ -699,18 +739,19 @@ def checkpoints_list(redis_url: str, run_id: str | None) -> None:
 
 
 @checkpoints.command(name="export")
-@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", required=True, help=REDIS_HELP)
+@click.option("--redis", "redis_url", help=RUN_FARM_HELP)
 @click.option("--run", "run_id", required=True, help="Run to export from.")
 @click.option("--version", type=PolicyVersion(), default="latest", show_default=True,
               help="Version number or 'latest'.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="File to write (safetensors).")
-def checkpoints_export(redis_url: str, run_id: str, version: int | str, output: str) -> None:
+def checkpoints_export(redis_url: str | None, run_id: str, version: int | str, output: str) -> None:
     """Write a stored version to a safetensors file (checksum verified), usable with `rlfarm eval`."""
     from rlfarm.core.signing import SignatureError
     from rlfarm.farm.connection import connect
     from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound
 
+    redis_url = find_farm(redis_url, run_id).url
     try:
         blob, number = PolicyStore(connect(redis_url), run_id).export(version)
     except (PolicyError, RunNotFound, ConnectionError, SignatureError) as exc:
@@ -721,10 +762,10 @@ def checkpoints_export(redis_url: str, run_id: str, version: int | str, output: 
 
 @checkpoints.command(name="delete", short_help="Remove a run and all its keys from Redis.")
 @click.argument("run_id", metavar="RUN")
-@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", required=True, help=REDIS_HELP)
+@click.option("--redis", "redis_url", help=RUN_FARM_HELP)
 @click.option("--force", is_flag=True,
               help="Delete even while the run's trainer heartbeat says it is running.")
-def checkpoints_delete(run_id: str, redis_url: str, force: bool) -> None:
+def checkpoints_delete(run_id: str, redis_url: str | None, force: bool) -> None:
     """Remove a run from Redis: every key under rlfarm:RUN: (policy versions, metadata, trainer
     status, pending results). Its run directory on disk is left alone, so `rlfarm train --resume`
     still works (it publishes its checkpoint's policy again).
@@ -735,6 +776,7 @@ def checkpoints_delete(run_id: str, redis_url: str, force: bool) -> None:
     from rlfarm.farm.connection import connect, redact
     from rlfarm.farm.runs import delete_run, read_status
 
+    redis_url = find_farm(redis_url, run_id).url
     try:
         client = connect(redis_url)
     except ConnectionError as exc:
@@ -750,15 +792,16 @@ def checkpoints_delete(run_id: str, redis_url: str, force: bool) -> None:
 
 
 @main.command()
-@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL", default="redis://127.0.0.1:6379/0",
-              show_default=True, help=REDIS_HELP)
+@click.option("--redis", "redis_url", help=REDIS_HELP)
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
 @click.option("--interval", type=float, default=2.0, show_default=True,
               help="Seconds between refreshes with --watch.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the snapshot as one JSON object (one per line with --watch).")
-def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
-    """Runs, policy versions, trainer heartbeats, workers, queue depth and Redis memory of a farm."""
+def status(redis_url: str | None, watch: bool, interval: float, as_json: bool) -> None:
+    """Runs, policy versions, trainer heartbeats, workers, queue depth and Redis memory of a farm.
+
+    Its first line says which farm it looked at and how it was found (--json: farm.source)."""
     import redis as redis_lib
     from kombu.exceptions import OperationalError
     from rich.console import Console
@@ -770,6 +813,8 @@ def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
 
     if not interval > 0:  # also rejects NaN
         fail(f"--interval must be a positive number of seconds, got {interval}")
+    farm = find_farm(redis_url)
+    redis_url = farm.url
     try:
         client = connect(redis_url)
     except ConnectionError as exc:  # as `train` and `worker`: 1 unreachable, 2 wrong credentials
@@ -786,7 +831,7 @@ def status(redis_url: str, watch: bool, interval: float, as_json: bool) -> None:
 
     def frame() -> object:
         try:
-            snap = S.gather(client, app, redis_url)
+            snap = S.gather(client, app, redis_url, source=farm.source)
         except lost as exc:
             if not watch:
                 fail(f"lost Redis at {redact(redis_url)}: {exc}", 1)
@@ -858,10 +903,10 @@ def plot(run_dir: Path, output: Path | None) -> None:
               help="Override a config key of every trial (repeatable), e.g. --set total_steps=50000.")
 @click.option("--total-steps", type=click.IntRange(min=1), help="Env steps of each trial's run.")
 @click.option("--mode", type=click.Choice(["sync", "async"]), help="Mode of each trial's run.")
-@click.option("--redis", "redis_url", envvar="RLFARM_REDIS_URL",
+@click.option("--redis", "redis_url",
               help=REDIS_HELP + " The study is kept there too (Optuna's journal storage), so sweeps on "
-                   "several machines against one Redis share it. Omitted: an embedded Redis and local "
-                   "workers for the whole sweep, the study living in it until the sweep ends.")
+                   "several machines against one Redis share it. None of these: an embedded Redis and "
+                   "local workers for the whole sweep, the study living in it until the sweep ends.")
 @click.option("--workers", type=click.IntRange(min=1, max=B.MAX_WORKERS),
               help=f"Worker processes of the embedded farm (at most {B.MAX_WORKERS}).")
 @click.option("--study", "study_name", help="Study name (default: generated); trials' run ids are STUDY-t<number>.")
@@ -908,9 +953,10 @@ def sweep(preset: str, space_file: str | None, trials: int, parallel: int, overr
         fail("--space FILE is required: a TOML file with a [space] table (see rlfarm sweep --help)")
     if resume and study_name and resume != study_name:
         fail(f"--resume {resume} continues that study; --study {study_name} names another")
-    if resume and not redis_url:
-        fail("--resume needs --redis URL: a study lives in the farm's Redis, and one without --redis "
-             "ended with its sweep's embedded Redis")
+    farm = find_farm(redis_url, needed=False)
+    if resume and not farm.url:
+        fail("--resume needs --redis URL (or RLFARM_REDIS_URL, or the `rlfarm up` farm; none found): a study "
+             "lives in the farm's Redis, and one without a farm ended with its sweep's embedded Redis")
     if (pruner == "threshold") != (prune_below is not None):
         fail("--pruner threshold needs --prune-below VALUE" if pruner == "threshold"
              else "--prune-below goes with --pruner threshold")
@@ -938,14 +984,14 @@ def sweep(preset: str, space_file: str | None, trials: int, parallel: int, overr
                   *(["--mode", mode] if mode else [])]
     _sigterm_to_interrupt()
     try:
-        _sweep(name, sweep_dir, redis_url, cfg, base, params, child_args, metric, trials, parallel,
+        _sweep(name, sweep_dir, farm, cfg, base, params, child_args, metric, trials, parallel,
                make_pruner(pruner, warmup, cfg.total_steps, prune_below), bool(resume), seed,
                allowed_modules_env(cfg.env.id))
     except SweepError as exc:
         fail(str(exc), 1)
 
 
-def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metric, trials, parallel,
+def _sweep(name, sweep_dir: Path, farm, cfg, base, params, child_args, metric, trials, parallel,
            pruner, resume, seed, worker_env) -> None:
     """The sweep on its farm: the live table, trials.csv and best.toml, the exit status."""
     from rich.console import Console
@@ -964,12 +1010,12 @@ def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metr
     sweep_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     try:
-        with farm_for_trainers(redis_url, C.local_workers(cfg), sweep_dir / "farm", f"rlfarm-{name}",
+        with farm_for_trainers(farm, C.local_workers(cfg), sweep_dir / "farm", f"rlfarm-{name}",
                                worker_env, notify=note) as env:
             study = open_study(env[REDIS_ENV], name, resume, pruner, seed)
             secret = secret_from_env({**os.environ, **env})  # the trainers' secret, as the sweep signs with it
-            where = (f"in Redis at {redact(redis_url)}: more machines can join with the same command and "
-                     f"--resume {name}") if redis_url else \
+            where = (f"in Redis at {redact(farm.url)}: more machines can join with the same command and "
+                     f"--resume {name}") if farm.url else \
                 "in the embedded Redis, for this sweep's life (trials.csv is its record)"
             note(f"study {name} {'resumed' if resume else 'created'} {where}; {trials} trials, {parallel} at "
                  f"once, scored by {metric}; runs and logs in {sweep_dir}/")
@@ -998,7 +1044,7 @@ def _sweep(name, sweep_dir: Path, redis_url, cfg, base, params, child_args, metr
                 write_trials_csv(study, sweep_dir / "trials.csv", params, secret)
                 best, skipped = write_best(study, base, metric, sweep_dir / "best.toml", params, secret)
     except KeyboardInterrupt:
-        click.echo(f"rlfarm: interrupted; every trial's trainer stopped{'' if redis_url else ', and the embedded workers and Redis'}"
+        click.echo(f"rlfarm: interrupted; every trial's trainer stopped{'' if farm.url else ', and the embedded workers and Redis'}"
                    f" (running trials marked FAIL); trials so far in {sweep_dir / 'trials.csv'}", err=True)
         sys.exit(130)
     if live is None:

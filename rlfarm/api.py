@@ -11,10 +11,11 @@
 
     rlfarm.train("cartpole-ppo", callback=stop_early, redis_url="redis://:pw@farm-host:6379/0")
 
-Without `redis_url`, an embedded Redis and `workers` local worker processes are started for the run
-and stopped after it, whatever happens. Errors are exceptions (ConfigError for bad input, EnvError,
-ConnectionError for an unreachable Redis, RolloutError and TaskLostError for failed tasks,
-RedisUnavailable after an outage past its limit); the CLI turns each into one line.
+Without `redis_url`, the local farm of `rlfarm up` if one is up, else an embedded Redis and `workers`
+local worker processes, started for the run and stopped after it, whatever happens. Errors are
+exceptions (ConfigError for bad input, EnvError, ConnectionError for an unreachable Redis,
+RolloutError and TaskLostError for failed tasks, RedisUnavailable after an outage past its limit);
+the CLI turns each into one line.
 """
 
 from __future__ import annotations
@@ -161,27 +162,37 @@ def online_processes(redis_url: str) -> int:
 
 def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         callback: Callable[..., bool | None] | None = None, console: Any = None,
-        notify: Callable[[str], None] | None = None, metrics: tuple[str, int] | None = None):
+        notify: Callable[[str], None] | None = None, metrics: tuple[str, int] | None = None,
+        farm: Any = None):
     """Train `cfg` (already checked, with a run id) on the farm at `redis_url`, or on an embedded one.
-    `notify(text)`: where start-up notes go (default: the "rlfarm" logger). `metrics`: (host, port) to
-    serve the run's Prometheus metrics on while it trains (rlfarm.observe.exporter)."""
+    `farm`: the farm found already (rlfarm.local.find.Farm; the CLI's); default: the one `redis_url`
+    names, else the `rlfarm up` farm, else none (the embedded default). The up farm's secret signs the
+    run's data in Redis however its URL was given. `notify(text)`: where start-up notes go (default:
+    the "rlfarm" logger). `metrics`: (host, port) to serve the run's Prometheus metrics on while it
+    trains (rlfarm.observe.exporter)."""
     from rlfarm.farm.connection import connect, redact, refuse_eviction
+    from rlfarm.local.find import UP_FARM, find_farm, secret_mismatch
 
     notify = notify or log.info
     run_dir = Path(cfg.logdir) / cfg.run_id
     options = {"resume": resume, "callback": callback, "console": console}
     processes = None
-    if not redis_url:
-        from rlfarm.local import farm as localfarm
-
-        farm = localfarm.running()
-        if farm is not None:
-            redis_url, processes = farm["redis_url"], farm["workers"]  # no need to ask the workers
-            if farm.get("secret"):  # its workers hold it (rlfarm.local.farm.up)
-                options["secret"] = farm["secret"]
-            options["local_workers"] = processes  # on this machine: the trainer's threads leave them their cores
-            notify(f"no --redis given: training on the local farm started by `rlfarm up` ({farm['workers']} "
+    if farm is None:
+        farm = find_farm(redis_url, environ={})  # the API reads no RLFARM_REDIS_URL: redis_url is given or not
+    redis_url = farm.url
+    if farm.secret:  # its workers hold it (rlfarm.local.farm.up)
+        options["secret"] = farm.secret
+        mismatch = secret_mismatch(farm)
+        if mismatch:
+            log.warning("%s", mismatch)
+    if farm.up:
+        processes = farm.local_workers  # no need to ask the workers
+        options["local_workers"] = processes  # on this machine: the trainer's threads leave them their cores
+        if farm.source == UP_FARM:
+            notify(f"no --redis given: training on the local farm started by `rlfarm up` ({processes} "
                    f"worker processes; `rlfarm down` stops it)")
+        else:
+            notify(f"farm: {farm.source}; training on it with the secret its workers hold")
     if redis_url:
         probe = connect(redis_url)  # ConnectionError (RedisAuthError: credentials) before anything else
         try:
@@ -255,8 +266,9 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
     """Train and return a `TrainResult` (run_dir, final_policy, best_policy, returns, counters).
 
     `preset`: a shipped preset name or a TOML path; `config`: a RunConfig instead (then `overrides`
-    and `options` apply on top of it). `redis_url`: a farm's Redis (None: an embedded Redis and
-    `workers` local worker processes). `callback(LogStep)`: after each log step; return False to stop.
+    and `options` apply on top of it). `redis_url`: a farm's Redis (None: the `rlfarm up` farm if
+    one is up, else an embedded Redis and `workers` local worker processes). `callback(LogStep)`:
+    after each log step; return False to stop.
     `options`: total_steps, seed, target_return, env, mode, workers, run_id, logdir, device, or any
     dotted config key with "__" for "." (ppo__learning_rate=1e-3).
     """
@@ -270,10 +282,13 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
                               if v is not None}}, config)
     else:
         cfg = make_config(preset, overrides, **options)
-    check_config(cfg, embedded=not redis_url)
+    from rlfarm.local.find import find_farm
+
+    farm = find_farm(redis_url, environ={})
+    check_config(cfg, embedded=farm.url is None)
     cfg = with_run_id(cfg)
     check_new_run(cfg)
-    return run(cfg, redis_url=redis_url, callback=callback, console=console)
+    return run(cfg, redis_url=farm.url, callback=callback, console=console, farm=farm)
 
 
 def _flat_overrides(overrides: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:

@@ -2,18 +2,32 @@
 
 Tasks are thin: the kwargs are an rlfarm.core.protocol.TaskSpec; rlfarm.farm.worker checks them, does
 the work and pushes the result; the worker's Celery glue (signals, time-limit reports, lease renewal,
-hand-back on SIGTERM) is rlfarm.farm.worker_app. The broker comes from RLFARM_REDIS_URL (default
-redis://127.0.0.1:6379/0).
+hand-back on SIGTERM) is rlfarm.farm.worker_app. The broker is found as every rlfarm command finds it
+(rlfarm.local.find): RLFARM_REDIS_URL, else the local farm of `rlfarm up` (with its secret, put into
+RLFARM_SECRET for the pool processes), else redis://127.0.0.1:6379/0. So `celery -A tasks flower` and
+`celery -A tasks worker` on the machine of an `rlfarm up` farm find it by themselves.
 """
 
 from __future__ import annotations
 
-import os
-
 from rlfarm.farm import worker_app
 from rlfarm.farm.app import DEFAULT_REDIS_URL, EVAL_TASK, ROLLOUT_TASK, make_app
+from rlfarm.local.find import find_farm, use_secret
 
-app = make_app(os.environ.get("RLFARM_REDIS_URL", DEFAULT_REDIS_URL), main="tasks")
+
+def _broker() -> str:
+    farm = find_farm(None)
+    if farm.url is None:
+        return DEFAULT_REDIS_URL
+    mismatch = use_secret(farm)
+    if mismatch:
+        import logging
+
+        logging.getLogger("rlfarm.worker").warning("%s", mismatch)
+    return farm.url
+
+
+app = make_app(_broker(), main="tasks")
 worker_app.install(app)
 
 

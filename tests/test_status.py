@@ -61,15 +61,36 @@ def test_parsing_and_rendering_without_io():
     assert [format_age(a) for a in (None, 2.25, 42, 125, 7300, 200000)] == [
         "-", "2.2 s", "42 s", "2 min 5 s", "2 h 1 min", "2 d 7 h"]
 
-    empty = Snapshot(redis="redis://h:1/0", taken=0.0, queue_depth=4,
-                     memory=MemoryStatus(2048, "2.00K", 1 << 20, "1.00M", "allkeys-lru"), workers=[], runs=[])
+    empty = Snapshot(redis="redis://:***@h:1/0", taken=0.0, queue_depth=4,
+                     memory=MemoryStatus(2048, "2.00K", 1 << 20, "1.00M", "allkeys-lru"), workers=[], runs=[],
+                     source="the rlfarm up farm")
     console = Console(record=True, width=120)
     console.print(render(empty))
     text = console.export_text()
+    assert text.splitlines()[0] == "farm: the rlfarm up farm, redis://:***@h:1/0"  # which farm it looked at
     for expected in ("no worker answered", "no runs in this Redis", "4 task messages waiting",
                      "2.00K of 1.00M (0.2 %)", "allkeys-lru"):
         assert expected in text
-    assert json.loads(to_json(empty))["processes"] == 0
+    data = json.loads(to_json(empty))
+    assert data["processes"] == 0 and data["farm"]["source"] == "the rlfarm up farm" and "source" not in data
+    jsonschema.validate(data, json.loads(SCHEMA_FILE.read_text()))
+
+
+def test_a_run_that_ended_says_how_and_one_whose_trainer_vanished_says_so():
+    from rlfarm.observe.status import RunStatus
+
+    def snapshot(*runs):
+        return Snapshot(redis="redis://h:1/0", taken=0.0, queue_depth=0, memory=MemoryStatus(0, "0B", 0, "0B", "noeviction"),
+                        workers=[], runs=list(runs), source="--redis")
+
+    ended = [RunStatus(run_id=f"run-{state}", heartbeat=parse_heartbeat({**HEARTBEAT, "state": state}, now=0))
+             for state in ("finished", "failed", "stopped")]
+    console = Console(record=True, width=160)
+    console.print(render(snapshot(*ended, RunStatus(run_id="run-vanished"))))
+    text = console.export_text()
+    for state in ("finished", "failed", "stopped"):
+        assert f"run-{state}" in text and state in text.split(f"run-{state}")[1].split("run-")[0]
+    assert "no trainer heartbeat" in text.split("run-vanished")[1] and "killed?" in text
 
 
 # ---- against the farm fixture ----------------------------------------------------------------------
@@ -80,7 +101,7 @@ def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
     write_status(connect(farm.redis_url), "status-live-hb", {**HEARTBEAT, "updated": f"{time.time():.3f}"})
 
     snap = status_json(farm.redis_url)
-    assert snap["redis"] == farm.redis_url
+    assert snap["redis"] == farm.redis_url and snap["farm"]["source"] == "--redis"
     live = run_entry(snap, "status-live-hb")
     assert (live["latest_version"], live["algo"], live["mode"], live["env"]) == (2, "ppo", "sync", "CartPole-v1")
     assert 0 <= live["policy_age_s"] < 3600 and live["policy_created"] <= snap["taken"]
@@ -102,6 +123,7 @@ def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
     table = run_cli("status", "--redis", farm.redis_url)
     assert table.returncode == 0, table.stderr
     out = table.stdout
+    assert out.splitlines()[0] == f"farm: --redis, {farm.redis_url}"
     for expected in ("status-live-hb", "status-no-hb", "no trainer heartbeat", "running",
                      "12,288 / 100,000 (12 %)", "9,876 SPS", "327.4", "trainer-host:4242",
                      "worker(s) online", "task messages waiting", "Redis memory"):
@@ -248,3 +270,15 @@ def test_runs_with_a_live_trainer_then_the_newest_come_first():
             run("finished", 500.0, "finished", 600.0), run("new", 900.0)]
     assert [r.run_id for r in most_recent_first(runs)] == ["live", "new", "finished", "old",
                                                             "never-published"]
+
+
+def test_the_broadcast_expects_the_registered_workers_only():
+    """`rlfarm status` ends its broadcast once the workers of the farm's registry answered: their names,
+    with what no worker wrote left out (rlfarm.farm.shares.live_nodes)."""
+    from rlfarm.farm.shares import live_nodes
+
+    class Registry:
+        def zrangebyscore(self, key, low, high):
+            return [b"2@rlfarm-7@host-a", b"1@celery@host-b", b"2@rlfarm-7@host-a", b"5", b"x@y", b"0@z@h"]
+
+    assert live_nodes(Registry(), now=0.0) == ["celery@host-b", "rlfarm-7@host-a"]

@@ -16,16 +16,16 @@ import hashlib
 import json
 import math
 import struct
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import msgpack
 import numpy as np
-import torch
 import zstandard
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from rlfarm.core import signing
+
+if TYPE_CHECKING:
+    import torch
 
 _NDARRAY = 42  # msgpack extension code for numpy arrays: header, raw bytes
 _COMPRESSED = 43  # msgpack extension code for compressed numpy arrays: header, compressed bytes
@@ -196,6 +196,8 @@ def array_bytes(obj: Any) -> int:
 
 def tensor_digest(state: Mapping[str, torch.Tensor]) -> str:
     """sha256 over names, dtypes, shapes and bytes, in name order: identical weights, identical digest."""
+    import torch  # here, not at the top: reading a policy's metadata (`rlfarm status`) needs no torch
+
     h = hashlib.sha256()
     for name in sorted(state):
         t = state[name].detach().cpu().contiguous()
@@ -214,6 +216,8 @@ def wire_state(state: Mapping[str, torch.Tensor], dtype: str = "float32") -> dic
         return dict(state)
     if dtype != "float16":
         raise ValueError(f"policy dtype must be float32 or float16, got {dtype!r}")
+    import torch
+
     return {k: v.half() if v.dtype == torch.float32 else v for k, v in state.items()}
 
 
@@ -221,6 +225,8 @@ def encode_policy(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str]
                   secret: bytes | str | None = None) -> bytes:
     """Safetensors bytes with `metadata` plus the tensors' sha256; with `secret` (rlfarm.core.signing),
     also `hmac` over the signed fields, the sha256 among them (any `hmac` given is replaced)."""
+    from safetensors.torch import save as st_save
+
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     meta = {str(k): str(v) for k, v in metadata.items()}
     meta["sha256"] = tensor_digest(tensors)
@@ -250,6 +256,8 @@ def decode_policy(blob: bytes, secret: bytes | str | None = None
             signing.verify_policy(meta, secret, "policy blob")
         except signing.SignatureError as exc:
             raise CodecError(str(exc)) from None
+    from safetensors.torch import load as st_load
+
     try:
         state = st_load(blob)
     except Exception as exc:  # safetensors raises its own error types

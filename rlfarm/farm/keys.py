@@ -11,7 +11,7 @@ All under `rlfarm:<run>:` (besides the broker's own queue, `celery`, and kombu's
 | `versions`          | sorted set | trainer (retained versions)                 | none                   |
 | `pinned`            | set        | trainer (best version, those in evaluation) | none                   |
 | `trainer`           | string     | trainer (the run's claim, rlfarm.farm.claim) | CLAIM_SECONDS, renewed |
-| `status`            | hash       | trainer (heartbeat for `rlfarm status`)     | STATUS_TTL             |
+| `status`            | hash       | trainer (heartbeat for `rlfarm status`)     | STATUS_TTL; its last word (finished, failed, stopped): none |
 | `wanted`            | set        | trainer adds task keys and LIVE; a worker removes the key of the task whose result it pushed | none |
 | `results`           | list       | workers push, the trainer pops              | RESULTS_TTL (backstop) |
 | `lease:<task>`      | string     | the worker running the task (the node renews it with PEXPIRE only) | lease seconds, renewed |

@@ -34,12 +34,17 @@ def delete_run(client: redis.Redis, run_id: str, batch: int = 500) -> int:
     return removed
 
 
-def write_status(client: redis.Redis, run_id: str, fields: Mapping[str, Any]) -> None:
-    """The trainer's live state, refreshed every log interval with an expiry (keys.STATUS_TTL)."""
+def write_status(client: redis.Redis, run_id: str, fields: Mapping[str, Any], final: bool = False) -> None:
+    """The trainer's live state, refreshed every log interval with an expiry (keys.STATUS_TTL). `final`:
+    the trainer's last word (finished, failed, stopped), kept without expiry, so `rlfarm status` tells a
+    run that ended from one whose trainer died without a word (its heartbeat expires)."""
     key = keys.status(run_id)
     pipe = client.pipeline(transaction=True)
     pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
-    pipe.expire(key, keys.STATUS_TTL)
+    if final:
+        pipe.persist(key)
+    else:
+        pipe.expire(key, keys.STATUS_TTL)
     pipe.execute()
 
 

@@ -49,6 +49,14 @@ def live_slots(client: redis.Redis, now: float | None = None) -> int:
     return sum(_slots(m) for m in members)
 
 
+def live_nodes(client: redis.Redis, now: float | None = None) -> list[str]:
+    """Celery node names of the rlfarm workers alive now (each registers with its lease renewals), so a
+    broadcast to the workers can stop waiting once each has answered (`rlfarm status`)."""
+    now = server_time(client) if now is None else now
+    members = [m.decode(errors="replace") for m in client.zrangebyscore(keys.NODES, now, "+inf")]
+    return sorted({m.split("@", 1)[1] for m in members if "@" in m and _slots(m.encode())})
+
+
 def _slots(member: bytes) -> int:
     """The slots a NODES member registers; 0 for one no worker wrote (`<slots>@<node>`, slots 1..4096)."""
     head = member.decode(errors="replace").split("@", 1)[0]

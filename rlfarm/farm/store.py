@@ -10,13 +10,15 @@ and each policy blob's metadata an `hmac`; a store with a secret refuses unsigne
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import redis
-import torch
 
 from rlfarm.core import codec, signing
 from rlfarm.farm import keys
+
+if TYPE_CHECKING:  # torch is imported where tensors are made (codec): `rlfarm status` needs none
+    import torch
 
 class PolicyError(LookupError):
     """A policy version that cannot be handed out."""

@@ -1,9 +1,10 @@
-"""One farm for several trainer processes (`rlfarm train --seeds`, `rlfarm sweep`): the given Redis, the
-local farm of `rlfarm up`, or else ONE embedded Redis and local workers for the whole command, stopped
-after it whatever happens (as the embedded default of a single run is, rlfarm.api.run).
+"""One farm for several trainer processes (`rlfarm train --seeds`, `rlfarm sweep`): the farm found
+(rlfarm.local.find: --redis, RLFARM_REDIS_URL, the local farm of `rlfarm up`), or else ONE embedded
+Redis and local workers for the whole command, stopped after it whatever happens (as the embedded
+default of a single run is, rlfarm.api.run).
 
 What the trainers need is returned as environment variables (RLFARM_REDIS_URL and, for a farm made
-here or by `rlfarm up`, RLFARM_SECRET): never on a command line, where `ps` shows it to every user.
+here or by `rlfarm up`, however its URL was given, RLFARM_SECRET): never on a command line, where `ps` shows it to every user.
 """
 
 from __future__ import annotations
@@ -15,26 +16,25 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from rlfarm.core.signing import SECRET_ENV, secret_from_env
-
-REDIS_ENV = "RLFARM_REDIS_URL"
+from rlfarm.local.find import REDIS_ENV, UP_FARM, Farm, secret_mismatch
 
 
 @contextmanager
-def farm_for_trainers(redis_url: str | None, workers: int, log_dir: Path, name: str,
+def farm_for_trainers(farm: Farm, workers: int, log_dir: Path, name: str,
                       worker_env: dict[str, str] | None = None,
-                      notify: Callable[[str], None] = print) -> Iterator[dict[str, str]]:
-    """Yields the environment the trainers run with. `worker_env`: more variables for embedded workers
-    (e.g. the allowlist of a `module:callable` env)."""
-    if redis_url:
-        yield {REDIS_ENV: redis_url}
-        return
-    from rlfarm.local import farm as localfarm
-
-    up = localfarm.running()
-    if up is not None:
-        notify(f"no --redis given: using the local farm started by `rlfarm up` ({up['workers']} worker "
-               f"processes)")
-        yield {REDIS_ENV: up["redis_url"], **({SECRET_ENV: up["secret"]} if up.get("secret") else {})}
+                      notify: Callable[[str], None] = print,
+                      warn: Callable[[str], None] = print) -> Iterator[dict[str, str]]:
+    """Yields the environment the trainers run with. `farm`: the one found (rlfarm.local.find), or
+    Farm(None) to start one here; `worker_env`: more variables for embedded workers (e.g. the
+    allowlist of a `module:callable` env)."""
+    if farm.url:
+        mismatch = secret_mismatch(farm)
+        if mismatch:
+            warn(mismatch)
+        if farm.source == UP_FARM:
+            notify(f"no --redis given: using the local farm started by `rlfarm up` ({farm.local_workers} "
+                   f"worker processes)")
+        yield {REDIS_ENV: farm.url, **({SECRET_ENV: farm.secret} if farm.secret else {})}
         return
     from rlfarm.local.cluster import LocalCluster
 

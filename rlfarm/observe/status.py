@@ -20,9 +20,11 @@ from rlfarm.farm.connection import redact
 from rlfarm.farm.runs import list_runs, read_status
 from rlfarm.farm.store import PolicyStore, RunNotFound
 from rlfarm.farm import keys
-from rlfarm.farm.shares import read_runs
+from rlfarm.farm.shares import live_nodes, read_runs
 
-INSPECT_TIMEOUT = 1.0  # seconds Celery waits for workers to answer a broadcast
+# Seconds Celery waits for workers to answer a broadcast. It waits that long only for workers it does
+# not know of: the broadcast ends as soon as every rlfarm worker in the farm's registry has answered.
+INSPECT_TIMEOUT = 1.0
 # `rlfarm status --json`'s "schema" (rlfarm/observe/status.schema.json): fields may be added under one
 # number; one that goes away or changes its meaning or type bumps it.
 SCHEMA = 1
@@ -109,6 +111,7 @@ class Snapshot:
     memory: MemoryStatus
     workers: list[WorkerStatus]
     runs: list[RunStatus]
+    source: str | None = None  # how the farm was found (rlfarm.local.find): "--redis", "the rlfarm up farm"...
 
     @property
     def processes(self) -> int:
@@ -206,15 +209,21 @@ def most_recent_first(runs: list[RunStatus]) -> list[RunStatus]:
     return sorted(runs, key=key)
 
 
-def gather(client: Any, app: Any, redis_url: str, inspect_timeout: float = INSPECT_TIMEOUT) -> Snapshot:
-    """One look at the farm: runs, heartbeats, queue, workers (a Celery broadcast) and Redis memory."""
-    stats = app.control.inspect(timeout=inspect_timeout).stats()
+def gather(client: Any, app: Any, redis_url: str, inspect_timeout: float = INSPECT_TIMEOUT,
+           source: str | None = None) -> Snapshot:
+    """One look at the farm: runs, heartbeats, queue, workers (a Celery broadcast) and Redis memory.
+    `source`: how the farm was found, in words (shown first)."""
+    # A broadcast waits its whole timeout unless told how many answers to expect: the registered
+    # workers' count ends it once they have all answered (a worker not registered, e.g. one that died
+    # in the last seconds, only costs the timeout again).
+    expected = len(live_nodes(client))
+    stats = app.control.inspect(timeout=inspect_timeout, limit=expected or None).stats()
     now = time.time()
     shares = read_runs(client)
     return Snapshot(redis=redact(redis_url), taken=now, queue_depth=queue_depth(client),
                     memory=parse_memory(client.info("memory")), workers=parse_workers(stats),
                     runs=most_recent_first([gather_run(client, run, now, shares.get(run))
-                                            for run in list_runs(client)]))
+                                            for run in list_runs(client)]), source=source)
 
 
 # ---- output (pure) -------------------------------------------------------------------------------
@@ -231,7 +240,7 @@ def to_json(snapshot: Snapshot) -> str:
     data = asdict(snapshot)
     data["schema"] = SCHEMA
     data["processes"] = snapshot.processes
-    data["farm"] = farm_totals(snapshot)
+    data["farm"] = {**farm_totals(snapshot), "source": data.pop("source")}
     return json.dumps(data, sort_keys=True)
 
 
@@ -277,7 +286,7 @@ def _worker_version(w: WorkerStatus) -> Any:
     return Text(f"{w.version or '?'}, protocol {w.protocol}", style="" if w.protocol == PROTOCOL else "red")
 
 
-STATE_STYLE = {"running": "green", "finished": "cyan", "failed": "red"}
+STATE_STYLE = {"running": "green", "finished": "cyan", "failed": "red", "stopped": "yellow"}
 
 
 def _share_cell(share: Share | None) -> str:
@@ -295,7 +304,8 @@ def render(s: Snapshot) -> Any:
     from rich.text import Text
 
     taken = datetime.fromtimestamp(s.taken).strftime("%Y-%m-%d %H:%M:%S")
-    header = Text.assemble(("rlfarm status", "bold"), f"  {s.redis}  {taken}\n",
+    header = Text.assemble("farm: ", (f"{s.source or 'given'}, {s.redis}", "bold"), "\n",
+                           ("rlfarm status", "bold"), f"  {taken}\n",
                            "broker queue: ", (f"{s.queue_depth}", "bold"), " task messages waiting\n",
                            "Redis memory: ", _memory_line(s.memory))
 
@@ -321,7 +331,10 @@ def render(s: Snapshot) -> Any:
         policy = "-" if r.latest_version is None else f"v{r.latest_version}\n{format_age(r.policy_age_s)} ago"
         hb = r.heartbeat
         if hb is None:
-            runs.add_row(run, policy, Text("no trainer heartbeat", style="dim"), "-", "-", "-", "-")
+            # A trainer's last word (finished, failed, stopped) is kept: a run without any had its trainer
+            # killed or its machine lost (or ended before rlfarm kept last words, or was resumed elsewhere).
+            runs.add_row(run, policy, Text("no trainer heartbeat\n(gone without a word: killed?)",
+                                           style="dim"), "-", "-", "-", "-")
             continue
         trainer = Text(hb.state, style=STATE_STYLE.get(hb.state, ""))
         trainer.append(f"\n{hb.host or '?'}:{hb.pid or '?'}, {format_age(hb.age_s)} ago", style="dim")

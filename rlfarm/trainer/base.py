@@ -245,7 +245,8 @@ class Trainer:
             "redis_outages": self.retry.outages, "tasks_queued": last.get("farm/queue_depth")}
 
     def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
-        """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone)."""
+        """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone; the last word,
+        any state but running, is kept)."""
         self._check_eviction()
         cfg = self.config
         farm = farm if farm is not None else self.farm_scalars()
@@ -255,7 +256,8 @@ class Trainer:
             "sps": f"{self._sps:.1f}", "tasks_in_flight": int(farm["farm/tasks_in_flight"]),
             "eval_mean_return": f"{self.eval_mean_return:.2f}", "host": socket.gethostname(),
             **({"slots_waiting": f"{farm['farm/slots_waiting']:.3f}"} if "farm/slots_waiting" in farm else {}),
-            "pid": os.getpid(), "started": f"{self.wall_start:.3f}", "updated": f"{time.time():.3f}"})
+            "pid": os.getpid(), "started": f"{self.wall_start:.3f}", "updated": f"{time.time():.3f}"},
+            final=state != "running")
 
     def _check_eviction(self) -> None:
         """Redis switched to evicting keys mid-run (`CONFIG SET maxmemory-policy allkeys-lru`): the run
@@ -456,8 +458,11 @@ class Trainer:
             state = "finished"
             self.drop_streams()
             return result
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM (the CLI's), a sweep's pruning: stopped, not failed
+            state = "stopped"
+            raise
         finally:
-            if state == "failed":
+            if state != "finished":
                 self.retry.enabled = False  # Redis may be what failed: one attempt at the cleanup
             self.dispatcher.stop_share()  # the run's slots go to the others now, whatever happens next
             try:

@@ -1,0 +1,165 @@
+"""One way to find the farm, for every command: `--redis`, else RLFARM_REDIS_URL, else the local farm of
+`rlfarm up`, else (when a run is named) the embedded Redis of that run if it still lives.
+
+A farm is found with the secret that goes with it: the `rlfarm up` farm keeps its RLFARM_SECRET in its
+state file (rlfarm.local.farm), and its workers sign and check with it, so a trainer or worker that
+joins it without that secret is refused by them ("task spec is not signed"). The secret comes with
+the up farm's URL however the URL was given (by itself, or in --redis / RLFARM_REDIS_URL, as a user
+who exported it for Flower gives it), and with an embedded run's `cluster.json` if it carries one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, MutableMapping
+from urllib.parse import unquote, urlsplit
+
+from rlfarm.core.signing import SECRET_ENV
+
+REDIS_ENV = "RLFARM_REDIS_URL"
+GIVEN = "--redis"
+UP_FARM = "the rlfarm up farm"
+TRIED = f"no --redis, no {REDIS_ENV}, no `rlfarm up` farm"
+
+
+@dataclass(frozen=True)
+class Farm:
+    """A farm's Redis URL, the secret its workers hold (None: not known here) and where it was found,
+    in words (`source`: None when no farm was found: `rlfarm train` then starts the embedded default)."""
+    url: str | None
+    secret: str | None = None
+    source: str | None = None
+    local_workers: int | None = None  # the `rlfarm up` farm's worker processes, on this machine
+
+    @property
+    def up(self) -> bool:
+        """The local farm of `rlfarm up`, however its URL was given."""
+        return self.local_workers is not None
+
+
+class NoFarm(RuntimeError):
+    """A command that needs a farm found none; the message says what was tried."""
+
+
+def not_found(run_dir: Path | None = None) -> str:
+    embedded = f", no live embedded Redis of run {run_dir.name} ({run_dir / 'cluster.json'})" if run_dir else ""
+    return f"no farm found: {TRIED}{embedded} (start one with `rlfarm up`, or give --redis URL)"
+
+
+def _address(url: str) -> tuple[str, int, str, str] | None:
+    """(host, port, db, password) of a redis:// URL, loopback names made one; None for other forms."""
+    try:
+        parts = urlsplit(url)
+        if parts.scheme != "redis":
+            return None
+        host = (parts.hostname or "127.0.0.1").lower().rstrip(".")
+        port = parts.port or 6379
+    except ValueError:
+        return None
+    if host in ("localhost", "::1"):
+        host = "127.0.0.1"
+    db = parts.path.strip("/") or "0"
+    return host, port, db, unquote(parts.password or "")
+
+
+def _up_farm() -> dict[str, Any] | None:
+    from rlfarm.local import farm as localfarm
+
+    return localfarm.running()
+
+
+def _given(url: str, source: str) -> Farm:
+    """A URL given by hand: the up farm's (then with its secret) or another farm's."""
+    from rlfarm.local import farm as localfarm
+
+    if localfarm.state_path().is_file():  # only then is there an up farm to compare with
+        up = _up_farm()
+        if up is not None and _address(url) is not None and _address(url) == _address(up["redis_url"]):
+            return Farm(url, up.get("secret") or None, f"{source} ({UP_FARM})", int(up["workers"]))
+    return Farm(url, None, source)
+
+
+def embedded_farm(run_dir: Path) -> Farm | None:
+    """The embedded Redis of the run in `run_dir` (its `cluster.json`), if that Redis still answers."""
+    path = Path(run_dir) / "cluster.json"
+    try:
+        state = json.loads(path.read_text())
+        url, pids = state["redis_url"], state["pids"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    from rlfarm.local.farm import _alive
+
+    if not pids or not _alive(int(pids[0])):  # the first is its redis-server (LocalCluster.pids)
+        return None
+    import redis
+
+    from rlfarm.farm.redis_url import client
+
+    try:
+        probe = client(url, socket_connect_timeout=1)
+        try:
+            probe.ping()
+        finally:
+            probe.close()
+    except (redis.RedisError, OSError, ValueError):
+        return None
+    return Farm(url, state.get("secret") or None, f"run {Path(run_dir).name}'s embedded Redis")
+
+
+def find_farm(redis_url: str | None, run_dir: Path | None = None,
+              environ: Mapping[str, str] | None = None) -> Farm:
+    """The farm a command works on: `redis_url` (--redis), else RLFARM_REDIS_URL of `environ` (default
+    os.environ), else the `rlfarm up` farm, else the live embedded Redis of the run in `run_dir`, else
+    `Farm(None)` (none: `rlfarm train` starts the embedded default, other commands fail with
+    `not_found`)."""
+    environ = os.environ if environ is None else environ
+    if redis_url:
+        return _given(redis_url, GIVEN)
+    if environ.get(REDIS_ENV):
+        return _given(environ[REDIS_ENV], REDIS_ENV)
+    up = _up_farm()
+    if up is not None:
+        return Farm(up["redis_url"], up.get("secret") or None, UP_FARM, int(up["workers"]))
+    if run_dir is not None:
+        embedded = embedded_farm(run_dir)
+        if embedded is not None:
+            return embedded
+    return Farm(None)
+
+
+def require_farm(redis_url: str | None, run_dir: Path | None = None) -> Farm:
+    """find_farm for a command that cannot start one: NoFarm (its one line) when none is found."""
+    farm = find_farm(redis_url, run_dir)
+    if farm.url is None:
+        raise NoFarm(not_found(run_dir))
+    return farm
+
+
+def secret_mismatch(farm: Farm, environ: Mapping[str, str] | None = None) -> str | None:
+    """One warning line when the user's RLFARM_SECRET is not the secret of the farm found, else None."""
+    environ = os.environ if environ is None else environ
+    own = environ.get(SECRET_ENV, "")
+    if farm.secret and own and own != farm.secret:
+        return (f"your {SECRET_ENV} is not the secret of {farm.source}, which its workers sign and check "
+                f"with: using the farm's")
+    return None
+
+
+def use_secret(farm: Farm, environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Put the farm's secret in `environ` (default os.environ: this process and the workers it starts
+    inherit it). Returns secret_mismatch's warning, if any."""
+    environ = os.environ if environ is None else environ
+    warning = secret_mismatch(farm, environ)
+    if farm.secret:
+        environ[SECRET_ENV] = farm.secret
+    return warning
+
+
+def describe(farm: Farm) -> str:
+    """`the rlfarm up farm, redis://:***@127.0.0.1:PORT/0`: which farm, password hidden."""
+    from rlfarm.farm.connection import redact
+
+    return f"{farm.source}, {redact(farm.url or '')}"
