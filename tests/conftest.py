@@ -14,6 +14,7 @@ import base64
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,12 +61,24 @@ def pytest_collection_finish(session):
 TIERS = ("farm", "fault", "learning", "process")
 
 
+# The slowest tiers first, so that the parallel runs (setup.cfg: pytest-xdist, `-n auto`) end together
+# instead of waiting on one learning run started last.
+TIER_ORDER = ("learning", "fault", "farm", "process", "unit")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if {"farm", "redis_only"} & set(item.fixturenames) and not item.get_closest_marker("farm"):
             item.add_marker(pytest.mark.farm)  # the fixtures start redis-server and Celery workers
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
+    items.sort(key=lambda item: next(i for i, tier in enumerate(TIER_ORDER) if item.get_closest_marker(tier)))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: two test processes a core. Most farm tests wait on their Redis, workers and
+    trainer subprocesses for much of their time, so one a core leaves the cores half idle."""
+    return min(16, 2 * (os.cpu_count() or 1))
 
 
 class StartedAProcess(AssertionError):
@@ -202,7 +215,9 @@ def assert_cleaned_up(run_dir: Path, run_id: str) -> None:
     """The embedded Redis and workers of a finished run (cluster.json) are gone, by pid and by name."""
     pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
     assert pids and not [p for p in pids if pid_alive(p)], "a farm process outlived the run"
-    assert processes_matching(f"rlfarm-{run_id}") == []
+    # Its workers' node names (rlfarm-RUN-N@host), not a prefix: another test's run may run beside it.
+    node = re.compile(rf"rlfarm-{re.escape(run_id)}-\d+@")
+    assert [line for line in processes_matching(f"rlfarm-{run_id}-") if node.search(line)] == []
 
 
 def read_summary(run_dir: Path) -> dict:

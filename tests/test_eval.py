@@ -12,7 +12,8 @@ import pytest
 
 from .conftest import WORKER_ENV, one_error_line, rlfarm_cmd, run_cli
 
-pytestmark = pytest.mark.farm
+# Most tests here share the `runs` fixture's runs: one test process runs them all.
+pytestmark = [pytest.mark.farm, pytest.mark.xdist_group("eval-runs")]
 
 TRAIN = {
     "dqn": ["--preset", "cartpole-dqn", "--mode", "async", "--total-steps", "2000",

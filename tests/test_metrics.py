@@ -156,7 +156,7 @@ def test_status_json_has_a_schema_and_the_farms_totals():
     data = json.loads(to_json(snap))
     jsonschema.validate(data, schema)
     assert data["schema"] == 1
-    assert data["farm"] == {"slots": 4, "tasks_queued": 2, "tasks_wanted": 10, "runs_training": 2}
+    assert data["farm"] == {"slots": 4, "tasks_queued": 2, "tasks_wanted": 10, "runs_training": 2, "source": None}
     data["farm"]["slots"] = "four"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, schema)
