@@ -42,6 +42,9 @@ def test_a_timeout_is_a_stall_only_while_redis_accepts_connections():
     assert outage_kind(timeout, reachable=None) == "stalled"  # no probe could be made: as before
     assert outage_kind(socket.timeout(), reachable=False) == "unreachable"
     assert outage_kind(lost, reachable=True) == outage_kind(lost, reachable=None) == "unreachable"
+    # A connect that timed out was a partition even if the link is back by the probe (a worker's
+    # second notice, printed as the partition healed, once called it a stall).
+    assert outage_kind(redis.TimeoutError("Timeout connecting to server"), reachable=True) == "unreachable"
 
 
 @pytest.mark.parametrize("error, reachable, said, not_said", [

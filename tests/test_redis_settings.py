@@ -5,6 +5,7 @@ drops a run's metadata, policies, `wanted` set and kombu's bindings mid-run. The
 from __future__ import annotations
 
 import pytest
+import redis
 
 from rlfarm.local.cluster import LocalCluster
 from rlfarm.farm.connection import connect, eviction_policy
@@ -86,3 +87,28 @@ def test_a_redis_switched_to_evicting_mid_run_is_said_once(tmp_path):
     warnings = [line for line in log.read_text().splitlines() if "now evicts keys" in line]
     assert len(warnings) == 1 and "maxmemory-policy allkeys-lru" in warnings[0] and FIX in warnings[0], \
         log.read_text()[-3000:]
+
+
+@pytest.mark.farm
+def test_a_port_taken_between_free_port_and_bind_is_given_up_for_another(monkeypatch, tmp_path):
+    """Under a parallel test run (or any busy machine) the port free_port found can be taken before
+    redis-server binds it: the cluster starts on another one instead of failing, and never mistakes
+    the port's holder for its own server."""
+    import socket
+
+    import rlfarm.local.cluster as cluster
+
+    holder = socket.socket()  # listens but never answers, as a busy foreign server would
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    ports = iter([taken])
+    real = cluster.free_port
+    monkeypatch.setattr(cluster, "free_port", lambda host="127.0.0.1": next(ports, None) or real(host))
+    try:
+        with cluster.LocalCluster(workers=0, name="rlfarm-test-port-taken", log_dir=tmp_path) as c:
+            assert c.port != taken and c.redis_proc.poll() is None
+            assert redis.Redis(port=c.port).ping()
+    finally:
+        holder.close()
+    assert "Address already in use" in (tmp_path / "redis.log").read_text()

@@ -51,9 +51,16 @@ def outage_kind(error: BaseException, reachable: bool | None) -> str:
     A failed connection is unreachable. A timeout means the connection stayed open and no answer
     came: Redis is stalled if it still accepts a new connection; if that fails too, the timeout was
     a partition (packets dropped, a link down) and Redis is unreachable."""
-    if not isinstance(error, STALL_ERRORS):
+    if not isinstance(error, STALL_ERRORS) or connect_timed_out(error):
         return "unreachable"
     return "unreachable" if reachable is False else "stalled"
+
+
+def connect_timed_out(error: BaseException) -> bool:
+    """redis-py's "Timeout connecting to server": no connection was made at all, which a stalled
+    Redis (whose kernel still accepts into its backlog) never causes. The probe after it may already
+    succeed if the link came back in between; the error itself is the better witness."""
+    return "connecting" in str(error).lower()
 
 
 def can_connect(address: tuple[str, int] | str, timeout: float = PROBE_SECONDS) -> bool:

@@ -45,6 +45,10 @@ def find_redis_server() -> str:
                        "Redis, or pass --redis URL of a running server")
 
 
+class PortTaken(Exception):
+    """redis-server exited at start because its port was in use."""
+
+
 def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -152,8 +156,20 @@ class LocalCluster:
 
     def start_redis(self, timeout: float = 20.0, same_port: bool = False) -> None:
         """Start the redis-server (`same_port`: again on the port it had, e.g. after `stop_redis`)."""
-        if not (same_port and self.port):
-            self.port = free_port(self.host)
+        fixed = bool(same_port and self.port)
+        for attempt in range(3):
+            if not fixed:
+                self.port = free_port(self.host)
+            try:
+                return self._start_redis_on_port(timeout)
+            except PortTaken:
+                # free_port's port was free when asked; another process (any outgoing connection's
+                # ephemeral port) may take it before redis-server binds it. A new one, unless fixed.
+                if fixed or attempt == 2:
+                    raise ClusterError(f"redis-server could not bind port {self.port}: it is in use; "
+                                       f"see {self.log_dir / 'redis.log'}") from None
+
+    def _start_redis_on_port(self, timeout: float) -> None:
         conf = []
         if self.password:  # in a private file, not on the command line, where `ps` shows it to all users
             path = Path(self.data_dir or self._tmp.name) / "redis-auth.conf"
@@ -166,16 +182,25 @@ class LocalCluster:
                # Rollout results can be large; never disconnect a slow consumer for buffering them.
                "--client-output-buffer-limit", "pubsub", "0", "0", "0", *self.redis_args]
         log = open(self.log_dir / "redis.log", "ab")
+        log_start = log.tell()
         self.redis_proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, preexec_fn=self._preexec)
-        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=1, password=self.password)
+        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=1, socket_timeout=1,
+                             password=self.password)
         deadline = time.monotonic() + timeout
         while True:
             try:
                 client.ping()
-                return
-            except redis.ConnectionError:
+                if self.redis_proc.poll() is None:  # not another server that holds the port
+                    return
+                raise redis.ConnectionError("redis-server exited")
+            except (redis.ConnectionError, redis.TimeoutError):
                 if self.redis_proc.poll() is not None:
+                    with open(self.log_dir / "redis.log", "rb") as f:
+                        f.seek(log_start)
+                        said = f.read().decode(errors="replace")
+                    if "Address already in use" in said:
+                        raise PortTaken() from None
                     raise ClusterError(f"redis-server exited at start; see {self.log_dir / 'redis.log'}")
                 if time.monotonic() > deadline:
                     raise ClusterError(f"redis-server did not answer within {timeout:.0f} s")
