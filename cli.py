@@ -639,9 +639,12 @@ def down() -> None:
 
 
 @main.command(name="eval")
+@click.argument("run_name", metavar="[RUN]", required=False)
+@click.option("--logdir", type=click.Path(file_okay=False),
+              help="Where RUN's directory is: RUN may be a run id under it, or a run directory [runs].")
 @click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
               help="A saved policy (e.g. RUN_DIR/final_policy.safetensors).")
-@click.option("--run", "run_id", help="A run in the farm's Redis.")
+@click.option("--run", "run_id", help="A run in the farm's Redis (its newest or --version version).")
 @click.option("--version", "version", type=PolicyVersion(), default="latest", show_default=True,
               help="Policy version of --run: a number or 'latest'.")
 @click.option("--redis", "redis_url", help=RUN_FARM_HELP)
@@ -653,17 +656,27 @@ def down() -> None:
               help='Record every episode to an .mp4 file in this directory (needs moviepy: '
                    'pip install -e ".[video]").')
 @click.option("--render", is_flag=True, help="Watch the episodes in a window (needs a display).")
-def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis_url: str | None,
-          env_id: str | None, episodes: int, seed: int, video_dir: str | None, render: bool) -> None:
-    """Run greedy episodes with a stored version or a saved policy file; print mean ± std.
+@click.pass_context
+def eval_(ctx: click.Context, run_name: str | None, logdir: str | None, policy_file: str | None,
+          run_id: str | None, version: int | str, redis_url: str | None, env_id: str | None, episodes: int,
+          seed: int, video_dir: str | None, render: bool) -> None:
+    """Run greedy episodes with a run's best policy, a saved policy file or a stored version; print
+    mean ± std.
 
-    Any algorithm: the network is the one the policy's metadata names (algo). --video DIR records
-    the episodes, --render shows them, like rl-baselines3-zoo's enjoy.
+    `rlfarm eval RUN` plays RUN's best_policy.safetensors (else its final_policy.safetensors) from
+    --logdir on the env of its config.json, like rl-baselines3-zoo's enjoy. Any algorithm: the
+    network is the one the policy's metadata names (algo). --video DIR records the episodes,
+    --render shows them.
     """
     from rlfarm.observe import playback
 
-    if bool(policy_file) == bool(run_id):
-        fail("give exactly one of --policy FILE or --run RUN")
+    if sum(map(bool, (run_name, policy_file, run_id))) != 1:
+        fail("give exactly one of RUN (a run directory's best policy), --policy FILE or --run RUN (Redis)")
+    if run_name and ctx.get_parameter_source("version") is not click.core.ParameterSource.DEFAULT:
+        fail("--version picks a version of --run RUN in Redis; RUN plays its run directory's best (else "
+             "final) policy file")
+    if logdir and not run_name:
+        fail("--logdir is where RUN's directory is; give it with RUN")
     if video_dir and render:
         fail("give --video DIR (record) or --render (watch), not both")
     if video_dir:
@@ -679,7 +692,13 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     if run_id:
         redis_url = find_farm(redis_url, run_id).url
     try:
-        policy = playback.from_file(policy_file) if policy_file else playback.from_run(redis_url, run_id, version)
+        if run_name:
+            policy = playback.from_run_dir(run_name, logdir)
+            click.echo(f"run {Path(policy.source).parent.name}: {Path(policy.source).name} (policy v{policy.version})")
+        elif policy_file:
+            policy = playback.from_file(policy_file)
+        else:
+            policy = playback.from_run(redis_url, run_id, version)
         env, env_id = playback.open_env(policy, env_id, render_mode)
         network = playback.network_for(policy, env, env_id)
         name = f"{policy.algo}-{env_id.split(':')[-1].replace('/', '-')}-policy{policy.meta.get('version', '')}"
