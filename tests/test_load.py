@@ -169,3 +169,18 @@ def test_what_cannot_be_loaded_says_why(tmp_path):
         rlfarm.load(tmp_path / "not-a-policy")
     with pytest.raises(rlfarm.PolicyFileError, match="cannot read"):
         rlfarm.load(tmp_path / "missing.safetensors")
+
+
+def test_an_atari_policy_plays_the_preprocessed_env_it_names(tmp_path):
+    """pong's Nature CNN: make_env() applies the run's Atari preprocessing (from the file's env_options),
+    so the env's frames are what the network takes."""
+    pytest.importorskip("ale_py")
+    path = tmp_path / "pong.safetensors"
+    network = save_fresh(path, "pong")
+    policy = rlfarm.load(path)
+    env = policy.make_env()
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == network.spec.obs_shape and obs.dtype == np.uint8
+    action, _ = policy.predict(obs)
+    assert action == greedy("ppo", network, obs[None])[0] and env.action_space.contains(action)
+    env.close()
