@@ -221,12 +221,22 @@ def _modes_help() -> str:
                   what="the run's env steps, SPS, tasks wanted, in flight and held, policy version and "
                        "lag, results, re-sends, policy fetches and bytes, Redis outages, the broker's "
                        "queue"))
+@click.option("--capture-video", is_flag=True,
+              help="Record one greedy episode of each evaluated version to RUN_DIR/videos/*.mp4, in the "
+                   "trainer (CleanRL's --capture-video; needs moviepy: pip install -e \".[video]\").")
+@click.option("--track", is_flag=True,
+              help="Log the run to MLflow (CleanRL's --track): config as params, progress.csv's metrics at "
+                   "env steps, best and final policies as artifacts (pip install -e \".[track]\").")
+@click.option("--track-uri", metavar="URI",
+              help="MLflow tracking URI for --track (implies it) [env MLFLOW_TRACKING_URI, else ./mlruns].")
+@click.option("--track-experiment", metavar="NAME", help="MLflow experiment for --track (implies it) [rlfarm].")
 @click.pass_context
 def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
           overrides: tuple[str, ...], redis_url: str | None, workers: int | None, share: float | None,
           total_steps: int | None, target_return: float | None, seed: int | None,
           run_id: str | None, device: str | None, logdir: str | None, resume: str | None,
-          if_exists: str, seeds: list[int] | None, parallel: int | None, metrics_port: str | None) -> None:
+          if_exists: str, seeds: list[int] | None, parallel: int | None, metrics_port: str | None,
+          capture_video: bool, track: bool, track_uri: str | None, track_experiment: str | None) -> None:
     """Train a policy on the farm and save it under LOGDIR/RUN_ID.
 
     Writes config.json, progress.csv, episodes.csv, TensorBoard scalars, a trainer checkpoint (for
@@ -244,7 +254,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
     listen = _metrics_listen(metrics_port)
     from rlfarm.trainer import resume as checkpoint
     from rlfarm import config as C
-    from rlfarm.api import RunExists, check_config, check_new_run, run_length_notes, with_run_id
+    from rlfarm.api import RunExists, check_config, check_extras, check_new_run, run_length_notes, with_run_id
     from rlfarm.envs import EnvError
 
     auto_resume = False
@@ -275,6 +285,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
                 "logdir": logdir})
         farm = _train_farm(redis_url)
         check_config(cfg, embedded=farm.url is None)
+        tracking = check_extras(cfg, capture_video, track_uri or track, track_experiment)
     except (C.ConfigError, EnvError) as exc:
         fail(str(exc))
     for level, note in run_length_notes(cfg):  # iterations rounded up; episodes longer than a task
@@ -289,7 +300,8 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
              f"{exc.run_id}, or choose another --run-id")
     _sigterm_to_interrupt()
     try:
-        result = _train(cfg, farm, resume=bool(resume), metrics=listen)
+        result = _train(cfg, farm, resume=bool(resume), metrics=listen, capture_video=capture_video,
+                        tracking=tracking)
     except KeyboardInterrupt:
         if not farm.url:  # only the embedded default owns (and has now stopped) its workers and Redis
             click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
@@ -337,7 +349,7 @@ def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
     from rich.console import Console
 
     from rlfarm import config as C
-    from rlfarm.api import RunExists, check_config, check_new_run, with_run_id
+    from rlfarm.api import RunExists, check_config, check_extras, check_new_run, with_run_id
     from rlfarm.envs import EnvError, allowed_modules_env
     from rlfarm.config.seeds import compact_seeds
     from rlfarm.local.shared import farm_for_trainers
@@ -353,6 +365,7 @@ def _train_seeds(ctx: click.Context, seeds: list[int]) -> None:
             "total_steps": p["total_steps"], "target_return": p["target_return"], "seed": seeds[0],
             "run_id": p["run_id"], "device": p["device"], "logdir": p["logdir"]})
         check_config(cfg)
+        check_extras(cfg, p["capture_video"], p["track_uri"] or p["track"], p["track_experiment"])
         base = with_run_id(cfg).run_id
         for seed in seeds:
             check_new_run(C.from_flat({"run_id": S.seed_run_id(base, seed)}, cfg))
@@ -428,7 +441,7 @@ def _resume_config(run: str, logdir: str | None, changes: dict):
     return resume_config(run, logdir, **{k.replace("farm.workers", "workers"): v for k, v in changes.items()})
 
 
-def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = None):
+def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = None, **extras):
     """rlfarm.api.run, with every failure it can meet turned into one line and an exit status."""
     from rlfarm.api import run
     from rlfarm.observe.exporter import MetricsError
@@ -447,7 +460,7 @@ def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = No
 
     try:  # start-up notes go through logging: `rlfarm: ...` on stderr, hidden by -q
         return run(cfg, farm.url, resume=resume, notify=logging.getLogger("rlfarm.cli").info, metrics=metrics,
-                   farm=farm)
+                   farm=farm, **extras)
     except RedisAuthError as exc:  # wrong credentials are a usage error (2), like a bad option
         fatal(str(exc), 2)
     except (ConfigError, CheckpointError) as exc:
@@ -639,9 +652,12 @@ def down() -> None:
 
 
 @main.command(name="eval")
+@click.argument("run_name", metavar="[RUN]", required=False)
+@click.option("--logdir", type=click.Path(file_okay=False),
+              help="Where RUN's directory is: RUN may be a run id under it, or a run directory [runs].")
 @click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
               help="A saved policy (e.g. RUN_DIR/final_policy.safetensors).")
-@click.option("--run", "run_id", help="A run in the farm's Redis.")
+@click.option("--run", "run_id", help="A run in the farm's Redis (its newest or --version version).")
 @click.option("--version", "version", type=PolicyVersion(), default="latest", show_default=True,
               help="Policy version of --run: a number or 'latest'.")
 @click.option("--redis", "redis_url", help=RUN_FARM_HELP)
@@ -653,17 +669,27 @@ def down() -> None:
               help='Record every episode to an .mp4 file in this directory (needs moviepy: '
                    'pip install -e ".[video]").')
 @click.option("--render", is_flag=True, help="Watch the episodes in a window (needs a display).")
-def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis_url: str | None,
-          env_id: str | None, episodes: int, seed: int, video_dir: str | None, render: bool) -> None:
-    """Run greedy episodes with a stored version or a saved policy file; print mean ± std.
+@click.pass_context
+def eval_(ctx: click.Context, run_name: str | None, logdir: str | None, policy_file: str | None,
+          run_id: str | None, version: int | str, redis_url: str | None, env_id: str | None, episodes: int,
+          seed: int, video_dir: str | None, render: bool) -> None:
+    """Run greedy episodes with a run's best policy, a saved policy file or a stored version; print
+    mean ± std.
 
-    Any algorithm: the network is the one the policy's metadata names (algo). --video DIR records
-    the episodes, --render shows them, like rl-baselines3-zoo's enjoy.
+    `rlfarm eval RUN` plays RUN's best_policy.safetensors (else its final_policy.safetensors) from
+    --logdir on the env of its config.json, like rl-baselines3-zoo's enjoy. Any algorithm: the
+    network is the one the policy's metadata names (algo). --video DIR records the episodes,
+    --render shows them.
     """
     from rlfarm.observe import playback
 
-    if bool(policy_file) == bool(run_id):
-        fail("give exactly one of --policy FILE or --run RUN")
+    if sum(map(bool, (run_name, policy_file, run_id))) != 1:
+        fail("give exactly one of RUN (a run directory's best policy), --policy FILE or --run RUN (Redis)")
+    if run_name and ctx.get_parameter_source("version") is not click.core.ParameterSource.DEFAULT:
+        fail("--version picks a version of --run RUN in Redis; RUN plays its run directory's best (else "
+             "final) policy file")
+    if logdir and not run_name:
+        fail("--logdir is where RUN's directory is; give it with RUN")
     if video_dir and render:
         fail("give --video DIR (record) or --render (watch), not both")
     if video_dir:
@@ -679,7 +705,13 @@ def eval_(policy_file: str | None, run_id: str | None, version: int | str, redis
     if run_id:
         redis_url = find_farm(redis_url, run_id).url
     try:
-        policy = playback.from_file(policy_file) if policy_file else playback.from_run(redis_url, run_id, version)
+        if run_name:
+            policy = playback.from_run_dir(run_name, logdir)
+            click.echo(f"run {Path(policy.source).parent.name}: {Path(policy.source).name} (policy v{policy.version})")
+        elif policy_file:
+            policy = playback.from_file(policy_file)
+        else:
+            policy = playback.from_run(redis_url, run_id, version)
         env, env_id = playback.open_env(policy, env_id, render_mode)
         network = playback.network_for(policy, env, env_id)
         name = f"{policy.algo}-{env_id.split(':')[-1].replace('/', '-')}-policy{policy.meta.get('version', '')}"

@@ -1,11 +1,12 @@
 """rlfarm: a reinforcement-learning rollout farm on Celery and Redis.
 
 `rlfarm.train(...)` trains from Python (see rlfarm.api); `rlfarm train` does the same from a shell.
+`rlfarm.load(path)` reads a saved policy file as a model with `predict(obs)` (rlfarm.observe.loaded).
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["LogStep", "TrainResult", "train"]
+__all__ = ["LogStep", "LoadedPolicy", "PolicyFileError", "TrainResult", "load", "train"]
 
 
 def __getattr__(name: str):
@@ -14,6 +15,10 @@ def __getattr__(name: str):
         from rlfarm.api import train
 
         return train
+    if name in ("load", "LoadedPolicy", "PolicyFileError"):
+        from rlfarm.observe import loaded
+
+        return getattr(loaded, name)
     if name in ("LogStep", "TrainResult"):
         from rlfarm import trainer
 

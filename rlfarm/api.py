@@ -163,19 +163,21 @@ def online_processes(redis_url: str) -> int:
 def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         callback: Callable[..., bool | None] | None = None, console: Any = None,
         notify: Callable[[str], None] | None = None, metrics: tuple[str, int] | None = None,
-        farm: Any = None):
+        farm: Any = None, capture_video: bool = False, tracking: Any = None):
     """Train `cfg` (already checked, with a run id) on the farm at `redis_url`, or on an embedded one.
     `farm`: the farm found already (rlfarm.local.find.Farm; the CLI's); default: the one `redis_url`
     names, else the `rlfarm up` farm, else none (the embedded default). The up farm's secret signs the
     run's data in Redis however its URL was given. `notify(text)`: where start-up notes go (default:
     the "rlfarm" logger). `metrics`: (host, port) to serve the run's Prometheus metrics on while it
-    trains (rlfarm.observe.exporter)."""
+    trains (rlfarm.observe.exporter). `capture_video`, `tracking`: see `train` (checked already:
+    rlfarm.observe.video.check, rlfarm.observe.tracking.check)."""
     from rlfarm.farm.connection import connect, redact, refuse_eviction
     from rlfarm.local.find import UP_FARM, find_farm, secret_mismatch
 
     notify = notify or log.info
     run_dir = Path(cfg.logdir) / cfg.run_id
-    options = {"resume": resume, "callback": callback, "console": console}
+    options = {"resume": resume, "callback": callback, "console": console, "capture_video": capture_video,
+               "tracking": tracking}
     processes = None
     if farm is None:
         farm = find_farm(redis_url, environ={})  # the API reads no RLFARM_REDIS_URL: redis_url is given or not
@@ -262,13 +264,16 @@ def _train_serving(trainer: Any, metrics: tuple[str, int] | None, notify: Callab
 
 def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = None,
           overrides: Mapping[str, Any] | Iterable[str] | None = None, redis_url: str | None = None,
-          callback: Callable[..., bool | None] | None = None, console: Any = None, **options: Any):
+          callback: Callable[..., bool | None] | None = None, console: Any = None,
+          capture_video: bool = False, track: bool | str = False, **options: Any):
     """Train and return a `TrainResult` (run_dir, final_policy, best_policy, returns, counters).
 
     `preset`: a shipped preset name or a TOML path; `config`: a RunConfig instead (then `overrides`
     and `options` apply on top of it). `redis_url`: a farm's Redis (None: the `rlfarm up` farm if
     one is up, else an embedded Redis and `workers` local worker processes). `callback(LogStep)`:
-    after each log step; return False to stop.
+    after each log step; return False to stop. `capture_video`: record a greedy episode of each
+    evaluation to RUN_DIR/videos/ (moviepy). `track`: log the run to MLflow, True for
+    MLFLOW_TRACKING_URI or ./mlruns, or a tracking URI (rlfarm.observe.tracking).
     `options`: total_steps, seed, target_return, env, mode, workers, run_id, logdir, device, or any
     dotted config key with "__" for "." (ppo__learning_rate=1e-3).
     """
@@ -286,9 +291,31 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
 
     farm = find_farm(redis_url, environ={})
     check_config(cfg, embedded=farm.url is None)
+    tracking = check_extras(cfg, capture_video, track or None)
     cfg = with_run_id(cfg)
     check_new_run(cfg)
-    return run(cfg, redis_url=farm.url, callback=callback, console=console, farm=farm)
+    return run(cfg, redis_url=farm.url, callback=callback, console=console, farm=farm,
+               capture_video=capture_video, tracking=tracking)
+
+
+def check_extras(cfg: C.RunConfig, capture_video: bool = False, track: bool | str | None = None,
+                 experiment: str | None = None) -> Any:
+    """--capture-video and --track checked before anything starts (VideoError, TrackingError: both
+    ConfigErrors); returns the run's Tracking, or None. `track`: True, or a tracking URI."""
+    if capture_video:
+        from rlfarm.observe import video
+
+        video.check(cfg)
+        if not cfg.eval.interval:
+            log.warning("--capture-video records the greedy evaluations, and eval.interval = 0 schedules "
+                        "none: --set eval.interval=N for a video every N env steps")
+    if not track and experiment is None:
+        return None
+    from rlfarm.observe import tracking
+
+    where = tracking.Tracking.resolve(track if isinstance(track, str) else None, experiment)
+    tracking.check(where)
+    return where
 
 
 def _flat_overrides(overrides: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:

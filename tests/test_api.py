@@ -42,6 +42,14 @@ def test_train_embedded_from_python_with_evaluations_and_a_best_policy(tmp_path)
     assert result.env_steps == 3072
     assert result.best_policy == tmp_path / "api-embedded" / "best_policy.safetensors"
     assert result.best_policy.exists() and result.best_version is not None
+    # The run's best policy, as a script acts with it (SB3's model.predict).
+    policy = rlfarm.load(result.best_policy)
+    assert policy.version == str(result.best_version) and policy.env_id == "CartPole-v1"
+    env = policy.make_env()
+    obs, _ = env.reset(seed=0)
+    action, state = policy.predict(obs, deterministic=True)
+    assert state is None and env.action_space.contains(action)
+    assert policy.predict([obs, obs])[0].shape == (2,)
     cluster = json.loads((result.run_dir / "cluster.json").read_text())
     assert not [pid for pid in cluster["pids"] if pid_alive(pid)]  # its Redis and workers are gone
     # torch_threads "auto": an MLP learns on one thread, whatever the machine.

@@ -152,3 +152,36 @@ def test_rlfarm_worker_joins_a_farm(redis_only, tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
     assert processes_matching("rlfarm-joined@") == []
+
+
+def _eval_error(args: list[str], code: int) -> str:
+    """The one `rlfarm: error:` line of `rlfarm eval ARGS`, run in-process (unit tier: nothing starts)."""
+    result = CliRunner().invoke(main, ["eval", *args])
+    assert result.exit_code == code, result.output
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("rlfarm: error: "), line
+    return line
+
+
+def test_eval_of_a_run_that_does_not_exist_names_where_it_looked(tmp_path):
+    line = _eval_error(["nope", "--logdir", str(tmp_path)], 1)
+    assert line == f"rlfarm: error: no run 'nope': neither nope/ nor {tmp_path}/nope/ is a run directory (one with config.json)"
+    assert "runs/nope/" in _eval_error(["nope"], 1)  # --logdir's default
+
+
+def test_eval_of_a_run_without_a_policy_file_says_what_to_play_instead(tmp_path):
+    (tmp_path / "young").mkdir()
+    (tmp_path / "young" / "config.json").write_text("{}")
+    line = _eval_error([str(tmp_path / "young")], 1)
+    assert "run young has no policy file yet (no best_policy.safetensors or final_policy.safetensors in" in line
+    assert line.endswith("play its newest version with --run young")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ([], "give exactly one of RUN (a run directory's best policy), --policy FILE or --run RUN (Redis)"),
+    (["r1", "--run", "r2"], "give exactly one of RUN"),
+    (["r1", "--version", "3"], "--version picks a version of --run RUN in Redis"),
+    (["--run", "r2", "--logdir", "x"], "--logdir is where RUN's directory is; give it with RUN"),
+])
+def test_eval_forms_that_do_not_go_together_are_one_line(args, fragment):
+    assert fragment in _eval_error(args, 2)

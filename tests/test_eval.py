@@ -171,3 +171,59 @@ def test_video_and_render_together_is_a_usage_error(tmp_path):
     result = run_cli("eval", "--policy", __file__, "--video", str(tmp_path / "v"), "--render")
     assert result.returncode == 2
     assert "give --video DIR (record) or --render (watch), not both" in one_error_line(result.stderr)
+
+
+# ---- `rlfarm eval RUN` (zoo's enjoy) and rlfarm.load of the runs' files ---------------------------
+def _with_version(src, dst, version: str) -> None:
+    """A copy of the policy file `src` whose metadata says another version (told apart when played)."""
+    from rlfarm.core import codec
+
+    state, meta = codec.decode_policy(src.read_bytes())
+    meta["version"] = version
+    dst.write_bytes(codec.encode_policy(state, meta))
+
+
+def test_eval_run_plays_its_best_policy_else_its_final_one(runs, tmp_path):
+    import shutil
+
+    run_id, run_dir = runs["dqn"]  # eval.interval = 0: no best_policy.safetensors
+    result = run_cli("eval", run_id, "--logdir", str(run_dir.parent), "--episodes", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, *_, last = result.stdout.strip().splitlines()
+    assert re.fullmatch(rf"run {run_id}: final_policy\.safetensors \(policy v\d+\)", first), first
+    assert last.startswith("CartPole-v1, policy v") and last.endswith("over 2 greedy episodes")
+
+    # A run directory given as a path; its best policy is played rather than its final one.
+    copy = tmp_path / run_id
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.log", "events.*"))
+    _with_version(copy / "final_policy.safetensors", copy / "best_policy.safetensors", "777")
+    result = run_cli("eval", str(copy), "--episodes", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[0] == f"run {run_id}: best_policy.safetensors (policy v777)"
+    assert result.stdout.strip().splitlines()[-1].startswith("CartPole-v1, policy v777: mean return ")
+
+
+def test_eval_run_takes_the_env_of_its_config(runs):
+    """SAC's run: Pendulum, from config.json (a final policy file names no preprocessing)."""
+    run_id, run_dir = runs["sac"]
+    result = run_cli("eval", run_id, "--logdir", str(run_dir.parent), "--episodes", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].startswith("Pendulum-v1, policy v")
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ppo", "sac"])
+def test_load_acts_with_a_real_runs_final_policy(runs, algo):
+    import numpy as np
+
+    import rlfarm
+
+    policy = rlfarm.load(runs[algo][1] / "final_policy.safetensors")
+    env = policy.make_env()
+    obs, _ = env.reset(seed=3)
+    for _ in range(5):
+        action, state = policy.predict(obs, deterministic=True)
+        assert state is None and env.action_space.contains(np.asarray(action, env.action_space.dtype))
+        obs, *_ = env.step(action)
+    actions, _ = policy.predict(np.stack([obs] * 4), deterministic=False)
+    assert len(actions) == 4
+    env.close()

@@ -1,4 +1,5 @@
-"""Where a run's numbers go: a live console display, CSV files and TensorBoard scalars.
+"""Where a run's numbers go: a live console display, CSV files and TensorBoard scalars, and the
+run's sinks (`Sink`: MLflow with --track, evaluation videos with --capture-video).
 
 Keys follow CleanRL / Stable-Baselines3 (`charts/episodic_return`, `charts/SPS`, `losses/...`).
 Files in the run directory: config.json, progress.csv (one row per log), episodes.csv (one row per
@@ -103,17 +104,37 @@ def _quiet_event_thread_errors() -> None:
     threading.excepthook = hook
 
 
+class Sink:
+    """What else a RunLogger tells what it logs, beside its files and TensorBoard (rlfarm.observe.tracking,
+    rlfarm.observe.video). A sink keeps its own failures to itself: a tracking server or a renderer
+    that fails warns, and the run goes on."""
+
+    def scalars(self, global_step: int, row: Mapping[str, float]) -> None:
+        """A progress.csv row (its keys, global_step and wall_time included)."""
+
+    def episodes(self, global_step: int, returns: Any, lengths: Any) -> None:
+        """Training episodes that ended, logged at `global_step`."""
+
+    def evaluation(self, global_step: int, returns: list[float], version: int, confirmation: bool) -> None:
+        """A finished greedy evaluation of `version` (while it is still pinned in the store)."""
+
+    def close(self, failing: BaseException | None) -> None:
+        """The run ends (the run directory's files are written): `failing` is its error, if any."""
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, config: Mapping[str, Any], total_steps: int,
                  console: Console | None = None, tensorboard: bool = True,
-                 resume: Mapping[str, Any] | None = None):
+                 resume: Mapping[str, Any] | None = None, sinks: Any = ()):
         """`resume`: the `state()` of the logger of a run being resumed; its files are kept up to the
-        checkpoint's env step (later rows will be produced again) and appended to."""
+        checkpoint's env step (later rows will be produced again) and appended to. `sinks`: Sink
+        factories, called once config.json is written (so the run directory exists)."""
         writer_class = summary_writer_class() if tensorboard else None  # before anything is written
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Strict JSON: target_return inf is written as null (rlfarm.config.from_dict reads it back).
         write_atomic(self.run_dir / "config.json", json.dumps(json_safe(config), indent=2, allow_nan=False) + "\n")
+        self.sinks: list[Sink] = [make() for make in sinks]
         self.console = console or Console()
         self.total_steps = total_steps
         self.start = time.time() - (resume["elapsed"] if resume else 0.0)
@@ -196,6 +217,8 @@ class RunLogger:
                 self.writer.add_scalar("charts/episodic_length", int(length), global_step)
         if len(self.recent_returns) == ROLLING_EPISODES:
             self.best_rolling = max(self.best_rolling, self.rolling_return)
+        for sink in self.sinks:
+            sink.episodes(global_step, returns, lengths)
 
     def evaluation(self, global_step: int, returns: list[float], version: int,
                    confirmation: bool = False) -> None:
@@ -208,6 +231,8 @@ class RunLogger:
                                       "policy_version", "confirmation"]])
         self._evals_file.append([[global_step, f"{time.time() - self.start:.3f}", f"{mean:.4f}",
                                   f"{std:.4f}", len(returns), version, int(confirmation)]])
+        for sink in self.sinks:
+            sink.evaluation(global_step, list(returns), version, confirmation)
         if confirmation:
             if self.writer:
                 self.writer.add_scalar("eval/confirmation_mean_return", mean, global_step)
@@ -248,6 +273,8 @@ class RunLogger:
             for key, value in row.items():
                 if key not in ("global_step", "wall_time") and value == value:  # skip NaN
                     self.writer.add_scalar(key, value, global_step)
+        for sink in self.sinks:
+            sink.scalars(global_step, row)
 
     def status(self, global_step: int, sps: float, version: int, in_flight: int) -> None:
         ret = self.rolling_return
@@ -284,3 +311,5 @@ class RunLogger:
         self._episodes_file.close()
         if self._evals_file:
             self._evals_file.close()
+        for sink in self.sinks:
+            sink.close(failing)

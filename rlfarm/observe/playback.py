@@ -59,6 +59,40 @@ def from_file(path: str | Path) -> StoredPolicy:
                         algo_of(meta, state), str(path))
 
 
+# What `rlfarm eval RUN` plays of a run directory, the first that exists (zoo's enjoy: the best model).
+RUN_POLICY_FILES = ("best_policy.safetensors", "final_policy.safetensors")
+
+
+def run_dir_of(run: str, logdir: str | None = None) -> Path:
+    """The run directory `run` names: itself if it is one (it has config.json), else LOGDIR/run."""
+    from rlfarm.config import RunConfig
+
+    given, under = Path(run), Path(logdir or RunConfig.logdir) / run
+    for candidate in (given, under):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise PlaybackError(f"no run {run!r}: neither {given}/ nor {under}/ is a run directory (one with config.json)")
+
+
+def from_run_dir(run: str, logdir: str | None = None) -> StoredPolicy:
+    """A run directory's best policy, else its final one, with the env, preprocessing and network
+    settings of the run's config.json (a final policy file names no preprocessing)."""
+    run_dir = run_dir_of(run, logdir)
+    found = [run_dir / name for name in RUN_POLICY_FILES if (run_dir / name).is_file()]
+    if not found:
+        raise PlaybackError(f"run {run_dir.name} has no policy file yet (no {' or '.join(RUN_POLICY_FILES)} in "
+                            f"{run_dir}/); while it trains, play its newest version with --run {run_dir.name}")
+    policy = from_file(found[0])
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+        env, policy_config = dict(config["env"]), dict(config["policy"])
+        env_id = str(env["id"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PlaybackError(f"cannot read {run_dir / 'config.json'}: {exc!r}") from None
+    policy.meta["env"], policy.env_options, policy.policy_config = env_id, env, policy_config
+    return policy
+
+
 def from_run(redis_url: str, run_id: str, version: int | str) -> StoredPolicy:
     """Version `version` (or "latest") of a run in Redis, with the run's own config."""
     from rlfarm.algos.saved import algo_of

@@ -68,7 +68,8 @@ class _TrainerHooks:
 
 def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
                  resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None,
-                 local_workers: int = 0, secret: Any = FROM_ENV, **mode_options: Any) -> Trainer:
+                 local_workers: int = 0, secret: Any = FROM_ENV, capture_video: bool = False,
+                 tracking: Any = None, **mode_options: Any) -> Trainer:
     """The trainer of the run's mode (the algorithm is the config's; rlfarm.algos checks it can run so).
 
     `resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.trainer.resume).
@@ -78,6 +79,8 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
     `secret`: what signs and checks the run's data in Redis (default RLFARM_SECRET; the embedded
     default and `rlfarm up` make one of their own). Files in the run directory are signed with
     RLFARM_SECRET only, so they verify wherever the user's secret does.
+    `capture_video`: record a greedy episode of each evaluated version (rlfarm.observe.video).
+    `tracking`: an rlfarm.observe.tracking.Tracking to log the run to MLflow.
     `mode_options`: ASYNC's `tasks_in_flight` (ignored in SYNC)."""
     cls = AsyncTrainer if config.mode == "async" else SyncTrainer
     if cls is SyncTrainer:
@@ -121,8 +124,20 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
     dispatcher.share = FarmShare(redis_url, config.run_id, farm.share, config.mode,
                                  demand=dispatcher.wants_slots, busy=lambda: dispatcher.busy_seconds)
 
+    sinks: list[Callable[[], Any]] = []
+    if capture_video:
+        from rlfarm.observe.video import EvalVideos
+
+        # From the store's pinned copy: an evaluated version is pinned until its evaluation is logged.
+        sinks.append(lambda: EvalVideos(run_dir, config, space, store.pinned.get, store.secret))
+    if tracking is not None:
+        from rlfarm.observe.tracking import MlflowRun
+
+        sinks.append(lambda: MlflowRun(tracking, run_dir, to_dict(config), resume=resume))
+
     def open_logger(resume_state: dict[str, Any] | None) -> RunLogger:
-        return RunLogger(run_dir, to_dict(config), config.total_steps, console, resume=resume_state)
+        return RunLogger(run_dir, to_dict(config), config.total_steps, console, resume=resume_state,
+                         sinks=sinks)
 
     trainer = cls(config, run_dir, space=space, device=device, threads=threads, algo=algo, client=client,
                   retry=retry, store=store, claim=claim, dispatcher=dispatcher,
