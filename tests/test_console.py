@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -247,3 +248,44 @@ def test_progress_has_one_row_per_step_across_a_resume(tmp_path):
     resumed.close()
     rows = (tmp_path / "progress.csv").read_text().splitlines()
     assert [int(r.split(",")[0]) for r in rows[1:]] == [1000, 2000, 3000]
+
+
+# ---- 80 columns: the progress display and files never cut or wrap what they show -----------------
+def test_compact_counts_and_ages():
+    from rlfarm.observe import narrow
+
+    assert [narrow.count(n) for n in (0, 999, 1000, 4100, 20480, 40960, 100_000, 999_999, 1_000_000,
+                                      1_234_567, 10_000_384, 2.5e9, -40960)] == [
+        "0", "999", "1k", "4.1k", "20.4k", "40.9k", "100k", "999k", "1M", "1.23M", "10M", "2.5G", "-40.9k"]
+    assert [narrow.age(s) for s in (None, 2.25, 42, 125, 7300, 200000)] == [
+        "-", "2.2s", "42s", "2m05s", "2h01m", "2d07h"]
+
+
+def _rendered(renderable, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+@pytest.mark.parametrize("total, step, shown", [(100_000, 40_960, "40.9k/100k steps"),
+                                                 (10_000_384, 5_123_456, "5.12M/10M steps")])
+def test_the_progress_display_shows_steps_time_and_eta_whole_at_80_and_60_columns(tmp_path, total, step, shown):
+    console = Console(file=io.StringIO(), force_terminal=False, width=80)
+    logger = RunLogger(tmp_path, {"algo": "dqn"}, total, console, tensorboard=False)
+    try:
+        logger.status(step // 2, 1234.5, 6, 8)
+        logger.episodes(step, [194.25] * 20, [194] * 20, 12)
+        logger.status(step, 1234.5, 12, 8)  # a second sample: rich has a speed, so an ETA
+        logger.evaluation(step, [500.0, 500.0], 12)
+        display = logger.progress.get_renderable()
+        for width in (80, 60):
+            text = _rendered(display, width)
+            assert "…" not in text and all(len(line) <= width for line in text.splitlines()), text
+            first, second = text.splitlines()
+            assert shown in first and re.search(r" \d+:\d\d:\d\d ETA \d+:\d\d:\d\d", first), first
+            assert "return 194.2 (exploring)" in second, second  # the training return is while exploring
+        wide = _rendered(display, 80)
+        assert "1.23k SPS" in wide and "eval 500.0 (best 500.0)" in wide and "policy v12" in wide, wide
+        assert "━" in _rendered(display, 60)  # the bar is shorter, not gone
+    finally:
+        logger.close()
