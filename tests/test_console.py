@@ -289,3 +289,57 @@ def test_the_progress_display_shows_steps_time_and_eta_whole_at_80_and_60_column
         assert "━" in _rendered(display, 60)  # the bar is shorter, not gone
     finally:
         logger.close()
+
+
+def test_long_lines_stay_one_line_in_files_and_above_the_bar(rlfarm_logger, tmp_path, monkeypatch):
+    """A file or pipe is 80 columns to rich: a trial's train.log, `rlfarm train > out.log`, and the
+    live bar's console all had long lines cut in two."""
+    long = "lost Redis at redis://10.0.0.5:6379/0 (ConnectionError: [Errno 111] refused); " + "x" * 200
+    handler = logs.setup_logging(0)
+    run_log = logs.log_to_file(tmp_path / "run")
+    bar = Console(file=io.StringIO(), force_terminal=True, width=80, color_system=None)
+    monkeypatch.setattr(handler, "_stderr", Console(file=io.StringIO(), force_terminal=True, width=80))
+    logs.set_live_console(bar)  # a live progress bar: log lines go through its console
+    try:
+        logging.getLogger("rlfarm.trainer").warning("%s", long)
+    finally:
+        logs.set_live_console(None)
+        logs.remove(run_log)
+    assert bar.file.getvalue().splitlines() == [f"rlfarm: warning: {long}"]
+    [line] = (tmp_path / "run" / logs.LOG_FILE).read_text().splitlines()
+    assert line.endswith(f" WARNING rlfarm.trainer: {long}")
+
+    plain = Console(file=io.StringIO(), force_terminal=False, width=80)  # `rlfarm train > out.log`
+    logger = RunLogger(tmp_path / "plain", {"algo": "ppo"}, 100_000, plain, tensorboard=False)
+    logger.evaluation(1000, [487.25, 487.35], 1)
+    logger.status(1000, 500.0, 1, 2)
+    logger.close()
+    [status] = plain.file.getvalue().splitlines()
+    assert len(status) > 80 and status.startswith("step 1000/100000") and status.endswith("policy v1"), status
+
+
+def test_what_was_logged_before_the_run_log_opened_is_at_its_top(rlfarm_logger, tmp_path, capsys):
+    """Config warnings and the farm found come before the run directory exists: its rlfarm.log,
+    what is kept of a run, starts with them (each with the time it was said)."""
+    logs.setup_logging(-1)
+    cli_log = logging.getLogger("rlfarm.cli")
+    cli_log.warning("CartPole-v1 episodes last up to 500 steps but each task runs 64 steps per env")
+    cli_log.info("no --redis given: starting an embedded Redis")
+    run_log = logs.log_to_file(tmp_path / "run")
+    logging.getLogger("rlfarm.trainer").info("the run's own line")
+    logs.remove(run_log)
+    cli_log.warning("after the run: for the next run's log, if one opens")
+    lines = (tmp_path / "run" / logs.LOG_FILE).read_text().splitlines()
+    assert [line.split(" ", 2)[2] for line in lines] == [
+        "WARNING rlfarm.cli: CartPole-v1 episodes last up to 500 steps but each task runs 64 steps per env",
+        "INFO rlfarm.cli: no --redis given: starting an embedded Redis",
+        "INFO rlfarm.trainer: the run's own line"]
+    second = logs.log_to_file(tmp_path / "second")
+    logs.remove(second)
+    assert (tmp_path / "second" / logs.LOG_FILE).read_text().splitlines()[0].endswith(
+        "after the run: for the next run's log, if one opens")
+    logs.setup_logging(0)  # a new command starts with nothing kept
+    third = logs.log_to_file(tmp_path / "third")
+    logs.remove(third)
+    assert not (tmp_path / "third").exists()
+    capsys.readouterr()
