@@ -300,7 +300,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
         f", greedy evaluation of the final policy {result.eval_mean_return:.1f}")
     click.echo(f"run {result.run_id}: {result.env_steps} env steps in {result.wall_seconds:.1f} s, "
                f"policy v{result.final_version}, mean return of the last 20 training episodes "
-               f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f}){evaluated}")
+               f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f}, while exploring){evaluated}")
     if result.best_policy is not None:
         click.echo(f"best policy: v{result.best_version}, greedy evaluation {result.best_eval_mean_return:.1f} "
                    f"(best_policy.safetensors); target {'reached' if result.target_reached else 'not reached'}")

@@ -4,6 +4,7 @@ said so), and a warning when the env's episodes outlast a task (training returns
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -64,5 +65,26 @@ def test_episodes_longer_than_a_task_are_warned_about(farm, tmp_path):
                "within a task (at most 512 steps); --set farm.episodes=continue keeps each worker's envs "
                "running across tasks")
     assert result.stderr.splitlines().count(warning) == 1, result.stderr
+    # Said before the run directory existed, and still in the run's log, which is what is kept of it.
+    log = (tmp_path / "long-episodes" / "rlfarm.log").read_text().splitlines()
+    assert any(line.endswith(warning.replace("rlfarm: warning: ", "WARNING rlfarm.cli: ")) for line in log), log
     assert "--total-steps" not in result.stderr  # 2 whole iterations: nothing rounded
     assert "mean return of the last 20 training episodes" in result.stdout
+    assert "while exploring" in result.stdout  # not to be read against a greedy evaluation
+
+
+def test_no_shipped_preset_warns_about_its_own_settings(caplog):
+    """cartpole-dqn's 256-step tasks of fresh episodes are on purpose (see its preset): a run that
+    evaluates is scored by greedy episodes played whole, so the capped training return is a note."""
+    from rlfarm.api import run_length_notes
+
+    caplog.set_level(logging.INFO, logger="rlfarm")
+    for name in C.preset_names():
+        cfg = C.build(name)  # its checks: errors raise, and nothing may warn
+        notes = run_length_notes(cfg)
+        assert [note for level, note in notes if level >= logging.WARNING] == [], name
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    [(level, note)] = run_length_notes(C.build("cartpole-dqn"))
+    assert level == logging.INFO and "act with exploration; greedy evaluations play whole episodes" in note
+    [(level, note)] = run_length_notes(C.build("cartpole-dqn", ["eval.interval=0"]))
+    assert level == logging.WARNING and "--set farm.episodes=continue" in note  # then the return is the score
