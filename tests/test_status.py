@@ -20,6 +20,7 @@ from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.local.cluster import LocalCluster
 from rlfarm.observe.status import (SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, parse_heartbeat,
                                   parse_workers, render, to_json)
+from rlfarm.farm import keys
 from rlfarm.farm.connection import connect
 from rlfarm.farm.runs import write_status
 
@@ -155,6 +156,24 @@ def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
                      "12.2k/100k", "9.87k SPS", "327.4", "trainer-host", "pid 4242",
                      "worker(s) online", "task messages waiting", "Redis memory"):
         assert expected in out, expected
+
+
+@pytest.mark.farm
+def test_a_run_that_failed_says_failed_for_good(farm, tmp_path):
+    """A finished and a crashed run both showed "no trainer heartbeat": the trainer's last word is kept
+    without expiry (a finished one: test_status_follows_a_live_training_run)."""
+    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "status-crashed", "--logdir", str(tmp_path),
+                     "--env", "tests.tiny_envs:crashing", "--set", "env.num_envs=1", "--set", "farm.num_tasks=1",
+                     "--set", "farm.steps_per_env=64", "--set", "ppo.num_minibatches=1", "--total-steps", "128")
+    assert result.returncode == 1 and "the simulator crashed" in error_line(result), result.stderr[-3000:]
+    hb = run_entry(status_json(farm.redis_url), "status-crashed")["heartbeat"]
+    assert hb is not None and hb["state"] == "failed"
+    assert connect(farm.redis_url).ttl(keys.status("status-crashed")) == -1  # kept: it never expires
+    table = run_cli("status", "--redis", farm.redis_url, env={"COLUMNS": "80"}).stdout
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if "status-crashed" in line)
+    row = lines[start:next(i for i in range(start, len(lines) + 1) if i == len(lines) or not lines[i].strip())]
+    assert "failed" in row[0] and "no trainer heartbeat" not in "\n".join(row), table
 
 
 def read_until_frames(read, frames: int) -> bytes:
