@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlfarm.config import length
 from rlfarm.config.bounds import check_config_bounds
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import FIELD as _FIELD
@@ -164,39 +165,14 @@ class _RunConfigBase:
 
     @property
     def num_iterations(self) -> int:
-        """SYNC iterations: the whole ones and, when total_steps is not a whole number of them, a
-        shorter last one (`task_steps`)."""
-        return max(1, -(-self.total_steps // self.steps_per_iteration))
+        return length.num_iterations(self)
 
     def task_steps(self, env_steps: int) -> int:
-        """Steps per env of the tasks of a SYNC iteration that starts at `env_steps`: farm.steps_per_env,
-        or fewer in the last one, so the run ends at total_steps (rounded up to a step of every env
-        of the iteration: at most num_tasks x num_envs - 1 over). Whole iterations of a longer run
-        would overrun it (sweep trials of 20,480 steps trained 24k and 32k) and give trials of larger
-        iterations more steps than the others."""
-        row = self.farm.num_tasks * self.env.num_envs  # type: ignore[attr-defined]
-        left = max(1, self.total_steps - env_steps)
-        return min(self.farm.steps_per_env, -(-left // row))  # type: ignore[attr-defined]
+        """Steps per env of a SYNC iteration starting at `env_steps` (the last one's are fewer)."""
+        return length.task_steps(self, env_steps)
 
     def rounding_note(self) -> str | None:
-        """One line for the console when SYNC total_steps is not a whole number of iterations (ASYNC
-        runs take whole results until env_steps >= total_steps, at most one task's steps over); None
-        when every iteration is whole."""
-        per = self.steps_per_iteration
-        if self.mode != "sync" or self.total_steps % per == 0:
-            return None
-        n, exact = self.num_iterations, self.total_steps / per
-        shown = f"{exact:.2f}"
-        if float(shown) in (n - 1, n):  # 0.001 or 9.9999 iterations: not "0.00" or "10.00"
-            shown = f"{exact:.6g}"
-        steps = self.task_steps((n - 1) * per)
-        last = steps * self.farm.num_tasks * self.env.num_envs  # type: ignore[attr-defined]
-        note = (f"--total-steps {self.total_steps} is {shown} iterations of {per} steps: the last one runs "
-                f"{steps} step{'s' if steps > 1 else ''} per env ({last:,} env steps)")
-        end = (n - 1) * per + last
-        if end != self.total_steps:  # every env of the iteration steps alike
-            note += f", {end:,} env steps in all"
-        return note
+        return length.rounding_note(self)
 
 
 RunConfig = dataclasses.make_dataclass("RunConfig", [
