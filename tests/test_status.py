@@ -116,8 +116,8 @@ def test_the_tables_fit_80_columns_with_their_values_whole():
         assert "…" not in text and max(len(line.rstrip()) for line in text.splitlines()) <= width, text
         for expected in whole:
             assert expected in text, (width, expected, text)
-    for expected in ("trainer-host", "pid 4242", "weight 1", "cap 3/6", "25% idle", "v123", "7123 8123 9123",
-                     "0.1.0 p1"):
+    for expected in ("trainer-host", "pid 4242", "weight 1, cap 3 of 6", "50% of slots (1 min)", "25% idle",
+                     "v123", "7123 8123 9123", "0.1.0, protocol 1"):
         assert expected in text, expected  # at 200 columns every column is there
 
 

@@ -261,15 +261,14 @@ def _memory_line(m: MemoryStatus) -> str:
 
 
 def _worker_version(w: WorkerStatus) -> Any:
-    """`0.1.0 p1` (rlfarm 0.1.0, protocol 1); in red when it is not this rlfarm's protocol (it refuses
-    this trainer's tasks)."""
+    """`0.1.0, protocol 1`; in red when it is not this rlfarm's protocol (it refuses this trainer's tasks)."""
     from rich.text import Text
 
     from rlfarm.core.protocol import PROTOCOL
 
     if w.protocol is None:
         return Text("before protocol versions", style="red")
-    return Text(f"{w.version or '?'} p{w.protocol}", style="" if w.protocol == PROTOCOL else "red")
+    return Text(f"{w.version or '?'}, protocol {w.protocol}", style="" if w.protocol == PROTOCOL else "red")
 
 
 STATE_STYLE = {"running": "green", "finished": "cyan", "failed": "red", "stopped": "yellow"}
@@ -279,8 +278,8 @@ def _share_cell(share: Share | None) -> str:
     """Weight, the cap it keeps to now, and the slot time its tasks used over the last minute."""
     if share is None:
         return "-"
-    cap = "no cap" if share.cap is None else f"cap {share.cap}/{share.slots}"
-    return f"weight {share.weight:g}\n{cap}\n{100 * share.used:.0f}% (1 min)"
+    cap = "no cap" if share.cap is None else f"cap {share.cap} of {share.slots}"
+    return f"weight {share.weight:g}, {cap}\n{100 * share.used:.0f}% of slots (1 min)"
 
 
 # Columns of the tables, and which go first when the console is too narrow for all of them whole
