@@ -68,6 +68,42 @@ def _truncate_csv(path: Path, max_step: int) -> list[str] | None:
     return header
 
 
+def _clock(seconds: float | None) -> str:
+    """H:MM:SS, as rich's time columns write it (`-:--:--` before there is an estimate)."""
+    if seconds is None:
+        return "-:--:--"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class RunProgress(Progress):
+    """The live progress display: two lines that fit the terminal, 80 columns included. The first has
+    what a user waits for (the bar, env steps, elapsed time, ETA, speed), the second how learning goes
+    (the training return, which is while exploring, the greedy evaluation, the version, the tasks in
+    flight). What does not fit is left out, the least needed first, never cut (rlfarm.observe.narrow)."""
+
+    def get_renderables(self) -> Any:
+        for task in self.tasks:
+            yield from self.lines(task)
+
+    @staticmethod
+    def lines(task: Task) -> list[narrow.Line]:
+        fields = task.fields
+        total = task.total or 0
+        steps = Text(f"{narrow.count(task.completed)}/{narrow.count(total)} steps", style="bold")
+        first = narrow.Line(
+            [(0, steps), (0, Text(_clock(task.elapsed), style="progress.elapsed")),
+             (0, Text(f"ETA {_clock(task.time_remaining)}", style="progress.remaining")),
+             (3, Text(f"{fields['sps']} SPS"))],
+            bar=(0, 2, 10, 40, lambda width: ProgressBar(total=total, completed=task.completed, width=width)))
+        second = [(1, Text(f"return {fields['ret']} (exploring)"))]
+        if fields["eval"]:
+            second.append((1, Text(fields["eval"])))
+        second += [(2, Text(f"policy v{fields['version']}")), (3, Text(f"{fields['flight']} in flight"))]
+        return [first, narrow.Line(second, gap=2)]
+
+
 class _GuardedWriter:
     """TensorBoard's SummaryWriter whose write errors name the run directory (RunDirError). Its writer
     thread meets them and TensorBoard raises them on the trainer's next call, which lands here."""
@@ -103,42 +139,6 @@ def _quiet_event_thread_errors() -> None:
 
     hook.rlfarm_quiet = True  # type: ignore[attr-defined]
     threading.excepthook = hook
-
-
-def _clock(seconds: float | None) -> str:
-    """H:MM:SS, as rich's time columns write it (`-:--:--` before there is an estimate)."""
-    if seconds is None:
-        return "-:--:--"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
-
-
-class RunProgress(Progress):
-    """The live progress display: two lines that fit the terminal, 80 columns included. The first has
-    what a user waits for (the bar, env steps, elapsed time, ETA, speed), the second how learning goes
-    (the training return, which is while exploring, the greedy evaluation, the version, the tasks in
-    flight). What does not fit is left out, the least needed first, never cut (rlfarm.observe.narrow)."""
-
-    def get_renderables(self) -> Any:
-        for task in self.tasks:
-            yield from self.lines(task)
-
-    @staticmethod
-    def lines(task: Task) -> list[narrow.Line]:
-        fields = task.fields
-        total = task.total or 0
-        steps = Text(f"{narrow.count(task.completed)}/{narrow.count(total)} steps", style="bold")
-        first = narrow.Line(
-            [(0, steps), (0, Text(_clock(task.elapsed), style="progress.elapsed")),
-             (0, Text(f"ETA {_clock(task.time_remaining)}", style="progress.remaining")),
-             (3, Text(f"{fields['sps']} SPS"))],
-            bar=(0, 2, 10, 40, lambda width: ProgressBar(total=total, completed=task.completed, width=width)))
-        second = [(1, Text(f"return {fields['ret']} (exploring)"))]
-        if fields["eval"]:
-            second.append((1, Text(fields["eval"])))
-        second += [(2, Text(f"policy v{fields['version']}")), (3, Text(f"{fields['flight']} in flight"))]
-        return [first, narrow.Line(second, gap=2)]
 
 
 class RunLogger:
