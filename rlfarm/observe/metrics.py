@@ -7,9 +7,8 @@ finished training episode), evals.csv (one row per greedy evaluation), TensorBoa
 On a terminal the console shows a live progress display in two lines that fit its width (env steps,
 elapsed time, ETA, SPS; the rolling training return, which is while exploring, the latest greedy
 evaluation, policy version, tasks in flight: `RunProgress`); elsewhere a plain status line every 5 s,
-never wrapped. Evaluations are
-logged (rlfarm.observe.logs) at info every `EVAL_LINE_EVERY`-th time and for the run's last one, at debug
-otherwise; evals.csv and TensorBoard hold all of them.
+never wrapped. Evaluations are logged (rlfarm.observe.logs) at info every `EVAL_LINE_EVERY`-th time
+and for the run's last one, at debug otherwise; evals.csv and TensorBoard hold all of them.
 """
 
 from __future__ import annotations
