@@ -312,7 +312,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
         f", greedy evaluation of the final policy {result.eval_mean_return:.1f}")
     click.echo(f"run {result.run_id}: {result.env_steps} env steps in {result.wall_seconds:.1f} s, "
                f"policy v{result.final_version}, mean return of the last 20 training episodes "
-               f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f}){evaluated}")
+               f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f}, while exploring){evaluated}")
     if result.best_policy is not None:
         click.echo(f"best policy: v{result.best_version}, greedy evaluation {result.best_eval_mean_return:.1f} "
                    f"(best_policy.safetensors); target {'reached' if result.target_reached else 'not reached'}")
@@ -1031,10 +1031,9 @@ def _sweep(name, sweep_dir: Path, farm, cfg, base, params, child_args, metric, t
 
     from rlfarm import config as C
     from rlfarm.core.signing import secret_from_env
-    from rlfarm.farm.connection import redact
     from rlfarm.local.shared import REDIS_ENV, farm_for_trainers
     from rlfarm.tune.report import skipped_line, trial_line, trials_table, write_best, write_trials_csv
-    from rlfarm.tune.study import open_study
+    from rlfarm.tune.study import open_study, study_place
     from rlfarm.tune.sweep import Sweep
 
     note = logging.getLogger("rlfarm.cli").info
@@ -1046,11 +1045,8 @@ def _sweep(name, sweep_dir: Path, farm, cfg, base, params, child_args, metric, t
                                worker_env, notify=note) as env:
             study = open_study(env[REDIS_ENV], name, resume, pruner, seed)
             secret = secret_from_env({**os.environ, **env})  # the trainers' secret, as the sweep signs with it
-            where = (f"in Redis at {redact(farm.url)}: more machines can join with the same command and "
-                     f"--resume {name}") if farm.url else \
-                "in the embedded Redis, for this sweep's life (trials.csv is its record)"
-            note(f"study {name} {'resumed' if resume else 'created'} {where}; {trials} trials, {parallel} at "
-                 f"once, scored by {metric}; runs and logs in {sweep_dir}/")
+            note(f"study {name} {'resumed' if resume else 'created'} {study_place(farm, name)}; {trials} trials, "
+                 f"{parallel} at once, scored by {metric}; runs and logs in {sweep_dir}/")
             live = Live(console=console, auto_refresh=False) if console.is_terminal else None
 
             def on_change(current):

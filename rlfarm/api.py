@@ -94,8 +94,10 @@ def with_run_id(cfg: C.RunConfig) -> C.RunConfig:
 
 def run_length_notes(cfg: C.RunConfig) -> list[tuple[int, str]]:
     """(logging level, line) about how long the run and its episodes really are, before it starts: SYNC
-    total_steps rounded up to whole iterations, and an env whose episodes outlast a task (every task
-    starts fresh episodes, so training returns only count episodes that end within one)."""
+    total_steps that end in a shorter iteration, and an env whose episodes outlast a task (every task
+    starts fresh episodes, so training returns only count episodes that end within one). The latter
+    is a warning only when the training return is the run's score: greedy evaluations play whole
+    episodes, so a run that evaluates (cartpole-dqn: 256-step tasks on purpose) is told it as a note."""
     from rlfarm.envs import EnvError, episode_limit
 
     notes = [(logging.INFO, note) for note in [cfg.rounding_note()] if note]
@@ -105,10 +107,15 @@ def run_length_notes(cfg: C.RunConfig) -> list[tuple[int, str]]:
         limit = None  # unknown: no warning (the env was already built once; the trainer says more)
     steps = cfg.farm.steps_per_env
     if limit is not None and limit > steps and cfg.farm.episodes == "fresh":
-        notes.append((logging.WARNING, f"{cfg.env.id} episodes last up to {limit} steps but each task runs "
-                      f"{steps} steps per env and starts fresh episodes: training returns only count "
-                      f"episodes that end within a task (at most {steps} steps); --set farm.episodes=continue "
-                      f"keeps each worker's envs running across tasks"))
+        capped = (f"{cfg.env.id} episodes last up to {limit} steps but each task runs {steps} steps per env "
+                  f"and starts fresh episodes: training returns only count episodes that end within a task "
+                  f"(at most {steps} steps)")
+        if cfg.eval.interval:
+            notes.append((logging.INFO, f"{capped}, and act with exploration; greedy evaluations play whole "
+                          f"episodes and are the run's score"))
+        else:
+            notes.append((logging.WARNING, f"{capped}; --set farm.episodes=continue keeps each worker's envs "
+                          f"running across tasks"))
     return notes
 
 

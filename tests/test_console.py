@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -247,3 +248,98 @@ def test_progress_has_one_row_per_step_across_a_resume(tmp_path):
     resumed.close()
     rows = (tmp_path / "progress.csv").read_text().splitlines()
     assert [int(r.split(",")[0]) for r in rows[1:]] == [1000, 2000, 3000]
+
+
+# ---- 80 columns: the progress display and files never cut or wrap what they show -----------------
+def test_compact_counts_and_ages():
+    from rlfarm.observe import narrow
+
+    assert [narrow.count(n) for n in (0, 999, 1000, 4100, 20480, 40960, 100_000, 999_999, 1_000_000,
+                                      1_234_567, 10_000_384, 2.5e9, -40960)] == [
+        "0", "999", "1k", "4.1k", "20.4k", "40.9k", "100k", "999k", "1M", "1.23M", "10M", "2.5G", "-40.9k"]
+    assert [narrow.age(s) for s in (None, 2.25, 42, 125, 7300, 200000)] == [
+        "-", "2.2s", "42s", "2m05s", "2h01m", "2d07h"]
+
+
+def _rendered(renderable, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+@pytest.mark.parametrize("total, step, shown", [(100_000, 40_960, "40.9k/100k steps"),
+                                                 (10_000_384, 5_123_456, "5.12M/10M steps")])
+def test_the_progress_display_shows_steps_time_and_eta_whole_at_80_and_60_columns(tmp_path, total, step, shown):
+    console = Console(file=io.StringIO(), force_terminal=False, width=80)
+    logger = RunLogger(tmp_path, {"algo": "dqn"}, total, console, tensorboard=False)
+    try:
+        logger.status(step // 2, 1234.5, 6, 8)
+        logger.episodes(step, [194.25] * 20, [194] * 20, 12)
+        logger.status(step, 1234.5, 12, 8)  # a second sample: rich has a speed, so an ETA
+        logger.evaluation(step, [500.0, 500.0], 12)
+        display = logger.progress.get_renderable()
+        for width in (80, 60):
+            text = _rendered(display, width)
+            assert "…" not in text and all(len(line) <= width for line in text.splitlines()), text
+            first, second = text.splitlines()
+            assert shown in first and re.search(r" \d+:\d\d:\d\d ETA \d+:\d\d:\d\d", first), first
+            assert "return 194.2 (exploring)" in second, second  # the training return is while exploring
+        wide = _rendered(display, 80)
+        assert "1.23k SPS" in wide and "eval 500.0 (best 500.0)" in wide and "policy v12" in wide, wide
+        assert "━" in _rendered(display, 60)  # the bar is shorter, not gone
+    finally:
+        logger.close()
+
+
+def test_long_lines_stay_one_line_in_files_and_above_the_bar(rlfarm_logger, tmp_path, monkeypatch):
+    """A file or pipe is 80 columns to rich: a trial's train.log, `rlfarm train > out.log`, and the
+    live bar's console all had long lines cut in two."""
+    long = "lost Redis at redis://10.0.0.5:6379/0 (ConnectionError: [Errno 111] refused); " + "x" * 200
+    handler = logs.setup_logging(0)
+    run_log = logs.log_to_file(tmp_path / "run")
+    bar = Console(file=io.StringIO(), force_terminal=True, width=80, color_system=None)
+    monkeypatch.setattr(handler, "_stderr", Console(file=io.StringIO(), force_terminal=True, width=80))
+    logs.set_live_console(bar)  # a live progress bar: log lines go through its console
+    try:
+        logging.getLogger("rlfarm.trainer").warning("%s", long)
+    finally:
+        logs.set_live_console(None)
+        logs.remove(run_log)
+    assert bar.file.getvalue().splitlines() == [f"rlfarm: warning: {long}"]
+    [line] = (tmp_path / "run" / logs.LOG_FILE).read_text().splitlines()
+    assert line.endswith(f" WARNING rlfarm.trainer: {long}")
+
+    plain = Console(file=io.StringIO(), force_terminal=False, width=80)  # `rlfarm train > out.log`
+    logger = RunLogger(tmp_path / "plain", {"algo": "ppo"}, 100_000, plain, tensorboard=False)
+    logger.evaluation(1000, [487.25, 487.35], 1)
+    logger.status(1000, 500.0, 1, 2)
+    logger.close()
+    [status] = plain.file.getvalue().splitlines()
+    assert len(status) > 80 and status.startswith("step 1000/100000") and status.endswith("policy v1"), status
+
+
+def test_what_was_logged_before_the_run_log_opened_is_at_its_top(rlfarm_logger, tmp_path, capsys):
+    """Config warnings and the farm found come before the run directory exists: its rlfarm.log,
+    what is kept of a run, starts with them (each with the time it was said)."""
+    logs.setup_logging(-1)
+    cli_log = logging.getLogger("rlfarm.cli")
+    cli_log.warning("CartPole-v1 episodes last up to 500 steps but each task runs 64 steps per env")
+    cli_log.info("no --redis given: starting an embedded Redis")
+    run_log = logs.log_to_file(tmp_path / "run")
+    logging.getLogger("rlfarm.trainer").info("the run's own line")
+    logs.remove(run_log)
+    cli_log.warning("after the run: for the next run's log, if one opens")
+    lines = (tmp_path / "run" / logs.LOG_FILE).read_text().splitlines()
+    assert [line.split(" ", 2)[2] for line in lines] == [
+        "WARNING rlfarm.cli: CartPole-v1 episodes last up to 500 steps but each task runs 64 steps per env",
+        "INFO rlfarm.cli: no --redis given: starting an embedded Redis",
+        "INFO rlfarm.trainer: the run's own line"]
+    second = logs.log_to_file(tmp_path / "second")
+    logs.remove(second)
+    assert (tmp_path / "second" / logs.LOG_FILE).read_text().splitlines()[0].endswith(
+        "after the run: for the next run's log, if one opens")
+    logs.setup_logging(0)  # a new command starts with nothing kept
+    third = logs.log_to_file(tmp_path / "third")
+    logs.remove(third)
+    assert not (tmp_path / "third").exists()
+    capsys.readouterr()

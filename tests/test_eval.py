@@ -122,6 +122,27 @@ def test_video_of_cartpole_records_or_names_the_missing_renderer(runs, farm, tmp
         assert len(list(videos.glob("*.mp4"))) == 1
 
 
+@pytest.mark.skipif(not HAS_MOVIEPY or importlib.util.find_spec("pygame") is None,
+                    reason="CartPole's frames need pygame, the .mp4 files moviepy")
+def test_video_prints_no_sdl_error_and_warns_only_of_videos_it_replaces(runs, farm, tmp_path):
+    """pygame's SDL printed `error: XDG_RUNTIME_DIR is invalid` (no display, though nothing is shown) and
+    gymnasium "Overwriting existing videos" for any folder that exists; a folder with this policy's
+    videos is the one case to say something of, in one line."""
+    env = {k: v for k, v in {**os.environ, **WORKER_ENV}.items()
+           if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER")}
+    videos = tmp_path / "new" / "videos"
+    command = rlfarm_cmd("eval", *source(runs, farm, "dqn", "policy"), "--episodes", "1", "--video", str(videos))
+    first = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "XDG_RUNTIME_DIR" not in first.stderr and "Overwriting" not in first.stderr, first.stderr
+    assert "rlfarm: warning" not in first.stderr, first.stderr
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Overwriting" not in again.stderr and "XDG_RUNTIME_DIR" not in again.stderr, again.stderr
+    [line] = [line for line in again.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"rlfarm: warning: replacing 1 video(s) of the same name in {videos}/ (dqn-"), line
+
+
 def test_video_without_moviepy_says_what_to_install(runs, farm, tmp_path):
     """A `moviepy` that cannot be imported (a stub first on the path) stands in for a missing one."""
     stub = tmp_path / "stub" / "moviepy"

@@ -152,3 +152,18 @@ def test_the_farm_s_secret_goes_into_the_environment_and_a_different_one_of_the_
     env = {"RLFARM_SECRET": "mine"}  # a farm whose secret is not known here: the user's stays
     assert F.use_secret(F.Farm("redis://h:6379/0", None, "--redis"), env) is None and env == {"RLFARM_SECRET": "mine"}
     assert F.describe(farm) == "the rlfarm up farm, redis://:***@127.0.0.1:41001/0"
+
+
+def test_a_sweep_names_the_farm_its_study_is_on(home):
+    """`rlfarm sweep` on an `rlfarm up` farm said its study was "created in the embedded Redis"."""
+    from rlfarm.tune.study import study_place
+
+    start_up_farm(home)
+    up = study_place(F.find_farm(None), "s1")
+    assert up == ("in the Redis of the rlfarm up farm (redis://:***@127.0.0.1:41001/0): --resume s1 continues "
+                  "it while the farm is up") and "embedded" not in up
+    assert study_place(F.find_farm(UP_URL), "s1") == up  # its URL given by hand: the same farm
+    given = study_place(F.find_farm("redis://:pw@10.0.0.5:6379/0"), "s1")
+    assert given == ("in Redis at redis://:***@10.0.0.5:6379/0 (from --redis): more machines can join with the "
+                     "same command and --resume s1")
+    assert "embedded Redis" in study_place(F.Farm(None), "s1")

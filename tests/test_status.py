@@ -18,8 +18,9 @@ from rich.console import Console
 
 from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.local.cluster import LocalCluster
-from rlfarm.observe.status import (SCHEMA_FILE, MemoryStatus, Snapshot, format_age, parse_heartbeat, parse_workers,
-                                  render, to_json)
+from rlfarm.observe.status import (SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, parse_heartbeat,
+                                  parse_workers, render, to_json)
+from rlfarm.farm import keys
 from rlfarm.farm.connection import connect
 from rlfarm.farm.runs import write_status
 
@@ -58,8 +59,6 @@ def test_parsing_and_rendering_without_io():
     assert [(w.name, w.processes, w.pids, w.tasks_done) for w in workers] == [
         ("a@h", 4, [], 0), ("b@h", 3, [7, 8, 9], 7)]
     assert parse_workers(None) == []
-    assert [format_age(a) for a in (None, 2.25, 42, 125, 7300, 200000)] == [
-        "-", "2.2 s", "42 s", "2 min 5 s", "2 h 1 min", "2 d 7 h"]
 
     empty = Snapshot(redis="redis://:***@h:1/0", taken=0.0, queue_depth=4,
                      memory=MemoryStatus(2048, "2.00K", 1 << 20, "1.00M", "allkeys-lru"), workers=[], runs=[],
@@ -77,8 +76,6 @@ def test_parsing_and_rendering_without_io():
 
 
 def test_a_run_that_ended_says_how_and_one_whose_trainer_vanished_says_so():
-    from rlfarm.observe.status import RunStatus
-
     def snapshot(*runs):
         return Snapshot(redis="redis://h:1/0", taken=0.0, queue_depth=0, memory=MemoryStatus(0, "0B", 0, "0B", "noeviction"),
                         workers=[], runs=list(runs), source="--redis")
@@ -91,6 +88,37 @@ def test_a_run_that_ended_says_how_and_one_whose_trainer_vanished_says_so():
     for state in ("finished", "failed", "stopped"):
         assert f"run-{state}" in text and state in text.split(f"run-{state}")[1].split("run-")[0]
     assert "no trainer heartbeat" in text.split("run-vanished")[1] and "killed?" in text
+
+
+def test_the_tables_fit_80_columns_with_their_values_whole():
+    """rich shrank every column to fit (`runni…`, `celery@worker…`): now the least needed columns are
+    left out instead, and what is shown is whole."""
+    workers = parse_workers({"celery@worker-host-1": {"pool": {"processes": [7123, 8123, 9123]},
+                                                      "total": {"rlfarm.rollout": 5},
+                                                      "rlfarm": {"protocol": 1, "version": "0.1.0"}}})
+    live = parse_heartbeat({**HEARTBEAT, "slots_waiting": "0.25", "updated": "90"}, now=100)
+    ended = parse_heartbeat({**HEARTBEAT, "state": "finished", "env_steps": 1_000_000, "total_steps": 1_000_000,
+                             "updated": "10"}, now=5000)
+    runs = [RunStatus("cartpole-v1-20261126-205851-be6a", "ppo", "sync", "CartPole-v1", 123, 0.0, 12.5, live,
+                      Share(1.0, 4, 3, 0.5, 6)),
+            RunStatus("halfcheetah-v4-20261126-205851-be6a", "sac", "async", "HalfCheetah-v4", 5, 0.0, 4000, ended),
+            RunStatus("run-vanished")]
+    snap = Snapshot(redis="redis://:***@127.0.0.1:6379/0", taken=0.0, queue_depth=4,
+                    memory=MemoryStatus(2048, "2.00K", 1 << 20, "1.00M", "allkeys-lru"), workers=workers, runs=runs,
+                    source="the rlfarm up farm")
+    whole = ["cartpole-v1-20261126-205851-be6a", "halfcheetah-v4-20261126-205851-be6a", "run-vanished",
+             "running", "finished", "12.2k/100k", "1M/1M", "327.4", "no trainer heartbeat (killed?)",
+             "celery@worker-host-1", "9.87k SPS", "10s ago"]
+    for width in (80, 200):
+        console = Console(record=True, width=width)
+        console.print(render(snap))
+        text = console.export_text()
+        assert "…" not in text and max(len(line.rstrip()) for line in text.splitlines()) <= width, text
+        for expected in whole:
+            assert expected in text, (width, expected, text)
+    for expected in ("trainer-host", "pid 4242", "weight 1, cap 3 of 6", "50% of slots (1 min)", "25% idle",
+                     "v123", "7123 8123 9123", "0.1.0, protocol 1"):
+        assert expected in text, expected  # at 200 columns every column is there
 
 
 # ---- against the farm fixture ----------------------------------------------------------------------
@@ -125,9 +153,27 @@ def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
     out = table.stdout
     assert out.splitlines()[0] == f"farm: --redis, {farm.redis_url}"
     for expected in ("status-live-hb", "status-no-hb", "no trainer heartbeat", "running",
-                     "12,288 / 100,000 (12 %)", "9,876 SPS", "327.4", "trainer-host:4242",
+                     "12.2k/100k", "9.87k SPS", "327.4", "trainer-host", "pid 4242",
                      "worker(s) online", "task messages waiting", "Redis memory"):
         assert expected in out, expected
+
+
+@pytest.mark.farm
+def test_a_run_that_failed_says_failed_for_good(farm, tmp_path):
+    """A finished and a crashed run both showed "no trainer heartbeat": the trainer's last word is kept
+    without expiry (a finished one: test_status_follows_a_live_training_run)."""
+    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "status-crashed", "--logdir", str(tmp_path),
+                     "--env", "tests.tiny_envs:crashing", "--set", "env.num_envs=1", "--set", "farm.num_tasks=1",
+                     "--set", "farm.steps_per_env=64", "--set", "ppo.num_minibatches=1", "--total-steps", "128")
+    assert result.returncode == 1 and "the simulator crashed" in error_line(result), result.stderr[-3000:]
+    hb = run_entry(status_json(farm.redis_url), "status-crashed")["heartbeat"]
+    assert hb is not None and hb["state"] == "failed"
+    assert connect(farm.redis_url).ttl(keys.status("status-crashed")) == -1  # kept: it never expires
+    table = run_cli("status", "--redis", farm.redis_url, env={"COLUMNS": "80"}).stdout
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if "status-crashed" in line)
+    row = lines[start:next(i for i in range(start, len(lines) + 1) if i == len(lines) or not lines[i].strip())]
+    assert "failed" in row[0] and "no trainer heartbeat" not in "\n".join(row), table
 
 
 def read_until_frames(read, frames: int) -> bytes:

@@ -125,6 +125,17 @@ def broken() -> gym.Env:
     raise RuntimeError("simulator licence not found")
 
 
+class CrashingEnv(CounterEnv):
+    """Made fine (the trainer reads its spaces), fails at its first step: a simulator that crashes mid-task."""
+
+    def step(self, action):
+        raise RuntimeError("the simulator crashed")
+
+
+def crashing() -> gym.Env:
+    return CrashingEnv()
+
+
 class HangingEnv(SlowEnv):
     """Blocks forever in step() (a simulator that deadlocked), in every episode or only the first
     time any process of the machine gets there (`once`: a marker file named by RLFARM_TEST_HANG_MARKER).

@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlfarm.config import length
 from rlfarm.config.bounds import check_config_bounds
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import FIELD as _FIELD
@@ -164,22 +165,14 @@ class _RunConfigBase:
 
     @property
     def num_iterations(self) -> int:
-        """SYNC iterations: total_steps rounded UP to whole iterations (a run never stops short of
-        --total-steps, and its progress bar fills); `rounding_note` says so when it rounds."""
-        return max(1, -(-self.total_steps // self.steps_per_iteration))
+        return length.num_iterations(self)
+
+    def task_steps(self, env_steps: int) -> int:
+        """Steps per env of a SYNC iteration starting at `env_steps` (the last one's are fewer)."""
+        return length.task_steps(self, env_steps)
 
     def rounding_note(self) -> str | None:
-        """One line for the console when SYNC total_steps is not a whole number of iterations (ASYNC
-        runs until env_steps >= total_steps and never rounds); None when nothing is rounded."""
-        per = self.steps_per_iteration
-        if self.mode != "sync" or self.total_steps % per == 0:
-            return None
-        n, exact = self.num_iterations, self.total_steps / per
-        shown = f"{exact:.2f}"
-        if float(shown) in (n - 1, n):  # 0.001 or 9.9999 iterations: not "0.00" or "10.00"
-            shown = f"{exact:.6g}"
-        return (f"--total-steps {self.total_steps} is {shown} iterations of {per} "
-                f"steps: training {n} iteration{'s' if n > 1 else ''} ({n * per:,} env steps)")
+        return length.rounding_note(self)
 
 
 RunConfig = dataclasses.make_dataclass("RunConfig", [

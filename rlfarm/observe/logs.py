@@ -5,9 +5,11 @@ handler and in the run directory.
   console handler on the "rlfarm" logger. Each record is exactly one line on stderr, never wrapped
   (users and tests grep for them): `rlfarm: warning: ...`, `rlfarm: error: ...`, `rlfarm: ...` (info),
   `rlfarm: debug: ...`. -1 shows warnings and errors only, 0 adds info, 1 or more adds debug.
-- `log_to_file(run_dir)` adds RUN_DIR/rlfarm.log (plain text, one timestamped line per record) to the
-  same logger, at info (debug with `-v`) whatever the console shows; `remove(handler)` takes it off;
-  `log_fatal(run_dir, line)` adds the error line the run ended with, after that.
+- `log_to_file(run_dir)` adds RUN_DIR/rlfarm.log (plain text, one timestamped line per record, never
+  wrapped) to the same logger, at info (debug with `-v`) whatever the console shows; `remove(handler)`
+  takes it off; `log_fatal(run_dir, line)` adds the error line the run ended with, after that. What
+  was logged before the run log opened (config warnings, the farm found: the run directory did not
+  exist yet) is kept since `setup_logging` and written at its top, with its own time.
 - While a run's live progress bar is on the terminal (`set_live_console`), console lines are printed
   through the bar's console, so they appear above the bar instead of breaking it.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections import deque
 from pathlib import Path
 
 from rich.console import Console, ConsoleRenderable
@@ -30,9 +33,12 @@ FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _PREFIXES = {logging.DEBUG: ("rlfarm: debug: ", "dim"), logging.INFO: ("rlfarm: ", ""),
              logging.WARNING: ("rlfarm: warning: ", "yellow"), logging.ERROR: ("rlfarm: error: ", "red")}
 
+EARLY_RECORDS = 200  # records kept for the next run log (a long-lived process keeps its last ones)
+
 _live_console: Console | None = None
 _verbosity = 0
 _run_logs: set[Path] = set()  # the rlfarm.log files this process has written a run's records to
+_open_run_logs: set[logging.Handler] = set()  # run logs attached now
 
 
 def level_for(verbosity: int) -> int:
@@ -64,8 +70,27 @@ class ConsoleHandler(RichHandler):
     def emit(self, record: logging.LogRecord) -> None:
         live = _live_console
         on_bar = live is not None and live.is_terminal and self._stderr.is_terminal
-        self.console = live if on_bar else self._stderr  # type: ignore[assignment]
-        super().emit(record)
+        console = live if on_bar else self._stderr
+        try:
+            line = self.render(record=record, traceback=None,
+                               message_renderable=self.render_message(record, self.format(record)))
+            # soft_wrap: one line at any width, the bar's console too (lines are grepped and copied)
+            console.print(line, soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging's contract: a handler never raises
+            self.handleError(record)
+
+
+class _EarlyRecords(logging.Handler):
+    """Records made while no run log is open, for the next one to start with: a run's start-up
+    warnings come before its directory exists, and its rlfarm.log is what is kept of it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: deque[logging.LogRecord] = deque(maxlen=EARLY_RECORDS)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not _open_run_logs:
+            self.records.append(record)
 
 
 def setup_logging(verbosity: int = 0) -> logging.Handler:
@@ -73,11 +98,12 @@ def setup_logging(verbosity: int = 0) -> logging.Handler:
     global _verbosity
     _verbosity = verbosity
     logger = logging.getLogger(LOGGER)
-    for old in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
+    for old in [h for h in logger.handlers if isinstance(h, ConsoleHandler | _EarlyRecords)]:
         logger.removeHandler(old)
     level = level_for(verbosity)
     handler = ConsoleHandler(level)
     logger.addHandler(handler)
+    logger.addHandler(_EarlyRecords())  # a fresh start: only this command's records
     # Records are made down to info even with -q: the run's log file keeps them.
     logger.setLevel(min(level, logging.INFO))
     return handler
@@ -87,7 +113,7 @@ def hand_over_to_celery() -> None:
     """In `rlfarm worker`: Celery's logging (its --loglevel, its format, its log file) takes over
     rlfarm's records, as for `celery -A tasks worker`."""
     logger = logging.getLogger(LOGGER)
-    for old in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
+    for old in [h for h in logger.handlers if isinstance(h, ConsoleHandler | _EarlyRecords)]:
         logger.removeHandler(old)
     logger.setLevel(logging.NOTSET)
 
@@ -138,7 +164,11 @@ def log_to_file(run_dir: str | Path) -> logging.Handler:
         logger.setLevel(logging.INFO)
     handler = _RunFileHandler(Path(run_dir) / LOG_FILE)
     handler.setFormatter(logging.Formatter(FILE_FORMAT))
+    for early in [h for h in logger.handlers if isinstance(h, _EarlyRecords)]:
+        while early.records:  # in the order made, each with the time it was made
+            handler.handle(early.records.popleft())
     logger.addHandler(handler)
+    _open_run_logs.add(handler)
     _run_logs.add(Path(handler.baseFilename))
     return handler
 
@@ -163,6 +193,7 @@ def remove(handler: logging.Handler | None) -> None:
     """Take a handler from `log_to_file` off the "rlfarm" logger and close its file."""
     if handler is not None:
         logging.getLogger(LOGGER).removeHandler(handler)
+        _open_run_logs.discard(handler)
         handler.close()
 
 

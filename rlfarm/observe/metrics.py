@@ -5,10 +5,11 @@ Keys follow CleanRL / Stable-Baselines3 (`charts/episodic_return`, `charts/SPS`,
 Files in the run directory: config.json, progress.csv (one row per log), episodes.csv (one row per
 finished training episode), evals.csv (one row per greedy evaluation), TensorBoard event files.
 
-On a terminal the console shows a live progress bar (env steps, ETA, SPS, rolling return, policy
-version, the latest greedy evaluation); elsewhere a plain status line every 5 s. Evaluations are
-logged (rlfarm.observe.logs) at info every `EVAL_LINE_EVERY`-th time and for the run's last one, at debug
-otherwise; evals.csv and TensorBoard hold all of them.
+On a terminal the console shows a live progress display in two lines that fit its width (env steps,
+elapsed time, ETA, SPS; the rolling training return, which is while exploring, the latest greedy
+evaluation, policy version, tasks in flight: `RunProgress`); elsewhere a plain status line every 5 s,
+never wrapped. Evaluations are logged (rlfarm.observe.logs) at info every `EVAL_LINE_EVERY`-th time
+and for the run's last one, at debug otherwise; evals.csv and TensorBoard hold all of them.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Any, Mapping
 
 import numpy as np
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import Progress, ProgressBar, Task
+from rich.text import Text
 
-from rlfarm.observe import logs
+from rlfarm.observe import logs, narrow
 from rlfarm.config import ConfigError, json_safe
 from rlfarm.observe.rundir import RowFile, RunDirError, csv_text, read_whole_rows, write_atomic
 
@@ -65,6 +66,42 @@ def _truncate_csv(path: Path, max_step: int) -> list[str] | None:
     kept = [r for r in body if len(r) == len(header) and int(float(r[0])) <= max_step]
     write_atomic(path, csv_text([header, *kept]))
     return header
+
+
+def _clock(seconds: float | None) -> str:
+    """H:MM:SS, as rich's time columns write it (`-:--:--` before there is an estimate)."""
+    if seconds is None:
+        return "-:--:--"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class RunProgress(Progress):
+    """The live progress display: two lines that fit the terminal, 80 columns included. The first has
+    what a user waits for (the bar, env steps, elapsed time, ETA, speed), the second how learning goes
+    (the training return, which is while exploring, the greedy evaluation, the version, the tasks in
+    flight). What does not fit is left out, the least needed first, never cut (rlfarm.observe.narrow)."""
+
+    def get_renderables(self) -> Any:
+        for task in self.tasks:
+            yield from self.lines(task)
+
+    @staticmethod
+    def lines(task: Task) -> list[narrow.Line]:
+        fields = task.fields
+        total = task.total or 0
+        steps = Text(f"{narrow.count(task.completed)}/{narrow.count(total)} steps", style="bold")
+        first = narrow.Line(
+            [(0, steps), (0, Text(_clock(task.elapsed), style="progress.elapsed")),
+             (0, Text(f"ETA {_clock(task.time_remaining)}", style="progress.remaining")),
+             (3, Text(f"{fields['sps']} SPS"))],
+            bar=(0, 2, 10, 40, lambda width: ProgressBar(total=total, completed=task.completed, width=width)))
+        second = [(1, Text(f"return {fields['ret']} (exploring)"))]
+        if fields["eval"]:
+            second.append((1, Text(fields["eval"])))
+        second += [(2, Text(f"policy v{fields['version']}")), (3, Text(f"{fields['flight']} in flight"))]
+        return [first, narrow.Line(second, gap=2)]
 
 
 class _GuardedWriter:
@@ -173,13 +210,7 @@ class RunLogger:
                 raise RunDirError(self.run_dir, exc) from None
         self._live = self.console.is_terminal
         self._last_line = 0.0
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-            TextColumn("SPS {task.fields[sps]:>6}"), TextColumn("return {task.fields[ret]:>7}"),
-            TextColumn("{task.fields[eval]}"),
-            TextColumn("v{task.fields[version]}"), TextColumn("in flight {task.fields[flight]}"),
-            console=self.console, disable=not self._live)
+        self.progress = RunProgress(console=self.console, disable=not self._live)
         # A resumed run's bar starts at its step, so the ETA's speed is not inflated by the jump.
         self.task = self.progress.add_task("env steps", total=total_steps, sps="-", ret="-",
                                            version=0, flight=0, eval=self._eval_text(),
@@ -279,7 +310,7 @@ class RunLogger:
     def status(self, global_step: int, sps: float, version: int, in_flight: int) -> None:
         ret = self.rolling_return
         ret_text = "-" if math.isnan(ret) else f"{ret:.1f}"
-        self.progress.update(self.task, completed=min(global_step, self.total_steps), sps=f"{sps:.0f}",
+        self.progress.update(self.task, completed=min(global_step, self.total_steps), sps=narrow.count(sps),
                              ret=ret_text, version=version, flight=in_flight)
         now = time.time()
         if not self._live and now - self._last_line > 5:
@@ -287,9 +318,10 @@ class RunLogger:
             eta = self.eta()
             eta_text = "-" if eta is None else str(datetime.timedelta(seconds=math.ceil(eta)))
             eval_text = f"  {self._eval_text()}" if self.evaluations else ""
+            # soft_wrap: one line whatever the width (a file or pipe is 80 columns to rich), as logs are
             self.console.print(f"step {global_step}/{self.total_steps}  ETA {eta_text}  SPS {sps:.0f}  "
-                               f"return(last {ROLLING_EPISODES}) {ret_text}{eval_text}  policy v{version}",
-                               highlight=False)
+                               f"return(last {ROLLING_EPISODES}, exploring) {ret_text}{eval_text}  "
+                               f"policy v{version}", highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         """Stop the display and close the files. A run that ends normally (no exception on its way

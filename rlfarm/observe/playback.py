@@ -10,8 +10,10 @@ is a `PlaybackError`: one line and an exit status for the CLI.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,14 @@ def from_run(redis_url: str, run_id: str, version: int | str) -> StoredPolicy:
                         f"{run_id} v{meta.get('version', version)}")
 
 
+def offscreen_rendering() -> None:
+    """Frames drawn in memory (videos): SDL's dummy drivers, unless the user chose others. Without,
+    pygame's SDL probes for a display and prints `error: XDG_RUNTIME_DIR is invalid` on a machine
+    without one, though nothing is shown. Before pygame initialises (envs draw at their first frame)."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+
+
 def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str | None = None) -> tuple[Any, str]:
     """The env to play: `env_id` as typed (trusted), else the one the policy names, allowlisted as on a
     worker. Returns (env, its id)."""
@@ -122,6 +132,8 @@ def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str |
     env_id = env_id or policy.meta.get("env")
     if not env_id:
         raise PlaybackError("the policy does not name its env: pass --env", 2)
+    if render_mode == "rgb_array":
+        offscreen_rendering()
     try:
         if not typed:  # named by a file or by Redis: the allowlist, as on a worker
             check_env_allowed(env_id, where="here", hint=f"pass --env {env_id} if you trust it, or set "
@@ -163,8 +175,15 @@ def play(network: Any, algo: str, env: Any, env_id: str, episodes: int, seed: in
         if video_dir:
             from gymnasium.wrappers import RecordVideo
 
-            env = RecordVideo(env, video_folder=video_dir, episode_trigger=lambda _: True,
-                              name_prefix=name, disable_logger=True)
+            replaced = list(Path(video_dir).glob(f"{name}-episode-*.mp4"))
+            if replaced:  # gymnasium warns of any folder that exists, an empty one too: only this is true
+                logging.getLogger("rlfarm.eval").warning(
+                    "replacing %d video(s) of the same name in %s/ (%s-episode-*.mp4)", len(replaced),
+                    video_dir, name)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+                env = RecordVideo(env, video_folder=video_dir, episode_trigger=lambda _: True,
+                                  name_prefix=name, disable_logger=True)
         if render_mode == "human":
             env.reset(seed=seed)  # opens the window (episodes reset again with the same seeds)
             pygame = sys.modules.get("pygame")  # classic-control and box2d envs draw with pygame

@@ -21,6 +21,7 @@ from rlfarm.farm.runs import list_runs, read_status
 from rlfarm.farm.store import PolicyStore, RunNotFound
 from rlfarm.farm import keys
 from rlfarm.farm.shares import live_nodes, read_runs
+from rlfarm.observe import narrow
 
 # Seconds Celery waits for workers to answer a broadcast. It waits that long only for workers it does
 # not know of: the broadcast ends as soon as every rlfarm worker in the farm's registry has answered.
@@ -244,28 +245,12 @@ def to_json(snapshot: Snapshot) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-def format_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min"
-    return f"{hours // 24} d {hours % 24} h"
-
-
 def _progress(hb: Heartbeat) -> str:
+    """`12.2k/100k` and the speed below it: compact, so the column stays narrow (`--json` has the counts)."""
     if hb.env_steps is None:
         return "-"
-    if not hb.total_steps:
-        return f"{hb.env_steps:,}"
-    return f"{hb.env_steps:,} / {hb.total_steps:,} ({100 * hb.env_steps / hb.total_steps:.0f} %)"
+    steps = narrow.count(hb.env_steps) + (f"/{narrow.count(hb.total_steps)}" if hb.total_steps else "")
+    return steps + ("" if hb.sps is None else f"\n{narrow.count(hb.sps)} SPS")
 
 
 def _memory_line(m: MemoryStatus) -> str:
@@ -297,10 +282,55 @@ def _share_cell(share: Share | None) -> str:
     return f"weight {share.weight:g}, {cap}\n{100 * share.used:.0f}% of slots (1 min)"
 
 
-def render(s: Snapshot) -> Any:
-    """A rich renderable of the snapshot: a header, the workers and the runs."""
-    from rich.console import Group
+# Columns of the tables, and which go first when the console is too narrow for all of them whole
+# (80 columns): what says where a run stands (trainer, steps, eval) stays longest.
+WORKER_COLUMNS = ("worker", "rlfarm", "procs", "pids", "received")
+WORKER_DROP = ("pids", "received", "rlfarm")
+RUN_COLUMNS = ("run", "trainer", "host", "steps", "policy", "in flight", "share", "eval")
+RUN_DROP = ("host", "share", "in flight", "policy")
+
+
+def _table(columns: list[str], rows: list[dict[str, Any]], title: str, **options: Any) -> Any:
+    from rich import box
     from rich.table import Table
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  collapse_padding=True, **options)
+    for name in columns:
+        # Ids (run, worker) are what a user copies: never cut; no column cuts a value, it wraps.
+        table.add_column(name, no_wrap=name in ("run", "worker"), overflow="fold")
+    for row in rows:
+        table.add_row(*(row[name] for name in columns))
+    return table
+
+
+def _run_row(r: RunStatus) -> dict[str, Any]:
+    from rich.text import Text
+
+    run = Text(r.run_id)
+    run.append(f"\n{(r.algo or '?').upper()} {r.mode or ''} · {r.env or '?'}", style="dim")
+    policy = "-" if r.latest_version is None else f"v{r.latest_version}\n{narrow.age(r.policy_age_s)} ago"
+    hb = r.heartbeat
+    if hb is None:
+        # A trainer's last word (finished, failed, stopped) is kept: a run without any had its trainer
+        # killed or its machine lost (or ended before rlfarm kept last words, or was resumed elsewhere).
+        run.append("\nno trainer heartbeat (killed?)", style="dim")
+        return dict.fromkeys(RUN_COLUMNS, "-") | {"run": run, "policy": policy}
+    trainer = Text(hb.state, style=STATE_STYLE.get(hb.state, ""))
+    trainer.append(f"\n{narrow.age(hb.age_s)} ago", style="dim")
+    tasks = "-" if hb.tasks_in_flight is None else str(hb.tasks_in_flight)
+    if hb.slots_waiting is not None:  # ASYNC: how much of the farm's slot time waits for the learner
+        tasks += f"\n{100 * hb.slots_waiting:.0f}% idle"
+    return {"run": run, "trainer": trainer, "host": f"{hb.host or '?'}\npid {hb.pid or '?'}",
+            "steps": _progress(hb), "policy": policy, "in flight": tasks,
+            "share": _share_cell(r.share),
+            "eval": "-" if hb.eval_mean_return is None else f"{hb.eval_mean_return:.1f}"}
+
+
+def render(s: Snapshot) -> Any:
+    """A rich renderable of the snapshot: a header, the workers and the runs, fitted to the console's
+    width (columns left out, least needed first, rather than values cut: rlfarm.observe.narrow)."""
+    from rich.console import Group
     from rich.text import Text
 
     taken = datetime.fromtimestamp(s.taken).strftime("%Y-%m-%d %H:%M:%S")
@@ -310,38 +340,19 @@ def render(s: Snapshot) -> Any:
                            "Redis memory: ", _memory_line(s.memory))
 
     if s.workers:
-        workers: Any = Table("worker", "version", "processes", "pids", "tasks received", title=
-                             f"{len(s.workers)} worker(s) online, {s.processes} process(es)",
-                             title_justify="left")
-        for w in s.workers:
-            workers.add_row(w.name, _worker_version(w), str(w.processes), " ".join(map(str, w.pids)) or "-",
-                            str(w.tasks_done))
+        node_rows = [{"worker": w.name, "rlfarm": _worker_version(w), "procs": str(w.processes),
+                      "pids": " ".join(map(str, w.pids)) or "-", "received": str(w.tasks_done)}
+                     for w in s.workers]
+        node_title = f"{len(s.workers)} worker(s) online, {s.processes} process(es)"
+        workers: Any = narrow.FitTable(lambda columns: _table(columns, node_rows, node_title), WORKER_COLUMNS,
+                                       WORKER_DROP)
     else:
         workers = Text(f"no worker answered within {INSPECT_TIMEOUT:g} s", style="yellow")
 
     if not s.runs:
         return Group(header, workers, Text("no runs in this Redis", style="yellow"))
-    runs = Table(title=f"{len(s.runs)} run(s)", title_justify="left", show_lines=True)
-    runs.add_column("run", no_wrap=True)  # ids are what a user copies: never truncate them
-    for name in ("policy", "trainer", "env steps", "in flight", "share", "last eval"):
-        runs.add_column(name)
-    for r in s.runs:
-        run = Text(r.run_id)
-        run.append(f"\n{(r.algo or '?').upper()} {r.mode or ''} · {r.env or '?'}", style="dim")
-        policy = "-" if r.latest_version is None else f"v{r.latest_version}\n{format_age(r.policy_age_s)} ago"
-        hb = r.heartbeat
-        if hb is None:
-            # A trainer's last word (finished, failed, stopped) is kept: a run without any had its trainer
-            # killed or its machine lost (or ended before rlfarm kept last words, or was resumed elsewhere).
-            runs.add_row(run, policy, Text("no trainer heartbeat\n(gone without a word: killed?)",
-                                           style="dim"), "-", "-", "-", "-")
-            continue
-        trainer = Text(hb.state, style=STATE_STYLE.get(hb.state, ""))
-        trainer.append(f"\n{hb.host or '?'}:{hb.pid or '?'}, {format_age(hb.age_s)} ago", style="dim")
-        steps = _progress(hb) + ("" if hb.sps is None else f"\n{hb.sps:,.0f} SPS")
-        in_flight = "-" if hb.tasks_in_flight is None else str(hb.tasks_in_flight)
-        if hb.slots_waiting is not None:  # ASYNC: how much of the farm waits for the learner
-            in_flight += f"\n{100 * hb.slots_waiting:.0f}% of slots waiting for the trainer"
-        runs.add_row(run, policy, trainer, steps, in_flight, _share_cell(r.share),
-                     "-" if hb.eval_mean_return is None else f"{hb.eval_mean_return:.1f}")
+    run_rows = [_run_row(r) for r in s.runs]
+    run_title = f"{len(s.runs)} run(s)"
+    runs = narrow.FitTable(lambda columns: _table(columns, run_rows, run_title, show_lines=True), RUN_COLUMNS,
+                           RUN_DROP)
     return Group(header, workers, runs)

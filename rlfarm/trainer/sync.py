@@ -1,6 +1,7 @@
 """The SYNC loop (`SyncTrainer`): each iteration sends `farm.num_tasks` rollout tasks that all act
 with version v, waits for the whole group, assembles it in task-index order, updates, and publishes
-v + 1. Tasks are deterministic and the group is ordered by index, so what is learned does not depend
+v + 1; the last one runs fewer steps when total_steps is not a whole number of iterations. Tasks
+are deterministic and the group is ordered by index, so what is learned does not depend
 on how many workers there are or which finishes first. See docs/architecture.md (1. Data flow).
 """
 
@@ -32,11 +33,12 @@ class SyncTrainer(Trainer):
         super().restore(tensors, state)
         self.iteration = state["iteration"]
 
-    def collect_rollouts(self, iteration: int, progress: float) -> Rollout:
+    def collect_rollouts(self, iteration: int, progress: float, steps: int | None = None) -> Rollout:
+        """The iteration's group of tasks, `steps` per env each (default farm.steps_per_env)."""
         cfg = self.config
         act = self.task_options(progress)
         specs = [TaskSpec(cfg.run_id, "rollout", iteration, i, self.version, cfg.seed,
-                          steps=cfg.farm.steps_per_env, act=act, stream=self.stream_ref(i))
+                          steps=steps or cfg.farm.steps_per_env, act=act, stream=self.stream_ref(i))
                  for i in range(cfg.farm.num_tasks)]
         results = self.dispatcher.gather_group(specs, on_other=self.handle_eval)
         for i, result in enumerate(results):
@@ -45,10 +47,13 @@ class SyncTrainer(Trainer):
 
     def train_loop(self) -> None:
         cfg = self.config
-        for iteration in range(self.iteration, cfg.num_iterations):
-            progress = iteration / cfg.num_iterations
+        # Until total_steps, the last iteration shorter if need be (cfg.task_steps); progress is the
+        # same as iterations done / iterations when they are whole.
+        while self.env_steps < cfg.total_steps:
+            iteration = self.iteration
+            progress = self.env_steps / cfg.total_steps
             t0 = time.perf_counter()
-            rollout = self.collect_rollouts(iteration, progress)
+            rollout = self.collect_rollouts(iteration, progress, cfg.task_steps(self.env_steps))
             collect_seconds = time.perf_counter() - t0
             self.env_steps += rollout.num_steps
             self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,

@@ -72,3 +72,18 @@ def open_study(redis_url: str, name: str, resume: bool, pruner: Any, seed: int |
     except module.exceptions.DuplicatedStudyError:
         raise SweepError(f"study {name!r} already exists in this Redis: continue it with --resume {name}, "
                          f"or choose another --study") from None
+
+
+def study_place(farm: Any, name: str) -> str:
+    """Where the study of sweep `name` lives, by the farm it is on (rlfarm.local.find.Farm; url None:
+    the sweep's own embedded Redis), for the line that opens the sweep: it must name the farm the
+    trials train on, not the embedded one it would have started."""
+    if not farm.url:
+        return "in this sweep's embedded Redis, for the sweep's life (trials.csv is its record)"
+    from rlfarm.farm.connection import redact
+
+    if farm.up:  # this machine's loopback farm, however its URL was given
+        return (f"in the Redis of the rlfarm up farm ({redact(farm.url)}): --resume {name} continues it "
+                f"while the farm is up")
+    return (f"in Redis at {redact(farm.url)} (from {farm.source}): more machines can join with the same "
+            f"command and --resume {name}")

@@ -132,7 +132,9 @@ class PPO(Algorithm):
         b_returns = to_device(returns.reshape(-1), dev)
 
         batch_size = len(b_obs)
-        minibatch_size = batch_size // cfg.num_minibatches
+        # A SYNC run's shorter last iteration may hold fewer samples than minibatches, or not a multiple
+        # of them (the config checks whole iterations only): the last minibatch is then smaller.
+        minibatch_size = max(1, batch_size // cfg.num_minibatches)
         clipfracs, approx_kl, stopped = [], torch.zeros(()), False
         for _epoch in range(cfg.update_epochs):
             order = torch.randperm(batch_size, generator=self.generator).to(dev)
