@@ -148,7 +148,8 @@ def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
     assert snap["memory"]["used_bytes"] > 0 and snap["memory"]["used_human"].endswith(("K", "M", "G"))
     assert snap["memory"]["policy"] == "noeviction"
 
-    table = run_cli("status", "--redis", farm.redis_url)
+    # A wide terminal: every column (the 80-column table drops host, share and the like; tested below).
+    table = run_cli("status", "--redis", farm.redis_url, env={"COLUMNS": "200"})
     assert table.returncode == 0, table.stderr
     out = table.stdout
     assert out.splitlines()[0] == f"farm: --redis, {farm.redis_url}"
