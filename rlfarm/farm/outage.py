@@ -98,9 +98,10 @@ class OutageRetry(Retry):
         self.where = where
         self.notify = notify or (lambda text: None)
         self.enabled = True
-        self.outage_started: float | None = None
-        self._stall = False  # the current outage began with a timeout, not a lost connection
-        self._last_notice = 0.0
+        # Each thread's outage clock is its own: the trainer's claim and share threads share this
+        # object, and one of them giving up at the limit (which resets its clock) must not restart
+        # the main thread's, which then never reached the limit and retried forever.
+        self._clock = threading.local()
         # redis-py runs a reconnect under the same Retry inside a command's retry: only the outermost
         # call of a thread may end an outage (a TCP connect to a stalled Redis succeeds at once).
         self._depth = threading.local()
@@ -109,6 +110,30 @@ class OutageRetry(Retry):
         # Whether Redis accepts a new connection right now (set by resilient_client, which knows the
         # address): tells a partition from a stall when a command times out.
         self.probe: Callable[[], bool] | None = None
+
+    @property
+    def outage_started(self) -> float | None:
+        return getattr(self._clock, "started", None)
+
+    @outage_started.setter
+    def outage_started(self, value: float | None) -> None:
+        self._clock.started = value
+
+    @property
+    def _stall(self) -> bool:  # the current outage began with a timeout, not a lost connection
+        return getattr(self._clock, "stall", False)
+
+    @_stall.setter
+    def _stall(self, value: bool) -> None:
+        self._clock.stall = value
+
+    @property
+    def _last_notice(self) -> float:
+        return getattr(self._clock, "last_notice", 0.0)
+
+    @_last_notice.setter
+    def _last_notice(self, value: float) -> None:
+        self._clock.last_notice = value
 
     def __deepcopy__(self, memo: dict) -> "OutageRetry":
         return self
