@@ -98,10 +98,9 @@ class OutageRetry(Retry):
         self.where = where
         self.notify = notify or (lambda text: None)
         self.enabled = True
-        # Each thread's outage clock is its own: the trainer's claim and share threads share this
-        # object, and one of them giving up at the limit (which resets its clock) must not restart
-        # the main thread's, which then never reached the limit and retried forever.
-        self._clock = threading.local()
+        self.outage_started: float | None = None
+        self._stall = False  # the current outage began with a timeout, not a lost connection
+        self._last_notice = 0.0
         # redis-py runs a reconnect under the same Retry inside a command's retry: only the outermost
         # call of a thread may end an outage (a TCP connect to a stalled Redis succeeds at once).
         self._depth = threading.local()
@@ -110,30 +109,6 @@ class OutageRetry(Retry):
         # Whether Redis accepts a new connection right now (set by resilient_client, which knows the
         # address): tells a partition from a stall when a command times out.
         self.probe: Callable[[], bool] | None = None
-
-    @property
-    def outage_started(self) -> float | None:
-        return getattr(self._clock, "started", None)
-
-    @outage_started.setter
-    def outage_started(self, value: float | None) -> None:
-        self._clock.started = value
-
-    @property
-    def _stall(self) -> bool:  # the current outage began with a timeout, not a lost connection
-        return getattr(self._clock, "stall", False)
-
-    @_stall.setter
-    def _stall(self, value: bool) -> None:
-        self._clock.stall = value
-
-    @property
-    def _last_notice(self) -> float:
-        return getattr(self._clock, "last_notice", 0.0)
-
-    @_last_notice.setter
-    def _last_notice(self, value: float) -> None:
-        self._clock.last_notice = value
 
     def __deepcopy__(self, memo: dict) -> "OutageRetry":
         return self
@@ -172,7 +147,9 @@ class OutageRetry(Retry):
             self.notify(f"still waiting for {self.where}: {now - self.outage_started:.0f} s of "
                         f"{self.limit:g} s")
         if now - self.outage_started > self.limit:
-            self.outage_started = None
+            # The clock keeps running until Redis answers (`_recovered`): the trainer's claim and share
+            # threads share this object, and one of them giving up must not restart the main thread's
+            # clock, which then never reached the limit and retried forever.
             what = "did not answer" if self._stall else "unreachable"
             raise RedisUnavailable(
                 f"{self.where} {what} for more than {self.limit:g} s (last error: "
