@@ -141,8 +141,20 @@ def test_the_schedule_evaluates_once_per_interval_and_the_final_policy_once():
     [final] = evals.final(env_steps=3900, version=3)
     assert final.version == 3 and final.tasks[0].iteration == 1
 
-    never = evaluations(**{"eval.interval": 0})
-    assert never.due(env_steps=10**6, version=9) == [] and never.final(env_steps=10**6, version=9) == []
+
+
+def test_without_an_interval_only_the_final_policy_is_evaluated_and_never_confirmed():
+    """eval.interval = 0 (the Atari presets): nothing on a schedule, but the final policy is evaluated
+    and kept as the best policy. The target is then the rolling training return's, so an evaluation at
+    it asks for no confirmation episodes."""
+    evals = evaluations(**{"eval.interval": 0})
+    assert evals.due(env_steps=10**6, version=9) == []
+    [final] = evals.final(env_steps=10**6, version=9)
+    assert final.version == 9 and len(final.tasks) == 2 and evals.pinned() == {9}
+    decisions = finish(evals, final, [500.0] * 10, env_steps=10**6)
+    assert decisions == [Record(10**6, [500.0] * 10, 9), WriteBest(9, 500.0)]
+    assert evals.best_version == 9 and evals.in_flight == {} and evals.awaiting == {}
+    assert evals.final(env_steps=10**6, version=9) == []  # evaluated already
 
 
 def test_state_round_trips_through_the_trainer_checkpoint_with_the_same_keys():
