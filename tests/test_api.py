@@ -31,7 +31,7 @@ def test_train_on_a_farm_with_a_callback_that_logs_and_stops(farm, tmp_path):
     assert result.env_steps == 4096 == seen[-1][0]  # stopped by the callback, not at total_steps
     assert [v for _, v in seen] == [1, 2, 3, 4]
     assert result.run_dir == tmp_path / "api" and result.final_policy == tmp_path / "api" / "final_policy.safetensors"
-    # No evaluation on a schedule (eval.interval = 0), but a run stopped by its callback
+    # No evaluation came due (the preset's every 20,480 steps), but a run stopped by its callback
     # still evaluates its final policy: that is its best policy, with its scores.
     assert result.final_policy.exists() and result.best_policy == tmp_path / "api" / "best_policy.safetensors"
     assert result.best_policy.exists() and result.best_version == result.final_version == 4
