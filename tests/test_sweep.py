@@ -196,7 +196,8 @@ def test_sweep_refuses_bad_input_in_one_line_before_anything_starts(tmp_path, mo
     assert "--resume needs --redis URL" in error("--space", str(space), "--resume", "s")
     assert "--pruner threshold needs --prune-below" in error("--space", str(space), "--pruner", "threshold")
     space.write_text('[space]\n"ppo.clip_coef" = { low = 0.1, high = 0.3 }\n')
-    assert "--metric eval needs greedy evaluations" in error("--space", str(space), "--metric", "eval")
+    assert "--metric eval needs greedy evaluations" in error("--space", str(space), "--metric", "eval",
+                                                             "--set", "eval.interval=0")
     monkeypatch.setitem(__import__("sys").modules, "optuna", None)  # as if not installed
     assert error("--space", str(space)) == ("rlfarm: error: rlfarm sweep needs Optuna, which is not installed: "
                                             "pip install 'rlfarm[sweep]'")
