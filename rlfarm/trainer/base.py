@@ -343,7 +343,7 @@ class Trainer:
     def drain_evaluations(self) -> None:
         """Wait for evaluation tasks still in flight (confirmations they start included), so the
         run's last evaluation is recorded. Rollouts still out (ASYNC) that arrive meanwhile are unused."""
-        while any(k[0] == "eval" for k in self.dispatcher.pending):
+        while self.dispatcher.outstanding("eval"):  # held back for the run's share included
             message = self.dispatcher.next_result(timeout=1.0)
             if message is None:
                 continue
