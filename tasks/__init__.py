@@ -34,8 +34,10 @@ worker_app.install(app)
 # The kwargs are the fields of rlfarm.core.protocol.TaskSpec, defined there once; `env` among them is a
 # label for Flower only: the worker takes the env from the run's metadata in Redis, so a message can
 # never make it build a different env than the run's.
+# A task whose answer to the trainer is an error (a refusal, a failure) raises worker_app.TaskFailed
+# after that answer is in Redis, so Celery and Flower show it as FAILURE; the trainer reads only Redis.
 @app.task(name=ROLLOUT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-          Request=worker_app.RolloutRequest)
+          Request=worker_app.RolloutRequest, throws=(worker_app.TaskFailed,))
 def rollout(self, **spec) -> None:
     """Collect `steps` env steps per sub-env with policy `version` ("latest": the newest when the
     task starts) of `run`, acting with the algorithm's options in `act`; result to Redis."""
@@ -43,7 +45,7 @@ def rollout(self, **spec) -> None:
 
 
 @app.task(name=EVAL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-          Request=worker_app.RolloutRequest)
+          Request=worker_app.RolloutRequest, throws=(worker_app.TaskFailed,))
 def evaluate(self, **spec) -> None:
     """Play `episodes` greedy episodes with policy `version` of `run`; returns to Redis."""
     worker_app.run(self.request)

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -177,6 +178,43 @@ def http_request(url: str, auth: str | None = None, method: str = "GET") -> urll
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     return request
+
+
+class TaskEvents:
+    """The Celery events of a farm's workers started with -E, as Flower receives them, collected on a
+    thread while the `with` block runs. Entering waits until the event stream is live: the receiver
+    asks the workers for a heartbeat once it listens, and one arrives."""
+
+    def __init__(self, redis_url: str):
+        from rlfarm.farm.app import make_app
+
+        self.app = make_app(redis_url)
+        self.events: list[dict] = []
+        self._receiver = None
+        self._thread = threading.Thread(target=self._capture, name="task-events", daemon=True)
+
+    def _capture(self) -> None:
+        with self.app.connection() as conn:
+            self._receiver = self.app.events.Receiver(conn, handlers={"*": self.events.append})
+            self._receiver.capture(limit=None, timeout=None, wakeup=True)  # wakeup: workers send a heartbeat
+
+    def __enter__(self) -> "TaskEvents":
+        self._thread.start()
+        poll(lambda: self.of("worker-heartbeat"), "a worker heartbeat in the event stream (workers need -E)")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True  # its loop looks every second
+        self._thread.join()
+        self.app.close()
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in list(self.events) if e.get("type") == kind]
+
+    def failed(self) -> dict[str, str]:
+        """task id -> the exception of each `task-failed` event (Flower shows those tasks FAILURE)."""
+        return {e["uuid"]: e.get("exception", "") for e in self.of("task-failed")}
 
 
 # ---- the CLI and what a run leaves behind --------------------------------------------------------

@@ -31,7 +31,12 @@ def test_train_on_a_farm_with_a_callback_that_logs_and_stops(farm, tmp_path):
     assert result.env_steps == 4096 == seen[-1][0]  # stopped by the callback, not at total_steps
     assert [v for _, v in seen] == [1, 2, 3, 4]
     assert result.run_dir == tmp_path / "api" and result.final_policy == tmp_path / "api" / "final_policy.safetensors"
-    assert result.final_policy.exists() and result.best_policy is None  # no evaluations in this run
+    # No evaluation came due (the preset's every 20,480 steps), but a run stopped by its callback
+    # still evaluates its final policy: that is its best policy, with its scores.
+    assert result.final_policy.exists() and result.best_policy == tmp_path / "api" / "best_policy.safetensors"
+    assert result.best_policy.exists() and result.best_version == result.final_version == 4
+    assert result.best_eval_mean_return == result.eval_mean_return > 0
+    assert [row.split(",")[5] for row in (result.run_dir / "evals.csv").read_text().splitlines()[1:]] == ["4"]
     assert json.loads((result.run_dir / "config.json").read_text())["seed"] == 3
     assert scalar_tags(result.run_dir)["custom/my/thousands_of_steps"] == pytest.approx([1.024, 2.048, 3.072, 4.096])
 

@@ -211,14 +211,18 @@ def _train(farm, tmp_path, run_id: str, *args: str) -> subprocess.CompletedProce
 
 
 def test_quiet_train_prints_no_info_lines_and_its_run_log_has_them(farm, tmp_path):
-    quiet = _train(farm, tmp_path, "quiet", "-q", "--target-return", "1")  # a random policy's ~20 >= 1
+    # eval.interval = 0: the target is the rolling training return's; a random policy's ~20 >= 1.
+    rolling = ["--target-return", "1", "--set", "eval.interval=0"]
+    quiet = _train(farm, tmp_path, "quiet", "-q", *rolling)
     assert quiet.stderr == ""
     assert "target return" not in quiet.stdout
     log = (tmp_path / "quiet" / "rlfarm.log").read_text()
     assert " INFO rlfarm.trainer: target return 1 reached after 1024 env steps" in log
 
-    loud = _train(farm, tmp_path, "loud", "--target-return", "1")
-    assert loud.stderr.splitlines() == ["rlfarm: target return 1 reached after 1024 env steps"]
+    loud = _train(farm, tmp_path, "loud", *rolling)
+    lines = loud.stderr.splitlines()
+    assert lines[0] == "rlfarm: target return 1 reached after 1024 env steps"
+    assert len(lines) == 2 and lines[1].startswith("rlfarm: eval 1 at step 1024 (policy v1): ")  # the final policy's
 
 
 def test_evaluation_lines_at_the_default_verbosity_and_with_v(farm, tmp_path):

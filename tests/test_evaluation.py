@@ -141,8 +141,20 @@ def test_the_schedule_evaluates_once_per_interval_and_the_final_policy_once():
     [final] = evals.final(env_steps=3900, version=3)
     assert final.version == 3 and final.tasks[0].iteration == 1
 
-    never = evaluations(**{"eval.interval": 0})
-    assert never.due(env_steps=10**6, version=9) == [] and never.final(env_steps=10**6, version=9) == []
+
+
+def test_without_an_interval_only_the_final_policy_is_evaluated_and_never_confirmed():
+    """eval.interval = 0 (the Atari presets): nothing on a schedule, but the final policy is evaluated
+    and kept as the best policy. The target is then the rolling training return's, so an evaluation at
+    it asks for no confirmation episodes."""
+    evals = evaluations(**{"eval.interval": 0})
+    assert evals.due(env_steps=10**6, version=9) == []
+    [final] = evals.final(env_steps=10**6, version=9)
+    assert final.version == 9 and len(final.tasks) == 2 and evals.pinned() == {9}
+    decisions = finish(evals, final, [500.0] * 10, env_steps=10**6)
+    assert decisions == [Record(10**6, [500.0] * 10, 9), WriteBest(9, 500.0)]
+    assert evals.best_version == 9 and evals.in_flight == {} and evals.awaiting == {}
+    assert evals.final(env_steps=10**6, version=9) == []  # evaluated already
 
 
 def test_state_round_trips_through_the_trainer_checkpoint_with_the_same_keys():
@@ -172,3 +184,36 @@ def test_state_round_trips_through_the_trainer_checkpoint_with_the_same_keys():
     older = evaluations()  # a checkpoint written before these keys existed
     older.restore(old)
     assert older.best_version is None and older.target_reached is False and older.counter == 4
+
+
+def test_the_trainer_waits_for_the_final_evaluation_even_while_it_is_held_back_for_the_runs_share():
+    """On a shared farm the final evaluation's tasks may still be held in the trainer (its share is
+    full) when the loop ends: the run waits for them rather than ending without its evaluation, and
+    a rollout that arrives meanwhile (ASYNC) is unused."""
+    from rlfarm.core.protocol import Result, TaskSpec
+    from rlfarm.trainer.base import Trainer
+
+    spec = TaskSpec("ev", "eval", 3, 0, 5, 7, episodes=5)
+    arrivals = [None, Result("rollout", 9, 0, task_id="late"), Result("eval", 3, 0, returns=[1.0])]
+
+    class SharedFarm:  # the dispatcher's side the drain uses: its held task is sent on the 1st call
+        held, pending = [spec], {}
+
+        def outstanding(self, kind):
+            return sum(1 for s in [*self.held, *self.pending.values()] if s.kind == kind)
+
+        def next_result(self, timeout):
+            if self.held:
+                self.pending[spec.key] = self.held.pop()
+            message = arrivals.pop(0)
+            if message is not None and message.kind == "eval":
+                del self.pending[spec.key]
+            return message
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.dispatcher = SharedFarm()
+    handled, unused = [], []
+    trainer.handle_eval, trainer.unused_result = handled.append, unused.append
+    trainer.drain_evaluations()
+    assert [m.kind for m in handled] == ["eval"] and [m.task_id for m in unused] == ["late"]
+    assert arrivals == []

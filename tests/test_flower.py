@@ -1,4 +1,5 @@
-"""Flower on a real farm: readable task names and arguments, and its API closed without credentials."""
+"""Flower on a real farm: readable task names and arguments, a failed task FAILURE, and its API closed
+without credentials."""
 
 from __future__ import annotations
 
@@ -98,6 +99,18 @@ def test_flower_shows_rollouts_and_evaluations_and_refuses_anonymous_control(eve
         assert sorted(t["kwargs"] for t in by_name[EVAL_TASK]) == [
             f"run=flower v=latest it=0 idx={i} episodes=1 seed=7 env=CartPole-v1" for i in range(2)]
         assert all(t["args"] == "()" and t["worker"] in farm._nodes for t in tasks.values())
+
+        # A task that fails on its worker (here: a version the run never published) is FAILURE, with
+        # the line its trainer was told as the exception; so is a refused one (tests/test_tamper.py).
+        d.submit({"kind": "eval", "iteration": 1, "index": 0, "version": 99, "episodes": 1, "seed": 7})
+        [failing] = d.stats.task_ids[("eval", 1, 0)]
+
+        def flower_failure():
+            status, body = _request(f"{base}/api/task/info/{failing}", auth)
+            task = json.loads(body) if status == 200 else {}
+            return task if task.get("state") == "FAILURE" else None
+        failure = poll(flower_failure, "the failed task as FAILURE in flower", flower, tmp_path / "flower.log", DEADLINE)
+        assert failure["exception"].startswith("TaskFailed(") and "99" in failure["exception"], failure
 
         status, body = _request(f"{base}/api/workers?refresh=1", auth)
         assert status == 200 and set(json.loads(body)) == set(farm._nodes)

@@ -152,16 +152,32 @@ def test_seeds_train_two_runs_on_one_embedded_farm_with_mean_and_std(tmp_path):
 @pytest.mark.farm
 def test_seeds_with_parallel_1_train_one_after_another(tmp_path):
     """Waves: with --parallel 1 each seed's trainer starts once the one before has exited, as the start
-    and end times in summary.json show (the end is when the parent saw the exit, so no overlap is real)."""
+    and end times in summary.json show (the end is when the parent saw the exit, so no overlap is real).
+    The preset as shipped (no --set eval.*): no evaluation comes due in 512 steps, but each run evaluates
+    its final policy, so the table's best and final greedy evaluation columns are filled."""
     result = run_cli("train", "--seeds", "1-3", "--parallel", "1", "--total-steps", "512",
-                     "--set", "farm.steps_per_env=64", "--run-id", "wave", "--logdir", str(tmp_path))
+                     "--set", "farm.steps_per_env=64", "--run-id", "wave", "--logdir", str(tmp_path),
+                     env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "training 3 seeds (1-3) 1 at a time" in result.stderr
-    runs = json.loads((tmp_path / "wave-seeds" / "summary.json").read_text())["runs"]
+    summary = json.loads((tmp_path / "wave-seeds" / "summary.json").read_text())
+    runs = summary["runs"]
     assert [r["seed"] for r in runs] == [1, 2, 3] and {r["state"] for r in runs} == {"finished"}
     assert all(r["started_at"] < r["ended_at"] for r in runs)
     assert all(a["ended_at"] <= b["started_at"] for a, b in zip(runs, runs[1:]))
     assert trainers_of("wave-s") == []
+
+    for r in runs:  # one evaluation, of the final policy: the best one too
+        scores = r["scores"]
+        assert scores["best_eval_mean_return"] == scores["eval_mean_return"] > 0, r
+        assert (tmp_path / r["run_id"] / "best_policy.safetensors").exists()
+        row = next(line for line in result.stdout.splitlines() if r["run_id"] in line)
+        cells = [c.strip() for c in row.strip("│ ").split("│")]
+        assert cells[3] == cells[4] == f"{scores['eval_mean_return']:.1f}", row  # best eval, final eval
+    assert summary["mean"]["best_eval_mean_return"] is not None
+    mean_row = next(line for line in result.stdout.splitlines() if "mean ± std" in line)
+    cells = [c.strip() for c in mean_row.strip("│ ").split("│")]
+    assert "±" in cells[3] and "±" in cells[4], mean_row
 
 
 def test_sweep_refuses_bad_input_in_one_line_before_anything_starts(tmp_path, monkeypatch):
@@ -180,7 +196,8 @@ def test_sweep_refuses_bad_input_in_one_line_before_anything_starts(tmp_path, mo
     assert "--resume needs --redis URL" in error("--space", str(space), "--resume", "s")
     assert "--pruner threshold needs --prune-below" in error("--space", str(space), "--pruner", "threshold")
     space.write_text('[space]\n"ppo.clip_coef" = { low = 0.1, high = 0.3 }\n')
-    assert "--metric eval needs greedy evaluations" in error("--space", str(space), "--metric", "eval")
+    assert "--metric eval needs greedy evaluations" in error("--space", str(space), "--metric", "eval",
+                                                             "--set", "eval.interval=0")
     monkeypatch.setitem(__import__("sys").modules, "optuna", None)  # as if not installed
     assert error("--space", str(space)) == ("rlfarm: error: rlfarm sweep needs Optuna, which is not installed: "
                                             "pip install 'rlfarm[sweep]'")

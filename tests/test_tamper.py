@@ -21,6 +21,9 @@ from rlfarm.farm.connection import connect
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
 SECRET = "tamper-secret-0123456789abcdef"
+# What workers answer a forged task spec, policy and run metadata (in the trainer's warnings and in
+# each refused task's task-failed event).
+REFUSALS = ("task spec has a bad signature", "policy blob has a bad signature", "metadata in Redis is not signed")
 
 
 def _zeroed(state):
@@ -118,7 +121,8 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path), "--workers", "1",
                                        "--env", "tests.tiny_envs:long_slow", "--total-steps", "8192",
                                        "--set", "farm.num_tasks=4", "--set", "env.num_envs=1",
-                                       "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2"),
+                                       "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2",
+                                       "--set", "eval.episodes=2"),  # its final evaluation: 2 s, not 10
                             env=env, stdout=subprocess.DEVNULL, stderr=err)
     run_dir = tmp_path / run_id
     try:
@@ -246,7 +250,7 @@ def signed_worker(tmp_path_factory):
 
     env = {**WORKER_ENV, "RLFARM_SECRET": SECRET, "RLFARM_POLICY_SHARE": "off"}
     with LocalCluster(workers=1, name="rlfarm-test-tamper", log_dir=tmp_path_factory.mktemp("tamper"),
-                      extra_env=env) as cluster:
+                      extra_env=env, events=True) as cluster:  # events: what Flower shows of each task
         yield cluster
 
 
@@ -259,7 +263,8 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
     policy replaced by zeroed weights with a recomputed sha256 (a pool process then SIGKILLed, so its
     replacement must fetch it); the run metadata replaced by an unsigned one whose env is `os:system`
     (a pool process SIGKILLed again). Workers refuse each; the trainer counts and warns, writes back
-    its own copy, sends the task again, and ends with the very policy an unattacked run ends with."""
+    its own copy, sends the task again, and ends with the very policy an unattacked run ends with.
+    Each refused task is FAILURE in Celery (its `task-failed` event, what Flower shows), not SUCCESS."""
     import base64
     import json
     import signal
@@ -268,13 +273,15 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
     import msgpack
     import redis
 
-    from .conftest import WORKER_ENV, poll, read_csv, read_summary, rlfarm_cmd
+    from .conftest import WORKER_ENV, TaskEvents, poll, read_csv, read_summary, rlfarm_cmd
 
     url = signed_worker.redis_url
     client = connect(url)
     args = ["--redis", url, "--logdir", str(tmp_path), "--env", "tests.tiny_envs:long_slow",
             "--total-steps", str(4 * 256 * 40), "--set", "farm.num_tasks=4", "--set", "env.num_envs=1",
-            "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2", "--set", "farm.lease_seconds=2"]
+            "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2", "--set", "farm.lease_seconds=2",
+            # The final evaluation only, short: one 1-s episode a task on the one worker process.
+            "--set", "eval.interval=0", "--set", "eval.episodes=2"]
     env = {**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET}
 
     baseline = subprocess.run(rlfarm_cmd("train", "--run-id", "untouched", *args), env=env, capture_output=True,
@@ -284,6 +291,8 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
     run_id = "tampered"
     run_dir = tmp_path / run_id
     log = tmp_path / "tampered-stderr.txt"
+    events = TaskEvents(url)
+    events.__enter__()  # listening before the run's first task (left in the `finally` below)
     with open(log, "w") as err:
         proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, *args), env=env,
                                 stdout=subprocess.DEVNULL, stderr=err)
@@ -343,7 +352,18 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
             os.kill(pid, signal.SIGKILL)
         poll(lambda: warned("metadata in Redis is not signed"), "the forged metadata refused", proc, log)
         assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+
+        # A task's event follows its answer to the trainer (the worker's main process sends it once
+        # the task returns): waited for. Each refusal is FAILURE, the tasks that ran SUCCESS.
+        def refusals_failed() -> bool:
+            failed = list(events.failed().values())
+            return all(any(why in e and e.startswith("TaskFailed(") for e in failed) for why in REFUSALS)
+
+        poll(refusals_failed, "a task-failed event for each refusal")
+        succeeded = {e["uuid"] for e in events.of("task-succeeded")}
+        assert succeeded and not succeeded & set(events.failed())
     finally:
+        events.__exit__()
         if proc.poll() is None:
             proc.kill()
             proc.wait()

@@ -22,7 +22,7 @@ from rlfarm.farm import keys
 from rlfarm.local.cluster import LocalCluster
 from rlfarm.core.protocol import PROTOCOL
 
-from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
+from .conftest import ROOT, WORKER_ENV, TaskEvents, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
@@ -130,23 +130,31 @@ def test_a_worker_without_the_farms_secret_says_so_stops_and_the_run_goes_on(tmp
     """A farm that signs (RLFARM_SECRET) and a worker started without the secret, the way a new user
     adds one: before, the trainer dropped its unsigned results and waited forever, silently. Now the
     worker refuses its first task in one line that says where the secret is and stops; the trainer
-    sends the task again, warns once naming the worker, and the run finishes on a worker that has it."""
+    sends the task again, warns once naming the worker, and the run finishes on a worker that has it.
+    The refused task is a failed one in Celery (its `task-failed` event, what Flower shows), not a
+    success."""
     secret = "a-farm-secret-0123456789abcdef"
     monkeypatch.delenv("RLFARM_SECRET", raising=False)
     c = cluster(tmp_path, "nosecret")
     try:
-        bad = c.add_worker(1, command=RLFARM_WORKER)  # no RLFARM_SECRET in its environment
-        proc = subprocess.Popen(rlfarm_cmd("train", "--redis", c.redis_url, "--run-id", "nosecret", "--logdir",
-                                           str(tmp_path), *SLOW_PPO, "--total-steps", "2000"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": secret})
-        poll(lambda: bad.poll() is not None, "the worker without the secret to stop", proc)
+        bad = c.add_worker(1, command=[*RLFARM_WORKER, "-E"])  # no RLFARM_SECRET in its environment
+        with TaskEvents(c.redis_url) as events:
+            proc = subprocess.Popen(rlfarm_cmd("train", "--redis", c.redis_url, "--run-id", "nosecret", "--logdir",
+                                               str(tmp_path), *SLOW_PPO, "--total-steps", "2000"),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": secret})
+            poll(lambda: bad.poll() is not None, "the worker without the secret to stop", proc)
+            refused = poll(lambda: [e for e in events.of("task-failed") if "NoSecret:" in e.get("exception", "")],
+                           "the refused task's task-failed event", proc)
         c.extra_env["RLFARM_SECRET"] = secret
         c.add_worker(1, command=RLFARM_WORKER)
         _, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 0, stderr[-3000:]
     finally:
         c.stop()
+    assert len(refused) == 1 and refused[0]["hostname"] == c._nodes[0]
+    assert "TaskFailed" in refused[0]["exception"] and "has no RLFARM_SECRET" in refused[0]["exception"]
+    assert refused[0]["uuid"] not in {e["uuid"] for e in events.of("task-succeeded")}
     lines = [line for line in worker_log(c, bad).splitlines() if "NoSecret:" in line]
     assert len(lines) == 1 and "has no RLFARM_SECRET" in lines[0] and "local-farm.json" in lines[0], lines
     warned = [line for line in stderr.splitlines() if "it has no RLFARM_SECRET" in line]

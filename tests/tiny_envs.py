@@ -97,8 +97,12 @@ class SlowEnv(gym.Env):
         return self.np_random.uniform(-0.05, 0.05, 4).astype(np.float32), 1.0, False, False, {}
 
 
+# Episodes of the endless test envs end here: every run evaluates its final policy with greedy episodes.
+EPISODE_STEPS = 100
+
+
 def slow() -> gym.Env:
-    return SlowEnv()
+    return TimeLimit(SlowEnv(), max_episode_steps=EPISODE_STEPS)
 
 
 class Float64Env(gym.Env):
@@ -174,11 +178,11 @@ def _first_to_create(path: str) -> bool:
 
 
 def hang() -> gym.Env:
-    return HangingEnv()
+    return TimeLimit(HangingEnv(), max_episode_steps=EPISODE_STEPS)
 
 
 def hang_once() -> gym.Env:
-    return HangingEnv(once=True)
+    return TimeLimit(HangingEnv(once=True), max_episode_steps=EPISODE_STEPS)
 
 
 class WideEnv(SlowEnv):
@@ -198,7 +202,7 @@ class WideEnv(SlowEnv):
 
 
 def wide() -> gym.Env:
-    return WideEnv()
+    return TimeLimit(WideEnv(), max_episode_steps=EPISODE_STEPS)
 
 
 class PaintedEnv(SlowEnv):
@@ -354,7 +358,7 @@ class GilHangingEnv(SlowEnv):
 
 
 def hang_gil() -> gym.Env:
-    return GilHangingEnv()
+    return TimeLimit(GilHangingEnv(), max_episode_steps=EPISODE_STEPS)
 
 
 class DeafHangingEnv(SlowEnv):
@@ -376,7 +380,7 @@ class DeafHangingEnv(SlowEnv):
 
 
 def hang_deaf_once() -> gym.Env:
-    return DeafHangingEnv()
+    return TimeLimit(DeafHangingEnv(), max_episode_steps=EPISODE_STEPS)
 
 
 class _Simulator:

@@ -192,20 +192,27 @@ def concat(rollouts: list[Rollout]) -> Rollout:
     return Rollout(**joined)
 
 
+# A greedy episode its env has not ended after this many steps is cut there (its return so far counts):
+# every run evaluates its final policy, and an env whose episodes never end would otherwise hold that
+# evaluation until its task's time limit, again and again. An Atari game's own limit is 108,000 frames.
+MAX_EPISODE_STEPS = 108_000
+
+
 def run_episodes(policy: "Actor", env: Any, episodes: int, seed: int,
-                 deterministic: bool = True) -> np.ndarray:
-    """Returns of `episodes` whole episodes on a single (non-vector) env, greedy by default."""
+                 deterministic: bool = True, max_steps: int = MAX_EPISODE_STEPS) -> np.ndarray:
+    """Returns of `episodes` whole episodes (at most `max_steps` steps each) on a single (non-vector)
+    env, greedy by default."""
     rng = np.random.default_rng(seed)
     spec = policy.spec
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
-        total, done = 0.0, False
-        while not done:
+        total, done, steps = 0.0, False, 0
+        while not done and steps < max_steps:
             action, _, _ = policy.act(as_obs(spec, obs, 1), rng, deterministic)
             a = action[0] if spec.discrete else np.clip(action[0], spec.action_low, spec.action_high)
             obs, reward, terminated, truncated, info = env.step(a)
             total += float(info.get("raw_reward", reward))  # the game score, not the clipped reward
-            done = terminated or truncated
+            done, steps = terminated or truncated, steps + 1
         returns.append(total)
     return np.asarray(returns)

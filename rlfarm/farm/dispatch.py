@@ -104,6 +104,8 @@ class DispatchStats:
     receive_seconds: float = 0.0  # trainer CPU time spent decoding results
     policy_fetches: int = 0  # results whose worker fetched its policy version from Redis (not its cache)
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
+    # Of the rollouts only: every env step counted comes from exactly one of them (evaluations, which
+    # every run has at its end, count in `accepted` but not here).
     accepted_task_ids: list[str] = field(default_factory=list)
 
     def security(self) -> dict[str, int]:
@@ -399,7 +401,8 @@ class Dispatcher:
             self.busy_seconds += float(message.duration)
         self.admit()  # its slot is free: a held task of this run may take it
         self.stats.accepted += 1
-        self.stats.accepted_task_ids.append(message.task_id)
+        if message.kind != "eval":
+            self.stats.accepted_task_ids.append(message.task_id)
         self.on_event()
         return message
 

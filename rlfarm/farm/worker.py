@@ -342,13 +342,16 @@ class RolloutWorker:
             self.envs[key] = make_env(env_cfg["id"], trusted=False, options=env_cfg)
         return self.envs[key]
 
-    def handle(self, spec: dict[str, Any], task_id: str, node: str | None = None) -> None:
+    def handle(self, spec: dict[str, Any], task_id: str, node: str | None = None) -> str | None:
         """Run a task and push its result, or its error, to the run's results list.
 
         A task the trainer no longer wants (its result already counted, a superseded copy) is skipped
         without running and answered with a one-line note; one of a run whose trainer is gone is
         dropped silently. One of another protocol version is refused unrun, in one line naming both
         (`node`: the Celery node name, which the trainer's warning names).
+
+        Returns the error the trainer was told when the task was refused or failed (its answer is
+        pushed by then), else None: the Celery task then fails too (rlfarm.farm.worker_app.run).
         """
         taken = time.perf_counter()
         run = spec["run"]
@@ -367,19 +370,17 @@ class RolloutWorker:
         if not live:  # its trainer is gone (its claim expired or was released) or was replaced
             log.info("skipped task %s of run %s: the run has no live trainer", key_text, run)
             self.client.delete(attempts_key)
-            return
+            return None
         if not wanted:
             base.skipped = True
             self._push(run, base.to_message(), attempts_key)
-            return
+            return None
         # Before anything reads the spec or the run's config: their fields mean what this protocol says.
         refusal = protocol.protocol_mismatch(protocol.spec_protocol(spec), node or self.identity)
         if refusal is not None:
-            self._refuse(run, base, refusal, node, attempts_key)
-            return
+            return self._refuse(run, base, refusal, node, attempts_key)
         if self.secret is None and spec.get("sig"):
-            self._no_secret(run, base, node, attempts_key)
-            return
+            return self._no_secret(run, base, node, attempts_key)
         lease = None
         snapshot_item = None
         try:
@@ -392,9 +393,8 @@ class RolloutWorker:
             # Metadata without a version was written by a trainer before versions (or by hand).
             refusal = protocol.protocol_mismatch(run_meta.get("protocol", protocol.PROTOCOL), node or self.identity)
             if refusal is not None:
-                self._refuse(run, base, refusal.replace("the task protocol", "the run's metadata protocol"),
-                             node, attempts_key)
-                return
+                return self._refuse(run, base, refusal.replace("the task protocol", "the run's metadata protocol"),
+                                    node, attempts_key)
             farm = run_meta["config"]["farm"]
             lease = keys.lease(run, key_text)
             self.running = True
@@ -410,26 +410,28 @@ class RolloutWorker:
             payload = encode_result(result, farm)
             done = key_text
             snapshot_item, self.stream_snapshot = self.stream_snapshot, None
+            failed = None
         except HandedBack:  # the trainer sends it again at once; the key stays wanted
             self.running = False
             base.error, base.retryable, base.handed_back = hand_back_reason(node or self.identity), True, True
             base.worker = node or self.identity
             payload = codec.pack(base.to_message())
-            done = None
+            done = failed = None  # not the task's fault: the trainer sends it again at once
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
             self.running = False
             base.error, base.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)
             base.unverified = refused_input(exc)
             payload = codec.pack(base.to_message())
-            done = None
+            done, failed = None, base.error
         try:
             self._push(run, payload, attempts_key, lease, done, snapshot_item)
         finally:
             if lease is not None:
                 self.lease.release()
             self._store_counts()
+        return failed
 
-    def _no_secret(self, run: str, base: Result, node: str | None, attempts_key: str) -> None:
+    def _no_secret(self, run: str, base: Result, node: str | None, attempts_key: str) -> str:
         """The farm signs its tasks (RLFARM_SECRET) and this worker has no secret: every result it
         pushed would be dropped as unsigned. Say so in one line, hand the task back (the trainer sends
         it again to the others) and stop this worker."""
@@ -443,17 +445,19 @@ class RolloutWorker:
         self._push(run, base.to_message(), attempts_key)
         if self.stop_worker is not None:
             self.stop_worker()
+        return line
 
     def _store_counts(self) -> None:
         if self.counters is not None:
             self.counters.store(**{**self.counts, "redis_outages": self.retry.outages})
 
-    def _refuse(self, run: str, base: Result, refusal: str, node: str | None, attempts_key: str) -> None:
+    def _refuse(self, run: str, base: Result, refusal: str, node: str | None, attempts_key: str) -> str:
         """Answer a task of another protocol without running it; the trainer sends it to others."""
         log.warning("%s", refusal)
         base.refused, base.protocol, base.error = True, protocol.PROTOCOL, refusal
         base.worker = node or self.identity
         self._push(run, base.to_message(), attempts_key)
+        return refusal
 
     def _push(self, run: str, message: dict[str, Any] | bytes, attempts_key: str,
               lease: str | None = None, done: str | None = None,

@@ -280,10 +280,20 @@ def _stop_worker() -> None:
     os.kill(os.getppid(), signal.SIGTERM)
 
 
+class TaskFailed(Exception):
+    """A task the worker refused (a bad signature, no secret, another protocol, a bad spec) or that
+    failed, raised once the trainer has its answer in Redis: Celery then records the task as FAILURE
+    (Flower, `task-failed` events), not SUCCESS. Its one argument is that answer's error line, a
+    string, so any result serializer (msgpack, json) carries it. The tasks declare it expected
+    (`throws`): the worker logs it in one line, without a traceback."""
+
+
 def run(request) -> None:
     # Exactly the kwargs the trainer sent (signed with RLFARM_SECRET when it is set), not the
     # signature's defaults: the worker verifies the signature over them before anything runs.
-    _rollout_worker().handle(dict(request.kwargs), request.id, node=request.hostname)
+    error = _rollout_worker().handle(dict(request.kwargs), request.id, node=request.hostname)
+    if error is not None:
+        raise TaskFailed(error)
 
 
 def install(app: Any) -> None:

@@ -148,8 +148,15 @@ class AsyncTrainer(Trainer):
         learned from, so they are not counted as accepted either (summary: results_unused), and
         every accepted result's steps are in env_steps. A slow learner leaves more of them."""
         while self._backlog:
-            self.dispatcher.unaccept(self._backlog.popleft())
-            self.results_unused += 1
+            self.unused_result(self._backlog.popleft())
+
+    def unused_result(self, message: Result) -> None:
+        """Also those of the tasks still out, arriving while the final policy is evaluated; their
+        streams still move on, so the snapshot they name is deleted with the run's others."""
+        if self.streams is not None and message.iteration in self._task_streams:
+            self.advance_stream(message, self._task_streams.pop(message.iteration))
+        super().unused_result(message)
+        self.results_unused += 1
 
     def consume(self, message: Result) -> None:
         """Lag accounting, then the algorithm takes the result in and runs what updates it is ready for."""

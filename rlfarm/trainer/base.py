@@ -342,11 +342,20 @@ class Trainer:
 
     def drain_evaluations(self) -> None:
         """Wait for evaluation tasks still in flight (confirmations they start included), so the
-        run's last evaluation is recorded."""
-        while any(k[0] == "eval" for k in self.dispatcher.pending):
+        run's last evaluation is recorded. Rollouts still out (ASYNC) that arrive meanwhile are unused."""
+        while self.dispatcher.outstanding("eval"):  # held back for the run's share included
             message = self.dispatcher.next_result(timeout=1.0)
-            if message is not None and message.kind == "eval":
+            if message is None:
+                continue
+            if message.kind == "eval":
                 self.handle_eval(message)
+            else:
+                self.unused_result(message)
+
+    def unused_result(self, message: Result) -> None:
+        """A rollout's result that arrived once the run was over: never learned from, so not counted
+        as accepted (accepted results are exactly those learned from)."""
+        self.dispatcher.unaccept(message)
 
     def target_reached(self) -> bool:
         """With evaluations: an evaluation reached the target and its confirmation agreed (or the
@@ -450,9 +459,10 @@ class Trainer:
             self.save_checkpoint(force=True)
             self.heartbeat()
             self.train_loop()
-            if cfg.eval.interval:
-                self.carry_out(self.evals.final(self.env_steps, self.version))  # the final policy's
-                self.drain_evaluations()
+            # Every run that ends on its own (its steps, its target, its callback) evaluates its final
+            # policy, so it always leaves best_policy.safetensors and its scores; Ctrl-C does not wait.
+            self.carry_out(self.evals.final(self.env_steps, self.version))
+            self.drain_evaluations()
             self.save_checkpoint(force=True)
             result = self._finish(time.perf_counter() - self.start)
             state = "finished"

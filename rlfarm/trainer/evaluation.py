@@ -109,8 +109,9 @@ class Evaluations:
         return [send]
 
     def final(self, env_steps: int, version: int) -> list[Decision]:
-        """At the end of a run with evaluations: the final policy always gets one."""
-        if self.config.eval.interval and self.last_version != version:
+        """At the end of every run, `eval.interval` = 0 included: the final policy gets an evaluation
+        (unless it just had one), so every run has a best policy and its final score."""
+        if self.last_version != version:
             return [self.start(version, env_steps)]
         return []
 
@@ -135,7 +136,10 @@ class Evaluations:
                     *self._settle(ev.version, float(np.mean(first + ev.returns)))]
         self.mean_return = mean
         record = Record(ev.env_steps, ev.returns, ev.version)
-        if mean >= target and self.config.eval.confirm_episodes and ev.version not in self.awaiting:
+        # Without scheduled evaluations the target is the rolling training return's (Trainer.target_reached):
+        # a confirmation of the final evaluation would decide nothing.
+        if (mean >= target and self.config.eval.confirm_episodes and self.config.eval.interval
+                and ev.version not in self.awaiting):
             self.awaiting[ev.version] = ev.returns
             return [record, self.start(ev.version, env_steps, confirm=True)]
         if mean >= target:
