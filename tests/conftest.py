@@ -67,13 +67,34 @@ TIERS = ("farm", "fault", "learning", "process")
 TIER_ORDER = ("learning", "fault", "farm", "process", "unit")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if item.get_closest_marker("learning"):
+            item.add_marker(pytest.mark.xdist_group(LEARNING_GROUP))
         if {"farm", "redis_only"} & set(item.fixturenames) and not item.get_closest_marker("farm"):
             item.add_marker(pytest.mark.farm)  # the fixtures start redis-server and Celery workers
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
     items.sort(key=lambda item: next(i for i, tier in enumerate(TIER_ORDER) if item.get_closest_marker(tier)))
+
+
+# Every learning test runs in one test process (`--dist loadgroup`), one after another, and the other
+# test processes yield the cores to it (`pytest_runtest_setup`): an ASYNC run's learning depends
+# on how fast its results come back, and the learning margins were set with a run alone on the cores.
+LEARNING_GROUP = "learning"
+YIELDING_NICENESS = 10  # CFS gives a nice-0 process about 9x the CPU of a nice-10 one
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test starts a server or a worker
+def pytest_runtest_setup(item):
+    """In the parallel suite, a test process that runs anything but a learning test lowers its own
+    priority (and so that of the servers, workers and trainers it starts from then on), for good: the
+    learning tests are scheduled first, in one process that is never lowered, and take the cores when
+    they need them."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and not item.get_closest_marker("learning"):
+        if os.getpriority(os.PRIO_PROCESS, 0) < YIELDING_NICENESS:
+            os.setpriority(os.PRIO_PROCESS, 0, YIELDING_NICENESS)
 
 
 def pytest_xdist_auto_num_workers(config):

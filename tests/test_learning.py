@@ -13,9 +13,8 @@ from rlfarm.core import codec
 
 from .conftest import assert_cleaned_up, run_cli
 
-# One learning run at a time (they share the cores with the rest of the parallel suite): ASYNC
-# learning depends on how fast results come back, and their margins were set one run at a time.
-pytestmark = [pytest.mark.learning, pytest.mark.xdist_group("learning")]
+# One learning run at a time, ahead of the rest of the parallel suite (tests/conftest.py: LEARNING_GROUP).
+pytestmark = pytest.mark.learning
 
 
 def best_rolling_return(run_dir, within_steps: int, window: int = 20) -> float:
