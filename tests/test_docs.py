@@ -88,3 +88,30 @@ def test_every_page_in_docs_is_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text()
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
     assert pages and all(re.search(rf":\s*{re.escape(page)}\s*$", nav, flags=re.M) for page in pages), pages
+
+
+def readme_test_command() -> str:
+    """The README's second command: the line of its first bash block that runs pytest."""
+    block = re.search(r"```bash\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    return next(line for line in block.splitlines() if "pytest" in line and not line.startswith("#"))
+
+
+def steps(command: str) -> list[str]:
+    """The steps of an `a && b && c` command, with what only quiets apt taken out (.ci/run's
+    DEBIAN_FRONTEND, -qq and >/dev/null) and sudo however it is spelled."""
+    command = re.sub(r"\$\(command -v sudo\) |\$sudo |env DEBIAN_FRONTEND=noninteractive |-qq |>/dev/null", "",
+                     command.replace("\\\n", " "))
+    return [" ".join(step.split()) for step in command.split("&&")]
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    """.ci/run is what CI runs: the README's test command, step for step, so the command a reader
+    types is the one that passed."""
+    script = (ROOT / ".ci" / "run").read_text()
+    ci_command = script[script.index("apt-get update") - len("$sudo env DEBIAN_FRONTEND=noninteractive "):]
+    assert steps(ci_command.strip()) == steps(readme_test_command())
+
+
+def test_the_readmes_test_command_needs_no_sudo_as_root():
+    """Root in a container has no sudo: the command must not name it bare (`sudo: command not found`)."""
+    assert not re.search(r"(^|&& |; )sudo ", readme_test_command())
