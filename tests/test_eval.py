@@ -207,20 +207,21 @@ def _with_version(src, dst, version: str) -> None:
 def test_eval_run_plays_its_best_policy_else_its_final_one(runs, tmp_path):
     import shutil
 
-    run_id, run_dir = runs["dqn"]  # eval.interval = 0: no best_policy.safetensors
+    run_id, run_dir = runs["dqn"]  # every run evaluates its final policy, so it keeps a best policy
     result = run_cli("eval", run_id, "--logdir", str(run_dir.parent), "--episodes", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     first, *_, last = result.stdout.strip().splitlines()
-    assert re.fullmatch(rf"run {run_id}: final_policy\.safetensors \(policy v\d+\)", first), first
+    assert re.fullmatch(rf"run {run_id}: best_policy\.safetensors \(policy v\d+\)", first), first
     assert last.startswith("CartPole-v1, policy v") and last.endswith("over 2 greedy episodes")
 
-    # A run directory given as a path; its best policy is played rather than its final one.
+    # A run directory given as a path, without a best policy (a run that died before its first
+    # evaluation): its final policy is played.
     copy = tmp_path / run_id
-    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.log", "events.*"))
-    _with_version(copy / "final_policy.safetensors", copy / "best_policy.safetensors", "777")
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.log", "events.*", "best_policy.safetensors"))
+    _with_version(run_dir / "final_policy.safetensors", copy / "final_policy.safetensors", "777")
     result = run_cli("eval", str(copy), "--episodes", "1")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines()[0] == f"run {run_id}: best_policy.safetensors (policy v777)"
+    assert result.stdout.splitlines()[0] == f"run {run_id}: final_policy.safetensors (policy v777)"
     assert result.stdout.strip().splitlines()[-1].startswith("CartPole-v1, policy v777: mean return ")
 
 

@@ -139,9 +139,13 @@ def test_sigkilled_worker_process_mid_iteration(farm):
     results = out["results"]
     assert [r.index for r in results] == [0, 1, 2, 3]
     assert all(r.kind == "rollout" and r.rollout["rewards"].size == 1500 for r in results)
-    # The killed task was delivered again (acks_late + reject_on_worker_lost) and ran elsewhere.
+    # The killed task ran again elsewhere: delivered again (acks_late + reject_on_worker_lost), or, on
+    # a loaded machine where its lease lapsed before the redelivered copy finished, sent again.
     rerun = [r for r in results if r.task_id == task_id]
-    assert len(rerun) == 1 and rerun[0].worker.split(":")[1] != str(victim)
+    if rerun:
+        assert len(rerun) == 1 and rerun[0].worker.split(":")[1] != str(victim)
+    else:
+        assert d.stats.leases_expired == 1, d.stats
     # Every result that arrived was either counted once or dropped as a duplicate, never both.
     assert d.stats.received == len(results) + d.stats.duplicates
 
