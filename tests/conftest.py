@@ -76,7 +76,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.farm)  # the fixtures start redis-server and Celery workers
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
-    items.sort(key=lambda item: next(i for i, tier in enumerate(TIER_ORDER) if item.get_closest_marker(tier)))
+    items.sort(key=run_order)
+
+
+def run_order(item) -> tuple[int, int]:
+    """Learning tests first, then modules kept on one test process (`xdist_group`: long chunks, best
+    started early), then by tier."""
+    tier = next(i for i, tier in enumerate(TIER_ORDER) if item.get_closest_marker(tier))
+    return (0 if tier == 0 else 1 if item.get_closest_marker("xdist_group") else 2), tier
 
 
 # Every learning test runs in one test process (`--dist loadgroup`), one after another, and the other

@@ -54,7 +54,8 @@ def test_pong_preset_trains_through_the_cli_with_the_cnn_and_reports_game_scores
     """A few thousand steps of the `pong` preset on real workers: finite losses, the CNN learner, and
     whole games (longer than a task: "continue" episodes) reported in game score."""
     r = run_cli("train", "--redis", farm.redis_url, "--preset", "pong", "--total-steps", "7168",
-                "--set", "env.num_envs=2", "--run-id", "pong", "--logdir", str(tmp_path))
+                "--set", "env.num_envs=2", "--set", "eval.episodes=2",  # the final evaluation: 2 games, not 10
+                "--run-id", "pong", "--logdir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "pong" / "summary.json").read_text())
     # A farm given by --redis runs no worker of this run's on the trainer's machine: the CNN's

@@ -66,6 +66,10 @@ def case_of(preset: str):
 
 PRESETS = sync_ppo_presets()
 
+# One test process runs them all, so the negative control reuses the pong updates the pong test made
+# (an Atari update in float64 is the costliest thing here; conftest.py sends grouped modules early).
+pytestmark = pytest.mark.xdist_group("reference-updates")
+
 
 @pytest.fixture(autouse=True)
 def _one_thread_own_rng():

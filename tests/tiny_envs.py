@@ -77,7 +77,9 @@ def truncating() -> gym.Env:
 
 
 class SlowEnv(gym.Env):
-    """CartPole-shaped spaces, busy-waits per step: makes tasks long enough to kill a worker mid-task."""
+    """CartPole-shaped spaces, sleeps per step: makes tasks long enough to kill a worker mid-task or cut
+    it off mid-task, at no CPU cost (it used to busy-wait, and the fault tests that run thousands of
+    its steps then took a third of the suite's CPU time). `hang_gil` is the env that holds the GIL."""
 
     def __init__(self, step_seconds: float = 0.002):
         self.observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
@@ -91,9 +93,7 @@ class SlowEnv(gym.Env):
     def step(self, action):
         import time
 
-        end = time.perf_counter() + self.step_seconds
-        while time.perf_counter() < end:
-            pass
+        time.sleep(self.step_seconds)
         return self.np_random.uniform(-0.05, 0.05, 4).astype(np.float32), 1.0, False, False, {}
 
 
