@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -314,8 +315,10 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
                f"policy v{result.final_version}, mean return of the last 20 training episodes "
                f"{result.rolling_return:.1f} (best {result.best_rolling_return:.1f}, while exploring){evaluated}")
     if result.best_policy is not None:
+        target = "" if math.isinf(cfg.target_return) else (  # a run without a target has none to reach
+            f"; target {cfg.target_return:g} {'reached' if result.target_reached else 'not reached'}")
         click.echo(f"best policy: v{result.best_version}, greedy evaluation {result.best_eval_mean_return:.1f} "
-                   f"(best_policy.safetensors); target {'reached' if result.target_reached else 'not reached'}")
+                   f"(best_policy.safetensors){target}")
     click.echo(f"saved to {run_dir}/ (final_policy.safetensors sha256 {result.policy_sha256[:16]})")
     _exit_now()
 

@@ -223,6 +223,8 @@ def test_quiet_train_prints_no_info_lines_and_its_run_log_has_them(farm, tmp_pat
     lines = loud.stderr.splitlines()
     assert lines[0] == "rlfarm: target return 1 reached after 1024 env steps"
     assert len(lines) == 2 and lines[1].startswith("rlfarm: eval 1 at step 1024 (policy v1): ")  # the final policy's
+    [best] = [line for line in loud.stdout.splitlines() if line.startswith("best policy: v")]
+    assert best.endswith("(best_policy.safetensors); target 1 reached"), best
 
 
 def test_evaluation_lines_at_the_default_verbosity_and_with_v(farm, tmp_path):

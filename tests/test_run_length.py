@@ -66,6 +66,9 @@ def test_train_ends_at_total_steps_and_says_how_before_it_starts(farm, tmp_path)
     assert [int(r["global_step"]) for r in progress] == [1024, 1502]
     assert "run round-up: 1502 env steps" in result.stdout
     assert "mean return of the last 20 training episodes" in result.stdout
+    # Its final policy was evaluated and kept; with no --target-return there is no target to report.
+    [best] = [line for line in result.stdout.splitlines() if line.startswith("best policy: v")]
+    assert best.endswith("(best_policy.safetensors)"), best
 
 
 def test_episodes_longer_than_a_task_are_warned_about(farm, tmp_path):
