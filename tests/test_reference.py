@@ -1,7 +1,8 @@
 """Each shipped SYNC PPO preset's update against the implementation it names (`reference`).
 
 One update of rlfarm's learner, built from the preset's config (its network, spaces and
-hyper-parameters), on one iteration's batch of the preset's size, is compared with Stable-Baselines3's
+hyper-parameters), on one iteration's batch of the preset's size (an image preset's cut to
+IMAGE_STEPS steps per env), is compared with Stable-Baselines3's
 `PPO.train()` ("sb3") or CleanRL's published update ("cleanrl", written out below) on the same batch,
 from the same initial weights, in the same minibatch order, with the learning rate and clip range in
 force at the same progress. Every parameter must end within TOLERANCE of the reference's. Presets are
@@ -19,7 +20,8 @@ Adam's eps (1e-5) is larger than most of its gradients after clipping to norm 0.
 lr / eps times its gradient, and rounding flips ReLUs and clip decisions. On Pong's batch SB3 and
 rlfarm ended 4.7e-4 apart in float32 with the same update (a copy of rlfarm's own update that only
 used Adam's other kernel, 5.4e-5), against 2.0e-3 with CleanRL's value loss. In float64 the same
-update agrees to 2e-16. The price: an Atari preset's update takes about 20 s a side on one core.
+update agrees to 2e-16. The price: an Atari preset's update at its own batch size took about 20 s a
+side on one core, hence IMAGE_STEPS.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ from rlfarm.envs import SpaceSpec, make_env, space_spec
 TOLERANCE = 1e-5  # max |difference| of any parameter after one update
 DTYPE = torch.float64  # what both sides compute in (module docstring)
 PROGRESS = 0.25  # the run's progress at the update: annealed rates and clip ranges are mid-way
+# An image preset's batch is cut to this many steps per env (its envs, minibatch count and epochs as
+# they are): an update's arithmetic is the same at any batch size, and at the Atari presets' 128 steps
+# an update in float64 took about 20 s a side on one core, the costliest thing in the suite's CPU.
+IMAGE_STEPS = 32
 SB3_SKIP = "the sb3 comparisons need Stable-Baselines3 (the test extra: pip install -e '.[test]')"
 
 
@@ -171,6 +177,8 @@ def rlfarm_update(preset: str, overrides: tuple[str, ...] = ()) -> Case:
             spec, observation_space, action_space = space_spec(env), env.observation_space, env.action_space
         finally:
             env.close()
+        if spec.is_image and cfg.farm.steps_per_env > IMAGE_STEPS:  # (IMAGE_STEPS: why)
+            cfg = C.build(preset, [*overrides, f"farm.steps_per_env={IMAGE_STEPS}"])
         torch.manual_seed(cfg.seed)
         algo = learner("ppo", "sync")(cfg, spec, torch.device("cpu"))
         algo.policy.to(DTYPE)  # in place: the optimizer keeps the same parameters (module docstring)
