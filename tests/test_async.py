@@ -84,8 +84,10 @@ def test_sigkilled_worker_during_async_run(farm, tmp_path):
     assert task_id in ids or summary["redispatched"] > 0
 
 
-def test_redis_memory_stays_bounded_in_a_2_minute_async_run(tmp_path):
-    """used_memory after 2 minutes of ASYNC training stays within a small bound of its 10 s value."""
+def test_redis_memory_stays_bounded_in_a_1_minute_async_run(tmp_path):
+    """used_memory after a minute of ASYNC training stays within 1 MiB of its 10 s value: a leak of
+    20 kB/s shows, as with 2 MiB over the two minutes this ran before the suite had to fit 20 minutes
+    (sampled every 5 s over two minutes, used_memory moved within 0.5 MB of 2.2 MB, with no trend)."""
     run_id = "memory"
     proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path),
                                        "--preset", "cartpole-dqn", "--total-steps", "100000000",
@@ -101,7 +103,7 @@ def test_redis_memory_stays_bounded_in_a_2_minute_async_run(tmp_path):
 
     memory = {}
     try:
-        for mark in (10, 120):
+        for mark in (10, 60):
             poll(lambda: run_seconds() >= mark, f"{mark} s of training by the trainer's clock", proc,
                  deadline_s=10 * mark)
             url = json.loads((run_dir / "cluster.json").read_text())["redis_url"]
@@ -109,8 +111,8 @@ def test_redis_memory_stays_bounded_in_a_2_minute_async_run(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
-    print(f"Redis used_memory: {memory[10]} bytes after 10 s, {memory[120]} bytes after 120 s")
-    assert memory[120] <= memory[10] + 2 * 1024 * 1024
+    print(f"Redis used_memory: {memory[10]} bytes after 10 s, {memory[60]} bytes after 60 s")
+    assert memory[60] <= memory[10] + 1024 * 1024
     assert_cleaned_up(run_dir, run_id)
 
 

@@ -427,11 +427,12 @@ def test_queued_tasks_are_not_late(farm):
     assert all(blocker.next_result(timeout=60) is not None for _ in range(2))  # the blockers end too
 
 
-def test_chaos_two_minutes_of_kills_and_a_redis_restart(tmp_path):
-    """An ASYNC run of about two minutes on both kinds of worker, during which a random pool process
-    is SIGKILLed every 10 s and the redis-server is restarted once (SIGTERM, 2 s down, restarted
-    from its append-only file): the run finishes and every env step counted comes from exactly one
-    accepted result. (Throughput against a fault-free run: benchmarks/chaos.py.)"""
+def test_chaos_a_minute_of_kills_and_a_redis_restart(tmp_path):
+    """An ASYNC run of about a minute on both kinds of worker, during which a random pool process is
+    SIGKILLed every 6 s and the redis-server is restarted once (SIGTERM, 2 s down, restarted from its
+    append-only file): the run finishes and every env step counted comes from exactly one accepted
+    result. (It ran two minutes with a kill every 10 s until the suite had to fit 20 minutes: as many
+    kills, half the CPU. Throughput against a fault-free run: benchmarks/chaos.py.)"""
     import random
 
     farm = Farm(tmp_path)
@@ -439,13 +440,13 @@ def test_chaos_two_minutes_of_kills_and_a_redis_restart(tmp_path):
     run_id = "chaos"
     kills = 0
     try:
-        proc = farm.train(run_id, *SLOW_DQN, "--total-steps", "90000", "--set", "farm.lease_seconds=3")
+        proc = farm.train(run_id, *SLOW_DQN, "--total-steps", "40000", "--set", "farm.lease_seconds=3")
         wait_for_rows(proc, tmp_path / run_id)
         started = time.monotonic()
         restarted = False
-        while proc.poll() is None and time.monotonic() - started < 150:
-            time.sleep(10)  # the fault schedule: one kill every 10 s
-            if not restarted and time.monotonic() - started > 45:
+        while proc.poll() is None and time.monotonic() - started < 90:
+            time.sleep(6)  # the fault schedule: one kill every 6 s
+            if not restarted and time.monotonic() - started > 20:
                 farm.cluster.stop_redis(signal.SIGTERM)
                 time.sleep(2)  # the outage
                 farm.cluster.start_redis(same_port=True)
@@ -463,7 +464,7 @@ def test_chaos_two_minutes_of_kills_and_a_redis_restart(tmp_path):
         s = read_summary(tmp_path / run_id)
         print(f"chaos: {kills} kills, {s['faults']}, {s['env_steps']} env steps in {s['wall_seconds']:.0f} s, "
               f"redispatched {s['redispatched']}, duplicates {s['duplicates']}")
-        assert s["env_steps"] >= 90000
+        assert s["env_steps"] >= 40000
         assert s["faults"]["redis_outages"] >= 1
         assert_nothing_lost_or_double_counted(s, 250)
         assert farm.workers_alive()

@@ -22,10 +22,12 @@ from rlfarm.farm.connection import connect
 
 from .conftest import WORKER_ENV, poll, read_summary, rlfarm_cmd
 
-pytestmark = [pytest.mark.farm, pytest.mark.fault]
+# One test process runs the module, so its module-scoped run (or farm) is made once, not once on
+# every test process that gets one of its tests (conftest.py sends grouped modules early).
+pytestmark = [pytest.mark.farm, pytest.mark.fault, pytest.mark.xdist_group("forged-keys")]
 
 SECRET = "forged-keys-secret-0123456789abcdef"
-ARGS = ["--env", "tests.tiny_envs:long_slow", "--total-steps", str(4 * 256 * 16), "--set", "farm.num_tasks=4",
+ARGS = ["--env", "tests.tiny_envs:long_slow", "--total-steps", str(4 * 256 * 8), "--set", "farm.num_tasks=4",
         "--set", "env.num_envs=1", "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2",
         "--set", "farm.lease_seconds=2", "--set", "eval.interval=4096", "--set", "eval.episodes=2",
         "--set", "eval.confirm_episodes=0"]

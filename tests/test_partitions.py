@@ -33,6 +33,10 @@ from rlfarm.farm.outage import OutageRetry, can_connect, outage_kind
 
 from .conftest import ROOT, WORKER_ENV, assert_nothing_lost_or_double_counted, poll, read_summary, rlfarm_cmd
 
+# One test process runs the module, so its module-scoped run (or farm) is made once, not once on
+# every test process that gets one of its tests (conftest.py sends grouped modules early).
+pytestmark = pytest.mark.xdist_group("partitions")
+
 
 # ---- the unreachable/stalled decision (unit) -------------------------------------------------------
 def test_a_timeout_is_a_stall_only_while_redis_accepts_connections():

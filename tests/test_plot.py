@@ -12,6 +12,10 @@ from rlfarm.observe.plot import curves, last_of_each_log, read_run, rolling_mean
 
 from .conftest import read_csv, run_cli, usage_error_line
 
+# One test process runs the module, so its module-scoped run (or farm) is made once, not once on
+# every test process that gets one of its tests (conftest.py sends grouped modules early).
+pytestmark = pytest.mark.xdist_group("plot-run")
+
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):

@@ -22,7 +22,9 @@ from rlfarm.farm.connection import connect
 
 from .conftest import WORKER_ENV, rlfarm_cmd
 
-pytestmark = pytest.mark.farm
+# One test process runs the module, so its module-scoped run (or farm) is made once, not once on
+# every test process that gets one of its tests (conftest.py sends grouped modules early).
+pytestmark = [pytest.mark.farm, pytest.mark.xdist_group("tls-redis")]
 
 REDIS_SERVER = "/usr/bin/redis-server"
 DEADLINE = 120.0  # generous: a loaded 2-core machine

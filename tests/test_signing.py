@@ -32,6 +32,10 @@ from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
 from .conftest import ROOT, WORKER_ENV, dispatcher, make_run, rlfarm_cmd, run_cli, task_specs
 
+# One test process runs the module, so its module-scoped run (or farm) is made once, not once on
+# every test process that gets one of its tests (conftest.py sends grouped modules early).
+pytestmark = pytest.mark.xdist_group("signed-farm")
+
 SECRET = "test-secret-0123456789abcdef"
 MARKER = Path(tempfile.gettempdir()) / f"rlfarm-import-marker-{os.getuid()}"  # see tests/import_marker.py
 

@@ -20,6 +20,10 @@ from rlfarm.core import codec
 from rlfarm.farm.connection import connect
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
+# One test process runs the module, so its module-scoped run (or farm) is made once, not once on
+# every test process that gets one of its tests (conftest.py sends grouped modules early).
+pytestmark = pytest.mark.xdist_group("signed-worker")
+
 SECRET = "tamper-secret-0123456789abcdef"
 # What workers answer a forged task spec, policy and run metadata (in the trainer's warnings and in
 # each refused task's task-failed event).

@@ -15,6 +15,10 @@ import pytest
 
 from .conftest import WORKER_ENV, read_csv, rlfarm_cmd
 
+# One test process runs the module, so its module-scoped run (or farm) is made once, not once on
+# every test process that gets one of its tests (conftest.py sends grouped modules early).
+pytestmark = pytest.mark.xdist_group("tracked-run")
+
 SMALL = ["--total-steps", "2048", "--workers", "1", "--set", "farm.num_tasks=2", "--set", "env.num_envs=1",
          "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2", "--set", "eval.interval=1024",
          "--set", "eval.episodes=2"]
