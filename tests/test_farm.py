@@ -48,6 +48,23 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     assert connect(farm.redis_url).llen(keys.results("group")) == 0  # consumed results are gone
 
 
+def test_pool_processes_are_forked_with_torch_and_every_algorithm_loaded(farm):
+    """The worker's main process imports torch and every algorithm's networks before its pool forks:
+    pool processes share them instead of each importing torch (about 2 CPU-s apiece, again for every
+    process that replaces a killed one)."""
+    app = make_app(farm.redis_url)
+    try:
+        stats = app.control.inspect(timeout=5.0).stats() or {}
+    finally:
+        app.close()
+    assert stats, "no worker answered"
+    for node in stats.values():
+        main = Path(f"/proc/{node['pid']}/maps").read_text()
+        assert "libtorch_cpu" in main, "the worker's main process has not loaded torch"
+        for pid in node["pool"]["processes"]:
+            assert "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weights(redis_only):
     """A worker process builds a run's network once and loads each new version into it (building it
     was most of a fetch); the actors of versions cached beside it are snapshots and keep acting with

@@ -109,8 +109,14 @@ def _preload(**_: object) -> None:
     # In the worker's main process, before the pool forks: the pool processes inherit torch, numpy and
     # gymnasium already imported instead of each importing them (seconds per process, on shared cores).
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # workers never touch CUDA
+    import torch  # noqa: F401  (rlfarm.farm.worker imports it only when a task first acts)
+
     import rlfarm.farm.worker  # noqa: F401
+    from rlfarm import algos
     from rlfarm.farm.counters import NodeCounters
+
+    for name in algos.names():  # every algorithm's networks and actors
+        algos.learner(name)
 
     global _counters
     _counters = NodeCounters()  # mapped now, so every pool process forked later shares it
