@@ -53,7 +53,7 @@ def test_a_lost_life_is_signalled_without_ending_the_game():
 def test_pong_preset_trains_through_the_cli_with_the_cnn_and_reports_game_scores(farm, tmp_path):
     """A few thousand steps of the `pong` preset on real workers: finite losses, the CNN learner, and
     whole games (longer than a task: "continue" episodes) reported in game score."""
-    r = run_cli("train", "--redis", farm.redis_url, "--preset", "pong", "--total-steps", "7168",
+    r = run_cli("train", "--redis", farm.redis_url, "--preset", "pong", "--total-steps", "4096",
                 "--set", "env.num_envs=2", "--set", "eval.episodes=2",  # the final evaluation: 2 games, not 10
                 "--run-id", "pong", "--logdir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
