@@ -23,7 +23,7 @@ def needs_mujoco():
 
 def test_halfcheetah_ppo_trains_through_the_cli_with_normalised_observations(farm, tmp_path):
     r = run_cli("train", "--redis", farm.redis_url, "--preset", "halfcheetah-ppo", "--total-steps", "6144",
-                "--run-id", "cheetah", "--logdir", str(tmp_path))
+                "--set", "eval.episodes=1", "--run-id", "cheetah", "--logdir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [row for row in read_csv(tmp_path / "cheetah" / "progress.csv") if int(row["policy_version"]) > 0]
     assert rows and all(math.isfinite(float(row["losses/value_loss"])) for row in rows)
@@ -49,7 +49,8 @@ def test_halfcheetah_sac_trains_through_the_cli(farm, tmp_path):
     """A few thousand steps of the halfcheetah-sac preset on real workers: heatup, then SAC's gradient
     steps with finite losses, and whole 1000-step episodes reported from continued streams."""
     r = run_cli("train", "--redis", farm.redis_url, "--preset", "halfcheetah-sac", "--total-steps", "3000",
-                "--set", "sac.learning_starts=1000", "--set", "eval.interval=0", "--run-id", "cheetah-sac",
+                "--set", "sac.learning_starts=1000", "--set", "sac.replay_ratio=0.25",  # 500 gradient steps
+                "--set", "eval.interval=0", "--set", "eval.episodes=1", "--run-id", "cheetah-sac",
                 "--logdir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [row for row in read_csv(tmp_path / "cheetah-sac" / "progress.csv")
