@@ -33,15 +33,17 @@ from rlfarm import config as C
 
 log = logging.getLogger("rlfarm")
 
-# Keyword options of `train` and the config keys they set (the rest pass through as dotted keys
-# with "__" for ".", e.g. ppo__learning_rate=1e-3).
+# Keyword options of `make_config` and `train` and the config keys they set (the rest pass through as
+# dotted keys with "__" for ".", e.g. ppo__learning_rate=1e-3).
 _OPTION_KEYS = {"env": "env.id", "workers": "farm.workers"}
 
 
-def make_config(preset: str | None = "cartpole-ppo",
-                overrides: Mapping[str, Any] | Iterable[str] | None = None, **options: Any) -> C.RunConfig:
-    """A validated RunConfig: preset, then overrides ({"ppo.gamma": 0.98} or ["ppo.gamma=0.98"]),
-    then keyword options (total_steps=..., seed=..., env="Acrobot-v1", mode="async", workers=4)."""
+def config_values(preset: str | None = "cartpole-ppo",
+                  overrides: Mapping[str, Any] | Iterable[str] | None = None, **options: Any) -> dict[str, Any]:
+    """The flat values (dotted keys) a config is made of, in order: the preset's (a shipped name or a
+    TOML file; None: only the defaults), then `overrides` ({"ppo.gamma": 0.98} or ["ppo.gamma=0.98"]),
+    then keyword options (None values skipped; see make_config). A sweep keeps them as they are: its
+    trials and best.toml start from them."""
     values: dict[str, Any] = C.load_preset(preset) if preset else {}
     if isinstance(overrides, Mapping):
         values.update(overrides)
@@ -52,7 +54,17 @@ def make_config(preset: str | None = "cartpole-ppo",
     for name, value in options.items():
         if value is not None:
             values[_OPTION_KEYS.get(name, name.replace("__", "."))] = value
-    return C.from_flat(values)
+    return values
+
+
+def make_config(preset: str | None = "cartpole-ppo",
+                overrides: Mapping[str, Any] | Iterable[str] | None = None, *, base: C.RunConfig | None = None,
+                **options: Any) -> C.RunConfig:
+    """A validated RunConfig, made the one way every config is (`rlfarm train`, `--seeds`, `--resume`,
+    `rlfarm sweep` and this API): the preset's values (config_values), or `base`'s (a RunConfig; give
+    preset None), then overrides, then keyword options (total_steps=..., seed=..., env="Acrobot-v1",
+    mode="async", workers=4, or any config key with "__" for ".": farm__share=2)."""
+    return C.from_flat(config_values(preset, overrides, **options), base)
 
 
 def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
@@ -136,7 +148,8 @@ def check_new_run(cfg: C.RunConfig) -> None:
 
 def resume_config(run: str, logdir: str | None = None, **changes: Any) -> C.RunConfig:
     """The config of a run to resume, from its run directory (a path, or a run id under `logdir`),
-    with the few changes a resume allows (total_steps, target_return, workers, device)."""
+    with the few changes a resume allows, as make_config's options (total_steps, target_return,
+    workers, device, farm__share)."""
     from rlfarm.trainer import resume as checkpoint
 
     run_dir = Path(run)
@@ -151,8 +164,7 @@ def resume_config(run: str, logdir: str | None = None, **changes: Any) -> C.RunC
     cfg = C.from_dict(json.loads((run_dir / "config.json").read_text()))
     if cfg.run_id != run_dir.name:
         raise C.ConfigError(f"{run_dir} holds run {cfg.run_id!r}; a run directory is named after its run")
-    flat = {_OPTION_KEYS.get(k, k): v for k, v in changes.items() if v is not None}
-    return C.from_flat({**flat, "logdir": str(run_dir.parent)}, cfg)
+    return make_config(None, base=cfg, **changes, logdir=str(run_dir.parent))
 
 
 def online_processes(redis_url: str) -> int:
@@ -288,12 +300,7 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
         from rlfarm.observe.logs import setup_logging
 
         setup_logging(0)
-    if config is not None:
-        cfg = C.from_flat({**_flat_overrides(overrides),
-                           **{_OPTION_KEYS.get(k, k.replace("__", ".")): v for k, v in options.items()
-                              if v is not None}}, config)
-    else:
-        cfg = make_config(preset, overrides, **options)
+    cfg = make_config(preset if config is None else None, overrides, base=config, **options)
     from rlfarm.local.find import find_farm
 
     farm = find_farm(redis_url, environ={})
@@ -324,8 +331,3 @@ def check_extras(cfg: C.RunConfig, capture_video: bool = False, track: bool | st
     tracking.check(where)
     return where
 
-
-def _flat_overrides(overrides: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
-    if isinstance(overrides, Mapping):
-        return dict(overrides)
-    return dict(C.parse_override(text) for text in overrides or ())
