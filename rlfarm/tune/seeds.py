@@ -13,10 +13,11 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from rlfarm.local import shared
 from rlfarm.tune.trainers import Trainer, stop_all
 
 # summary.json key of a run -> column of the table
@@ -51,6 +52,44 @@ class StartFailed(Exception):
 
 def seed_run_id(base: str, seed: int) -> str:
     return f"{base}-s{seed}"
+
+
+def make_seeds_dir(cfg: Any, base: str) -> Path:
+    """LOGDIR/BASE-seeds, made: the seeds' summary.json, their trainers' output (s<seed>.log) and an
+    embedded farm's logs."""
+    seeds_dir = Path(cfg.logdir) / f"{base}-seeds"
+    seeds_dir.mkdir(parents=True, exist_ok=True)
+    return seeds_dir
+
+
+def trainers_at_once(seeds: int, parallel: int | None) -> int:
+    """--parallel, or by default: trainers run on this machine whatever the farm, one per core (each
+    learner needs one while it learns), at least 2 so seeds share the farm as they always did on small
+    machines."""
+    from rlfarm.config import bounds as B, machine_cores
+
+    return min(seeds, parallel or min(max(2, machine_cores()), B.MAX_PARALLEL_TRAINERS))
+
+
+def train_seeds(args: list[str], seeds: list[int], cfg: Any, base: str, seeds_dir: Path, farm: Any,
+                parallel: int, notify: Callable[[str], None]) -> tuple[dict[str, Any], Path]:
+    """`rlfarm train --seeds`, its config `cfg` checked: the farm found (rlfarm.local.find.Farm), or
+    one embedded for all the seeds (rlfarm.local.shared), a trainer per seed on it (run_seeds with
+    `args`), then summary.json in `seeds_dir`. Returns the summary and its path. StartFailed and
+    KeyboardInterrupt propagate once every trainer and an embedded farm are stopped."""
+    from rlfarm.config import local_workers
+    from rlfarm.config.seeds import compact_seeds
+    from rlfarm.envs import allowed_modules_env
+
+    logdir = Path(cfg.logdir)
+    with shared.farm_for_trainers(farm, local_workers(cfg), seeds_dir / "farm", f"rlfarm-{base}",
+                                  allowed_modules_env(cfg.env.id), notify=notify) as env:
+        at_once = "all at once" if parallel == len(seeds) else f"{parallel} at a time"
+        notify(f"training {len(seeds)} seeds ({compact_seeds(seeds)}) {at_once}: runs {base}-s<seed> in "
+               f"{logdir}/, trainer output in {seeds_dir}/s<seed>.log")
+        runs = run_seeds(args, seeds, base, logdir, env, seeds_dir, parallel)
+    summary = aggregate(runs)
+    return summary, write_summary(seeds_dir, summary)
 
 
 def run_seeds(args: list[str], seeds: list[int], base: str, logdir: Path, env: dict[str, str],
