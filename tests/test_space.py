@@ -201,7 +201,7 @@ def test_bad_seeds_on_the_command_line_are_one_usage_line():
 def test_a_seed_trainer_gets_the_options_given_and_any_new_one_like_share():
     """Every option the user typed reaches each seed's `rlfarm train`, except the ones --seeds makes
     itself (--share and any option `train` gains later included, with no list kept here)."""
-    from cli import _SEEDS_OWN, _passed_through, train
+    from rlfarm.cli.train import _SEEDS_OWN, _passed_through, train
 
     command = click.Command("train", params=[*train.params, click.Option(["--later"], type=float)])
     ctx = command.make_context("train", ["--preset", "cartpole-ppo", "--set", "a=1", "--set", "b=2",

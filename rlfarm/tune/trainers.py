@@ -22,8 +22,8 @@ GRACE = 15.0  # seconds a stopped trainer gets to clean up before SIGKILL
 
 
 def train_command(args: list[str]) -> list[str]:
-    """argv of `rlfarm train ARGS` with this interpreter and this rlfarm (the `cli` module)."""
-    return [sys.executable, "-m", "cli", "train", *args]
+    """argv of `rlfarm train ARGS` with this interpreter and this rlfarm (rlfarm.cli)."""
+    return [sys.executable, "-m", "rlfarm.cli", "train", *args]
 
 
 class Trainer:
