@@ -17,7 +17,7 @@ from rlfarm.config.errors import ConfigError
 from rlfarm.config.run import ALGORITHMS, PolicyConfig, RunConfig
 from rlfarm.config.section import FIELD as _FIELD
 
-_USER = {v: k for k, v in _FIELD.items()}
+_USER = {v: k for k, v in _FIELD.items()}  # a field as users and files spell it (async_: async)
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -4,9 +4,9 @@ TOML table (`[env]`, `[farm]`, `[policy]`, one per algorithm, `[async]`, `[eval]
 Every field is declared here, the algorithms' sections too: each is its algorithm's own dataclass
 (`rlfarm/algos/<name>/config.py`, light: no torch), imported by name, so `cfg.ppo.clip_coef` is typed.
 Those fields are the list of algorithms: `ALGORITHMS` is read from them and `rlfarm.algos` (the
-registry callers use: sections, learners, names) reads `ALGORITHMS`. Presets, `--set` keys and
-checks are in keys, checks and load beside this module. Everything here is pure: no Redis, no Celery,
-no torch, no files.
+registry callers use: sections, learners, names) reads `ALGORITHMS`. Beside this module: dotted keys
+and run files' dicts (keys), the checks of a whole config (checks), presets and `--set` (load).
+Everything here is pure: no Redis, no Celery, no torch, no files.
 """
 
 from __future__ import annotations
