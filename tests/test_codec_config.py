@@ -1,11 +1,18 @@
 """Codec (msgpack arrays, safetensors policies) and config (presets, overrides, validation)."""
 
+import ast
+import dataclasses
+import typing
+
 import numpy as np
 import pytest
 import torch
 
+from rlfarm import algos
 from rlfarm.core import codec
 from rlfarm import config as C
+
+from .conftest import ROOT
 
 
 def test_pack_roundtrip_arrays_and_scalars():
@@ -52,6 +59,35 @@ def test_overrides_and_types():
     assert cfg.ppo.learning_rate == 0.01 and cfg.policy.hidden_sizes == (32, 32)
     assert cfg.seed == 3 and cfg.env.id == "Acrobot-v1" and cfg.ppo.anneal_lr is False
     assert C.build("cartpole-ppo", ["ppo.learning_rate=1"]).ppo.learning_rate == 1.0
+
+
+def test_every_algorithm_package_is_a_typed_field_of_run_config():
+    """RunConfig declares a field per algorithm, named as it and typed with its section (so `cfg.ppo`
+    is typed); the registry reads those fields, and a package left out of them is caught here."""
+    packages = sorted(p.parent.name for p in (ROOT / "rlfarm" / "algos").glob("*/config.py"))
+    hints = typing.get_type_hints(C.RunConfig)
+    assert list(C.ALGORITHMS) == packages == algos.names()
+    for name, section in C.ALGORITHMS.items():
+        assert hints[name] is section and section.algo == name and dataclasses.is_dataclass(section)
+        assert section.__module__ == f"rlfarm.algos.{name}.config" and algos.section(name) is section
+        assert set(section.learners) == set(section.modes)
+    assert type(C.RunConfig().ppo).__name__ == "PPOConfig" and C.build(None, ["ppo.clip_coef=0.1"]).ppo.clip_coef == 0.1
+
+
+def test_the_config_layer_finds_no_module_by_scanning():
+    """Every module rlfarm.config uses is named by an import statement: no package is scanned and no
+    module imported by a computed name."""
+    scanning = {"import_module", "find_spec", "iter_modules", "walk_packages", "__import__"}
+    for path in (ROOT / "rlfarm" / "config").glob("*.py"):
+        used = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                used.add(node.attr)
+            elif isinstance(node, ast.Name):
+                used.add(node.id)
+            elif isinstance(node, ast.ImportFrom):
+                used |= {alias.name for alias in node.names}
+        assert not used & scanning, (path.name, used & scanning)
 
 
 def test_unknown_key_lists_valid_keys():

@@ -41,7 +41,7 @@ from rlfarm import config as C
 from rlfarm.algos import learner
 from rlfarm.algos.ppo.policies import ActorCritic
 from rlfarm.algos.ppo.ppo import compute_gae
-from rlfarm.config.run import to_dict
+from rlfarm.config.keys import to_dict
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec, make_env, space_spec
 

@@ -3,9 +3,11 @@ its config section (`config.py`, light: no torch), its networks and the actors w
 (`policies.py`), its learner(s). Shared: the `Algorithm` interface (base), the off-policy machinery
 DQN and SAC share (offpolicy), saved policies (saved).
 
-This module is the registry. Nothing is listed by hand: rlfarm.config finds every package's section,
-and a section names the learner of each mode it runs in (`learners = {"async": "td3:TD3"}`), which
-`learner()` imports on first use, so reading and checking configs never imports torch.
+This module is the registry callers use: `names()`, `section(name)`, `learner(name, mode)`. The
+algorithms are declared once, as RunConfig's typed section fields (`ppo: PPOConfig`, in
+rlfarm/config/run.py; nothing is found by scanning packages), and a section names the learner of each
+mode it runs in (`learners = {"async": "td3:TD3"}`), which `learner()` imports on first use, so
+reading and checking configs never imports torch.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ if TYPE_CHECKING:
 
 
 def _sections() -> dict[str, type["AlgoSection"]]:
-    from rlfarm.config.run import ALGORITHMS  # found under this package by the config layer
+    # Imported at first use: rlfarm.config imports this package's sections (config.py) while it loads.
+    from rlfarm.config import ALGORITHMS
 
     return ALGORITHMS
 

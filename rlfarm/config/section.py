@@ -1,6 +1,6 @@
 """What every algorithm's config section is (`AlgoSection`), and the checks sections share. An
-algorithm's section lives in its own package (`rlfarm/algos/<name>/config.py`) and is found there by
-rlfarm.config.run; nothing here imports torch.
+algorithm's section lives in its own package (`rlfarm/algos/<name>/config.py`) and is a typed field of
+RunConfig (rlfarm.config.run); nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def check_replay(run: "RunConfig", section: str) -> None:
 class AlgoSection:
     """The light half of an algorithm, what a config needs without importing torch: its name, the
     modes it runs in (what each means, and which learner class runs it), its checks. Its `[name]`
-    config section is a frozen dataclass deriving from this, in `rlfarm/algos/<name>/config.py`."""
+    config section is a frozen dataclass deriving from this, in `rlfarm/algos/<name>/config.py`, and
+    RunConfig's field `<name>` is typed with it (rlfarm.config.run)."""
 
     algo: ClassVar[str]
     modes: ClassVar[dict[str, str]]  # mode -> what running in it means, for `--help` and errors

@@ -25,7 +25,7 @@ from typing import Any
 
 from rlfarm.config.dump import toml_value
 from rlfarm.config.errors import ConfigError
-from rlfarm.config.run import from_flat
+from rlfarm.config.keys import from_flat
 
 _FIELDS = {"low", "high", "log", "step", "choices"}
 

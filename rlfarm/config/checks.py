@@ -1,0 +1,93 @@
+"""A RunConfig's semantic checks, those its fields' types cannot express; the algorithm's own
+section checks itself (`AlgoSection.check`)."""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING
+
+from rlfarm.config.bounds import check_config_bounds
+from rlfarm.config.errors import ConfigError
+from rlfarm.config.run import ALGORITHMS, COMPRESS, DEVICES, MODES, POLICY_DTYPES, REFERENCES
+from rlfarm.config.section import at_least_1, get
+
+if TYPE_CHECKING:
+    from rlfarm.config.run import RunConfig
+
+
+def validate(config: RunConfig) -> None:
+    """Semantic checks that types alone cannot express; the algorithm's own section checks itself."""
+    if config.algo not in ALGORITHMS:
+        close = difflib.get_close_matches(config.algo, list(ALGORITHMS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"unknown algo {config.algo!r}{hint}; available: {', '.join(sorted(ALGORITHMS))}")
+    if config.mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {config.mode!r}")
+    if config.reference not in REFERENCES:
+        raise ConfigError(f"reference must be sb3, cleanrl or \"\" (none), got {config.reference!r}")
+    if config.device not in DEVICES:
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {config.device!r}")
+    at_least_1(config, "env.num_envs", "env.frame_stack", "env.screen_size", "farm.num_tasks", "farm.steps_per_env",
+                "farm.keep_versions", "total_steps", "async.publish_interval", "eval.episodes", "eval.tasks")
+    for key in ("farm.workers", "torch_threads"):
+        if get(config, key) < 0:
+            raise ConfigError(f"{key} must be at least 1, or 0 (\"auto\"), got {get(config, key)}")
+    if config.farm.keep_versions < 2:
+        raise ConfigError("farm.keep_versions must be at least 2 (the acting and the newest version)")
+    if config.seed < 0:  # numpy seeds must be >= 0: a negative one would fail only on the workers
+        raise ConfigError(f"seed must be a non-negative integer, got {config.seed}")
+    if config.checkpoint_interval < 0:
+        raise ConfigError("checkpoint_interval cannot be negative")
+    for key in ("farm.task_timeout", "farm.lease_seconds", "farm.redis_outage_timeout", "farm.max_result_bytes",
+                "farm.share"):
+        if not get(config, key) > 0:
+            raise ConfigError(f"{key} must be positive, got {get(config, key)}")
+    if config.farm.task_time_limit < 0:
+        raise ConfigError("farm.task_time_limit cannot be negative (0: derived from the task durations)")
+    if config.env.preprocess not in ("auto", "atari", "none"):
+        raise ConfigError(f"env.preprocess must be auto, atari or none, got {config.env.preprocess!r}")
+    if config.env.noop_max < 0:
+        raise ConfigError("env.noop_max cannot be negative")
+    if config.farm.episodes not in ("fresh", "continue"):
+        raise ConfigError(f"farm.episodes must be fresh or continue, got {config.farm.episodes!r}")
+    if config.farm.max_redispatch < 0:
+        raise ConfigError("farm.max_redispatch cannot be negative")
+    if config.farm.compress not in COMPRESS:
+        raise ConfigError(f"farm.compress must be one of {', '.join(COMPRESS)}, got {config.farm.compress!r}")
+    if config.farm.policy_dtype not in POLICY_DTYPES:
+        raise ConfigError(f"farm.policy_dtype must be one of {', '.join(POLICY_DTYPES)}, got "
+                          f"{config.farm.policy_dtype!r}")
+    policy = config.policy
+    if policy.activation not in ("tanh", "relu"):
+        raise ConfigError(f"policy.activation must be tanh or relu, got {policy.activation!r}")
+    if not policy.hidden_sizes or min(policy.hidden_sizes) < 1:
+        raise ConfigError("policy.hidden_sizes must be a non-empty list of positive sizes")
+    cnn = (policy.cnn_channels, policy.cnn_kernels, policy.cnn_strides)
+    if not policy.cnn_channels or len({len(x) for x in cnn}) != 1 or min(min(x) for x in cnn) < 1:
+        raise ConfigError("policy.cnn_channels, policy.cnn_kernels and policy.cnn_strides must be lists of "
+                          "positive integers of the same length (one entry per convolution)")
+    at_least_1(config, "policy.cnn_features")
+    if not config.policy.normalize_clip > 0:
+        raise ConfigError(f"policy.normalize_clip must be positive, got {config.policy.normalize_clip}")
+    if config.eval.confirm_episodes < 0:
+        raise ConfigError("eval.confirm_episodes cannot be negative (0: no confirmation)")
+    if config.async_.max_policy_lag < 0 or config.eval.interval < 0:
+        raise ConfigError("async.max_policy_lag and eval.interval cannot be negative")
+    if config.async_.refresh_steps < 0:
+        raise ConfigError("async.refresh_steps cannot be negative (0: a task acts with one version)")
+    check_results_per_update(config, config.async_.tasks_in_flight)
+    check_config_bounds(config)  # after the lower bounds, so a 0 is not reported as a bound
+    config.algo_config.check(config)
+    if config.run_id and not all(c.isalnum() or c in "-_." for c in config.run_id):
+        raise ConfigError(f"run_id may hold letters, digits, '-', '_' and '.', got {config.run_id!r}")
+
+
+def check_results_per_update(config: RunConfig, tasks_in_flight: int) -> None:
+    """A batch of more results than can ever be in flight would never fill (0 in flight: not known yet)."""
+    k = config.async_.results_per_update
+    if k < 0 or config.async_.tasks_in_flight < 0:
+        raise ConfigError("async.results_per_update and async.tasks_in_flight cannot be negative")
+    if k and tasks_in_flight and k > tasks_in_flight:
+        raise ConfigError(f"async.results_per_update ({k}) is more than the tasks ever in flight "
+                          f"({tasks_in_flight}): an update would never start; lower it, or raise "
+                          f"async.tasks_in_flight")
