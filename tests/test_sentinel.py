@@ -238,12 +238,12 @@ def test_writes_a_promoted_replica_lacks_are_put_back_or_re_sent(tmp_path):
         _, store = make_run(url, "lost-writes", versions=3)
         retry = OutageRetry(60.0)
 
-        class Trainer(Unowned):  # the part of the run's owner this test needs: its copy written back
+        class Owner(Unowned):  # what this test needs of the trainer: its newest version written back
             def after_outage(self):
                 store.restore_newest()
 
         d = FarmLink(make_app(url), resilient_client(url, retry), "lost-writes", 60.0, 3, lease_seconds=1.0,
-                     retry=retry).open(owner=Trainer())
+                     retry=retry).open(owner=Owner())
         d.submit_many([dict(s, version=2) for s in task_specs(0, 2, 32)])
         admin = redis.Redis.from_url(url)
         assert admin.llen(CELERY_QUEUE) == 2
