@@ -108,7 +108,7 @@ def test_a_group_is_listed_as_wanted_in_one_command_before_any_task_is_sent(redi
     with pytest.raises(ValueError, match="already in flight"):
         d.submit_many(task_specs(1, 1, 8) * 2)
     assert d.stats.dispatched == 3  # nothing of a refused group was sent
-    connect(redis_only.redis_url).delete(d.app.conf.task_default_queue)  # no worker will take them
+    connect(redis_only.redis_url).delete(d.outbox.queue)  # no worker will take them
 
 
 def test_failed_task_reports_a_clear_error(farm):
