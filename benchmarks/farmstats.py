@@ -189,12 +189,23 @@ def make_run(client: redis.Redis, run: str, env_id: str, num_envs: int, compress
     return network
 
 
+def task_channel(app: Any, client: redis.Redis, run: str, task_timeout: float, max_redispatch: int) -> Any:
+    """The trainer's task channel of the checkout being measured, no trainer behind it (a Dispatcher
+    in a checkout from before the dispatcher was split into a channel and a watchdog)."""
+    try:
+        from rlfarm.trainer.channel import FarmLink
+    except ImportError:
+        from rlfarm.farm.dispatch import Dispatcher
+
+        return Dispatcher(app, client, run, task_timeout, max_redispatch)
+    return FarmLink(app, client, run, task_timeout, max_redispatch).open()
+
+
 class Farm:
-    """The redis-server, the run, the worker nodes and one trainer-side Dispatcher."""
+    """The redis-server, the run, the worker nodes and one trainer-side task channel."""
 
     def __init__(self, cluster: Any, run: str, env_id: str, per_node: int):
         from rlfarm.farm.app import make_app
-        from rlfarm.farm.dispatch import Dispatcher
         from rlfarm.farm.connection import connect
         from rlfarm.farm.store import PolicyStore
 
@@ -204,7 +215,7 @@ class Farm:
         self.network = make_run(self.client, run, env_id, 1)
         self.store = PolicyStore(self.client, run, keep=3)
         self.version = 0
-        self.d = Dispatcher(make_app(cluster.redis_url), self.client, run, 600, 1)
+        self.d = task_channel(make_app(cluster.redis_url), self.client, run, 600, 1)
         self.nodes: list[int] = []  # pool processes per node
         self.task = 0  # task numbers (iteration field), never reused
 
@@ -235,7 +246,7 @@ class Farm:
         self.task += 1
 
     def submit_group(self, steps: int, version: int | str, count: int, sent: dict[int, float]) -> None:
-        """A SYNC group, sent as Dispatcher.gather_group sends it (submit_many where this checkout
+        """A SYNC group, sent as TaskChannel.gather_group sends it (submit_many where this checkout
         has it, else one submit after another); each task's `sent` is when the group's sending began."""
         now = time.time()
         specs = [{"iteration": self.task + i, "index": 0, "version": version, "steps": steps, "seed": 1}

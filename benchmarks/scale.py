@@ -18,7 +18,7 @@ Worker nodes (separate `rlfarm worker` processes, each standing for a machine) a
 up to --per-node pool processes each: W = 1: one node of 1; 2: +1; 4: +2; 8: +4; 16: +8; 32: +8+8;
 64: +4 x 8. For each W, after a warm-up in which every process makes its env and caches the policy:
   SYNC:  iterations of W tasks acting with a new version (published before each, as SyncTrainer
-         does; --no-publish: always version 0), dispatched and gathered as Dispatcher.gather_group
+         does; --no-publish: always version 0), dispatched and gathered as TaskChannel.gather_group
          does; steps/s over the gathering time only (an update would come between iterations).
   ASYNC: W tasks in flight acting with "latest", each result replaced as soon as it is received
          (as AsyncTrainer does with an idle learner); a new version every W results. steps/s of the

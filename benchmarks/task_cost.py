@@ -10,7 +10,7 @@ preprocessing, 8 envs x 128 steps of 4x84x84 uint8 (the Nature CNN acting on CPU
 benchmarks.slow_envs:frames (Atari-shaped frames) where ale_py is not installed. One private
 redis-server; every figure below comes from this one run.
 
-  (A) in-process, no Celery worker: this process is the trainer (a Dispatcher) and the worker (a
+  (A) in-process, no Celery worker: this process is the trainer (a TaskChannel) and the worker (a
       RolloutWorker, whose `handle` takes each task message popped from the broker queue). Each side
       is measured in a phase of its own (all submits, then all handles, then all receives): wall and
       CPU time of this process, its round trips to Redis (every request redis-py sends, a pipeline
@@ -91,7 +91,6 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     rollout alone, so that a slow spell of this shared machine hits the rollout alone and inside
     handle alike."""
     from rlfarm.farm.app import make_app
-    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.core.rollout import collect, task_seeds
     from rlfarm.farm.connection import connect
     from rlfarm.farm.worker import RolloutWorker
@@ -99,7 +98,7 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     client = connect(url)
     app = make_app(url)
     queue = app.conf.task_default_queue
-    d = Dispatcher(app, client, run, 600, 1)
+    d = fs.task_channel(app, client, run, 600, 1)
     worker = RolloutWorker(url)
     timed = Timed()
     timed.install(worker)
@@ -181,13 +180,12 @@ def farm_serial(cluster: Any, url: str, run: str, network: Any, steps: int, n: i
     before it (as in training: SYNC publishes every iteration, APPO every update). Redis's figures
     for the second exclude the publishing, measured alone and subtracted: the trainer's cost."""
     from rlfarm.farm.app import make_app
-    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.farm.connection import connect
     from rlfarm.farm.store import PolicyStore
 
     node = cluster.add_worker(1, command=fs.node_command())
     client = connect(url)
-    d = Dispatcher(make_app(url), client, run, 600, 1)
+    d = fs.task_channel(make_app(url), client, run, 600, 1)
     store = PolicyStore(client, run, keep=3)
 
     def one(i: int, version: int, lines: list[fs.Timeline], cpu: list[float]) -> None:
@@ -284,7 +282,7 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str]]:
         ("rollout alone, CPU ms", ms(a["alone_cpu"])),
         ("(A) TRAINER per result, CPU ms: submit (the replacement)", ms(a["submit"]["cpu"])),
         ("    receive: BLPOP, open, decode, accounting", ms(a["receive"]["cpu"])),
-        ("      of which decode (Dispatcher receive_seconds)", ms(a["decode_cpu"])),
+        ("      of which decode (TaskChannel receive_seconds)", ms(a["decode_cpu"])),
         ("    trainer CPU per result, total", ms(a["submit"]["cpu"] + a["receive"]["cpu"])),
         ("    Redis round trips: submit / receive", f"{a['submit']['trips']:.1f} / {a['receive']['trips']:.1f}"),
         ("(A) WORKER per task, in-process handle, wall ms", ms(a["handle"]["wall"])),

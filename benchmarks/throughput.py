@@ -10,7 +10,7 @@ Every figure comes from this one run, so the printed ratios compare like with li
   (b) collect: rlfarm.core.rollout.collect in this process (policy acting, the work of one task)
   (c) pool:    multiprocessing.Pool(W) (spawn) running the same collect on the same task specs
   (d) farm:    LocalCluster (real redis-server + Celery, W pool processes) running the same tasks,
-               results gathered by the trainer's Dispatcher; also its CPU time spent receiving
+               results gathered by the trainer's TaskChannel; also its CPU time spent receiving
 """
 
 from __future__ import annotations
@@ -97,10 +97,10 @@ def bench_farm(env_id: str, workers: int, num_envs: int, steps: int, tasks: int)
     from rlfarm import config as C
     from rlfarm.farm.app import make_app
     from rlfarm.local.cluster import LocalCluster
-    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.envs import describe
     from rlfarm.farm.connection import connect
     from rlfarm.farm.store import PolicyStore
+    from rlfarm.trainer.channel import FarmLink
 
     policy, _ = _setup(env_id, 1, None)
     cfg = C.build(None, [f"env.num_envs={num_envs}", "run_id=bench", f"env.id={env_id}"])
@@ -109,7 +109,7 @@ def bench_farm(env_id: str, workers: int, num_envs: int, steps: int, tasks: int)
         store = PolicyStore(client, "bench")
         store.set_run_meta({"config": C.to_dict(cfg), "space": describe(env_id).to_dict()})
         store.publish(0, policy.state_dict(), "ppo")
-        d = Dispatcher(make_app(cluster.redis_url), client, "bench", 600, 1)
+        d = FarmLink(make_app(cluster.redis_url), client, "bench", 600, 1).open()
         spec = lambda it, i, n: {"iteration": it, "index": i, "version": 0, "steps": n, "seed": 0}
         d.gather_group([spec(0, i, 64) for i in range(2 * workers)])  # warm-up: envs, policy cache
         cpu0, t = time.process_time(), time.perf_counter()

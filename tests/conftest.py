@@ -343,17 +343,18 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
     return cfg, store
 
 
-def dispatcher(redis_url: str, run_id: str, timeout: float = 60.0):
-    """A Dispatcher for `run_id` on the farm at `redis_url` (task timeout `timeout`, 3 re-sends)."""
+def task_channel(redis_url: str, run_id: str, timeout: float = 60.0):
+    """A TaskChannel (and its watchdog) for `run_id` on the farm at `redis_url`, no trainer behind it
+    (task timeout `timeout`, 3 re-sends)."""
     from rlfarm.farm.app import make_app
-    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.farm.connection import connect
+    from rlfarm.trainer.channel import FarmLink
 
-    return Dispatcher(make_app(redis_url), connect(redis_url), run_id, timeout, 3)
+    return FarmLink(make_app(redis_url), connect(redis_url), run_id, timeout, 3).open()
 
 
 def task_specs(iteration: int, n: int, steps: int, version: int = 0, seed: int = 1) -> list[dict]:
-    """Specs of the `n` rollout tasks of one iteration, as Dispatcher.gather_group takes them."""
+    """Specs of the `n` rollout tasks of one iteration, as TaskChannel.gather_group takes them."""
     return [{"iteration": iteration, "index": i, "version": version, "steps": steps, "seed": seed}
             for i in range(n)]
 

@@ -131,8 +131,8 @@ def test_rlfarm_worker_joins_a_farm(redis_only, tmp_path):
     import os
 
     from rlfarm.farm.app import make_app
-    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.farm.connection import connect
+    from rlfarm.trainer.channel import FarmLink
 
     from .conftest import make_run
 
@@ -143,7 +143,7 @@ def test_rlfarm_worker_joins_a_farm(redis_only, tmp_path):
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **WORKER_ENV},
                             start_new_session=True)
     try:
-        d = Dispatcher(make_app(redis_only.redis_url), connect(redis_only.redis_url), "joined", 120, 1)
+        d = FarmLink(make_app(redis_only.redis_url), connect(redis_only.redis_url), "joined", 120, 1).open()
         results = d.gather_group([{"iteration": 0, "index": i, "version": 0, "steps": 16, "seed": 1}
                                   for i in range(3)])
         assert [r.index for r in results] == [0, 1, 2]

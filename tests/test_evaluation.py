@@ -196,7 +196,7 @@ def test_the_trainer_waits_for_the_final_evaluation_even_while_it_is_held_back_f
     spec = TaskSpec("ev", "eval", 3, 0, 5, 7, episodes=5)
     arrivals = [None, Result("rollout", 9, 0, task_id="late"), Result("eval", 3, 0, returns=[1.0])]
 
-    class SharedFarm:  # the dispatcher's side the drain uses: its held task is sent on the 1st call
+    class SharedFarm:  # the task channel's side the drain uses: its held task is sent on the 1st call
         held, pending = [spec], {}
 
         def outstanding(self, kind):
@@ -211,7 +211,7 @@ def test_the_trainer_waits_for_the_final_evaluation_even_while_it_is_held_back_f
             return message
 
     trainer = Trainer.__new__(Trainer)
-    trainer.dispatcher = SharedFarm()
+    trainer.channel = SharedFarm()
     handled, unused = [], []
     trainer.handle_eval, trainer.unused_result = handled.append, unused.append
     trainer.drain_evaluations()

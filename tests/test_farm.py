@@ -10,19 +10,20 @@ from pathlib import Path
 import pytest
 
 from rlfarm.farm.app import ROLLOUT_TASK, make_app
-from rlfarm.farm.dispatch import Dispatcher, RolloutError
 from rlfarm.core.rollout import Rollout, collect, task_seeds
 from rlfarm.farm.connection import connect
 from rlfarm.farm import keys
+from rlfarm.trainer.channel import FarmLink
+from rlfarm.trainer.outbox import RolloutError
 
-from .conftest import dispatcher, make_run, poll, running_tasks, task_specs
+from .conftest import make_run, poll, running_tasks, task_channel, task_specs
 
 pytestmark = pytest.mark.farm
 
 
 def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     cfg, store = make_run(farm.redis_url, "group", ["env.num_envs=2"])
-    d = dispatcher(farm.redis_url, "group")
+    d = task_channel(farm.redis_url, "group")
     results = d.gather_group(task_specs(0, 6, 64))
     assert [r.index for r in results] == list(range(6))
     assert all(r.version == 0 for r in results)
@@ -95,7 +96,7 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
 
 
 def test_a_group_is_listed_as_wanted_in_one_command_before_any_task_is_sent(redis_only):
-    d = dispatcher(redis_only.redis_url, "batch")
+    d = task_channel(redis_only.redis_url, "batch")
     sadds = []
     sadd = d.client.sadd
     d.client.sadd = lambda *args: sadds.append(args) or sadd(*args)
@@ -107,12 +108,12 @@ def test_a_group_is_listed_as_wanted_in_one_command_before_any_task_is_sent(redi
     with pytest.raises(ValueError, match="already in flight"):
         d.submit_many(task_specs(1, 1, 8) * 2)
     assert d.stats.dispatched == 3  # nothing of a refused group was sent
-    connect(redis_only.redis_url).delete(d.app.conf.task_default_queue)  # no worker will take them
+    connect(redis_only.redis_url).delete(d.outbox.queue)  # no worker will take them
 
 
 def test_failed_task_reports_a_clear_error(farm):
     make_run(farm.redis_url, "missing")
-    d = dispatcher(farm.redis_url, "missing")
+    d = task_channel(farm.redis_url, "missing")
     with pytest.raises(RolloutError, match="no policy version 7"):
         d.gather_group(task_specs(0, 1, 8, version=7))
     _, store = make_run(farm.redis_url, "badenv")
@@ -120,7 +121,7 @@ def test_failed_task_reports_a_clear_error(farm):
     meta["config"]["env"]["id"] = "tests.tiny_envs:nonexistent"  # a worker that cannot make the env
     store.set_run_meta(meta)
     with pytest.raises(RolloutError, match="has no attribute 'nonexistent'"):
-        dispatcher(farm.redis_url, "badenv").gather_group(task_specs(0, 1, 8))
+        task_channel(farm.redis_url, "badenv").gather_group(task_specs(0, 1, 8))
 
 
 def test_pickle_message_is_refused(farm):
@@ -132,7 +133,7 @@ def test_pickle_message_is_refused(farm):
     evil.send_task(ROLLOUT_TASK, kwargs={"run": "pickled", "iteration": 0, "index": 99, "version": 0,
                                          "steps": 8, "seed": 1})
     # A msgpack task sent afterwards completes; the pickled one, ahead of it, produced nothing.
-    good = dispatcher(farm.redis_url, "pickled").gather_group(task_specs(1, 1, 8))
+    good = task_channel(farm.redis_url, "pickled").gather_group(task_specs(1, 1, 8))
     assert good[0].index == 0
     assert client.llen(keys.results("pickled")) == 0
     logs = "".join(p.read_text(errors="replace") for p in Path(farm.log_dir).glob("worker-*.log"))
@@ -142,7 +143,7 @@ def test_pickle_message_is_refused(farm):
 def test_sigkilled_worker_process_mid_iteration(farm):
     """A pool process dies mid-task: the iteration still completes with exactly one result per index."""
     make_run(farm.redis_url, "killed", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
-    d = dispatcher(farm.redis_url, "killed", timeout=60.0)
+    d = task_channel(farm.redis_url, "killed", timeout=60.0)
     specs = task_specs(0, 4, 1500)  # 4 tasks of ~3 s on 2 processes: a kill lands mid-task
     out: dict = {}
     thread = threading.Thread(target=lambda: out.setdefault("results", d.gather_group(specs)))
@@ -170,13 +171,13 @@ def test_sigkilled_worker_process_mid_iteration(farm):
 def test_straggler_is_redispatched_and_late_copies_are_dropped(farm):
     """Tasks slower than the deadline are sent again; only the first copy of each index counts."""
     make_run(farm.redis_url, "straggle", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
-    d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "straggle", task_timeout=0.4,
-                   max_redispatch=50)
+    d = FarmLink(make_app(farm.redis_url), connect(farm.redis_url), "straggle", task_timeout=0.4,
+                 max_redispatch=50).open()
     results = d.gather_group(task_specs(0, 2, 500))  # >= 1 s each: well past the 0.4 s deadline
     assert [r.index for r in results] == [0, 1]
     assert d.stats.redispatched >= 2 and d.stats.dispatched == 2 + d.stats.redispatched
     # Drain every remaining copy: the next iteration's gather drops them as duplicates.
-    d.task_timeout = 60
+    d.watchdog.task_timeout = 60
     d.gather_group(task_specs(1, 1, 8))
     while d.stats.received < d.stats.dispatched:
         message = d.receive(timeout=30)

@@ -403,25 +403,25 @@ def test_queued_tasks_are_not_late(farm):
     """Six short tasks (10 env steps) wait in the queue behind two long ones of another run that
     hold both pool processes for 6 s or more: three times their task_timeout of 2 s, which once made
     them 'late' and re-sent. Now only time since a task started counts, so none is re-sent."""
-    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.farm.connection import connect
+    from rlfarm.trainer.channel import FarmLink
 
-    from .conftest import dispatcher, make_run, running_tasks
+    from .conftest import make_run, running_tasks, task_channel
 
     make_run(farm.redis_url, "blocker", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
     make_run(farm.redis_url, "queued", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
-    blocker = dispatcher(farm.redis_url, "blocker", timeout=600.0)
+    blocker = task_channel(farm.redis_url, "blocker", timeout=600.0)
     blocker.submit_many([{"iteration": 0, "index": i, "version": 0, "steps": 3000, "seed": 1}
                          for i in range(2)])  # SlowEnv busy-waits 2 ms a step: 6 s at the least
     app = make_app(farm.redis_url)
     poll(lambda: len(running_tasks(app, "blocker")) == 2, "both blocking tasks running")
-    d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "queued", task_timeout=2.0,
-                   max_redispatch=3)
+    d = FarmLink(make_app(farm.redis_url), connect(farm.redis_url), "queued", task_timeout=2.0,
+                 max_redispatch=3).open()
     specs = [{"iteration": 0, "index": i, "version": 0, "steps": 10, "seed": 1} for i in range(6)]
     sent = time.monotonic()
     results = d.gather_group(specs)
     waited = time.monotonic() - sent
-    assert waited > 2 * d.task_timeout  # the premise: they sat in the queue well past task_timeout
+    assert waited > 2 * d.watchdog.task_timeout  # the premise: they sat in the queue well past task_timeout
     assert [r.index for r in results] == list(range(6))
     assert d.stats.redispatched == 0 and d.stats.dispatched == 6
     assert all(blocker.next_result(timeout=60) is not None for _ in range(2))  # the blockers end too

@@ -15,8 +15,8 @@ import pytest
 
 from rlfarm.farm.app import EVAL_TASK, ROLLOUT_TASK, make_app
 from rlfarm.local.cluster import LOOPBACK, LocalCluster, free_port, stop_process_group
-from rlfarm.farm.dispatch import Dispatcher
 from rlfarm.farm.connection import connect
+from rlfarm.trainer.channel import FarmLink
 
 from .conftest import ROOT, WORKER_ENV, http_request, make_run, poll
 
@@ -62,8 +62,8 @@ def test_flower_shows_rollouts_and_evaluations_and_refuses_anonymous_control(eve
         poll(live_workers, "worker heartbeats in flower", flower, tmp_path / "flower.log", DEADLINE)
 
         make_run(farm.redis_url, "flower")
-        d = Dispatcher(make_app(farm.redis_url), connect(farm.redis_url), "flower", 60.0, 3,
-                       env="CartPole-v1")
+        d = FarmLink(make_app(farm.redis_url), connect(farm.redis_url), "flower", 60.0, 3,
+                     env="CartPole-v1").open()
         d.gather_group([{"iteration": 0, "index": i, "version": 0, "steps": 32, "seed": 5}
                         for i in range(3)])
         for i in range(2):

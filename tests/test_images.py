@@ -13,14 +13,14 @@ import pytest
 from rlfarm.core import codec
 from rlfarm.core.rollout import Rollout
 
-from .conftest import WORKER_ENV, dispatcher, make_run, rlfarm_cmd, task_specs
+from .conftest import WORKER_ENV, make_run, rlfarm_cmd, task_channel, task_specs
 
 IMAGE_ENV = "tests.tiny_envs:image"  # 2x16x16 uint8, CHW
 
 
 def test_results_carry_uint8_images(farm):
     make_run(farm.redis_url, "pixels", [f"env.id={IMAGE_ENV}", "env.num_envs=2", "policy.cnn_features=32"])
-    results = dispatcher(farm.redis_url, "pixels").gather_group(task_specs(0, 2, 32))
+    results = task_channel(farm.redis_url, "pixels").gather_group(task_specs(0, 2, 32))
     for result in results:
         rollout = Rollout.from_dict(result.rollout)
         assert rollout.obs.dtype == np.uint8 and rollout.obs.shape == (32, 2, 2, 16, 16)

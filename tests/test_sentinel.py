@@ -26,7 +26,7 @@ from rlfarm.farm.connection import no_password_warning, no_secret_warning, redac
 from rlfarm.farm.redis_url import celery_transport, parse_sentinel
 from rlfarm.local.cluster import LOOPBACK, free_port, stop_process_group
 
-from .conftest import ROOT, WORKER_ENV, dispatcher, http_request, make_run, poll, read_summary, rlfarm_cmd, task_specs
+from .conftest import ROOT, WORKER_ENV, http_request, make_run, poll, read_summary, rlfarm_cmd, task_channel, task_specs
 from .sentinel import SentinelFarm
 from .test_faults import (CELERY_WORKER, RLFARM_WORKER, SLOW_DQN, SLOW_PPO, assert_nothing_lost_or_double_counted,
                           progress_rows, wait_for_rows)
@@ -199,7 +199,7 @@ def test_status_and_flower_follow_a_failover(tmp_path):
         # A task sent after the failover runs, and Flower, whose event consumer and broker view
         # reconnected to the new master by themselves, shows it.
         make_run(farm.redis_url, "flower-failover")
-        d = dispatcher(farm.redis_url, "flower-failover")
+        d = task_channel(farm.redis_url, "flower-failover")
         [result] = d.gather_group(task_specs(0, 1, 32))
         assert result.error is None
 
@@ -219,25 +219,31 @@ def test_status_and_flower_follow_a_failover(tmp_path):
 def test_writes_a_promoted_replica_lacks_are_put_back_or_re_sent(tmp_path):
     """On loopback the replica is seldom behind, so the loss is made by hand: the newest writes a
     failover can lose (the trainer's newest policy version, the `wanted` entries and messages of the
-    tasks sent last) are deleted, and Redis goes away for a second while the dispatcher talks to it
-    (SIGTERM, then started again from its append-only file). After the outage the dispatcher
+    tasks sent last) are deleted, and Redis goes away for a second while the task channel talks to it
+    (SIGTERM, then started again from its append-only file). After the outage the watchdog
     re-lists its tasks, the trainer's copy of the newest version is written back, and the lost
     messages are re-sent: nothing waits forever."""
     import threading
 
     from rlfarm.farm import keys
     from rlfarm.farm.app import CELERY_QUEUE
-    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.farm.outage import OutageRetry, resilient_client
     from rlfarm.local.cluster import LocalCluster
+    from rlfarm.trainer.channel import FarmLink
+    from rlfarm.trainer.outbox import Unowned
 
     with LocalCluster(workers=0, name="rlfarm-lost-writes", log_dir=tmp_path,
                       redis_args=["--appendonly", "yes", "--appendfsync", "always"]) as cluster:
         url = cluster.redis_url
         _, store = make_run(url, "lost-writes", versions=3)
         retry = OutageRetry(60.0)
-        d = Dispatcher(make_app(url), resilient_client(url, retry), "lost-writes", 60.0, 3, lease_seconds=1.0,
-                       retry=retry, on_outage=lambda: store.restore_newest())
+
+        class Owner(Unowned):  # what this test needs of the trainer: its newest version written back
+            def after_outage(self):
+                store.restore_newest()
+
+        d = FarmLink(make_app(url), resilient_client(url, retry), "lost-writes", 60.0, 3, lease_seconds=1.0,
+                     retry=retry).open(owner=Owner())
         d.submit_many([dict(s, version=2) for s in task_specs(0, 2, 32)])
         admin = redis.Redis.from_url(url)
         assert admin.llen(CELERY_QUEUE) == 2
@@ -247,7 +253,7 @@ def test_writes_a_promoted_replica_lacks_are_put_back_or_re_sent(tmp_path):
         cluster.stop_redis(signal.SIGTERM)
         checking = threading.Thread(target=d.check, kwargs={"force": True})  # waits the outage out
         checking.start()
-        poll(lambda: retry.outage_started is not None, "the dispatcher meeting the outage")
+        poll(lambda: retry.outage_started is not None, "the watchdog meeting the outage")
         cluster.start_redis(same_port=True)
         checking.join()
         assert retry.outages == 1

@@ -23,14 +23,15 @@ import torch
 from rlfarm.core import codec, signing
 from rlfarm.farm.app import make_app
 from rlfarm.local.cluster import LocalCluster
-from rlfarm.farm.dispatch import Dispatcher, RolloutError
 from rlfarm.envs import (EnvError, allowed_modules_env, check_env_allowed, env_module, make_env,
                          make_vector_env)
 from rlfarm.core.signing import SignatureError
 from rlfarm.farm.connection import connect
+from rlfarm.trainer.channel import FarmLink
+from rlfarm.trainer.outbox import RolloutError
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
-from .conftest import ROOT, WORKER_ENV, dispatcher, make_run, rlfarm_cmd, run_cli, task_specs
+from .conftest import ROOT, WORKER_ENV, make_run, rlfarm_cmd, run_cli, task_channel, task_specs
 
 # One test process runs the module, so its module-scoped run (or farm) is made once, not once on
 # every test process that gets one of its tests (conftest.py sends grouped modules early).
@@ -278,10 +279,10 @@ def test_worker_refuses_envs_that_are_not_allowed(farm):
         with pytest.raises(RolloutError, match=f"EnvError: env '{env_id}' is not allowed on this worker: not a "
                                                f"registered gymnasium id, and module '{module}' is not in "
                                                f"RLFARM_ALLOWED_ENV_MODULES"):
-            dispatcher(farm.redis_url, run_id).gather_group(task_specs(0, 1, 8))
+            task_channel(farm.redis_url, run_id).gather_group(task_specs(0, 1, 8))
     assert not MARKER.exists(), MARKER.read_text()  # the worker never imported the module
     make_run(farm.redis_url, "gym-id")  # CartPole-v1, registered with gymnasium: builds as before
-    assert dispatcher(farm.redis_url, "gym-id").gather_group(task_specs(0, 1, 8))[0].rollout["rewards"].size > 0
+    assert task_channel(farm.redis_url, "gym-id").gather_group(task_specs(0, 1, 8))[0].rollout["rewards"].size > 0
 
 
 # ---- a farm with RLFARM_SECRET, its worker started by `rlfarm worker --allow-env-module` ----------------
@@ -345,9 +346,9 @@ def test_signed_farm_trains_and_refuses_a_forged_policy(signed_farm, tmp_path, m
     client.zadd("rlfarm:signed:versions", {str(latest + 1): latest + 1})
     client.set("rlfarm:signed:policy:latest", latest + 1)
     with pytest.raises(RolloutError, match=f"policy version {latest + 1} is corrupt: policy blob is not signed"):
-        dispatcher(url, "signed").gather_group(task_specs(50, 1, 8, version=latest + 1))
+        task_channel(url, "signed").gather_group(task_specs(50, 1, 8, version=latest + 1))
     # The genuine version still serves.
-    good = dispatcher(url, "signed").gather_group(task_specs(51, 1, 8, version=latest))
+    good = task_channel(url, "signed").gather_group(task_specs(51, 1, 8, version=latest))
     assert good[0].version == latest
 
 
@@ -356,7 +357,7 @@ def test_allow_env_module_option_and_unsigned_meta_on_a_signed_farm(signed_farm,
     url = signed_farm.redis_url
     monkeypatch.setenv("RLFARM_SECRET", SECRET)
     make_run(url, "signed-tiny", ["env.id=tests.tiny_envs:terminating", "env.num_envs=1"])  # signed meta
-    results = dispatcher(url, "signed-tiny").gather_group(task_specs(0, 1, 6))
+    results = task_channel(url, "signed-tiny").gather_group(task_specs(0, 1, 6))
     assert results[0].rollout["rewards"].ravel().tolist() == [1.0] * 6
     # Metadata written by someone without the secret (here: naming an allowed env) is refused.
     store = PolicyStore(connect(url), "signed-unsigned-meta")
@@ -365,7 +366,7 @@ def test_allow_env_module_option_and_unsigned_meta_on_a_signed_farm(signed_farm,
     PolicyStore(connect(url), "signed-unsigned-meta", secret=None).set_run_meta(meta)
     with pytest.raises(RolloutError, match="SignatureError: run 'signed-unsigned-meta': metadata in Redis is "
                                            "not signed, but this farm signs its data"):
-        dispatcher(url, "signed-unsigned-meta").gather_group(task_specs(0, 1, 8))
+        task_channel(url, "signed-unsigned-meta").gather_group(task_specs(0, 1, 8))
 
 
 @pytest.mark.process
@@ -404,7 +405,7 @@ def test_results_are_signed_and_a_forged_one_is_dropped(redis_only, monkeypatch)
 
     secret = b"s3cret"
     monkeypatch.setenv("RLFARM_SECRET", secret.decode())
-    d = Dispatcher(make_app(redis_only.redis_url), connect(redis_only.redis_url), "sealed", 60.0, 1)
+    d = FarmLink(make_app(redis_only.redis_url), connect(redis_only.redis_url), "sealed", 60.0, 1).open()
     client = connect(redis_only.redis_url)
     payload = codec.pack({"kind": "rollout", "iteration": 0, "index": 0, "task_id": "t"})
     client.rpush(keys.results("sealed"), payload)  # unsigned

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .conftest import WORKER_ENV, dispatcher, make_run, read_csv, read_summary, run_cli
+from .conftest import WORKER_ENV, make_run, read_csv, read_summary, run_cli, task_channel
 from .tiny_envs import LongEnv
 
 pytestmark = pytest.mark.farm
@@ -81,7 +81,7 @@ def _iterations(redis_url: str, run_id: str, count: int, book=None, first: int =
     from rlfarm.core.rollout import Rollout, concat
     from rlfarm.core.streams import StreamBook
 
-    d = dispatcher(redis_url, run_id)
+    d = task_channel(redis_url, run_id)
     book = book or StreamBook(2)
     for it in range(first, first + count):
         specs = [TaskSpec(run_id, "rollout", it, i, 0, 1, steps=64, stream=book.ref(i)) for i in range(2)]

@@ -242,16 +242,16 @@ def test_an_env_hung_holding_the_gil_keeps_its_lease_and_its_time_limit_names_it
 
 
 def test_the_time_limit_a_task_gets_is_described_with_its_source(redis_only):
-    from .conftest import dispatcher
+    from .conftest import task_channel
 
-    d = dispatcher(redis_only.redis_url, "limits")
+    d = task_channel(redis_only.redis_url, "limits")
     assert "time limit of 600 s (farm.task_time_limit 0: 600 s until a rollout task has finished" in \
-        d.describe_time_limit("rollout")
-    d.longest["rollout"] = 2.0
+        d.outbox.describe_time_limit("rollout")
+    d.outbox.longest["rollout"] = 2.0
     assert "time limit of 60 s (farm.task_time_limit 0: 10x the longest rollout task, at least 60 s" in \
-        d.describe_time_limit("rollout")
-    d.time_limit = 30.0
-    assert "time limit of 30 s (farm.task_time_limit;" in d.describe_time_limit("rollout")
+        d.outbox.describe_time_limit("rollout")
+    d.outbox.time_limit = 30.0
+    assert "time limit of 30 s (farm.task_time_limit;" in d.outbox.describe_time_limit("rollout")
 
 
 def test_a_process_that_does_not_let_go_is_answered_for_and_killed_after_the_grace(tmp_path):

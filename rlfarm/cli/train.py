@@ -268,7 +268,7 @@ def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = No
     from rlfarm.trainer.resume import CheckpointError
     from rlfarm.farm.claim import ClaimLost, RunInUse
     from rlfarm.config import ConfigError
-    from rlfarm.farm.dispatch import RolloutError, TaskLostError
+    from rlfarm.trainer.outbox import RolloutError, TaskLostError
     from rlfarm.observe.logs import log_fatal
     from rlfarm.farm.outage import RedisUnavailable, is_oom
     from rlfarm.observe.rundir import RunDirError

@@ -53,7 +53,7 @@ class FarmConfig:
     # (local_workers), the split the Atari presets use: learner and actors then share the cores.
     workers: int = 2
     # A running task (one whose worker holds its lease) without a result this many seconds after it
-    # started gets one backup copy; queued tasks are never late (see rlfarm.farm.dispatch).
+    # started gets one backup copy; queued tasks are never late (see rlfarm.trainer.watchdog).
     task_timeout: float = 120.0
     max_redispatch: int = 3  # re-sends of one lost task after which the run fails instead of retrying
     keep_versions: int = 5  # policy versions retained in Redis

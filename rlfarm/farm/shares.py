@@ -8,7 +8,7 @@ Admission control by the trainers, one Celery queue (docs/architecture.md, decis
   thread of its own (a long update must not let it lapse), expiring `RUN_SECONDS` after its last: a
   run that ends frees its slots at once, one that dies within `RUN_SECONDS`;
 - every trainer computes the same `rlfarm.core.shares.allocate` from that snapshot (its own demand as
-  it is now) and keeps at most its cap of tasks on the farm (rlfarm.farm.dispatch holds the rest).
+  it is now) and keeps at most its cap of tasks on the farm (rlfarm.trainer.channel holds the rest).
 Expiry times are Redis's clock (TIME), so machines whose clocks differ agree on who is alive.
 """
 

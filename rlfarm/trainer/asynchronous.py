@@ -80,9 +80,9 @@ class AsyncTrainer(Trainer):
         if self.streams is not None:
             stream = self._free_streams.popleft()
             self._task_streams[self._task_counter] = stream
-        self.dispatcher.submit(TaskSpec(cfg.run_id, "rollout", self._task_counter, 0, "latest", cfg.seed,
-                                        steps=cfg.farm.steps_per_env, act=self.task_options(self.progress),
-                                        stream=self.stream_ref(stream) if stream is not None else None))
+        self.channel.submit(TaskSpec(cfg.run_id, "rollout", self._task_counter, 0, "latest", cfg.seed,
+                                     steps=cfg.farm.steps_per_env, act=self.task_options(self.progress),
+                                     stream=self.stream_ref(stream) if stream is not None else None))
         self._task_counter += 1
         if self._owed:  # this task takes the slot a finished one left: it waited this long
             waited = max(0.0, time.time() - self._owed.popleft())
@@ -91,7 +91,7 @@ class AsyncTrainer(Trainer):
 
     def refill(self) -> None:
         """Keep `tasks_in_flight` rollout tasks on the farm while the backlog has room."""
-        running = self.dispatcher.outstanding("rollout")  # held back for the run's share included
+        running = self.channel.outstanding("rollout")  # held back for the run's share included
         while self._owed and running < self.tasks_in_flight and len(self._backlog) < self.max_backlog:
             self.dispatch_one()
             running += 1
@@ -100,7 +100,7 @@ class AsyncTrainer(Trainer):
         """Take in what has arrived: evaluations at once, rollouts into the backlog (each leaves a
         slot to refill); then refill. Waits at most `timeout` seconds for something to arrive."""
         while len(self._backlog) < self.max_backlog:  # full: results wait in Redis, tasks are not replaced
-            message = self.dispatcher.next_result(timeout=timeout)
+            message = self.channel.next_result(timeout=timeout)
             if message is None:
                 break
             if message.kind == "eval":

@@ -1,10 +1,12 @@
 """What both trainer loops share: the run's lifecycle (claim, resume, loop, final save), publishing,
-the heartbeat, carrying out evaluation decisions, checkpoints.
+carrying out evaluation decisions, checkpoints.
 
-A trainer gets its collaborators (Redis client and its outage clock, policy store, claim, dispatcher,
-learner, evaluation bookkeeping, a factory of its RunLogger) from rlfarm.trainer.factory: building one
-does no I/O. The loops are `train_loop` of SyncTrainer (rlfarm.trainer.sync) and AsyncTrainer
-(rlfarm.trainer.asynchronous). See docs/architecture.md.
+A trainer gets its collaborators (Redis client and its outage clock, policy store, claim, the link to
+the farm, learner, evaluation bookkeeping, a factory of its RunLogger) from rlfarm.trainer.factory:
+building one does no I/O. It opens its task channel and watchdog (rlfarm.trainer.channel) from the
+link as their owner; what they ask of it, the heartbeat and the farm's numbers are RunKeeper's
+(rlfarm.trainer.keeper). The loops are `train_loop` of SyncTrainer (rlfarm.trainer.sync) and
+AsyncTrainer (rlfarm.trainer.asynchronous). See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,22 +24,18 @@ import torch
 from rlfarm.algos.saved import describe_policy
 from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.core import codec
-from rlfarm.core.protocol import PROTOCOL, Result
+from rlfarm.core.protocol import Result
 from rlfarm.core.streams import StreamBook
 from rlfarm.farm import keys
-from rlfarm.farm.app import queue_depth
-from rlfarm.farm.connection import eviction_policy
-from rlfarm.farm.runs import write_status
 from rlfarm.farm.store import PolicyCorrupt
 from rlfarm.observe import logs
 from rlfarm.observe.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
 from rlfarm.trainer.evaluation import Decision, Evaluations, Record, Send, Unpin, WriteBest
+from rlfarm.trainer.keeper import RunKeeper, log
 from rlfarm.trainer.summary import TrainResult
 from rlfarm.trainer.summary import build as build_summary
 from rlfarm.trainer.summary import write as write_summary
-
-EVICTION_CHECK_SECONDS = 5.0  # how often the trainer looks whether Redis began to evict keys
 
 if TYPE_CHECKING:
     import redis
@@ -47,18 +43,10 @@ if TYPE_CHECKING:
     from rlfarm.algos.base import Algorithm
     from rlfarm.envs import SpaceSpec
     from rlfarm.farm.claim import Claim
-    from rlfarm.farm.dispatch import Dispatcher
     from rlfarm.farm.outage import OutageRetry
     from rlfarm.farm.store import PolicyStore
     from rlfarm.observe.metrics import RunLogger
-
-log = logging.getLogger("rlfarm.trainer")
-
-
-def warn(text: str) -> None:
-    """A fault the run rides out: one `rlfarm: warning:` line on stderr and in the run's rlfarm.log
-    (rlfarm.observe.logs)."""
-    log.warning("%s", text)
+    from rlfarm.trainer.channel import FarmLink
 
 
 @dataclass
@@ -72,8 +60,9 @@ class LogStep:
     extra: dict[str, float] = field(default_factory=dict)  # yours to fill: logged as custom/<key>
 
 
-class Trainer:
-    """What both modes share: store, farm client, network, metrics, evaluation, the final save."""
+class Trainer(RunKeeper):
+    """What both modes share: store, farm client, network, metrics, evaluation, the final save; what
+    it does for its run's keys in Redis, as their owner, is RunKeeper's (rlfarm.trainer.keeper)."""
 
     # Tasks sent by a trainer before it died may still run and report under task numbers after the
     # checkpoint's; a resumed trainer numbers its ASYNC and evaluation tasks from far beyond them.
@@ -81,12 +70,14 @@ class Trainer:
 
     def __init__(self, config: RunConfig, run_dir: Path, *, space: SpaceSpec, device: torch.device,
                  threads: int, algo: Algorithm, client: redis.Redis, retry: OutageRetry, store: PolicyStore,
-                 claim: Claim, dispatcher: Dispatcher, evaluations: Evaluations,
+                 claim: Claim, farm: FarmLink, evaluations: Evaluations,
                  open_logger: Callable[[dict[str, Any] | None], RunLogger], file_secret: Any = None,
                  secret_warning: str | None = None, resume: bool = False,
                  callback: Callable[[LogStep], bool | None] | None = None):
-        """`open_logger(resume_state)`: the run's RunLogger, opened by train() once the run is claimed
-        (it writes the run directory). `file_secret`: what signs the policy files (RLFARM_SECRET).
+        """`farm`: what the trainer's task channel and watchdog are made of; the trainer opens them as
+        their owner. `open_logger(resume_state)`: the run's RunLogger, opened by train() once the run
+        is claimed (it writes the run directory). `file_secret`: what signs the policy files
+        (RLFARM_SECRET).
         `secret_warning`: said at the start (rlfarm.farm.store.no_secret_warning).
         `resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.trainer.resume).
         `callback(LogStep)`: called after each log step; returning False stops the run."""
@@ -100,7 +91,7 @@ class Trainer:
         self.retry = retry
         self.store = store
         self.claim = claim  # taken by train(), before the run is touched
-        self.dispatcher = dispatcher
+        self.channel = farm.open(owner=self)  # its watchdog tells this trainer what to write back
         self.evals = evaluations
         self.open_logger = open_logger
         self.logger: RunLogger | None = None
@@ -152,127 +143,6 @@ class Trainer:
             if names:
                 self.client.delete(*names)
 
-    # ---- the farm: Redis and the dispatcher's callbacks ---------------------------------------------
-    def warn(self, text: str) -> None:
-        warn(text)
-
-    def restore_run_state(self) -> None:
-        """The run's metadata vanished from Redis (FLUSHALL, a restart without its data): write back
-        what the trainer owns, so workers can go on building the env and fetching the policy."""
-        self.warn(f"run {self.config.run_id}'s state is gone from Redis (flushed, or restarted without "
-                  f"its data): writing back its metadata and policy v{self.version}, re-sending lost tasks")
-        self.store.set_run_meta(self.run_meta())
-        self.store.restore_pinned()  # the best version and those being evaluated
-        if self.store.own is not None and self.store.own[0] >= self.version:
-            self.store.restore_newest()  # the version it published, from its own copy
-        else:
-            self.publish()
-        self.heartbeat()
-
-    def after_outage(self) -> None:
-        """Redis was away and is back. Back as a replica promoted by a Sentinel failover, it may lack
-        the newest writes (replication is asynchronous): put back the newest policy version and the
-        pinned ones, which tasks sent before the failover may name (the dispatcher re-lists its
-        pending tasks as wanted and re-sends those lost)."""
-        restored = self.store.restore_newest()
-        self.store.restore_pinned()
-        if restored is not None:
-            self.warn(f"Redis came back without policy v{restored} of run {self.config.run_id} (a replica "
-                      f"promoted before it had copied it): wrote it back")
-
-    def run_meta(self) -> dict[str, Any]:
-        """What workers read of the run; `incarnation` tells this trainer's run from an earlier one of
-        the same id, whose cached metadata and policies a worker must not use."""
-        return {"config": to_dict(self.config), "space": self.space.to_dict(),
-                "incarnation": self.claim.incarnation, "protocol": PROTOCOL}
-
-    def rewrite_owned(self) -> None:
-        """A key of the run was found as the trainer did not write it (rlfarm.farm.guard): put back
-        every key it owns from its own copies (metadata, newest and pinned versions, heartbeat)."""
-        written = self.store.write_back()
-        self.store.restore_newest()
-        self.store.restore_pinned()
-        self.heartbeat()
-        if written:
-            self.warn(f"wrote back {' and '.join(written)} of run {self.config.run_id} from the trainer's own copy")
-
-    def write_back(self, kind: str) -> str:
-        """A worker refused the run's metadata, a policy or a task spec (rlfarm.farm.dispatch): put back
-        what the trainer wrote, from its own copies, where Redis holds something else."""
-        written = self.store.write_back()
-        return f"wrote back {' and '.join(written)} from the trainer's own copy; " if written else ""
-
-    def on_event(self) -> None:
-        """A task was sent or a result arrived: refresh the progress bar."""
-        if self.logger:
-            self.logger.status(self.env_steps, self._sps, self.version, self.dispatcher.in_flight)
-
-    def farm_scalars(self) -> dict[str, float]:
-        """What the farm looks like from here, logged in both modes (and read by `rlfarm status`)."""
-        stats = self.dispatcher.stats
-        return {"farm/tasks_in_flight": self.dispatcher.in_flight,
-                "farm/queue_depth": queue_depth(self.client),
-                "farm/results_dropped": stats.duplicates,
-                "farm/redispatched": stats.redispatched,
-                "farm/leases_expired": stats.leases_expired,
-                "farm/time_limits": stats.time_limits,
-                "farm/redis_outages": self.retry.outages,
-                **stats.security()}
-
-    def metrics_labels(self) -> dict[str, str]:
-        cfg = self.config
-        return {"run": cfg.run_id, "algo": cfg.algo, "mode": cfg.mode, "env": cfg.env.id}
-
-    def live_metrics(self) -> dict[str, Any]:
-        """What `rlfarm train --metrics-port` exports (rlfarm.observe.exporter), read from the scrape's
-        thread: counters and lengths the trainer keeps anyway, and the last log step's numbers for
-        what needs Redis (a command from that thread would race the training thread's outage handling)."""
-        d, stats, last = self.dispatcher, self.dispatcher.stats, self._last_logged
-        version_bytes = len(self.store.own[1]) if self.store.own else 0
-        lag = {stat: last[key] for stat, key in (("mean", "farm/policy_lag"), ("min", "farm/policy_lag_min"),
-                                                 ("max", "farm/policy_lag_max")) if key in last}
-        return {
-            "env_steps": self.env_steps, "sps": self._sps, "policy_version": self.version,
-            "tasks_wanted": d.wants_slots(), "tasks_in_flight": d.in_flight, "tasks_held": len(d.held),
-            "slots_waiting": last.get("farm/slots_waiting"), "policy_lag": lag or None,
-            "results": {"accepted": stats.accepted, "duplicate": stats.duplicates,
-                        "stale": self.dropped_stale, "forged": stats.forged},
-            "resent": {"lease_expired": stats.leases_expired, "time_limit": stats.time_limits,
-                       "message_lost": stats.messages_lost, "straggler": stats.stragglers,
-                       "handed_back": stats.handed_back, "refused": stats.refused},
-            "policy_fetches": stats.policy_fetches,
-            "policy_fetch_bytes": stats.policy_fetches * version_bytes,
-            "redis_outages": self.retry.outages, "tasks_queued": last.get("farm/queue_depth")}
-
-    def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
-        """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone; the last word,
-        any state but running, is kept)."""
-        self._check_eviction()
-        cfg = self.config
-        farm = farm if farm is not None else self.farm_scalars()
-        write_status(self.client, cfg.run_id, {
-            "state": state, "mode": cfg.mode, "algo": cfg.algo, "env": cfg.env.id,
-            "env_steps": self.env_steps, "total_steps": cfg.total_steps, "version": self.version,
-            "sps": f"{self._sps:.1f}", "tasks_in_flight": int(farm["farm/tasks_in_flight"]),
-            "eval_mean_return": f"{self.eval_mean_return:.2f}", "host": socket.gethostname(),
-            **({"slots_waiting": f"{farm['farm/slots_waiting']:.3f}"} if "farm/slots_waiting" in farm else {}),
-            "pid": os.getpid(), "started": f"{self.wall_start:.3f}", "updated": f"{time.time():.3f}"},
-            final=state != "running")
-
-    def _check_eviction(self) -> None:
-        """Redis switched to evicting keys mid-run (`CONFIG SET maxmemory-policy allkeys-lru`): the run
-        was checked for noeviction at its start only; say so once, every EVICTION_CHECK_SECONDS at most."""
-        now = time.monotonic()
-        if now < self._eviction_checked + EVICTION_CHECK_SECONDS:
-            return
-        self._eviction_checked = now
-        policy = eviction_policy(self.client)
-        if policy is not None and policy != self._eviction_seen:
-            self.warn(f"Redis now evicts keys when memory runs short (maxmemory-policy {policy}, set since "
-                      f"this run started): it may drop run {self.config.run_id}'s policies, metadata and "
-                      f"queued tasks; set it back with `redis-cli CONFIG SET maxmemory-policy noeviction`")
-        self._eviction_seen = policy
-
     def publish(self) -> None:
         # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.
         self.store.publish(self.version, codec.wire_state(self.algo.state(), self.config.farm.policy_dtype),
@@ -318,7 +188,7 @@ class Trainer:
             if isinstance(decision, Send):
                 self.store.pin(decision.version)  # retention must not trim it while its tasks run
                 for spec in decision.tasks:
-                    self.dispatcher.submit(spec)
+                    self.channel.submit(spec)
             elif isinstance(decision, Record):
                 self.logger.evaluation(decision.env_steps, decision.returns, decision.version,
                                        confirmation=decision.confirmation)
@@ -343,8 +213,8 @@ class Trainer:
     def drain_evaluations(self) -> None:
         """Wait for evaluation tasks still in flight (confirmations they start included), so the
         run's last evaluation is recorded. Rollouts still out (ASYNC) that arrive meanwhile are unused."""
-        while self.dispatcher.outstanding("eval"):  # held back for the run's share included
-            message = self.dispatcher.next_result(timeout=1.0)
+        while self.channel.outstanding("eval"):  # held back for the run's share included
+            message = self.channel.next_result(timeout=1.0)
             if message is None:
                 continue
             if message.kind == "eval":
@@ -355,7 +225,7 @@ class Trainer:
     def unused_result(self, message: Result) -> None:
         """A rollout's result that arrived once the run was over: never learned from, so not counted
         as accepted (accepted results are exactly those learned from)."""
-        self.dispatcher.unaccept(message)
+        self.channel.unaccept(message)
 
     def target_reached(self) -> bool:
         """With evaluations: an evaluation reached the target and its confirmation agreed (or the
@@ -374,7 +244,7 @@ class Trainer:
         """A mode adds its own keys; the checkpoint's keys are its format (rlfarm.trainer.resume)."""
         tensors, algo_state = self.algo.checkpoint()
         tensors["rng.torch"] = torch.get_rng_state()
-        stats = self.dispatcher.stats
+        stats = self.channel.stats
         return tensors, {
             "run_id": self.config.run_id, "env_steps": self.env_steps, "version": self.version,
             **self.evals.state(),
@@ -390,7 +260,7 @@ class Trainer:
         self.evals.restore(state, task_offset=self.RESUME_TASK_OFFSET)
         if self.streams is not None:
             self.streams.restore(state.get("streams"))
-        stats = self.dispatcher.stats
+        stats = self.channel.stats
         for key, value in state["dispatch"].items():
             setattr(stats, key, value)
 
@@ -453,8 +323,8 @@ class Trainer:
         self._sps = self.env_steps / elapsed if elapsed > 0 else 0.0
         state = "failed"
         try:
-            self.dispatcher.declare_queue()
-            self.dispatcher.start_share()
+            self.channel.declare_queue()
+            self.channel.start_share()
             self.publish()
             self.save_checkpoint(force=True)
             self.heartbeat()
@@ -474,12 +344,12 @@ class Trainer:
         finally:
             if state != "finished":
                 self.retry.enabled = False  # Redis may be what failed: one attempt at the cleanup
-            self.dispatcher.stop_share()  # the run's slots go to the others now, whatever happens next
+            self.channel.stop_share()  # the run's slots go to the others now, whatever happens next
             try:
                 self.claim.check()  # the run is another trainer's now: leave its keys alone
                 self.heartbeat(state)
                 # Tasks still queued are skipped by workers; results still in flight are of no use now.
-                self.dispatcher.finish()
+                self.channel.finish()
             except Exception:  # noqa: BLE001 - Redis may be what failed; the run's own error matters
                 pass
             self.logger.close()
@@ -515,7 +385,7 @@ class Trainer:
                                    self.file_secret)
         write_atomic(self.run_dir / "final_policy.safetensors", blob)
         best = self.run_dir / "best_policy.safetensors"
-        stats = self.dispatcher.stats
+        stats = self.channel.stats
         result = TrainResult(
             run_id=self.config.run_id, run_dir=self.run_dir, env_steps=self.env_steps,
             final_version=self.version, policy_sha256=codec.tensor_digest(state),

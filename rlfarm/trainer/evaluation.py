@@ -2,7 +2,7 @@
 of an evaluation at the target, the best version and which versions must stay pinned.
 
 No Redis, no files, no torch. Each call returns decisions (`Send`, `Record`, `WriteBest`, `Unpin`)
-that the trainer carries out in order with its store, dispatcher and logger (rlfarm.trainer.base).
+that the trainer carries out in order with its store, task channel and logger (rlfarm.trainer.base).
 Its state travels in the trainer checkpoint under the keys `state()` writes. See docs/architecture.md
 (1. Data flow: evaluation tasks).
 """

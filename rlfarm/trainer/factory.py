@@ -1,9 +1,12 @@
 """Building a trainer: everything it talks to or learns with, made here and passed in.
 
 `make_trainer` checks the run's mode and spaces, describes the env, refuses an evicting Redis,
-connects (with the outage clock), and builds the policy store, the run's claim, the Celery app, the
-dispatcher, the learner, the evaluation bookkeeping and a factory of the RunLogger (opened by
-`Trainer.train` once the run is claimed, since it writes the run directory). The trainer classes'
+connects (with the outage clock), and builds, in this order, where forged keys are told
+(`RefusedKeys`), the policy store, the run's claim, the Celery app, the link to the farm
+(`FarmLink`), the learner, the evaluation bookkeeping and a factory of the RunLogger (opened by
+`Trainer.train` once the run is claimed, since it writes the run directory), then the trainer. The
+trainer opens its task channel and watchdog from the link as their owner (rlfarm.trainer.channel):
+they talk to it through that one object, given when they are made. The trainer classes'
 constructors do no I/O.
 """
 
@@ -21,16 +24,17 @@ from rlfarm.core import signing
 from rlfarm.envs import describe
 from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
-from rlfarm.farm.dispatch import Dispatcher
-from rlfarm.farm.shares import FarmShare
 from rlfarm.farm.guard import GuardedRetry, KeyGuard
 from rlfarm.farm.outage import resilient_client
 from rlfarm.farm.connection import connect, no_secret_warning, redact, refuse_eviction
 from rlfarm.farm.store import FROM_ENV, PolicyStore
 from rlfarm.observe.metrics import RunLogger
 from rlfarm.trainer.asynchronous import AsyncTrainer
-from rlfarm.trainer.base import LogStep, Trainer, warn
+from rlfarm.trainer.base import LogStep, Trainer
+from rlfarm.trainer.channel import FarmLink, ShareTerms
 from rlfarm.trainer.evaluation import Evaluations
+from rlfarm.trainer.keeper import warn
+from rlfarm.trainer.outbox import DispatchStats, RefusedKeys
 from rlfarm.trainer.sync import SyncTrainer
 
 
@@ -40,30 +44,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device cuda was asked for, but torch sees no CUDA device")
     return torch.device(name)
-
-
-class _TrainerHooks:
-    """The dispatcher's callbacks into the trainer, which is built after the dispatcher."""
-
-    trainer: Trainer
-
-    def on_event(self) -> None:
-        self.trainer.on_event()
-
-    def on_state_lost(self) -> None:
-        self.trainer.restore_run_state()
-
-    def on_outage(self) -> None:
-        self.trainer.after_outage()
-
-    def on_unverified(self, kind: str) -> str:
-        return self.trainer.write_back(kind)
-
-    def on_rewrite(self) -> None:
-        self.trainer.rewrite_owned()
-
-    def refused_key(self, text: str) -> None:
-        self.trainer.dispatcher.refused_key(text)
 
 
 def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
@@ -97,16 +77,17 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
     finally:
         probe.close()
     # From here on, every Redis command waits out an outage of up to farm.redis_outage_timeout.
-    # ... and a key of the run found of another type than the trainer writes is refused and rewritten.
-    hooks = _TrainerHooks()
-    guard = KeyGuard(config.run_id, notify=hooks.refused_key)
+    # ... and a key of the run found of another type than the trainer writes is refused and rewritten:
+    # the guard, the store and the claim tell `refused`, and the watchdog has the trainer write back.
+    refused = RefusedKeys(DispatchStats())
+    guard = KeyGuard(config.run_id, notify=refused.report)
     retry = GuardedRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}", notify=warn,
                          guard=guard)
     client = resilient_client(redis_url, retry)
     guard.client = client
     store = PolicyStore(client, config.run_id, keep=config.farm.keep_versions, secret=secret)
-    store.on_forged = hooks.refused_key
-    claim = Claim(client, config.run_id, secret=store.secret, on_forged=hooks.refused_key)
+    store.on_forged = refused.report
+    claim = Claim(client, config.run_id, secret=store.secret, on_forged=refused.report)
     app = make_app(redis_url)
 
     threads = trainer_threads(config, space.is_image, local_workers)
@@ -114,15 +95,12 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
     torch.manual_seed(config.seed)  # the network's initial weights
     algo = learner(config.algo, config.mode)(config, space, device)
     farm = config.farm
-    dispatcher = Dispatcher(app, client, config.run_id, farm.task_timeout, farm.max_redispatch,
-                            on_event=hooks.on_event,
-                            env=config.env.id,  # shown in Flower's task labels
-                            lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit,
-                            retry=retry, on_state_lost=hooks.on_state_lost, on_outage=hooks.on_outage,
-                            notify=warn, claim=claim, secret=store.secret, on_unverified=hooks.on_unverified)
-    dispatcher.on_rewrite = hooks.on_rewrite
-    dispatcher.share = FarmShare(redis_url, config.run_id, farm.share, config.mode,
-                                 demand=dispatcher.wants_slots, busy=lambda: dispatcher.busy_seconds)
+    # The trainer opens its task channel and watchdog from this link, as their owner (FarmLink.open).
+    link = FarmLink(app, client, config.run_id, farm.task_timeout, farm.max_redispatch,
+                    env=config.env.id,  # shown in Flower's task labels
+                    lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit, retry=retry,
+                    claim=claim, secret=store.secret, share=ShareTerms(redis_url, farm.share, config.mode),
+                    refused=refused)
 
     sinks: list[Callable[[], Any]] = []
     if capture_video:
@@ -139,11 +117,9 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
         return RunLogger(run_dir, to_dict(config), config.total_steps, console, resume=resume_state,
                          sinks=sinks)
 
-    trainer = cls(config, run_dir, space=space, device=device, threads=threads, algo=algo, client=client,
-                  retry=retry, store=store, claim=claim, dispatcher=dispatcher,
-                  evaluations=Evaluations(config), open_logger=open_logger,
-                  file_secret=signing.secret_from_env(),
-                  secret_warning=no_secret_warning(redis_url, store.secret),
-                  resume=resume, callback=callback, **mode_options)
-    hooks.trainer = trainer
-    return trainer
+    return cls(config, run_dir, space=space, device=device, threads=threads, algo=algo, client=client,
+               retry=retry, store=store, claim=claim, farm=link,
+               evaluations=Evaluations(config), open_logger=open_logger,
+               file_secret=signing.secret_from_env(),
+               secret_warning=no_secret_warning(redis_url, store.secret),
+               resume=resume, callback=callback, **mode_options)

@@ -38,8 +38,8 @@ class TrainResult:
 
 def build(result: TrainResult, stats: Any, retry: Any, *, target_reached_at: dict[str, float] | None,
           threads: int, extras: dict[str, Any]) -> dict[str, Any]:
-    """summary.json's content. `stats`: the dispatcher's DispatchStats; `retry`: the trainer's Redis
-    OutageRetry; `extras`: what the mode adds (Trainer.summary_extras)."""
+    """summary.json's content. `stats`: the task channel's DispatchStats (rlfarm.trainer.outbox);
+    `retry`: the trainer's Redis OutageRetry; `extras`: what the mode adds (Trainer.summary_extras)."""
     summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()}
     summary["target_reached_at"] = target_reached_at
     summary["receive_cpu_seconds"] = stats.receive_seconds

@@ -40,7 +40,7 @@ class SyncTrainer(Trainer):
         specs = [TaskSpec(cfg.run_id, "rollout", iteration, i, self.version, cfg.seed,
                           steps=steps or cfg.farm.steps_per_env, act=act, stream=self.stream_ref(i))
                  for i in range(cfg.farm.num_tasks)]
-        results = self.dispatcher.gather_group(specs, on_other=self.handle_eval)
+        results = self.channel.gather_group(specs)  # evaluations arriving meanwhile: handle_eval
         for i, result in enumerate(results):
             self.advance_stream(result, i)
         return concat([Rollout.from_dict(r.rollout) for r in results])

@@ -1,0 +1,286 @@
+"""What the trainer's two dispatch parts share: the tasks out, and the one way a copy of one is sent.
+
+The task channel (rlfarm.trainer.channel) sends new tasks and takes their results in; the watchdog
+(rlfarm.trainer.watchdog) judges whether the pending ones are alive and sends lost ones again. Both
+work on one `Outbox`: every task sent stays pending under its key (kind, iteration, index) until its
+first result is accepted, and is listed in the run's `wanted` set, which workers check before they
+start. Both talk to the trainer through one `RunOwner`, which the trainer is; `RefusedKeys` is how
+those made before the trainer (its outage clock's guard, the policy store, the claim) tell of keys
+of the run written by someone else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kombu.exceptions import OperationalError
+
+from rlfarm.core import signing
+from rlfarm.core.protocol import Key, Result, TaskSpec
+from rlfarm.farm import keys
+from rlfarm.farm.claim import Claim
+from rlfarm.farm.outage import OutageRetry
+from rlfarm.farm.store import FROM_ENV
+from rlfarm.trainer.keeper import warn
+
+if TYPE_CHECKING:
+    import redis
+    from celery import Celery
+
+AUTO_TIME_LIMIT_FIRST = 600.0  # hard time limit before any task of a kind has reported its duration
+AUTO_TIME_LIMIT_MIN = 60.0
+AUTO_TIME_LIMIT_FACTOR = 10.0  # times the longest duration seen so far
+
+
+class RolloutError(RuntimeError):
+    """A task failed on its worker (bad env, missing policy version, ...): its message says why."""
+
+
+class TaskLostError(RuntimeError):
+    """A task was re-sent max_redispatch times and still produced no result."""
+
+
+def describe_key(key: Key) -> str:
+    return f"task {key[0]} (iteration {key[1]}, index {key[2]})"
+
+
+@dataclass
+class Pending:
+    spec: TaskSpec
+    task_id: str  # the newest copy's Celery task id
+    last_seen: float  # when it was last known alive: sent, seen queued, or leased
+    sent: float = 0.0  # when the newest copy was sent
+    copies: int = 1
+    started: float | None = None  # when a lease was first seen for it (None: not started yet)
+    backups: int = 0  # straggler copies sent
+    lease_gone: float | None = None  # when its lease was first seen gone while results waited
+    reason: str = ""  # why it was last re-sent
+    refused: float | None = None  # when a worker of another protocol refused it (re-sent at the next check)
+    refusals: int = 0  # copies a worker refused (Result.unverified)
+    unwanted_since: float | None = None  # when it was first seen out of `wanted` with no result waiting
+
+
+@dataclass
+class DispatchStats:
+    dispatched: int = 0
+    redispatched: int = 0
+    duplicates: int = 0  # results dropped because their key had already counted
+    skipped: int = 0  # of the duplicates, copies that workers skipped unrun
+    received: int = 0
+    accepted: int = 0
+    leases_expired: int = 0  # re-sent because the worker running them was lost
+    messages_lost: int = 0  # re-sent because their message was neither queued nor running
+    time_limits: int = 0  # re-sent because they ran past their hard time limit
+    stragglers: int = 0  # backup copies of tasks running longer than task_timeout
+    held: int = 0  # tasks held back for a while because the run had its share of the farm's slots
+    forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
+    forged_keys: int = 0  # keys of the run found as the trainer did not write them: refused, written back
+    # Task inputs workers refused as not signed by the farm (Result.unverified), by kind; re-sent.
+    unverified: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("policy", "meta", "spec"), 0))
+    state_restored: int = 0  # times the run's state was found lost in Redis and written back
+    refused: int = 0  # copies refused unrun by workers of another protocol version (re-sent)
+    handed_back: int = 0  # copies handed back unfinished by workers shutting down (re-sent at once)
+    receive_seconds: float = 0.0  # trainer CPU time spent decoding results
+    policy_fetches: int = 0  # results whose worker fetched its policy version from Redis (not its cache)
+    task_ids: dict[Key, list[str]] = field(default_factory=dict)
+    # Of the rollouts only: every env step counted comes from exactly one of them (evaluations, which
+    # every run has at its end, count in `accepted` but not here).
+    accepted_task_ids: list[str] = field(default_factory=list)
+
+    def security(self) -> dict[str, int]:
+        """What was refused for want of a valid signature (RLFARM_SECRET), by what it was."""
+        return {"security/refused_result": self.forged, "security/refused_key": self.forged_keys,
+                **{f"security/refused_{kind}": n for kind, n in self.unverified.items()}}
+
+
+class RunOwner(Protocol):
+    """What the dispatch parts ask of the trainer that owns the run (rlfarm.trainer.keeper.RunKeeper)."""
+
+    def warn(self, text: str) -> None:
+        """A fault the run rides out, said."""
+
+    def on_event(self) -> None:
+        """A task was sent or a result accepted (the progress bar)."""
+
+    def handle_eval(self, message: Result) -> None:
+        """A result of a task outside the SYNC group being gathered: an evaluation's."""
+
+    def restore_run_state(self) -> None:
+        """The run's keys are gone from Redis (FLUSHALL, a restart without its data): write back what
+        the trainer owns (metadata, policy versions, heartbeat)."""
+
+    def rewrite_owned(self) -> None:
+        """A key of the run was found as the trainer did not write it: write back what it owns."""
+
+    def after_outage(self) -> None:
+        """Redis is back after an outage, maybe as a replica that lacks the newest writes: put back
+        the newest and pinned policy versions."""
+
+    def write_back(self, kind: str) -> str | None:
+        """A worker refused the run's "policy", "meta" or "spec" as not signed by the farm: put back
+        what the trainer wrote and say what (None: nobody holds a genuine copy; the task fails)."""
+
+
+class Unowned:
+    """No trainer behind the dispatch (tests, benchmarks): nothing is said or written back, and a
+    task whose input a worker refused as unsigned fails as any other error does."""
+
+    def warn(self, text: str) -> None:
+        pass
+
+    def on_event(self) -> None:
+        pass
+
+    def handle_eval(self, message: Result) -> None:
+        pass  # dropped: nobody evaluates
+
+    def restore_run_state(self) -> None:
+        pass
+
+    def rewrite_owned(self) -> None:
+        pass
+
+    def after_outage(self) -> None:
+        pass
+
+    def write_back(self, kind: str) -> str | None:
+        return None
+
+
+class RefusedKeys:
+    """Keys of the run found as the trainer did not write them (rlfarm.farm.guard, PolicyStore, Claim,
+    and the watchdog's own look at `wanted`): each is counted in `stats` and said at once, and what
+    the trainer owns is written back at the watchdog's next check (`due`). Made before the client,
+    store and claim that report to it, so that none of them needs the watchdog or the trainer."""
+
+    def __init__(self, stats: DispatchStats):
+        self.stats = stats
+        self.due = False
+
+    def mark(self) -> None:
+        self.stats.forged_keys += 1
+        self.due = True
+
+    def report(self, text: str) -> None:
+        self.mark()
+        warn(text)  # said as the trainer's warnings are
+
+
+class Outbox:
+    """The run's pending tasks, and how a copy of one is sent: signed, labelled, with its hard time
+    limit, through a Redis outage, and never before the run's claim is renewed after one."""
+
+    def __init__(self, app: Celery, client: redis.Redis, run_id: str, *, max_redispatch: int,
+                 env: str | None = None, time_limit: float = 0.0, retry: OutageRetry | None = None,
+                 claim: Claim | None = None, secret: Any = FROM_ENV, stats: DispatchStats | None = None):
+        """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
+        durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
+        `claim`: the trainer's claim of the run (rlfarm.farm.claim), whose incarnation every task
+        carries; without one the channel claims the run itself when it first sends a task."""
+        self.app = app
+        self.client = client
+        self.run_id = run_id
+        self.wanted = keys.wanted(run_id)
+        self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
+        self.max_redispatch = max_redispatch
+        self.time_limit = time_limit
+        self.retry = retry or OutageRetry()
+        self.stats = stats if stats is not None else DispatchStats()
+        self.pending: dict[Key, Pending] = {}
+        self.longest: dict[str, float] = {}  # longest task duration seen, per kind
+        self.last_finish = time.monotonic()  # a task finished, or tasks were sent to an idle farm
+        self.queue = app.conf.task_default_queue
+        self.secret = signing.secret_from_env() if secret is FROM_ENV else secret  # signs specs, checks results
+        self.own_claim = claim is None
+        self.claim = claim or Claim(client, run_id)
+        self._claim_renewed_at = self.retry.outages  # outages after which the claim was renewed
+
+    # ---- time limits -----------------------------------------------------------------------------
+    def time_limit_for(self, kind: str) -> float:
+        if self.time_limit > 0:
+            return self.time_limit
+        if kind not in self.longest:
+            return AUTO_TIME_LIMIT_FIRST
+        return max(AUTO_TIME_LIMIT_MIN, AUTO_TIME_LIMIT_FACTOR * self.longest[kind])
+
+    def describe_time_limit(self, kind: str) -> str:
+        """The hard time limit a task of `kind` is sent with, and where it comes from."""
+        limit = self.time_limit_for(kind)
+        if self.time_limit > 0:
+            source = "farm.task_time_limit"
+        elif kind not in self.longest:
+            source = f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FIRST:g} s until a {kind} task has finished"
+        else:
+            source = (f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FACTOR:g}x the longest {kind} task, "
+                      f"at least {AUTO_TIME_LIMIT_MIN:g} s")
+        return (f"a {kind} task is killed at its time limit of {limit:g} s ({source}; a worker's "
+                f"--time-limit may lower it)")
+
+    # ---- sending ---------------------------------------------------------------------------------
+    def list_wanted(self, task_keys: list[Key]) -> None:
+        """List tasks in the run's `wanted` set (a worker skips a task not listed there)."""
+        self.client.sadd(self.wanted, keys.LIVE, *[keys.task(*k) for k in task_keys])
+
+    def send(self, spec: TaskSpec) -> str:
+        """Send one copy of `spec`; its Celery task id."""
+        if self.env is not None:
+            spec = dataclasses.replace(spec, env=self.env)
+        spec = dataclasses.replace(spec, incarnation=self.claim.incarnation)  # workers run it while we live
+        kwargs = signing.sign_spec(spec.to_kwargs(), self.secret)  # with RLFARM_SECRET: workers verify it
+        limit = self.time_limit_for(spec.kind)
+
+        def send() -> Any:
+            self.renew_claim_after_outage()  # also when this very send is what waited the outage out
+            # kwargsrepr is what Flower and worker events show: a short label instead of the dict repr.
+            return self.app.send_task(spec.task_name, kwargs=kwargs, kwargsrepr=spec.label(), time_limit=limit)
+
+        # Celery's publisher gives up after ~1 s of a Redis outage; the outage clock waits longer.
+        result = self.retry.run(send, errors=(OperationalError,))
+        self.stats.dispatched += 1
+        self.stats.task_ids.setdefault(spec.key, []).append(result.id)
+        return result.id
+
+    def resend(self, key: Key, p: Pending, reason: str, backup: bool = False, counted: bool = True) -> None:
+        """Send a pending task again. `counted`: the copy counts towards max_redispatch. Copies that
+        say nothing about the task do not: a worker refused an attacker's write (a few writes must
+        not end the run), a worker of another protocol version refused it unrun, or a worker shutting
+        down handed it back."""
+        if counted and not backup and p.copies > self.max_redispatch:
+            raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; "
+                                f"last: {reason}")
+        self.list_wanted([key])  # a timed-out copy may have left it
+        p.task_id = self.send(p.spec)
+        p.copies += counted
+        p.reason = reason
+        p.refused = None
+        p.last_seen = p.sent = time.monotonic()
+        p.lease_gone = None
+        if backup:
+            p.backups += 1
+            p.started = time.monotonic()  # the next backup, if any, only another task_timeout later
+        else:
+            p.started = None
+        self.stats.redispatched += 1
+
+    def renew_claim_after_outage(self) -> None:
+        """After a Redis outage (or during one, for a send being retried), renew the run's claim before
+        any task is sent: an outage longer than CLAIM_SECONDS lets it lapse, workers skip tasks of a
+        run whose claim is gone, and the claim's thread may still be in its back-off when Redis is
+        back. ClaimLost if another trainer took the run meanwhile."""
+        if self.retry.outages == self._claim_renewed_at and self.retry.outage_started is None:
+            return
+        if self.claim.held and not self.claim.renew():
+            self.claim.check()
+        self._claim_renewed_at = self.retry.outages
+
+    def declare_queue(self) -> None:
+        """(Re)create the broker's routing of task messages to the task queue. kombu keeps that
+        binding in Redis and declares it once per connection: after a FLUSHALL every task sent would
+        otherwise be routed nowhere, silently."""
+        def declare() -> None:
+            with self.app.connection_for_write() as conn:
+                self.app.amqp.queues[self.queue](conn.default_channel).declare()
+        self.retry.run(declare, errors=(OperationalError,))
