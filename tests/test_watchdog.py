@@ -1,82 +1,30 @@
 """The watchdog's paths to the trainer that owns the run (rlfarm.trainer.watchdog, .outbox, .channel),
-with Redis and the Celery app faked: no process. Real farms meet the same paths in test_faults.py
-(FLUSHALL), test_forged_keys.py, test_tamper.py (refused inputs) and test_sentinel.py (lost writes)."""
+against a real redis-server (the session's `redis_only`) and a real Celery app, with no worker: the
+tasks sent sit in the broker's queue in Redis, where they are counted. The trainer's side is a
+recorder (`Owner`). Real farms meet the same paths in test_faults.py (FLUSHALL), test_forged_keys.py,
+test_tamper.py (refused inputs) and test_sentinel.py (lost writes)."""
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
-from types import SimpleNamespace
 
 import pytest
+import redis
 
 from rlfarm.core import codec
 from rlfarm.core.protocol import Result
 from rlfarm.farm import keys
+from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
-from rlfarm.trainer.channel import FarmLink
+from rlfarm.farm.connection import connect
+from rlfarm.trainer.channel import FarmLink, TaskChannel
 from rlfarm.trainer.outbox import RolloutError, Unowned
 
+pytestmark = pytest.mark.farm
 
-class FakeRedis:
-    """The commands the channel and the watchdog send, on dicts."""
-
-    def __init__(self):
-        self.strings: dict[str, bytes] = {}
-        self.sets: dict[str, set] = defaultdict(set)
-        self.lists: dict[str, list] = defaultdict(list)
-        self.sadds: list[set] = []
-
-    def sadd(self, key, *members):
-        self.sadds.append(set(members))
-        self.sets[key].update(members)
-
-    def exists(self, key):
-        return int(key in self.strings)
-
-    def lrange(self, key, start, end):
-        return list(self.lists[key])
-
-    def lpop(self, key):
-        return self.lists[key].pop(0) if self.lists[key] else None
-
-    def blpop(self, names, timeout):
-        raw = self.lpop(names[0])
-        return None if raw is None else (names[0], raw)
-
-    def pipeline(self, transaction=True):
-        return FakePipeline(self)
-
-
-class FakePipeline:
-    def __init__(self, redis):
-        self.redis, self.answers = redis, []
-
-    def exists(self, key):
-        self.answers.append(lambda: self.redis.exists(key))
-
-    def llen(self, key):
-        self.answers.append(lambda: len(self.redis.lists[key]))
-
-    def smismember(self, key, members):
-        self.answers.append(lambda: [int(m in self.redis.sets[key]) for m in members])
-
-    def get(self, key):
-        self.answers.append(lambda: self.redis.strings.get(key))
-
-    def execute(self):
-        return [answer() for answer in self.answers]
-
-
-class FakeApp:
-    conf = SimpleNamespace(task_default_queue="queue")
-
-    def __init__(self):
-        self.sent: list[dict] = []
-
-    def send_task(self, name, kwargs, kwargsrepr, time_limit):
-        self.sent.append(kwargs)
-        return SimpleNamespace(id=f"id{len(self.sent)}")
+SPEC = {"iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1}
+KEY = ("rollout", 0, 0)
+TASK = keys.task(*KEY)
 
 
 class Owner(Unowned):
@@ -103,63 +51,116 @@ class Owner(Unowned):
         return self.repaired
 
 
-def open_channel(owner=None):
-    client, app = FakeRedis(), FakeApp()
-    channel = FarmLink(app, client, "r", 60.0, 3, claim=Claim(client, "r"), secret=None).open(owner)
-    channel.outbox.declare_queue = lambda: owner.asked.append("declare_queue")  # the broker's routing
-    channel.submit({"iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1})
-    return channel, client, app
+@pytest.fixture
+def link(redis_only, request):
+    """FarmLinks to the session's Redis for run ids of this test's own (`link(suffix)`), all on one
+    client and one Celery app. No worker consumes the broker queue: it is emptied before the test (what
+    an earlier test left there is not this one's) and after it, with every key of the runs made."""
+    client, app = connect(redis_only.redis_url), make_app(redis_only.redis_url)
+    queue = app.conf.task_default_queue
+    client.delete(queue)
+    runs: list[str] = []
+
+    def make(suffix: str = "") -> FarmLink:
+        run = f"watchdog-{request.node.name}{suffix}"
+        runs.append(run)
+        return FarmLink(app, client, run, 60.0, 3, claim=Claim(client, run), secret=None)
+
+    yield make
+    for run in runs:
+        doomed = list(client.scan_iter(match=keys.run_pattern(run), count=500))
+        if doomed:
+            client.delete(*doomed)
+    client.delete(queue)
+    app.close()
+    client.close()
 
 
-def test_the_run_state_lost_and_a_forged_key_take_one_path_to_the_owner(caplog):
+def open_channel(farm: FarmLink, owner: Owner | None) -> TaskChannel:
+    channel = farm.open(owner)
+    channel.submit(SPEC)
+    return channel
+
+
+def queued(farm: FarmLink) -> int:
+    """Task messages in the broker queue: each one sent, none taken (no worker)."""
+    return farm.client.llen(farm.app.conf.task_default_queue)
+
+
+def wanted(farm: FarmLink) -> set[str]:
+    return {m.decode() for m in farm.client.smembers(keys.wanted(farm.run_id))}
+
+
+def bindings(client: redis.Redis) -> set[bytes]:
+    """kombu's routing of task messages to the queue (`_kombu.binding.<exchange>` sets, and their
+    `_kombu.binding_permanent.` twins)."""
+    return set(client.scan_iter(match="_kombu.binding*"))
+
+
+def test_the_run_state_lost_and_a_forged_key_take_one_path_to_the_owner(link, caplog):
     owner = Owner()
-    channel, client, app = open_channel(owner)
-    task = keys.task("rollout", 0, 0)
-    assert owner.asked == ["on_event"] and len(app.sent) == 1 and client.sadds == [{keys.LIVE, task}]
+    farm = link()
+    channel = open_channel(farm, owner)
+    client, run = farm.client, farm.run_id
+    assert owner.asked == ["on_event"] and queued(farm) == 1 and wanted(farm) == {keys.LIVE, TASK}
 
-    channel.check(force=True)  # no run metadata in Redis: its state is gone (FLUSHALL)
-    assert owner.asked[1:] == ["declare_queue", "restore_run_state"]
-    assert channel.stats.state_restored == 1 and client.sadds[-1] == {keys.LIVE, task}  # re-listed
-
-    client.strings[keys.meta("r")] = b"meta"
-    with caplog.at_level(logging.WARNING, logger="rlfarm.trainer"):
-        channel.watchdog.refused.report("refused rlfarm:r:policy:latest")  # as the store tells it
-    assert channel.stats.forged_keys == 1 and "refused rlfarm:r:policy:latest" in caplog.text
-    assert owner.asked[-1] == "restore_run_state"  # written back at the next check, not before
+    # The run's state gone as after a FLUSHALL: no run metadata (never written here), its wanted set
+    # and the broker's routing deleted. The queue's message is kept, so that a re-send would show.
+    routing = bindings(client)
+    assert routing
+    client.delete(keys.wanted(run), *routing)
     channel.check(force=True)
-    assert owner.asked[3:] == ["rewrite_owned"] and client.sadds[-1] == {keys.LIVE, task}
+    # The real declare_queue ran (no longer stubbed to record itself in `owner.asked`): the routing is
+    # back in Redis.
+    assert owner.asked[1:] == ["restore_run_state"] and bindings(client) == routing
+    assert channel.stats.state_restored == 1 and wanted(farm) == {keys.LIVE, TASK}  # re-listed
+
+    client.set(keys.meta(run), b"meta")
+    with caplog.at_level(logging.WARNING, logger="rlfarm.trainer"):
+        channel.watchdog.refused.report(f"refused {keys.latest(run)}")  # as the store tells it
+    assert channel.stats.forged_keys == 1 and f"refused {keys.latest(run)}" in caplog.text
+    assert owner.asked[-1] == "restore_run_state"  # written back at the next check, not before
+    client.srem(keys.wanted(run), TASK)  # the forger took the task out of `wanted` too
+    channel.check(force=True)
+    assert owner.asked[2:] == ["rewrite_owned"] and wanted(farm) == {keys.LIVE, TASK}  # re-listed
     assert channel.stats.state_restored == 1 and not channel.watchdog.refused.due
     channel.check(force=True)
-    assert owner.asked[4:] == [] and len(app.sent) == 1  # a lease period's grace: nothing judged yet
+    # A lease period's grace: nothing judged yet, nothing sent again.
+    assert owner.asked[3:] == [] and queued(farm) == 1 and channel.stats.dispatched == 1
 
 
-def _refusal(client, task_id):
-    client.lists[keys.results("r")].append(codec.pack(Result(
+def _refusal(client: redis.Redis, run: str, task_id: str) -> None:
+    """A worker's signed report that the task's policy did not verify, pushed as workers push results."""
+    client.rpush(keys.results(run), codec.pack(Result(
         "rollout", 0, 0, task_id=task_id, worker="w:1", error="PolicyCorrupt: policy blob is not signed",
         unverified="policy").to_message()))
 
 
-def test_a_refused_input_is_written_back_by_the_owner_and_its_task_sent_again_uncounted():
+def test_a_refused_input_is_written_back_by_the_owner_and_its_task_sent_again_uncounted(link):
     owner = Owner()
-    channel, client, app = open_channel(owner)
-    client.strings[keys.meta("r")] = b"meta"
-    _refusal(client, "id1")
+    farm = link()
+    channel = open_channel(farm, owner)
+    first = channel.pending[KEY].task_id
+    farm.client.set(keys.meta(farm.run_id), b"meta")
+    _refusal(farm.client, farm.run_id, first)
     assert channel.next_result(timeout=0.1) is None
     assert owner.asked[1] == "write_back policy" and owner.asked[2].endswith(
         "wrote back policy v0 from the trainer's own copy; sending it again")
-    pending = channel.pending[("rollout", 0, 0)]
-    assert len(app.sent) == 2 and pending.task_id == "id2" and pending.copies == 1 and pending.refusals == 1
+    pending = channel.pending[KEY]
+    assert queued(farm) == 2 and pending.task_id != first  # a second copy sent, pending as that one
+    assert channel.watchdog.queued_task_ids() == {first, pending.task_id}
+    assert pending.copies == 1 and pending.refusals == 1
     assert channel.stats.unverified["policy"] == 1 and channel.stats.redispatched == 1
 
 
-def test_a_refused_input_fails_the_task_when_nobody_holds_a_copy():
-    for owner in (Owner(repaired=None), None):
-        client, app = FakeRedis(), FakeApp()
-        channel = FarmLink(app, client, "r", 60.0, 3, claim=Claim(client, "r"), secret=None).open(owner)
-        channel.submit({"iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1})
-        client.strings[keys.meta("r")] = b"meta"
-        _refusal(client, "id1")
+def test_a_refused_input_fails_the_task_when_nobody_holds_a_copy(link):
+    for i, owner in enumerate((Owner(repaired=None), None)):
+        farm = link(f"-{i}")
+        channel = open_channel(farm, owner)
+        farm.client.set(keys.meta(farm.run_id), b"meta")
+        _refusal(farm.client, farm.run_id, channel.pending[KEY].task_id)
         with pytest.raises(RolloutError, match=r"task rollout \(iteration 0, index 0\) failed on w:1: "
                                                "PolicyCorrupt"):
             channel.next_result(timeout=0.1)
-        assert len(app.sent) == 1
+        assert queued(farm) == 1  # not sent again
+        farm.client.delete(farm.app.conf.task_default_queue)  # the next owner's run counts from none
