@@ -1,7 +1,7 @@
 """What publishing a policy version costs Redis when every worker process acts with it: bytes Redis
 sends per version and the time until every process acts with it, with 1, 4 and 16 pool processes on
 one machine, each process fetching for itself (before: RLFARM_POLICY_SHARE=off), one fetch per
-machine (after: rlfarm.farm.machine, its default directory), and one fetch per machine of versions
+machine (after: rlfarm.worker.machine, its default directory), and one fetch per machine of versions
 published in float16 (farm.policy_dtype). Pong's policy (the Nature CNN, 6.75 MB), one run.
 
     python benchmarks/policy_fanout.py
@@ -35,7 +35,7 @@ def act_with_each_version(url: str, run: str, incarnation: str, versions: int, s
     import torch
 
     torch.set_num_threads(1)  # as a pool process
-    from rlfarm.farm.worker import RolloutWorker
+    from rlfarm.worker.rollout import RolloutWorker
 
     worker = RolloutWorker(url)
     worker._enter(run, incarnation)

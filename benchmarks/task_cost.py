@@ -65,7 +65,7 @@ class Timed:
         self.payload: list[int] = []
 
     def install(self, worker: Any) -> None:
-        import rlfarm.farm.worker as wm
+        import rlfarm.worker.rollout as wm
 
         encode, push = wm.encode_result, worker._push
 
@@ -93,7 +93,7 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     from rlfarm.farm.app import make_app
     from rlfarm.core.rollout import collect, task_seeds
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.worker import RolloutWorker
+    from rlfarm.worker.rollout import RolloutWorker
 
     client = connect(url)
     app = make_app(url)
@@ -145,7 +145,7 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     # A new version: the first task of each process that acts with it fetches it and builds its actor.
     fetch = []
     for _ in range(3):
-        worker.policies = type(worker.policies)(size=4)
+        worker.versions.cache = type(worker.versions.cache)(size=4)
         t = time.perf_counter()
         worker._actor_of(run, 0)
         fetch.append(time.perf_counter() - t)

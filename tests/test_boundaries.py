@@ -3,7 +3,8 @@
 - the pure layers (rlfarm.config, core, envs, nn, algos) import nothing that does I/O: no Redis,
   Celery or kombu, nothing of rlfarm.farm, trainer, observe or local, not even through what they
   import;
-- the trainer side never imports the worker module;
+- the trainer side (rlfarm.trainer, api) never imports the worker side (rlfarm.worker)
+  nor `tasks`, and the protocol both sides speak (rlfarm.farm) never imports rlfarm.worker;
 - `rlfarm` never imports `tasks` or `cli` (the checkout's entry point; the command is rlfarm.cli);
 - no import cycles between rlfarm's modules, lazy imports inside functions included (imports for type
   checkers only, under `if TYPE_CHECKING:`, are not imports at run time and do not count).
@@ -24,7 +25,7 @@ from rlfarm.config import ALGORITHMS
 from .conftest import ROOT
 
 PURE_LAYERS = ["config", "core", "envs", "nn", "algos"]
-IO_LAYERS = ["farm", "trainer", "observe", "local", "tune", "cli"]
+IO_LAYERS = ["farm", "worker", "trainer", "observe", "local", "tune", "cli"]
 
 
 def _module_name(path) -> str:
@@ -85,11 +86,36 @@ def test_the_rule_check_itself_catches_a_forbidden_import():
     assert "forbidden import: redis" in result["errors"]["rlfarm.farm.store"]
 
 
+TRAINER_SIDE = [m for m in MODULES if m.startswith("rlfarm.trainer")] + ["rlfarm.api"]
+SHARED_PROTOCOL = [m for m in MODULES if m == "rlfarm.farm" or m.startswith("rlfarm.farm.")]
+
+
 @pytest.mark.process
 def test_the_trainer_side_never_imports_the_worker():
-    side = [m for m in MODULES if m.startswith("rlfarm.trainer")] + ["rlfarm.api"]
-    result = import_with_forbidden(side, ["rlfarm.farm.worker", "rlfarm.farm.worker_app", "tasks"])
-    assert result["errors"] == dict.fromkeys(side), result["errors"]
+    result = import_with_forbidden(TRAINER_SIDE, ["rlfarm.worker", "tasks"])
+    assert result["errors"] == dict.fromkeys(TRAINER_SIDE), result["errors"]
+
+
+@pytest.mark.process
+def test_the_shared_protocol_never_imports_the_worker():
+    """rlfarm.farm is what the trainer and the workers both speak: the worker side depends on it, never
+    the other way round."""
+    result = import_with_forbidden(SHARED_PROTOCOL, ["rlfarm.worker", "tasks"])
+    assert result["errors"] == dict.fromkeys(SHARED_PROTOCOL), result["errors"]
+
+
+@pytest.mark.parametrize("module", sorted(set(TRAINER_SIDE + SHARED_PROTOCOL)))
+def test_no_lazy_import_of_the_worker_from_the_trainer_side_or_the_protocol(module):
+    """The two tests above see what importing a module imports; an import inside a function counts too
+    (`from rlfarm import worker` included)."""
+    names = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    bad = {n for n in names if n == "rlfarm.worker" or n.startswith("rlfarm.worker.")}
+    assert not bad, f"{module} imports {sorted(bad)}"
 
 
 def _imported_names(path) -> set[str]:

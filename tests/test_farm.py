@@ -74,7 +74,7 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
 
     from rlfarm.envs import describe
     from rlfarm.algos.ppo.policies import ActorCritic
-    from rlfarm.farm.worker import RolloutWorker
+    from rlfarm.worker.rollout import RolloutWorker
 
     cfg, store = make_run(redis_only.redis_url, "reuse")
     state0, _ = store.get(0)
@@ -82,10 +82,10 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
     worker = RolloutWorker(redis_only.redis_url)
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     actor0, _, fetched = worker._actor_of("reuse", 0)
-    network = worker.networks["reuse"]
+    network = worker.versions.networks["reuse"]
     values0 = actor0.value(obs).copy()
     actor1, _, fetched_again = worker._actor_of("reuse", 1)
-    assert fetched and fetched_again and worker.networks["reuse"] is network and len(worker.networks) == 1
+    assert fetched and fetched_again and worker.versions.networks["reuse"] is network and len(worker.versions.networks) == 1
     fresh = ActorCritic(describe(cfg.env.id), cfg.policy)
     fresh.load_state_dict(store.get(1)[0])  # version 1 as a newly built network acts
     np.testing.assert_array_equal(actor1.value(obs), fresh.actor_snapshot().value(obs))

@@ -340,7 +340,7 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     from rlfarm.farm.claim import Claim
     from rlfarm.core.protocol import PROTOCOL
     from rlfarm.farm import keys
-    from rlfarm.farm.worker import RolloutWorker
+    from rlfarm.worker.rollout import RolloutWorker
 
     from .conftest import make_run
 
@@ -368,7 +368,7 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
 def test_one_lease_thread_renews_each_task_while_it_runs_and_not_after(redis_only):
     """A worker process's lease thread, started by its first task and kept: it renews the running
     task's lease past its expiry, moves on to the next task's, and lets a released one expire."""
-    from rlfarm.farm.worker import _Lease
+    from rlfarm.worker.lease import Lease
 
     client = redis.Redis.from_url(redis_only.redis_url)
     renewals: list[str] = []  # every SET the lease makes, in order
@@ -381,7 +381,7 @@ def test_one_lease_thread_renews_each_task_while_it_runs_and_not_after(redis_onl
     def renewed(key: str, times: int, since: int = 0) -> bool:
         return renewals[since:].count(key) >= times
 
-    lease = _Lease(Recording.from_url(redis_only.redis_url))
+    lease = Lease(Recording.from_url(redis_only.redis_url))
     lease.hold("lease-test:a", "me", 1.0)  # expires 1 s after each renewal, renewed every 0.25 s
     poll(lambda: renewed("lease-test:a", 9), "8 renewals of a (2 s, twice its expiry)", deadline_s=60)
     assert client.get("lease-test:a") == b"me"  # only the renewals kept it

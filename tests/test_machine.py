@@ -1,4 +1,4 @@
-"""One fetch per machine (rlfarm.farm.machine): the pool processes of a machine share each policy
+"""One fetch per machine (rlfarm.worker.machine): the pool processes of a machine share each policy
 version through a file, fetched from Redis by the first of them that needs it; every process still
 checks what it reads, a forged or damaged blob is never shared, and a damaged copy is fetched again."""
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import redis
 
-from rlfarm.farm import machine as M
+from rlfarm.worker import machine as M
+from rlfarm.worker.settings import POLICY_SHARE_VAR
 from rlfarm.farm.store import PolicyCorrupt
 
 from .conftest import make_run
@@ -67,20 +68,20 @@ def test_a_directory_open_to_others_or_not_ours_is_not_used(tmp_path):
 
 
 def test_the_root_follows_the_setting_and_the_farm(monkeypatch, tmp_path):
-    monkeypatch.setenv(M.SHARE_VAR, "off")
+    monkeypatch.setenv(POLICY_SHARE_VAR, "off")
     assert M.default_root("redis://127.0.0.1:6379/0") is None
-    monkeypatch.setenv(M.SHARE_VAR, str(tmp_path))
+    monkeypatch.setenv(POLICY_SHARE_VAR, str(tmp_path))
     root = M.default_root("redis://127.0.0.1:6379/0")
     assert root.parent == tmp_path / f"rlfarm-policies-{os.getuid()}"
     assert root != M.default_root("redis://127.0.0.1:6380/0")  # another farm, other versions
-    monkeypatch.delenv(M.SHARE_VAR)
+    monkeypatch.delenv(POLICY_SHARE_VAR)
     assert M.default_root("redis://h/0").parent.name == f"rlfarm-policies-{os.getuid()}"
 
 
 # ---- pool processes of one machine, against a real Redis -------------------------------------------
 def _act_in_a_process(url: str, run: str, versions: list[int], share: str, queue) -> None:
-    os.environ[M.SHARE_VAR] = share
-    from rlfarm.farm.worker import RolloutWorker
+    os.environ[POLICY_SHARE_VAR] = share
+    from rlfarm.worker.rollout import RolloutWorker
 
     worker = RolloutWorker(url)
     worker._enter(run, "incarnation-1")
@@ -129,9 +130,9 @@ def test_four_processes_of_one_machine_fetch_each_version_once_and_act_alike(red
 @pytest.mark.farm
 @pytest.mark.fault  # a forged blob in Redis, a damaged copy on disk
 def test_a_forged_blob_is_never_shared_and_a_damaged_copy_is_fetched_again(redis_only, tmp_path, monkeypatch):
-    from rlfarm.farm.worker import RolloutWorker
+    from rlfarm.worker.rollout import RolloutWorker
 
-    monkeypatch.setenv(M.SHARE_VAR, str(tmp_path))
+    monkeypatch.setenv(POLICY_SHARE_VAR, str(tmp_path))
     url = redis_only.redis_url
     _, store = make_run(url, "machine-forged", versions=1)
     client = redis.Redis.from_url(url)
@@ -146,7 +147,7 @@ def test_a_forged_blob_is_never_shared_and_a_damaged_copy_is_fetched_again(redis
 
     with pytest.raises(PolicyCorrupt):
         worker()._actor_of("machine-forged", 0)
-    copy = worker().shared.path("machine-forged", "incarnation-1", 0)
+    copy = worker().versions.shared.path("machine-forged", "incarnation-1", 0)
     assert not copy.exists()  # refused before anything was shared
 
     client.set(key, genuine)

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlfarm.core.protocol import PROTOCOL
-from rlfarm.farm import counters as C
+from rlfarm.worker import counters as C
 from rlfarm.local.cluster import LocalCluster, free_port
 from rlfarm.observe import exporter as E
 from rlfarm.observe.status import SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, WorkerStatus, to_json

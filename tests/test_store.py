@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlfarm.farm.cache import PolicyCache
+from rlfarm.worker.cache import PolicyCache
 from rlfarm.farm.connection import connect, redact
 from rlfarm.farm.runs import list_runs
 from rlfarm.farm.store import PolicyCorrupt, PolicyNotFound, PolicyStore, PolicyTrimmed, RunNotFound

@@ -111,7 +111,7 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     from rlfarm.core import codec
     from rlfarm.core.protocol import TaskSpec
     from rlfarm.farm import keys
-    from rlfarm.farm.worker import RolloutWorker
+    from rlfarm.worker.rollout import RolloutWorker
 
     from .conftest import WORKER_ENV, poll, rlfarm_cmd
 
@@ -247,7 +247,7 @@ def signed_worker(tmp_path_factory):
     """Redis and one worker process holding the secret (and allowed the tiny envs). Every process
     fetches each version from Redis itself (RLFARM_POLICY_SHARE=off): the forged policy below reaches
     a worker by killing its pool process, whose replacement would otherwise read the machine's checked
-    copy of the version (rlfarm.farm.machine; its own checks: tests/test_machine.py)."""
+    copy of the version (rlfarm.worker.machine; its own checks: tests/test_machine.py)."""
     from rlfarm.local.cluster import LocalCluster
 
     from .conftest import WORKER_ENV

@@ -187,7 +187,7 @@ def test_sigterm_hands_running_tasks_back_at_once_and_the_worker_exits(tmp_path)
     try:
         victim = c.add_worker(1, command=[*RLFARM_WORKER, "--shutdown-grace", "5"])
         victim_node = c._nodes[0]
-        c.add_worker(1)  # a plain `celery -A tasks worker`, which takes the task handed back
+        c.add_worker(1)  # a plain `celery -A rlfarm.worker.app worker`, which takes the task handed back
         proc = train(c, tmp_path, "spot", "--preset", "cartpole-ppo", "--env", "tests.tiny_envs:long_slow",
                      "--set", "env.num_envs=1", "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=20000",
                      "--set", "ppo.num_minibatches=2", "--set", "policy.hidden_sizes=[16]",
@@ -284,7 +284,7 @@ def test_a_process_that_does_not_let_go_is_answered_for_and_killed_after_the_gra
 
 def test_a_burst_of_sigterms_still_ends_the_worker(tmp_path):
     """Several SIGTERMs in a row (a supervisor repeating itself, a death signal beside a stop): the
-    worker exits, the later ones ignored by rlfarm.farm.worker_app._term_once. That guard is for a
+    worker exits, the later ones ignored by rlfarm.worker.hooks._term_once. That guard is for a
     worker once found deadlocked in four nested runs of Celery's SIGTERM handler (py-spy:
     `Signal._live_receivers` waiting for its own lock); this burst does not reproduce that race (it
     passed without the guard too), it shows the guard keeps a SIGTERM a shutdown."""

@@ -82,10 +82,10 @@ def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname
     os.environ["RLFARM_SHUTDOWN_GRACE"] = str(shutdown_grace)
     if time_limit:
         os.environ["RLFARM_TASK_TIME_LIMIT"] = str(time_limit)
-    if listen:  # served by the worker's main process once its pool runs (rlfarm.farm.worker_app)
+    if listen:  # served by the worker's main process once its pool runs (rlfarm.worker.hooks)
         os.environ["RLFARM_METRICS_ADDR"] = f"[{listen[0]}]:{listen[1]}"
     from rlfarm.farm.app import celery_settings
-    from tasks import app
+    from rlfarm.worker.app import app
 
     app.conf.update(celery_settings(redis_url))
     # Without gossip and mingle: rlfarm needs neither, and kombu's gossip teardown during a Redis

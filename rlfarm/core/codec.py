@@ -49,7 +49,7 @@ COMPRESS_MIN_BYTES = 16 * 2**10
 # decompression and the lost zero-copy decode.
 WORTH_RATIO = 0.9
 # Bound on the bytes a trainer decompresses from one message (a decompression bomb declares a huge
-# shape in a small payload). Workers refuse to send results whose arrays hold more (rlfarm.farm.worker).
+# shape in a small payload). Workers refuse to send results whose arrays hold more (rlfarm.worker.results).
 MAX_DECODED_BYTES = 2 * 2**30
 
 

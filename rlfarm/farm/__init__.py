@@ -1,3 +1,4 @@
-"""Everything that talks to Redis and Celery: the run's keys, connections, the policy store, the
-Celery app, sending tasks and taking results in (dispatch), liveness (claim, leases, outages) and what
-a task does on a worker. See docs/architecture.md."""
+"""What the trainer and the workers both speak, over Redis and Celery: the run's keys, connections,
+the policy store, the Celery app's configuration, shares, liveness (claim, leases, outages), and the
+trainer's sending of tasks and taking results in (dispatch). The worker side is rlfarm.worker, which
+this package never imports. See docs/architecture.md."""

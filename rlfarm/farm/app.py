@@ -72,7 +72,7 @@ def celery_settings(redis_url: str) -> dict[str, Any]:
         "result_serializer": "msgpack",
         "accept_content": ["msgpack", "json"],
         "result_accept_content": ["msgpack", "json"],
-        # Results travel through rlfarm's own Redis lists (see rlfarm.farm.worker), not Celery's backend.
+        # Results travel through rlfarm's own Redis lists (see rlfarm.worker.results), not Celery's backend.
         "task_ignore_result": True,
         # Rollouts are long and may die with their process: ack after the work, redeliver if lost.
         "task_acks_late": True,

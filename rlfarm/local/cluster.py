@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from rlfarm.farm.machine import SharedPolicies, default_root
+from rlfarm.worker.machine import SharedPolicies, default_root
 
 LOOPBACK = "127.0.0.1"
 
@@ -216,7 +216,7 @@ class LocalCluster:
             self.redis_proc = None
 
     def worker_command(self, concurrency: int, node: str) -> list[str]:
-        return [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "prefork",
+        return [sys.executable, "-m", "celery", "-A", "rlfarm.worker.app", "worker", "--pool", "prefork",
                 "--concurrency", str(concurrency), "--prefetch-multiplier", "1", "-O", "fair",
                 "--hostname", node, "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
                 *(["-E"] if self.events else [])]
@@ -271,7 +271,7 @@ class LocalCluster:
         if self.redis_proc is not None:
             stop_process_group(self.redis_proc, grace=10.0)
         self._tmp.cleanup()
-        # Its workers' shared copies of policy versions (rlfarm.farm.machine) end with its Redis.
+        # Its workers' shared copies of policy versions (rlfarm.worker.machine) end with its Redis.
         root = default_root(self.redis_url)
         if root is not None:
             SharedPolicies(root).remove()

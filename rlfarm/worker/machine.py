@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-SHARE_VAR = "RLFARM_POLICY_SHARE"
+from rlfarm.worker.settings import policy_share
+
 KEEP = 4  # versions kept per run: a SYNC group acts with one, ASYNC tasks with the last few
 STALE_SECONDS = 3600.0
 SHM = Path("/dev/shm")
@@ -42,9 +43,11 @@ def _name(text: str) -> str:
     return f"{safe}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def default_root(redis_url: str) -> Path | None:
-    """Where this machine's workers of the farm at `redis_url` share versions (None: not shared)."""
-    setting = os.environ.get(SHARE_VAR, "").strip()
+def default_root(redis_url: str, setting: str | None = None) -> Path | None:
+    """Where this machine's workers of the farm at `redis_url` share versions (None: not shared), by
+    `setting` (WorkerSettings.policy_share; None: RLFARM_POLICY_SHARE as it is now)."""
+    if setting is None:
+        setting = policy_share()
     if setting.lower() in ("off", "0", "no", "false"):
         return None
     if setting:

@@ -1,4 +1,4 @@
-"""A worker process's cache of the policies it acts with (rlfarm.farm.worker)."""
+"""A worker process's cache of the policies it acts with (rlfarm.worker.policies)."""
 
 from __future__ import annotations
 

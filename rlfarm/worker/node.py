@@ -1,6 +1,6 @@
 """What a worker's main process (its Celery node) does for its running tasks, beside Celery: the
-tasks themselves run in pool processes (rlfarm.farm.worker), which a hung env or a SIGKILL can stop at
-any moment, so what must not depend on them is done from here.
+tasks themselves run in pool processes (rlfarm.worker.rollout), which a hung env or a SIGKILL can
+stop at any moment, so what must not depend on them is done from here.
 
 - Leases (`LeaseKeeper`): the lease of each running task is renewed from here too. A pool process
   renews its own from a thread, but an env hung in C code that holds the GIL stops every thread of
@@ -10,10 +10,11 @@ any moment, so what must not depend on them is done from here.
 - Hand-back (`hand_back`): on SIGTERM (a spot instance's notice, `docker stop`) each running task is
   answered at once with a `handed_back` result and its lease deleted, in one transaction, so the
   trainer sends it again immediately instead of waiting for the worker to finish or its lease to
-  expire. A pool process normally does this itself (rlfarm.farm.worker.HandedBack, on SIGUSR2 from here);
-  this module does it for those that did not within `--shutdown-grace` and are then killed.
+  expire. A pool process normally does this itself (rlfarm.worker.rollout.HandedBack, on SIGUSR2
+  from here); this module does it for those that did not within `--shutdown-grace` and are then
+  killed.
 
-The tasks are plain `NodeTask`s, so nothing here knows Celery (tasks/__init__.py is the glue).
+The tasks are plain `NodeTask`s, so nothing here knows Celery (rlfarm.worker.hooks is the glue).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from rlfarm.farm.store import PolicyStore
 from rlfarm.farm import keys, redis_url
 
 HAND_BACK_SIGNAL = signal.SIGUSR2  # main -> pool process: hand your task back now
-DEFAULT_SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM until pool processes still holding a task are killed
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,17 @@
-"""What `celery -A tasks worker` runs beside the two tasks: the worker's Celery glue, in its main
-process and its pool processes. `tasks/` stays thin: it makes the app, calls `install(app)` and
-defines the tasks, whose body is `run(request)`.
+"""What a worker runs beside its two tasks: the worker's Celery glue, in its main process and its pool
+processes. rlfarm.worker.app makes the app, calls `install(app)` and defines the tasks, whose body is
+`run(request)`.
 
 - Main process: a bootstep adds rlfarm's and the protocol's versions to Celery's `stats` reply; torch
   and rlfarm are imported before the pool forks; a hard time limit is reported to the trainer (the
-  killed process cannot); leases of running tasks are renewed from here (rlfarm.farm.node); on
+  killed process cannot); leases of running tasks are renewed from here (rlfarm.worker.node); on
   SIGTERM running tasks are handed back at once; with RLFARM_METRICS_ADDR (`rlfarm worker
   --metrics-port`) it serves the worker's Prometheus metrics, from counts its pool processes keep in
-  shared memory (rlfarm.farm.counters).
+  shared memory (rlfarm.worker.counters).
 - Pool processes: one torch thread, no CUDA, the hand-back signal, one `RolloutWorker` kept for the
-  process's life (rlfarm.farm.worker).
+  process's life (rlfarm.worker.rollout).
+
+Both read the worker's settings (rlfarm.worker.settings) once, when they first need them.
 """
 
 from __future__ import annotations
@@ -26,14 +28,24 @@ from celery.signals import task_failure, worker_init, worker_process_init, worke
 from celery.worker.request import Request
 
 from rlfarm.farm.app import farm_url
+from rlfarm.worker.settings import WorkerSettings
 
-_app: Any = None  # the Celery app of `tasks`, given to install()
+_app: Any = None  # the worker's Celery app (rlfarm.worker.app), given to install()
 _worker = None
 _main_client = None  # the worker main process's own Redis client (time-limit reports)
 _reported: deque[str] = deque(maxlen=1000)  # task ids whose time limit was reported already
 _hand_back_early = False  # a pool process told to hand back before its first task
-_counters = None  # rlfarm.farm.counters.NodeCounters: made before the pool forks, shared with it
-METRICS_ADDR_VAR = "RLFARM_METRICS_ADDR"  # HOST:PORT: serve this worker's Prometheus metrics there
+_counters = None  # rlfarm.worker.counters.NodeCounters: made before the pool forks, shared with it
+_settings: WorkerSettings | None = None
+
+
+def settings() -> WorkerSettings:
+    """This process's settings, read from the environment at the first call (a value that is not a
+    number raises there, and again at the next call)."""
+    global _settings
+    if _settings is None:
+        _settings = WorkerSettings.from_env()
+    return _settings
 
 
 class VersionInfo(bootsteps.StartStopStep):
@@ -53,7 +65,7 @@ class RolloutRequest(Request):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        cap = float(os.environ.get("RLFARM_TASK_TIME_LIMIT") or 0)
+        cap = settings().task_time_limit
         hard, soft = self.time_limits
         if cap > 0 and not (hard and hard <= cap):
             self.time_limits = (cap, soft)
@@ -96,7 +108,7 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
 
 def _limit_source(limit: object) -> str:
     """Whose time limit it was: this worker's cap, or the run's."""
-    cap = float(os.environ.get("RLFARM_TASK_TIME_LIMIT") or 0)
+    cap = settings().task_time_limit
     try:
         mine = cap > 0 and float(limit) >= cap  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -109,11 +121,11 @@ def _preload(**_: object) -> None:
     # In the worker's main process, before the pool forks: the pool processes inherit torch, numpy and
     # gymnasium already imported instead of each importing them (seconds per process, on shared cores).
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # workers never touch CUDA
-    import torch  # noqa: F401  (rlfarm.farm.worker imports it only when a task first acts)
+    import torch  # noqa: F401  (rlfarm.worker.rollout imports it only when a task first acts)
 
-    import rlfarm.farm.worker  # noqa: F401
+    import rlfarm.worker.rollout  # noqa: F401
     from rlfarm import algos
-    from rlfarm.farm.counters import NodeCounters
+    from rlfarm.worker.counters import NodeCounters
 
     for name in algos.names():  # every algorithm's networks and actors
         algos.learner(name)
@@ -132,13 +144,13 @@ def _init_process(**_: object) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import signal
 
-    from rlfarm.farm.node import HAND_BACK_SIGNAL
+    from rlfarm.worker.node import HAND_BACK_SIGNAL
 
     signal.signal(HAND_BACK_SIGNAL, _hand_back_signalled)
 
 
 def _hand_back_signalled(signum: int, frame: object) -> None:
-    """In a pool process: its worker is shutting down (rlfarm.farm.node): hand the running task back."""
+    """In a pool process: its worker is shutting down (rlfarm.worker.node): hand the running task back."""
     global _hand_back_early
     if _worker is None:
         _hand_back_early = True
@@ -149,8 +161,8 @@ def _hand_back_signalled(signum: int, frame: object) -> None:
 @worker_ready.connect
 def _keep_leases(sender=None, **_: object) -> None:
     """In the worker's main process, once its pool runs: renew running tasks' leases from here too,
-    where an env hung in GIL-holding C code cannot stop it (rlfarm.farm.node.LeaseKeeper)."""
-    from rlfarm.farm.node import LeaseKeeper
+    where an env hung in GIL-holding C code cannot stop it (rlfarm.worker.node.LeaseKeeper)."""
+    from rlfarm.worker.node import LeaseKeeper
 
     # Its pool processes are the farm's slots, which runs training at once divide (rlfarm.farm.shares).
     controller = getattr(sender, "controller", None)
@@ -158,8 +170,9 @@ def _keep_leases(sender=None, **_: object) -> None:
     node = str(getattr(sender, "hostname", sender))
     LeaseKeeper(farm_url(_app), _running_tasks, node=node, slots=slots).start()
     _term_once()
-    if os.environ.get(METRICS_ADDR_VAR):
-        _serve_metrics(node, slots, os.environ[METRICS_ADDR_VAR])
+    listen = settings().metrics_addr
+    if listen:
+        _serve_metrics(node, slots, listen)
 
 
 def _serve_metrics(node: str, slots: int, listen: str) -> None:
@@ -214,7 +227,7 @@ def _term_once() -> None:
 def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
     """SIGTERM (or SIGINT) to the worker's main process: Celery's warm shutdown would wait for the
     running tasks, minutes for an Atari or MuJoCo task, past a spot instance's notice. Hand them back
-    at once instead (the trainer re-sends them immediately) and exit within RLFARM_SHUTDOWN_GRACE s.
+    at once instead (the trainer re-sends them immediately) and exit within the shutdown grace (RLFARM_SHUTDOWN_GRACE s).
     Runs in a signal handler: the work is done on a thread."""
     if how != "Warm":
         return
@@ -226,7 +239,7 @@ def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
 def _running_tasks(only: set[str] | None = None) -> list:
     from celery.worker import state
 
-    from rlfarm.farm.node import task_of
+    from rlfarm.worker.node import task_of
 
     for _ in range(10):  # the main thread may change the set while another thread copies it
         try:
@@ -248,12 +261,12 @@ def _hand_back(node: str) -> None:
     import logging
     import time
 
-    from rlfarm.farm import node as N
+    from rlfarm.worker import node as N
 
     tasks = _running_tasks()
     if not tasks:
         return
-    grace = float(os.environ.get("RLFARM_SHUTDOWN_GRACE") or N.DEFAULT_SHUTDOWN_GRACE)
+    grace = settings().shutdown_grace
     logging.getLogger("rlfarm.worker").warning(
         "shutting down: handing back %d running task(s) to their trainers", len(tasks))
     N.ask_to_hand_back(tasks)
@@ -269,9 +282,9 @@ def _hand_back(node: str) -> None:
 def _rollout_worker():
     global _worker
     if _worker is None:
-        from rlfarm.farm.worker import RolloutWorker
+        from rlfarm.worker.rollout import RolloutWorker
 
-        _worker = RolloutWorker(farm_url(_app))
+        _worker = RolloutWorker(farm_url(_app), settings())
         _worker.hand_back = _hand_back_early
         _worker.counters = _counters
         _worker.stop_worker = _stop_worker
@@ -280,7 +293,7 @@ def _rollout_worker():
 
 def _stop_worker() -> None:
     """From a pool process: SIGTERM to the worker's main process, its ordinary way to stop (running
-    tasks handed back at once, rlfarm.farm.node)."""
+    tasks handed back at once, rlfarm.worker.node)."""
     import signal
 
     os.kill(os.getppid(), signal.SIGTERM)

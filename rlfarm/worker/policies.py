@@ -1,0 +1,108 @@
+"""The policy versions a worker process acts with: fetched from Redis, or read from the copy another
+process of the machine fetched (rlfarm.worker.machine), checked, loaded into the run's network and
+kept as actors (rlfarm.worker.cache)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, Mapping
+
+import redis
+
+from rlfarm.algos import learner
+from rlfarm.config import policy_config
+from rlfarm.envs import SpaceSpec
+from rlfarm.farm.store import PolicyCorrupt, PolicyStore
+from rlfarm.worker.cache import PolicyCache
+from rlfarm.worker.machine import SharedPolicies
+
+MAX_NETWORKS = 4  # runs whose network one process keeps to load new versions into; LRU beyond
+
+
+class PolicyVersions:
+    """One process's versions. `run_meta(run)` is the run's metadata (cached by the caller), and
+    `incarnations` the trainer incarnation of each run the caches are of (no entry: not a task's,
+    nothing to key a shared copy by). Fetches and their bytes are counted into `counts`."""
+
+    def __init__(self, client: redis.Redis, shared: SharedPolicies | None, run_meta: Callable[[str], dict[str, Any]],
+                 incarnations: Mapping[str, str], counts: dict[str, int]):
+        self.client = client
+        self.shared = shared
+        self.run_meta = run_meta
+        self.incarnations = incarnations
+        self.counts = counts
+        self.cache = PolicyCache(size=4)
+        # One network per run, built once and loaded with each new version's weights: building it
+        # (torch's weight initialisation) was most of fetching a version, paid by every process for
+        # every version (benchmarks/task_cost.py).
+        # Actors are snapshots (numpy copies, or a deep copy for torch), so older cached versions
+        # keep their own weights.
+        self.networks: OrderedDict[str, Any] = OrderedDict()
+
+    def drop_run(self, run: str) -> None:
+        """Forget the run's network and versions (another incarnation of it: rlfarm.farm.claim)."""
+        self.networks.pop(run, None)
+        self.cache.drop_run(run)
+
+    def actor(self, run: str, version: int | str) -> tuple[Any, int, bool]:
+        """The acting snapshot of a version ("latest": the newest), its number, and whether it had to
+        be fetched."""
+        store = PolicyStore(self.client, run)
+        if version == "latest":
+            latest = store.latest()
+            version = latest if latest is not None else "latest"  # get() raises a clear error
+        if version != "latest":
+            version = int(version)
+        cached = self.cache.get((run, version))  # type: ignore[arg-type]
+        if cached is not None:
+            return cached, int(version), False
+        state, fetched = self._checked_version(store, run, int(version))
+        algorithm = learner(self.run_meta(run)["config"]["algo"])
+        network = self.network(run)
+        network.load_state_dict(state)
+        actor = algorithm.actor_snapshot(network)
+        self.cache.put((run, int(version)), actor)
+        return actor, int(version), fetched
+
+    def _checked_version(self, store: PolicyStore, run: str, version: int) -> tuple[dict[str, Any], bool]:
+        """A version's tensors, checked (sha256, the hmac with RLFARM_SECRET, that the blob is the
+        version and run of its key), and whether this process fetched it from Redis: not when another
+        process of this machine had (rlfarm.worker.machine). The process's cache is keyed by the version
+        fetched, never by what the blob says about itself."""
+        incarnation = self.incarnations.get(run)
+        if self.shared is None or incarnation is None or not self.shared.usable():
+            return self._fetch(store, version)[0], True  # (no incarnation: not a task's; nothing to key by)
+        path = self.shared.path(run, incarnation, version)
+        blob = self.shared.read(path)  # whole or absent: files are written beside and renamed
+        if blob is None:
+            with self.shared.locked(path) as held:  # one process of the machine fetches, the others wait
+                blob = self.shared.read(path) if held else None
+                if blob is None:
+                    state, blob = self._fetch(store, version)
+                    if held:
+                        self.shared.write(path, blob, version)
+                    return state, True
+        try:
+            return store.check(version, blob)[0], False
+        except PolicyCorrupt:  # a damaged copy: removed, and this process fetches for itself
+            self.shared.drop(path)
+            return self._fetch(store, version)[0], True
+
+    def _fetch(self, store: PolicyStore, version: int) -> tuple[dict[str, Any], bytes]:
+        blob = store.get_blob(version)
+        self.counts["policy_fetches"] += 1
+        self.counts["policy_fetch_bytes"] += len(blob)
+        return store.check(version, blob)[0], blob
+
+    def network(self, run: str) -> Any:
+        """The run's network, to load a version's weights into (built on first use; LRU of runs)."""
+        if run in self.networks:
+            self.networks.move_to_end(run)
+            return self.networks[run]
+        run_meta = self.run_meta(run)
+        network = learner(run_meta["config"]["algo"]).build_network(
+            SpaceSpec.from_dict(run_meta["space"]), policy_config(run_meta["config"]["policy"]))
+        self.networks[run] = network
+        while len(self.networks) > MAX_NETWORKS:
+            self.networks.popitem(last=False)
+        return network

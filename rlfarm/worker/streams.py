@@ -1,0 +1,83 @@
+"""A worker process's env streams (farm.episodes = "continue"): a task goes on from the snapshot its
+spec names, at once when this process holds the stream there, else restored from Redis; the stream's
+new snapshot goes to Redis with the task's result (rlfarm.worker.results.push), which names it
+(rlfarm.core.streams)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+
+from rlfarm.core import protocol, streams
+from rlfarm.core.protocol import Result, TaskSpec
+from rlfarm.core.rollout import Rollout, collect
+from rlfarm.core.streams import EnvStream, StreamCache, stream_seeds
+from rlfarm.envs import make_vector_env, snapshot
+from rlfarm.farm import keys
+
+MAX_STREAMS = 8  # env streams one process keeps, of any runs; LRU beyond (then restored)
+
+log = logging.getLogger("rlfarm.worker")
+
+
+class EnvStreams:
+    def __init__(self, client: redis.Redis, size: int = MAX_STREAMS):
+        self.client = client
+        self.cache = StreamCache(size)  # (run, stream) -> its envs here
+        self.snapshot: tuple[str, bytes] | None = None  # the last task's stream snapshot: key, blob
+
+    def drop(self, run: str) -> None:
+        """Forget the run's streams (another incarnation of it)."""
+        self.cache.drop(run)
+
+    def take_snapshot(self) -> tuple[str, bytes] | None:
+        """The snapshot the last task left for its result's push, handed over once."""
+        item, self.snapshot = self.snapshot, None
+        return item
+
+    def collect(self, spec: TaskSpec, env_cfg: dict[str, Any], actor: Any, action_seed: int,
+                result: Result, collect_kw: dict[str, Any]) -> Rollout:
+        """The task's steps of its stream; start it from its seeds when the spec names no snapshot (or
+        the snapshot is lost). The result says how (`result.stream`)."""
+        ref = spec.stream
+        if not isinstance(ref, dict) or not isinstance(ref.get("index"), int):
+            raise protocol.ProtocolError('a farm.episodes = "continue" task must name its env stream')
+        index, after, restarts = ref["index"], ref.get("after"), int(ref.get("restarts", 0))
+        report: dict[str, Any] = {"index": index, "restored": False}
+        started = time.perf_counter()
+        stream = self.cache.get(spec.run, index)
+        if stream is None or after is None or stream.digest != after:
+            envs = stream.envs if stream is not None else make_vector_env(
+                env_cfg["id"], env_cfg["num_envs"], trusted=False, options=env_cfg)
+            stream = EnvStream(envs, stream_seeds(spec.seed, index, restarts, env_cfg["num_envs"]))
+            self.cache.put(spec.run, index, stream)
+            if after is not None:
+                try:
+                    blob = self.client.get(keys.stream(spec.run, after))
+                    if blob is None:
+                        raise streams.SnapshotError(f"snapshot {after[:12]} is not in Redis (expired, or "
+                                                    f"Redis lost its data)")
+                    streams.resume(stream, streams.decode(blob, after), snapshot.restore)
+                    report["restored"] = True
+                except (streams.SnapshotError, ValueError) as exc:  # lost or not ours: start it anew
+                    restarts += 1
+                    stream.first_seeds = stream_seeds(spec.seed, index, restarts, env_cfg["num_envs"])
+                    stream.obs = None
+                    report["restart"] = str(exc)
+                    log.warning("env stream %d of run %s restarts from new seeds: %s", index, spec.run, exc)
+        restored = time.perf_counter() - started
+        try:
+            rollout = collect(actor, stream.envs, spec.steps, [], action_seed, stream=stream, **collect_kw)
+            saving = time.perf_counter()
+            blob, digest = streams.encode(stream, snapshot.capture(stream.envs))
+        except BaseException:
+            self.cache.drop(spec.run, index)  # half-stepped: the snapshot in Redis is still the truth
+            raise
+        stream.digest = digest
+        self.snapshot = (keys.stream(spec.run, digest), blob)
+        result.stream = {**report, "digest": digest, "restarts": restarts, "bytes": len(blob),
+                         "seconds": restored + time.perf_counter() - saving}
+        return rollout
