@@ -45,6 +45,18 @@ class HandedBack(Exception):
     signals the pool process; rlfarm.worker.node): the task is answered as handed back and left unfinished."""
 
 
+def _handed_back(exc: BaseException) -> bool:
+    """A HandedBack, or an error raised because of one: the hand-back signal can interrupt code that
+    wraps what it raises (an env's constructor becomes an EnvError), and the task must still go back."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, HandedBack):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class RolloutWorker:
     def __init__(self, redis_url: str, settings: WorkerSettings | None = None):
         settings = settings if settings is not None else WorkerSettings.from_env()
@@ -242,18 +254,17 @@ class RolloutWorker:
             done = key_text
             snapshot_item = self.streams.take_snapshot()
             failed = None
-        except HandedBack:  # the trainer sends it again at once; the key stays wanted
-            self.running = False
-            base.error, base.retryable, base.handed_back = hand_back_reason(node or self.identity), True, True
-            base.worker = node or self.identity
-            payload = codec.pack(base.to_message())
-            done = failed = None  # not the task's fault: the trainer sends it again at once
         except Exception as exc:  # reported to the trainer, which decides; never silently lost
             self.running = False
-            base.error, base.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)
-            base.unverified = refused_input(exc)
+            if _handed_back(exc):  # the trainer sends it again at once; the key stays wanted
+                base.error, base.retryable, base.handed_back = hand_back_reason(node or self.identity), True, True
+                base.worker = node or self.identity
+                done = failed = None  # not the task's fault
+            else:
+                base.error, base.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)
+                base.unverified = refused_input(exc)
+                done, failed = None, base.error
             payload = codec.pack(base.to_message())
-            done, failed = None, base.error
         try:
             self._push(run, payload, attempts_key, lease, done, snapshot_item)
         finally:
