@@ -1,7 +1,7 @@
 """rlfarm: a reinforcement-learning rollout farm on Celery and Redis.
 
 `rlfarm.train(...)` trains from Python (see rlfarm.api); `rlfarm train` does the same from a shell.
-`rlfarm.load(path)` reads a saved policy file as a model with `predict(obs)` (rlfarm.observe.loaded).
+`rlfarm.load(path)` reads a saved policy file as a model with `predict(obs)` (rlfarm.evaluation.loaded).
 """
 
 __version__ = "0.1.0"
@@ -16,7 +16,7 @@ def __getattr__(name: str):
 
         return train
     if name in ("load", "LoadedPolicy", "PolicyFileError"):
-        from rlfarm.observe import loaded
+        from rlfarm.evaluation import loaded
 
         return getattr(loaded, name)
     if name in ("LogStep", "TrainResult"):

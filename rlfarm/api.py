@@ -188,7 +188,7 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
     names, else the `rlfarm up` farm, else none (the embedded default). The up farm's secret signs the
     run's data in Redis however its URL was given. `notify(text)`: where start-up notes go (default:
     the "rlfarm" logger). `metrics`: (host, port) to serve the run's Prometheus metrics on while it
-    trains (rlfarm.observe.exporter). `capture_video`, `tracking`: see `train` (checked already:
+    trains (rlfarm.runio.exporter). `capture_video`, `tracking`: see `train` (checked already:
     rlfarm.observe.video.check, rlfarm.observe.tracking.check)."""
     from rlfarm.farm.connection import connect, redact, refuse_eviction
     from rlfarm.local.find import UP_FARM, find_farm, secret_mismatch
@@ -270,7 +270,7 @@ def _train_serving(trainer: Any, metrics: tuple[str, int] | None, notify: Callab
     """trainer.train(), with its Prometheus metrics served meanwhile when `metrics` is (host, port)."""
     if metrics is None:
         return trainer.train()
-    from rlfarm.observe import exporter
+    from rlfarm.runio import exporter
 
     served = exporter.serve(exporter.LiveCollector("trainer", exporter.TRAINER_METRICS, "run",
                                                    trainer.metrics_labels, trainer.live_metrics), *metrics)
@@ -297,7 +297,7 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
     dotted config key with "__" for "." (ppo__learning_rate=1e-3).
     """
     if not logging.getLogger("rlfarm").handlers:  # a script or notebook that set up no logging
-        from rlfarm.observe.logs import setup_logging
+        from rlfarm.runio.logs import setup_logging
 
         setup_logging(0)
     cfg = make_config(preset if config is None else None, overrides, base=config, **options)

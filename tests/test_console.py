@@ -1,4 +1,4 @@
-"""What a run says and where: rlfarm.observe.logs (one-line console messages, -q/-v, RUN_DIR/rlfarm.log), the
+"""What a run says and where: rlfarm.runio.logs (one-line console messages, -q/-v, RUN_DIR/rlfarm.log), the
 progress bar's evaluation field and ETA, the worker's no-password warning, and the one-line errors of
 an install without the `train` extra."""
 
@@ -14,7 +14,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from rlfarm.observe import logs
+from rlfarm.runio import logs
 from rlfarm.config import ConfigError
 from rlfarm.observe.metrics import EVAL_LINE_EVERY, RunLogger, summary_writer_class
 from rlfarm.farm.connection import is_loopback, no_password_warning
@@ -258,7 +258,7 @@ def test_progress_has_one_row_per_step_across_a_resume(tmp_path):
 
 # ---- 80 columns: the progress display and files never cut or wrap what they show -----------------
 def test_compact_counts_and_ages():
-    from rlfarm.observe import narrow
+    from rlfarm.runio import narrow
 
     assert [narrow.count(n) for n in (0, 999, 1000, 4100, 20480, 40960, 100_000, 999_999, 1_000_000,
                                       1_234_567, 10_000_384, 2.5e9, -40960)] == [

@@ -1,4 +1,4 @@
-"""The evaluation bookkeeping (rlfarm.trainer.evaluation.Evaluations) on its own: no Redis, no
+"""The evaluation bookkeeping (rlfarm.evaluation.bookkeeping.Evaluations) on its own: no Redis, no
 processes. Each test feeds evaluation results in and checks the decisions the trainer would carry out
 (send, record, write the best policy, unpin) and the versions that must stay pinned."""
 
@@ -10,7 +10,7 @@ import math
 import pytest
 
 from rlfarm.config import from_flat
-from rlfarm.trainer.evaluation import CONFIRM_SEED, EVAL_SEED, Evaluations, Record, Send, Unpin, WriteBest
+from rlfarm.evaluation.bookkeeping import CONFIRM_SEED, EVAL_SEED, Evaluations, Record, Send, Unpin, WriteBest
 
 TARGET = 475.0
 

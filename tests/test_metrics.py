@@ -1,6 +1,6 @@
 """Metrics a cluster can scrape and a signal autoscalers can use: `rlfarm worker --metrics-port`,
-`rlfarm train --metrics-port` (Prometheus, rlfarm.observe.exporter), `rlfarm status --json`'s schema
-(rlfarm/observe/status.schema.json) and the KEDA example (docs/keda-scaledobject.yaml).
+`rlfarm train --metrics-port` (Prometheus, rlfarm.runio.exporter), `rlfarm status --json`'s schema
+(rlfarm/commands/status.schema.json) and the KEDA example (docs/keda-scaledobject.yaml).
 
 The farm test scrapes a real `rlfarm worker` and a real `rlfarm train` on 127.0.0.1 while the run
 trains, and finds every metric the docs name (docs/metrics.md).
@@ -26,8 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rlfarm.core.protocol import PROTOCOL
 from rlfarm.worker import counters as C
 from rlfarm.local.cluster import LocalCluster, free_port
-from rlfarm.observe import exporter as E
-from rlfarm.observe.status import SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, WorkerStatus, to_json
+from rlfarm.runio import exporter as E
+from rlfarm.commands.status import SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, WorkerStatus, to_json
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, poll, rlfarm_cmd, run_cli
 

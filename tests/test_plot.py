@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from rlfarm.observe.plot import curves, last_of_each_log, read_run, rolling_mean, wall_unit
+from rlfarm.commands.plot import curves, last_of_each_log, read_run, rolling_mean, wall_unit
 
 from .conftest import read_csv, run_cli, usage_error_line
 

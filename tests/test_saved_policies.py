@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlfarm.observe import playback
+from rlfarm.evaluation import playback
 
 DATA = Path(__file__).parent / "data"
 

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.local.cluster import LocalCluster
-from rlfarm.observe.status import (SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, parse_heartbeat,
+from rlfarm.commands.status import (SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, parse_heartbeat,
                                   parse_workers, render, to_json)
 from rlfarm.farm import keys
 from rlfarm.farm.connection import connect
@@ -28,7 +28,7 @@ from .conftest import WORKER_ENV, error_line, make_run, pid_alive, rlfarm_cmd, r
 
 
 def status_json(url: str) -> dict:
-    """`rlfarm status --json`, checked against its schema (rlfarm/observe/status.schema.json)."""
+    """`rlfarm status --json`, checked against its schema (rlfarm/commands/status.schema.json)."""
     result = run_cli("status", "--json", "--redis", url)
     assert result.returncode == 0, result.stderr
     snapshot = json.loads(result.stdout)
@@ -306,7 +306,7 @@ def test_status_follows_a_live_training_run(tmp_path):
 
 
 def test_runs_with_a_live_trainer_then_the_newest_come_first():
-    from rlfarm.observe.status import RunStatus, most_recent_first
+    from rlfarm.commands.status import RunStatus, most_recent_first
 
     def run(name, created, state=None, updated=None):
         hb = parse_heartbeat({"state": state, "updated": str(updated)}, now=2000.0) if state else None

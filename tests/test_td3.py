@@ -314,7 +314,7 @@ def test_a_saved_td3_policy_plays_back_and_is_not_taken_for_a_discrete_policy(tm
     """As the trainer publishes a version and `rlfarm eval` reads best_policy.safetensors: the file
     names td3, is built as TD3's deterministic actor for Pendulum and acts with continuous actions;
     an env of discrete actions refuses it, saying it acts with continuous ones."""
-    from rlfarm.observe import playback
+    from rlfarm.evaluation import playback
 
     algorithm = make_td3(env="Pendulum-v1")
     with torch.no_grad():

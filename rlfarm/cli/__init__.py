@@ -1,7 +1,7 @@
 """`rlfarm`: train on a Celery + Redis rollout farm, run workers, evaluate and inspect policies.
 
 The command line only: each command maps its flags to calls of rlfarm.api, rlfarm.tune and the
-back-ends (rlfarm.local, rlfarm.observe, rlfarm.farm) and their exceptions to one `rlfarm: error:`
+back-ends (rlfarm.commands, rlfarm.evaluation, rlfarm.local, rlfarm.farm) and their exceptions to one `rlfarm: error:`
 line and an exit status. A module per group of commands: train (train, train --seeds), worker,
 farm (up, down, status), evaluate (eval), checkpoints (list, export, delete), sweep, misc (plot,
 presets); common holds what they share.
@@ -37,7 +37,7 @@ def main(verbose: int, quiet: int) -> None:
     `rlfarm up` for a farm that stays up; add machines with `rlfarm worker --redis URL`. Every command
     finds its farm the same way: --redis, else RLFARM_REDIS_URL, else the `rlfarm up` farm.
     """
-    from rlfarm.observe.logs import setup_logging
+    from rlfarm.runio.logs import setup_logging
 
     setup_logging(verbose - quiet)
 

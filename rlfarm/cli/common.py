@@ -78,7 +78,7 @@ def metrics_listen(value: str | None) -> tuple[str, int] | None:
         return None
     import socket
 
-    from rlfarm.observe.exporter import MetricsError, check_available, parse_listen
+    from rlfarm.runio.exporter import MetricsError, check_available, parse_listen
 
     try:
         host, port = parse_listen(value)

@@ -1,4 +1,4 @@
-"""`rlfarm eval`: greedy episodes of a stored policy (rlfarm.observe.playback)."""
+"""`rlfarm eval`: greedy episodes of a stored policy (rlfarm.evaluation.playback)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def eval_(ctx: click.Context, run_name: str | None, logdir: str | None, policy_f
     network is the one the policy's metadata names (algo). --video DIR records the episodes,
     --render shows them.
     """
-    from rlfarm.observe import playback
+    from rlfarm.evaluation import playback
 
     if sum(map(bool, (run_name, policy_file, run_id))) != 1:
         fail("give exactly one of RUN (a run directory's best policy), --policy FILE or --run RUN (Redis)")

@@ -1,5 +1,5 @@
 """The farm as a whole: `rlfarm up` and `rlfarm down` (rlfarm.local.farm), `rlfarm status`
-(rlfarm.observe.status, its --watch loop rlfarm.observe.watch)."""
+(rlfarm.commands.status, its --watch loop rlfarm.commands.watch)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def status(redis_url: str | None, watch: bool, interval: float, as_json: bool) -
     Its first line says which farm it looked at and how it was found (--json: farm.source)."""
     from rich.console import Console
 
-    from rlfarm.observe import watch as W
+    from rlfarm.commands import watch as W
     from rlfarm.farm.app import make_app
     from rlfarm.farm.connection import connect, eviction_error, redact
 

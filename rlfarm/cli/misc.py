@@ -1,4 +1,4 @@
-"""The small commands: `rlfarm plot` (rlfarm.observe.plot) and `rlfarm presets` (rlfarm.config)."""
+"""The small commands: `rlfarm plot` (rlfarm.commands.plot) and `rlfarm presets` (rlfarm.config)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rlfarm.cli.common import fail
               help="Image to write; the format follows the suffix (.png, .svg, .pdf) [RUN_DIR/curves.png].")
 def plot(run_dir: Path, output: Path | None) -> None:
     """Plot a run's learning curves: training and evaluation return against env steps and wall time."""
-    from rlfarm.observe.plot import PlotError, plot_run
+    from rlfarm.commands.plot import PlotError, plot_run
 
     try:
         out = plot_run(run_dir, output)

@@ -264,14 +264,14 @@ def _interrupted_on_redis(farm, cfg, run_dir: Path) -> str:
 def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = None, **extras):
     """rlfarm.api.run, with every failure it can meet turned into one line and an exit status."""
     from rlfarm.api import run
-    from rlfarm.observe.exporter import MetricsError
+    from rlfarm.runio.exporter import MetricsError
     from rlfarm.trainer.resume import CheckpointError
     from rlfarm.farm.claim import ClaimLost, RunInUse
     from rlfarm.config import ConfigError
     from rlfarm.trainer.outbox import RolloutError, TaskLostError
-    from rlfarm.observe.logs import log_fatal
+    from rlfarm.runio.logs import log_fatal
     from rlfarm.farm.outage import RedisUnavailable, is_oom
-    from rlfarm.observe.rundir import RunDirError
+    from rlfarm.runio.rundir import RunDirError
     from rlfarm.farm.connection import RedisAuthError, RedisEvicts, redact
 
     def fatal(message: str, code: int = 2) -> "NoReturn":  # noqa: F821

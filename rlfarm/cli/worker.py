@@ -53,7 +53,7 @@ def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname
     """
     import logging
 
-    from rlfarm.observe import logs
+    from rlfarm.runio import logs
     from rlfarm.core.signing import secret_from_env
     from rlfarm.farm.connection import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
     from rlfarm.local.find import describe

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import redis
 
 from rlfarm.core import signing
-from rlfarm.observe.rundir import RunDirError
+from rlfarm.runio.rundir import RunDirError
 from rlfarm.farm import keys
 
 from rlfarm.farm.keys import CLAIM_SECONDS  # noqa: F401 - part of this module's contract (tests, docs)

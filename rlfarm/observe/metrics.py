@@ -8,7 +8,7 @@ finished training episode), evals.csv (one row per greedy evaluation), TensorBoa
 On a terminal the console shows a live progress display in two lines that fit its width (env steps,
 elapsed time, ETA, SPS; the rolling training return, which is while exploring, the latest greedy
 evaluation, policy version, tasks in flight: `RunProgress`); elsewhere a plain status line every 5 s,
-never wrapped. Evaluations are logged (rlfarm.observe.logs) at info every `EVAL_LINE_EVERY`-th time
+never wrapped. Evaluations are logged (rlfarm.runio.logs) at info every `EVAL_LINE_EVERY`-th time
 and for the run's last one, at debug otherwise; evals.csv and TensorBoard hold all of them.
 """
 
@@ -30,9 +30,9 @@ from rich.console import Console
 from rich.progress import Progress, ProgressBar, Task
 from rich.text import Text
 
-from rlfarm.observe import logs, narrow
+from rlfarm.runio import logs, narrow
 from rlfarm.config import ConfigError, json_safe
-from rlfarm.observe.rundir import RowFile, RunDirError, csv_text, read_whole_rows, write_atomic
+from rlfarm.runio.rundir import RowFile, RunDirError, csv_text, read_whole_rows, write_atomic
 
 ROLLING_EPISODES = 20
 EVAL_LINE_EVERY = 10  # greedy evaluations: one console line every this many (and the last one)
@@ -56,7 +56,7 @@ def summary_writer_class() -> type:
 
 def _truncate_csv(path: Path, max_step: int) -> list[str] | None:
     """Keep the header and the rows with global_step <= max_step; returns the header (None: no file).
-    Replaced whole (rlfarm.observe.rundir): a full disk here leaves the file as it was."""
+    Replaced whole (rlfarm.runio.rundir): a full disk here leaves the file as it was."""
     if not path.exists():
         return None
     rows = read_whole_rows(path)
@@ -81,7 +81,7 @@ class RunProgress(Progress):
     """The live progress display: two lines that fit the terminal, 80 columns included. The first has
     what a user waits for (the bar, env steps, elapsed time, ETA, speed), the second how learning goes
     (the training return, which is while exploring, the greedy evaluation, the version, the tasks in
-    flight). What does not fit is left out, the least needed first, never cut (rlfarm.observe.narrow)."""
+    flight). What does not fit is left out, the least needed first, never cut (rlfarm.runio.narrow)."""
 
     def get_renderables(self) -> Any:
         for task in self.tasks:
@@ -182,7 +182,7 @@ class RunLogger:
         self.best_eval = resume.get("best_eval", -math.inf) if resume else -math.inf
         self.last_eval = resume.get("last_eval", math.nan) if resume else math.nan
         self._last_eval_line: str | None = None  # the latest evaluation's line, until it is shown
-        # CSV files grow by whole rows only (rlfarm.observe.rundir.RowFile): a full disk never leaves half a row.
+        # CSV files grow by whole rows only (rlfarm.runio.rundir.RowFile): a full disk never leaves half a row.
         self._progress_fields: list[str] | None = None
         self._evals_file: RowFile | None = None
         # One progress row per step: a row at a step already logged (a resumed run's first log before

@@ -100,7 +100,7 @@ class EvalVideos(Sink):
     def record(self, blob: bytes, version: int, global_step: int) -> Path:
         from rlfarm.algos.saved import load_network
         from rlfarm.core import codec
-        from rlfarm.observe.playback import play
+        from rlfarm.evaluation.playback import play
 
         cfg = self.config
         state, meta = codec.decode_policy(blob, self.secret)

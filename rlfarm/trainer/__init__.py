@@ -1,14 +1,15 @@
 """The trainer: publish -> dispatch -> gather -> update -> log, in one of two loops.
 
 SYNC (`SyncTrainer`, rlfarm.trainer.sync) and ASYNC (`AsyncTrainer`, rlfarm.trainer.asynchronous) over
-a shared base (rlfarm.trainer.base); the evaluation bookkeeping (rlfarm.trainer.evaluation) is pure;
+a shared base (rlfarm.trainer.base), which carries out the pure evaluation bookkeeping
+(rlfarm.evaluation.bookkeeping);
 `make_trainer` (rlfarm.trainer.factory) builds a trainer's collaborators and passes them in;
 summary.json and `TrainResult` are rlfarm.trainer.summary, the checkpoint file rlfarm.trainer.resume.
 The trainers schedule; the algorithm (rlfarm.algos.base.Algorithm) learns: nothing here knows which
 algorithm runs. See docs/architecture.md.
 
-Only re-exports, resolved on first use: importing a submodule (the pure evaluation bookkeeping)
-does not import torch, Redis and Celery through this package.
+Only re-exports, resolved on first use: importing a submodule (summary, resume) does not import
+torch, Redis and Celery through this package.
 """
 
 from __future__ import annotations

@@ -28,10 +28,10 @@ from rlfarm.core.protocol import Result
 from rlfarm.core.streams import StreamBook
 from rlfarm.farm import keys
 from rlfarm.farm.store import PolicyCorrupt
-from rlfarm.observe import logs
-from rlfarm.observe.rundir import write_atomic
+from rlfarm.runio import logs
+from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
-from rlfarm.trainer.evaluation import Decision, Evaluations, Record, Send, Unpin, WriteBest
+from rlfarm.evaluation.bookkeeping import Decision, Evaluations, Record, Send, Unpin, WriteBest
 from rlfarm.trainer.keeper import RunKeeper, log
 from rlfarm.trainer.summary import TrainResult
 from rlfarm.trainer.summary import build as build_summary
@@ -159,7 +159,7 @@ class Trainer(RunKeeper):
             act["refresh_steps"] = self.config.async_.refresh_steps
         return act
 
-    # ---- evaluations: rlfarm.trainer.evaluation decides, the trainer carries out --------------------
+    # ---- evaluations: rlfarm.evaluation.bookkeeping decides, the trainer carries out --------------------
     @property
     def eval_mean_return(self) -> float:
         return self.evals.mean_return

@@ -32,7 +32,7 @@ from rlfarm.observe.metrics import RunLogger
 from rlfarm.trainer.asynchronous import AsyncTrainer
 from rlfarm.trainer.base import LogStep, Trainer
 from rlfarm.trainer.channel import FarmLink, ShareTerms
-from rlfarm.trainer.evaluation import Evaluations
+from rlfarm.evaluation.bookkeeping import Evaluations
 from rlfarm.trainer.keeper import warn
 from rlfarm.trainer.outbox import DispatchStats, RefusedKeys
 from rlfarm.trainer.sync import SyncTrainer

@@ -40,7 +40,7 @@ log = logging.getLogger("rlfarm.trainer")
 
 def warn(text: str) -> None:
     """A fault the run rides out: one `rlfarm: warning:` line on stderr and in the run's rlfarm.log
-    (rlfarm.observe.logs)."""
+    (rlfarm.runio.logs)."""
     log.warning("%s", text)
 
 
@@ -141,7 +141,7 @@ class RunKeeper:
         return {"run": cfg.run_id, "algo": cfg.algo, "mode": cfg.mode, "env": cfg.env.id}
 
     def live_metrics(self) -> dict[str, Any]:
-        """What `rlfarm train --metrics-port` exports (rlfarm.observe.exporter), read from the scrape's
+        """What `rlfarm train --metrics-port` exports (rlfarm.runio.exporter), read from the scrape's
         thread: counters and lengths the trainer keeps anyway, and the last log step's numbers for
         what needs Redis (a command from that thread would race the training thread's outage handling)."""
         d, stats, last = self.channel, self.channel.stats, self._last_logged

@@ -3,7 +3,7 @@
 One safetensors file in the run directory. Its tensors: network(s), optimizer moments, torch RNG
 states, the replay buffer; its metadata: one JSON document with everything else (counters, optimizer
 hyper-parameters, numpy generator states, logger state). No pickle: loading it runs no code.
-It is written to a temporary file and renamed (rlfarm.observe.rundir.write_atomic), so a trainer killed
+It is written to a temporary file and renamed (rlfarm.runio.rundir.write_atomic), so a trainer killed
 mid-write, or a disk that fills up, leaves the previous checkpoint whole.
 """
 
@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from rlfarm.observe.rundir import write_atomic
+from rlfarm.runio.rundir import write_atomic
 
 FILENAME = "checkpoint.safetensors"
 FORMAT = "rlfarm-trainer-checkpoint/2"  # 2: the algorithm owns its replay buffer

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfarm.config import json_safe
-from rlfarm.observe.rundir import write_atomic
+from rlfarm.runio.rundir import write_atomic
 
 FILENAME = "summary.json"
 

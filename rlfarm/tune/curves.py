@@ -3,7 +3,7 @@ intermediate values a sweep reports for pruning, and a finished run's score.
 
 `eval`: the greedy evaluations (evals.csv, confirmation rows left out), mean_return at global_step.
 `return`: the mean of the last 20 training episodes at each log step (progress.csv, charts/rolling_return).
-Rows are appended whole (rlfarm.observe.rundir), so a row read is final; a line without its newline
+Rows are appended whole (rlfarm.runio.rundir), so a row read is final; a line without its newline
 yet is left for the next read.
 """
 

@@ -1,5 +1,5 @@
 """Counts a worker's pool processes keep for its main process, which exports them
-(`rlfarm worker --metrics-port`, rlfarm.observe.exporter): tasks run, policy versions fetched and
+(`rlfarm worker --metrics-port`, rlfarm.runio.exporter): tasks run, policy versions fetched and
 their bytes, Redis outages ridden out.
 
 The pool processes are forked from the main process, so shared memory the main process maps before

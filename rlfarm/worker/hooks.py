@@ -182,7 +182,7 @@ def _serve_metrics(node: str, slots: int, listen: str) -> None:
 
     from rlfarm import __version__
     from rlfarm.core.protocol import PROTOCOL
-    from rlfarm.observe import exporter
+    from rlfarm.runio import exporter
 
     def values() -> dict:
         totals = _counters.totals() if _counters is not None else {}

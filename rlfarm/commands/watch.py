@@ -1,4 +1,4 @@
-"""`rlfarm status --watch`: a farm's snapshot (rlfarm.observe.status) shown again every interval
+"""`rlfarm status --watch`: a farm's snapshot (rlfarm.commands.status) shown again every interval
 until Ctrl-C or SIGTERM, in place on a terminal, one after another into a pipe or a file. A watcher
 outlives a Redis restart: a frame it cannot gather says so, and the next interval tries again."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import redis
 from kombu.exceptions import OperationalError
 
-from rlfarm.observe import status as S
+from rlfarm.commands import status as S
 
 # What a lost Redis raises while a snapshot is gathered (redis-py directly, or kombu's inspect).
 LOST = (redis.ConnectionError, redis.TimeoutError, OperationalError, ConnectionError)

@@ -6,7 +6,7 @@ with a trained policy themselves (zoo's `enjoy`, a notebook, an env loop of the 
     obs, _ = env.reset(seed=0)
     action, _ = policy.predict(obs, deterministic=True)
 
-The file is read as `rlfarm eval` reads it (rlfarm.observe.playback): its signature checked with
+The file is read as `rlfarm eval` reads it (rlfarm.evaluation.playback): its signature checked with
 RLFARM_SECRET when set, the network built by the algorithm its metadata names and checked against the
 spaces it was trained on. Acting goes through the same actor a worker uses (numpy for MLPs, ONNX
 Runtime or torch for CNNs), so `predict` picks the actions the farm's greedy evaluations pick.
@@ -57,7 +57,7 @@ class LoadedPolicy:
         """The env the policy was trained on, with the run's preprocessing (Atari's), or `env_id` (a
         gymnasium id or `module:callable` you trust); an id named by the file goes through the
         workers' allowlist, as in `rlfarm eval`."""
-        from rlfarm.observe.playback import PlaybackError, open_env
+        from rlfarm.evaluation.playback import PlaybackError, open_env
 
         try:
             return open_env(self.stored, env_id, render_mode)[0]
@@ -108,7 +108,7 @@ def load(path: str | Path, env: Any = None, seed: int | None = None, **acting: A
     from rlfarm.algos.saved import PolicyMismatch, load_network
     from rlfarm.config import ConfigError, policy_config
     from rlfarm.envs import EnvError, SpaceSpec, make_env, space_spec
-    from rlfarm.observe.playback import PlaybackError, from_file, open_env
+    from rlfarm.evaluation.playback import PlaybackError, from_file, open_env
 
     try:
         stored = from_file(path)

@@ -21,12 +21,12 @@ from rlfarm.farm.runs import list_runs, read_status
 from rlfarm.farm.store import PolicyStore, RunNotFound
 from rlfarm.farm import keys
 from rlfarm.farm.shares import live_nodes, read_runs
-from rlfarm.observe import narrow
+from rlfarm.runio import narrow
 
 # Seconds Celery waits for workers to answer a broadcast. It waits that long only for workers it does
 # not know of: the broadcast ends as soon as every rlfarm worker in the farm's registry has answered.
 INSPECT_TIMEOUT = 1.0
-# `rlfarm status --json`'s "schema" (rlfarm/observe/status.schema.json): fields may be added under one
+# `rlfarm status --json`'s "schema" (rlfarm/commands/status.schema.json): fields may be added under one
 # number; one that goes away or changes its meaning or type bumps it.
 SCHEMA = 1
 SCHEMA_FILE = Path(__file__).with_name("status.schema.json")
@@ -329,7 +329,7 @@ def _run_row(r: RunStatus) -> dict[str, Any]:
 
 def render(s: Snapshot) -> Any:
     """A rich renderable of the snapshot: a header, the workers and the runs, fitted to the console's
-    width (columns left out, least needed first, rather than values cut: rlfarm.observe.narrow)."""
+    width (columns left out, least needed first, rather than values cut: rlfarm.runio.narrow)."""
     from rich.console import Group
     from rich.text import Text
 
