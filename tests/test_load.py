@@ -4,7 +4,7 @@
 Freshly initialised networks are saved as the trainer saves them (the published version's
 metadata, `describe_policy`, then best_policy.safetensors' additions: rlfarm.trainer.base), so no
 training is needed; the actions are compared with what each network's own torch forward picks.
-Files of real runs are loaded by tests/test_api.py and tests/test_eval.py (farm tier)."""
+Files of real runs are loaded by tests/test_api.py and tests/test_evaluation.py (farm tier)."""
 
 from __future__ import annotations
 
