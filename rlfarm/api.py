@@ -184,14 +184,14 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         notify: Callable[[str], None] | None = None, metrics: tuple[str, int] | None = None,
         farm: Any = None, capture_video: bool = False, tracking: Any = None):
     """Train `cfg` (already checked, with a run id) on the farm at `redis_url`, or on an embedded one.
-    `farm`: the farm found already (rlfarm.local.find.Farm; the CLI's); default: the one `redis_url`
+    `farm`: the farm found already (rlfarm.farm.find.Farm; the CLI's); default: the one `redis_url`
     names, else the `rlfarm up` farm, else none (the embedded default). The up farm's secret signs the
     run's data in Redis however its URL was given. `notify(text)`: where start-up notes go (default:
     the "rlfarm" logger). `metrics`: (host, port) to serve the run's Prometheus metrics on while it
     trains (rlfarm.runio.exporter). `capture_video`, `tracking`: see `train` (checked already:
     rlfarm.observe.video.check, rlfarm.observe.tracking.check)."""
     from rlfarm.farm.connection import connect, redact, refuse_eviction
-    from rlfarm.local.find import UP_FARM, find_farm, secret_mismatch
+    from rlfarm.farm.find import UP_FARM, find_farm, secret_mismatch
 
     notify = notify or log.info
     run_dir = Path(cfg.logdir) / cfg.run_id
@@ -301,7 +301,7 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
 
         setup_logging(0)
     cfg = make_config(preset if config is None else None, overrides, base=config, **options)
-    from rlfarm.local.find import find_farm
+    from rlfarm.farm.find import find_farm
 
     farm = find_farm(redis_url, environ={})
     check_config(cfg, embedded=farm.url is None)

@@ -1,4 +1,4 @@
-"""rlfarm.local.find: one way to find the farm, in one order, with the secret that goes with it (unit:
+"""rlfarm.farm.find: one way to find the farm, in one order, with the secret that goes with it (unit:
 the up farm's state file and runs' cluster.json are files here, and Redis answers through a stand-in)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from rlfarm.local import find as F
+from rlfarm.farm import find as F
 
 UP_URL = "redis://:pw-of-up@127.0.0.1:41001/0"
 UP_SECRET = "a" * 64
@@ -34,10 +34,10 @@ class Answering:
 
 
 def dead_pid() -> int:
-    from rlfarm.local.farm import _alive
+    from rlfarm.farm.find import alive
 
     pid = 4_000_000
-    while _alive(pid):
+    while alive(pid):
         pid += 1
     return pid
 

@@ -42,12 +42,12 @@ def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
 
 
 def find_farm(redis_url: str | None, run_id: str | None = None, needed: bool = True):
-    """The farm a command works on (rlfarm.local.find): --redis, RLFARM_REDIS_URL, the `rlfarm up` farm,
+    """The farm a command works on (rlfarm.farm.find): --redis, RLFARM_REDIS_URL, the `rlfarm up` farm,
     or the live embedded Redis of the run named. Its secret goes into this process's environment, for
     the worker processes it starts and the signed data it reads; a different RLFARM_SECRET of the user's
     is said in one warning line. `needed`: fail in one line (exit 1) when none is found."""
     from rlfarm.config import RunConfig
-    from rlfarm.local.find import find_farm as find, not_found, use_secret
+    from rlfarm.farm.find import find_farm as find, not_found, use_secret
 
     run_dir = Path(RunConfig.logdir) / run_id if run_id else None
     farm = find(redis_url, run_dir)

@@ -101,7 +101,7 @@ def train(ctx: click.Context, preset: str, env_id: str | None, mode: str | None,
     from rlfarm.api import (RunExists, check_config, check_extras, check_new_run, make_config, resume_config,
                             run_length_notes, with_run_id)
     from rlfarm.envs import EnvError
-    from rlfarm.local.find import find_farm as train_farm
+    from rlfarm.farm.find import find_farm as train_farm
 
     auto_resume = False
     if not resume and run_id and if_exists == "resume":

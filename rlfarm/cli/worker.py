@@ -56,7 +56,7 @@ def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname
     from rlfarm.runio import logs
     from rlfarm.core.signing import secret_from_env
     from rlfarm.farm.connection import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
-    from rlfarm.local.find import describe
+    from rlfarm.farm.find import describe
 
     listen = metrics_listen(metrics_port)
     farm = find_farm(redis_url)  # with the up farm, its secret too: its trainers sign their tasks with it

@@ -112,7 +112,7 @@ class Snapshot:
     memory: MemoryStatus
     workers: list[WorkerStatus]
     runs: list[RunStatus]
-    source: str | None = None  # how the farm was found (rlfarm.local.find): "--redis", "the rlfarm up farm"...
+    source: str | None = None  # how the farm was found (rlfarm.farm.find): "--redis", "the rlfarm up farm"...
 
     @property
     def processes(self) -> int:

@@ -3,6 +3,7 @@ so that repeated `rlfarm train` runs skip the start-up (as `ray start` does); `r
 
 State lives in `$RLFARM_HOME` (default `~/.cache/rlfarm`): `local-farm.json` (URL with a random
 password, the farm's RLFARM_SECRET, pids; mode 0600) and the processes' logs. Everything binds to 127.0.0.1.
+Every command finds the farm through that file (rlfarm.farm.find, which reads it: home, state_path, running).
 """
 
 from __future__ import annotations
@@ -12,56 +13,15 @@ import os
 import secrets
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
-from rlfarm.local.cluster import LocalCluster
 from rlfarm.core.signing import SECRET_ENV, secret_from_env
+from rlfarm.farm.find import alive, home, running, state_path
+from rlfarm.local.cluster import LocalCluster
 
 
 class LocalFarmError(RuntimeError):
     pass
-
-
-def home() -> Path:
-    base = os.environ.get("RLFARM_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlfarm"
-    return Path(base)
-
-
-def state_path() -> Path:
-    return home() / "local-farm.json"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie answers kill(0) too
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def running() -> dict[str, Any] | None:
-    """The local farm's state if it is up (its Redis answers and its processes live), else None."""
-    path = state_path()
-    if not path.is_file():
-        return None
-    state = json.loads(path.read_text())
-    if not all(_alive(pid) for pid in state["pids"]):
-        return None
-    import redis
-
-    from rlfarm.farm.redis_url import client
-
-    try:
-        client(state["redis_url"], socket_connect_timeout=1).ping()
-    except (redis.RedisError, OSError):
-        return None
-    return state
 
 
 def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -97,14 +57,14 @@ def down(grace: float = 10.0) -> list[int]:
     if not path.is_file():
         return []
     state = json.loads(path.read_text())
-    pids = [pid for pid in state["pids"] if _alive(pid)]
+    pids = [pid for pid in state["pids"] if alive(pid)]
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.monotonic() + grace
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling interval while they exit
     for pid in pids:
         try:

@@ -1,5 +1,5 @@
 """One farm for several trainer processes (`rlfarm train --seeds`, `rlfarm sweep`): the farm found
-(rlfarm.local.find: --redis, RLFARM_REDIS_URL, the local farm of `rlfarm up`), or else ONE embedded
+(rlfarm.farm.find: --redis, RLFARM_REDIS_URL, the local farm of `rlfarm up`), or else ONE embedded
 Redis and local workers for the whole command, stopped after it whatever happens (as the embedded
 default of a single run is, rlfarm.api.run).
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from rlfarm.core.signing import SECRET_ENV, secret_from_env
-from rlfarm.local.find import REDIS_ENV, UP_FARM, Farm, secret_mismatch
+from rlfarm.farm.find import REDIS_ENV, UP_FARM, Farm, secret_mismatch
 
 
 @contextmanager
@@ -24,7 +24,7 @@ def farm_for_trainers(farm: Farm, workers: int, log_dir: Path, name: str,
                       worker_env: dict[str, str] | None = None,
                       notify: Callable[[str], None] = print,
                       warn: Callable[[str], None] = print) -> Iterator[dict[str, str]]:
-    """Yields the environment the trainers run with. `farm`: the one found (rlfarm.local.find), or
+    """Yields the environment the trainers run with. `farm`: the one found (rlfarm.farm.find), or
     Farm(None) to start one here; `worker_env`: more variables for embedded workers (e.g. the
     allowlist of a `module:callable` env)."""
     if farm.url:

@@ -73,7 +73,7 @@ def trainers_at_once(seeds: int, parallel: int | None) -> int:
 
 def train_seeds(args: list[str], seeds: list[int], cfg: Any, base: str, seeds_dir: Path, farm: Any,
                 parallel: int, notify: Callable[[str], None]) -> tuple[dict[str, Any], Path]:
-    """`rlfarm train --seeds`, its config `cfg` checked: the farm found (rlfarm.local.find.Farm), or
+    """`rlfarm train --seeds`, its config `cfg` checked: the farm found (rlfarm.farm.find.Farm), or
     one embedded for all the seeds (rlfarm.local.shared), a trainer per seed on it (run_seeds with
     `args`), then summary.json in `seeds_dir`. Returns the summary and its path. StartFailed and
     KeyboardInterrupt propagate once every trainer and an embedded farm are stopped."""

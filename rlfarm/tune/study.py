@@ -75,7 +75,7 @@ def open_study(redis_url: str, name: str, resume: bool, pruner: Any, seed: int |
 
 
 def study_place(farm: Any, name: str) -> str:
-    """Where the study of sweep `name` lives, by the farm it is on (rlfarm.local.find.Farm; url None:
+    """Where the study of sweep `name` lives, by the farm it is on (rlfarm.farm.find.Farm; url None:
     the sweep's own embedded Redis), for the line that opens the sweep: it must name the farm the
     trials train on, not the embedded one it would have started."""
     if not farm.url:

@@ -49,7 +49,7 @@ class SweepOutcome:
 def run_sweep(name: str, sweep_dir: Path, farm: Any, cfg: Any, base: dict[str, Any], params: list[Param],
               child_args: list[str], metric: str, trials: int, parallel: int, pruner: Any, resume: bool,
               seed: int | None, notify: Callable[[str], None], view: SweepView | None = None) -> SweepOutcome:
-    """Sweep `name` on `farm` (rlfarm.local.find.Farm; url None: an embedded one for the sweep), its
+    """Sweep `name` on `farm` (rlfarm.farm.find.Farm; url None: an embedded one for the sweep), its
     trials `rlfarm train CHILD_ARGS` runs of `cfg` (made from the flat `base`) in `sweep_dir`,
     `parallel` at once. `resume`: continue the study `name` (SweepError if it is not there; a new one
     with that name is one too). SweepError and KeyboardInterrupt propagate with every trainer and an

@@ -4,7 +4,7 @@ repository's root, re-exports it for `celery -A tasks worker` and `celery -A tas
 Tasks are thin: the kwargs are an rlfarm.core.protocol.TaskSpec; rlfarm.worker.rollout checks them,
 does the work and pushes the result; the worker's Celery glue (signals, time-limit reports, lease
 renewal, hand-back on SIGTERM) is rlfarm.worker.hooks. The broker is found as every rlfarm command
-finds it (rlfarm.local.find): RLFARM_REDIS_URL, else the local farm of `rlfarm up` (with its secret,
+finds it (rlfarm.farm.find): RLFARM_REDIS_URL, else the local farm of `rlfarm up` (with its secret,
 put into RLFARM_SECRET for the pool processes), else redis://127.0.0.1:6379/0. So `celery -A tasks
 flower` and `celery -A tasks worker` on the machine of an `rlfarm up` farm find it by themselves.
 """
@@ -12,7 +12,7 @@ flower` and `celery -A tasks worker` on the machine of an `rlfarm up` farm find 
 from __future__ import annotations
 
 from rlfarm.farm.app import DEFAULT_REDIS_URL, EVAL_TASK, ROLLOUT_TASK, make_app
-from rlfarm.local.find import find_farm, use_secret
+from rlfarm.farm.find import find_farm, use_secret
 from rlfarm.worker import hooks
 
 

@@ -2,7 +2,7 @@
 `rlfarm up`, else (when a run is named) the embedded Redis of that run if it still lives.
 
 A farm is found with the secret that goes with it: the `rlfarm up` farm keeps its RLFARM_SECRET in its
-state file (rlfarm.local.farm), and its workers sign and check with it, so a trainer or worker that
+state file (written by rlfarm.local.farm, read here), and its workers sign and check with it, so a trainer or worker that
 joins it without that secret is refused by them ("task spec is not signed"). The secret comes with
 the up farm's URL however the URL was given (by itself, or in --redis / RLFARM_REDIS_URL, as a user
 who exported it for Flower gives it), and with an embedded run's `cluster.json` if it carries one.
@@ -23,6 +23,48 @@ REDIS_ENV = "RLFARM_REDIS_URL"
 GIVEN = "--redis"
 UP_FARM = "the rlfarm up farm"
 TRIED = f"no --redis, no {REDIS_ENV}, no `rlfarm up` farm"
+
+
+# The `rlfarm up` farm's state file, written by rlfarm.local.farm.up, read here.
+def home() -> Path:
+    base = os.environ.get("RLFARM_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlfarm"
+    return Path(base)
+
+
+def state_path() -> Path:
+    return home() / "local-farm.json"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie answers kill(0) too
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def running() -> dict[str, Any] | None:
+    """The local farm's state if it is up (its Redis answers and its processes live), else None."""
+    path = state_path()
+    if not path.is_file():
+        return None
+    state = json.loads(path.read_text())
+    if not all(alive(pid) for pid in state["pids"]):
+        return None
+    import redis
+
+    from rlfarm.farm.redis_url import client
+
+    try:
+        client(state["redis_url"], socket_connect_timeout=1).ping()
+    except (redis.RedisError, OSError):
+        return None
+    return state
 
 
 @dataclass(frozen=True)
@@ -65,18 +107,10 @@ def _address(url: str) -> tuple[str, int, str, str] | None:
     return host, port, db, unquote(parts.password or "")
 
 
-def _up_farm() -> dict[str, Any] | None:
-    from rlfarm.local import farm as localfarm
-
-    return localfarm.running()
-
-
 def _given(url: str, source: str) -> Farm:
     """A URL given by hand: the up farm's (then with its secret) or another farm's."""
-    from rlfarm.local import farm as localfarm
-
-    if localfarm.state_path().is_file():  # only then is there an up farm to compare with
-        up = _up_farm()
+    if state_path().is_file():  # only then is there an up farm to compare with
+        up = running()
         if up is not None and _address(url) is not None and _address(url) == _address(up["redis_url"]):
             return Farm(url, up.get("secret") or None, f"{source} ({UP_FARM})", int(up["workers"]))
     return Farm(url, None, source)
@@ -90,9 +124,7 @@ def embedded_farm(run_dir: Path) -> Farm | None:
         url, pids = state["redis_url"], state["pids"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    from rlfarm.local.farm import _alive
-
-    if not pids or not _alive(int(pids[0])):  # the first is its redis-server (LocalCluster.pids)
+    if not pids or not alive(int(pids[0])):  # the first is its redis-server (LocalCluster.pids)
         return None
     import redis
 
@@ -120,7 +152,7 @@ def find_farm(redis_url: str | None, run_dir: Path | None = None,
         return _given(redis_url, GIVEN)
     if environ.get(REDIS_ENV):
         return _given(environ[REDIS_ENV], REDIS_ENV)
-    up = _up_farm()
+    up = running()
     if up is not None:
         return Farm(up["redis_url"], up.get("secret") or None, UP_FARM, int(up["workers"]))
     if run_dir is not None:
