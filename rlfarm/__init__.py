@@ -4,7 +4,7 @@
 `rlfarm.load(path)` reads a saved policy file as a model with `predict(obs)` (rlfarm.evaluation.loaded).
 """
 
-__version__ = "0.1.0"
+from rlfarm.core.protocol import RELEASE as __version__  # low, so that workers report it without the face
 
 __all__ = ["LogStep", "LoadedPolicy", "PolicyFileError", "TrainResult", "load", "train"]
 

@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+RELEASE = "0.1.0"  # this release of rlfarm (rlfarm.__version__; setup.cfg reads it here), which workers report
+
 # The protocol version: what a task spec, a result and a run's metadata mean between a trainer and a
 # worker. Bump it with any change a worker of the other version would misread or refuse (a new field of
 # TaskSpec, Result or the run meta, a changed config key). Tasks and run metadata carry it; a worker

@@ -53,10 +53,9 @@ class VersionInfo(bootsteps.StartStopStep):
     reads anyway (no second broadcast; a worker from before it simply lacks the key)."""
 
     def info(self, worker):
-        from rlfarm import __version__
-        from rlfarm.core.protocol import PROTOCOL
+        from rlfarm.core.protocol import PROTOCOL, RELEASE
 
-        return {"rlfarm": {"version": __version__, "protocol": PROTOCOL}}
+        return {"rlfarm": {"version": RELEASE, "protocol": PROTOCOL}}
 
 
 class RolloutRequest(Request):
@@ -180,15 +179,14 @@ def _serve_metrics(node: str, slots: int, listen: str) -> None:
     from its pool, busy ones from Celery's running requests, the rest from its pool processes' counts."""
     import logging
 
-    from rlfarm import __version__
-    from rlfarm.core.protocol import PROTOCOL
+    from rlfarm.core.protocol import PROTOCOL, RELEASE
     from rlfarm.runio import exporter
 
     def values() -> dict:
         totals = _counters.totals() if _counters is not None else {}
         return {"slots": slots, "slots_busy": len(_running_tasks()), **totals}
 
-    labels = {"worker": node, "version": __version__, "protocol": str(PROTOCOL)}
+    labels = {"worker": node, "version": RELEASE, "protocol": str(PROTOCOL)}
     try:
         host, port = exporter.parse_listen(listen)
         served = exporter.serve(exporter.LiveCollector("worker", exporter.WORKER_METRICS, "worker",
