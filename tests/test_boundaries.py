@@ -1,8 +1,9 @@
 """The import rules of docs/architecture.md, checked so they keep holding:
 
+- layers only point down: every module of rlfarm imports only modules of its own layer or of lower
+  ones (`LAYERS`, lowest first, by package: rlfarm.<name>), lazy imports inside functions included;
 - the pure layers (rlfarm.config, core, envs, nn, algos) import nothing that does I/O: no Redis,
-  Celery or kombu, nothing of rlfarm.farm, trainer, observe or local, not even through what they
-  import;
+  Celery or kombu, nothing of rlfarm's I/O layers, not even through what they import;
 - the trainer side (rlfarm.trainer, api) never imports the worker side (rlfarm.worker)
   nor `tasks`, and the protocol both sides speak (rlfarm.farm) never imports rlfarm.worker;
 - `rlfarm` never imports `tasks` or `cli` (the checkout's entry point; the command is rlfarm.cli);
@@ -24,8 +25,31 @@ from rlfarm.config import ALGORITHMS
 
 from .conftest import ROOT
 
-PURE_LAYERS = ["config", "core", "envs", "nn", "algos"]
-IO_LAYERS = ["farm", "worker", "trainer", "observe", "local", "tune", "cli"]
+PURE_LAYERS = ["config", "core", "envs", "nn", "algos"]  # one layer: they compute, and import each other
+FACE = ["api", "rlfarm"]  # the package's face: rlfarm.api and the package itself (rlfarm/__init__.py)
+# Lowest first: a module imports only modules of its own layer or of a lower one.
+LAYERS = [
+    PURE_LAYERS,
+    ["runio"],  # the lowest I/O: the run directory, logs, the console's width, the Prometheus exporter
+    ["farm"],  # what the trainer and the workers both speak: Redis, Celery's app, finding the farm
+    ["worker"],  # what a worker does
+    ["evaluation"],  # evaluation's bookkeeping, playing a policy (`rlfarm eval`), rlfarm.load
+    ["observe"],  # the trainer's sinks: metrics, MLflow, video
+    ["trainer"],
+    ["local"],  # the embedded cluster, `rlfarm up`: starts workers
+    FACE,
+    ["tune"],  # seeds and sweeps: trainers as `rlfarm train` subprocesses
+    ["commands"],  # the commands' back-ends beyond mapping flags: status, watch, plot
+    ["cli"],
+]
+IO_LAYERS = [name for layer in LAYERS[1:] for name in layer if layer is not FACE]
+
+
+def _layer(module: str) -> int:
+    """The rank in LAYERS of an rlfarm module's layer (its package under rlfarm; rlfarm itself: the face)."""
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else parts[0]
+    return next(rank for rank, layer in enumerate(LAYERS) if name in layer)
 
 
 def _module_name(path) -> str:
@@ -44,6 +68,8 @@ def test_every_module_is_in_a_layer():
     loose = [m for m in MODULES if m not in ("rlfarm", "rlfarm.api")
              and m.split(".")[1] not in PURE_LAYERS + IO_LAYERS]
     assert not loose, loose
+    names = [name for layer in LAYERS for name in layer]
+    assert len(names) == len(set(names)), names  # each package in one layer
     assert all(m.count(".") <= 3 for m in MODULES), [m for m in MODULES if m.count(".") > 3]
 
 
@@ -211,6 +237,23 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     assert _cycles(_import_graph()) == []
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """The imports in `graph` of a module of a higher layer than the importer's."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets if _layer(t) > _layer(m))
+
+
+def test_layers_only_point_down():
+    """Every module imports only modules of its own layer or lower ones (LAYERS), lazy imports inside
+    functions included; imports for type checkers only (`if TYPE_CHECKING:`) do not count."""
+    assert _upward(_import_graph()) == []
+
+
+def test_the_layer_check_itself_finds_an_import_upward():
+    assert _upward({"rlfarm.farm.claim": {"rlfarm.observe.metrics", "rlfarm.runio.rundir"},
+                    "rlfarm.worker.hooks": {"rlfarm"}, "rlfarm.cli": {"rlfarm.api"}}) == [
+        "rlfarm.farm.claim -> rlfarm.observe.metrics", "rlfarm.worker.hooks -> rlfarm"]
 
 
 def test_the_cycle_check_itself_finds_a_cycle():
