@@ -115,3 +115,44 @@ def test_ci_runs_exactly_the_readmes_test_command():
 def test_the_readmes_test_command_needs_no_sudo_as_root():
     """Root in a container has no sudo: the command must not name it bare (`sudo: command not found`)."""
     assert not re.search(r"(^|&& |; )sudo ", readme_test_command())
+
+
+def _parts_table() -> dict[str, set[str]]:
+    """docs/architecture.md's parts table: {package: the module files it names} (`<name>/` stands for
+    the algorithms' packages)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("## 2. Parts", 1)[1].split("```", 2)[1]
+    parts: dict[str, set[str]] = {}
+    package = None
+    for line in block.splitlines():
+        head = re.match(r"^  (\w+)/\s", line)
+        if head:
+            package = head.group(1)
+            parts.setdefault(package, set())
+        elif not line.startswith("    "):  # back at the top (tasks/, cli.py)
+            package = None
+        if package is not None:
+            parts[package] |= set(re.findall(r"\w+\.py|<name>/", line))
+    return parts
+
+
+def test_the_architecture_parts_table_is_the_tree():
+    """Every module under rlfarm/ is named in its package's rows of the parts table, and every module
+    named there exists (issue 34: the table had fallen behind the tree)."""
+    parts = _parts_table()
+    tree: dict[str, set[str]] = {}
+    for path in (ROOT / "rlfarm").glob("*/*.py"):
+        if path.name != "__init__.py":  # a package's __init__.py may be named, need not be
+            tree.setdefault(path.parent.name, set()).add(path.name)
+    for path in (ROOT / "rlfarm" / "algos").glob("*/"):
+        if (path / "__init__.py").exists():
+            tree.setdefault("algos", set()).add("<name>/")
+    named = {package: {m for m in modules if m.endswith(".py") or m == "<name>/"} for package, modules in parts.items()}
+    missing = {p: sorted(tree[p] - named.get(p, set())) for p in tree if tree[p] - named.get(p, set())}
+    inits = {p: {"__init__.py"} if (ROOT / "rlfarm" / p / "__init__.py").exists() else set() for p in named}
+    # the <name>/ row names the files of an algorithm's package too
+    inits["algos"] = inits.get("algos", set()) | {path.name for path in (ROOT / "rlfarm" / "algos").glob("*/*.py")}
+    stale = {p: sorted(named[p] - tree.get(p, set()) - inits[p]) for p in named
+             if named[p] - tree.get(p, set()) - inits[p]}
+    assert not missing, f"modules missing from docs/architecture.md's parts table: {missing}"
+    assert not stale, f"modules named in the parts table that do not exist: {stale}"
