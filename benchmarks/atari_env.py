@@ -26,7 +26,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -40,19 +41,32 @@ def _native(env_id: str, num_envs: int) -> Any:
 
     registered = gym.registry[env_id].kwargs
     return AtariVectorEnv(
-        registered["game"], num_envs, num_threads=1, autoreset_mode="SameStep",
+        registered["game"],
+        num_envs,
+        num_threads=1,
+        autoreset_mode="SameStep",
         repeat_action_probability=float(registered.get("repeat_action_probability", 0.25)),
         full_action_space=bool(registered.get("full_action_space", False)),
         max_num_frames_per_episode=int(registered.get("max_num_frames_per_episode", 108_000)),
-        img_height=84, img_width=84, grayscale=True, stack_num=4, frameskip=4, maxpool=True, noop_max=30,
-        episodic_life=False, reward_clipping=False, use_fire_reset=False)
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        frameskip=4,
+        maxpool=True,
+        noop_max=30,
+        episodic_life=False,
+        reward_clipping=False,
+        use_fire_reset=False,
+    )
 
 
 def steppers(env_id: str, num_envs: int, actions: np.ndarray) -> dict[str, Callable[[], None]]:
     """Each variant reset with seed 0, as a function stepping it through `actions` (T, N)."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
     from rlfarm.envs import make_env
     from rlfarm.envs.ale_vector import AleVector
-    from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
     ale = AleVector(env_id, num_envs, {})
     native = _native(env_id, num_envs)
@@ -65,6 +79,7 @@ def steppers(env_id: str, num_envs: int, actions: np.ndarray) -> dict[str, Calla
         def go() -> None:
             for a in actions:
                 step(a)
+
         return go
 
     def native_step(a: np.ndarray) -> None:  # what NativeVector did around the library's step
@@ -114,7 +129,9 @@ def snapshot_costs(env_id: str, num_envs: int, steps: int, repeats: int) -> dict
     target.restore(unpacked)
     assert codec.pack(target.snapshot()) == raw  # the same state, every byte
     return {
-        "ale_bytes": float(snap["ale_state_sizes"].mean()), "raw": len(raw), "zstd": len(packed),
+        "ale_bytes": float(snap["ale_state_sizes"].mean()),
+        "raw": len(raw),
+        "zstd": len(packed),
         "snapshot_ms": median_ms(envs.snapshot, repeats),
         "pack_ms": median_ms(lambda: codec.pack(snap, compress="zstd"), repeats),
         "unpack_ms": median_ms(lambda: codec.unpack(packed), repeats),
@@ -136,8 +153,9 @@ def main() -> None:
 
     register()
     actions = np.random.default_rng(0).integers(0, 6, (args.steps, args.envs))
-    per_step = {name: 1e3 * s / args.steps for name, s in rounds(steppers(args.env, args.envs, actions),
-                                                                  args.rounds).items()}
+    per_step = {
+        name: 1e3 * s / args.steps for name, s in rounds(steppers(args.env, args.envs, actions), args.rounds).items()
+    }
     print(f"{args.envs} x {args.env}, random actions, {args.steps} steps x {args.rounds} rounds (median):")
     print(f"  {'vector env':<12} {'ms/step':>8} {'vs AleVector':>13} {'vs chain':>9}")
     for name, ms in per_step.items():
@@ -145,16 +163,22 @@ def main() -> None:
     print("  (vs AleVector: time relative to AleVector's; vs chain: speed relative to the wrapper chain's)")
 
     print(f"\nsnapshot of {args.envs} sub-envs after 300 random steps (median of {args.repeats}):")
-    header = (f"  {'env':<20} {'ALE state':>10} {'msgpack':>9} {'zstd':>8} {'ratio':>6} {'snapshot':>9} "
-              f"{'pack zstd':>10} {'unpack':>7} {'restore':>8} {'fresh env':>10}")
+    header = (
+        f"  {'env':<20} {'ALE state':>10} {'msgpack':>9} {'zstd':>8} {'ratio':>6} {'snapshot':>9} "
+        f"{'pack zstd':>10} {'unpack':>7} {'restore':>8} {'fresh env':>10}"
+    )
     print(header)
     for env_id in (args.env, "ALE/Pong-v5"):
         c = snapshot_costs(env_id, args.envs, 300, args.repeats)
-        print(f"  {env_id:<20} {c['ale_bytes'] / 1e3:8.1f}KB {c['raw'] / 1e3:7.1f}KB {c['zstd'] / 1e3:6.1f}KB "
-              f"{c['raw'] / c['zstd']:5.1f}x {c['snapshot_ms']:7.2f}ms {c['pack_ms']:8.2f}ms {c['unpack_ms']:5.2f}ms "
-              f"{c['restore_ms']:6.2f}ms {c['fresh_ms']:8.0f}ms")
-    print("  (ALE state: one sub-env's serialized ALEState with its RNG; msgpack: codec.pack raw; zstd:\n"
-          "   codec.pack(compress='zstd'), what would be stored; fresh env: making an AleVector to restore into)")
+        print(
+            f"  {env_id:<20} {c['ale_bytes'] / 1e3:8.1f}KB {c['raw'] / 1e3:7.1f}KB {c['zstd'] / 1e3:6.1f}KB "
+            f"{c['raw'] / c['zstd']:5.1f}x {c['snapshot_ms']:7.2f}ms {c['pack_ms']:8.2f}ms {c['unpack_ms']:5.2f}ms "
+            f"{c['restore_ms']:6.2f}ms {c['fresh_ms']:8.0f}ms"
+        )
+    print(
+        "  (ALE state: one sub-env's serialized ALEState with its RNG; msgpack: codec.pack raw; zstd:\n"
+        "   codec.pack(compress='zstd'), what would be stored; fresh env: making an AleVector to restore into)"
+    )
 
 
 if __name__ == "__main__":

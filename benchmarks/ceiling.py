@@ -61,9 +61,11 @@ def main() -> None:
     from rlfarm.local.cluster import LocalCluster
 
     print(fs.header("The ceiling (benchmarks/ceiling.py): CartPole-v1, 1 env x 1 step per task"))
-    print(f"{'W':>3} {'nodes':>5} {'flight':>6} {'tasks/s':>8} | cores: {'trainer':>7} {'redis':>6} "
-          f"{'celery':>6} {'pool':>6} {'sum':>5} | CPU ms/task: {'trainer':>7} {'redis':>6} {'celery':>6} "
-          f"{'pool':>6} | 1/trainer 1/redis tasks/s | {'load 1/5/15':>14}")
+    print(
+        f"{'W':>3} {'nodes':>5} {'flight':>6} {'tasks/s':>8} | cores: {'trainer':>7} {'redis':>6} "
+        f"{'celery':>6} {'pool':>6} {'sum':>5} | CPU ms/task: {'trainer':>7} {'redis':>6} {'celery':>6} "
+        f"{'pool':>6} | 1/trainer 1/redis tasks/s | {'load 1/5/15':>14}"
+    )
     with LocalCluster(workers=0, name="rlfarm-ceiling", extra_env=fs.worker_env()) as cluster:
         farm = fs.Farm(cluster, RUN, "CartPole-v1", args.per_node)
         for w in args.workers:
@@ -71,12 +73,14 @@ def main() -> None:
             tasks, wall, cpu = measure(farm, args.in_flight * w, args.seconds)
             cores = {k: v / wall for k, v in cpu.items()}
             per = {k: 1e3 * v / tasks for k, v in cpu.items()}
-            print(f"{w:>3} {len(farm.nodes):>5} {args.in_flight * w:>6} {tasks / wall:>8.0f} |        "
-                  f"{cores['trainer']:>7.2f} {cores['redis']:>6.2f} {cores['celery']:>6.2f} "
-                  f"{cores['pool']:>6.2f} {sum(cores.values()):>5.2f} |              {per['trainer']:>7.3f} "
-                  f"{per['redis']:>6.3f} {per['celery']:>6.3f} {per['pool']:>6.3f} | "
-                  f"{1e3 / per['trainer']:>9.0f} {1e3 / per['redis']:>7.0f}       | {fs.loadavg():>14}",
-                  flush=True)
+            print(
+                f"{w:>3} {len(farm.nodes):>5} {args.in_flight * w:>6} {tasks / wall:>8.0f} |        "
+                f"{cores['trainer']:>7.2f} {cores['redis']:>6.2f} {cores['celery']:>6.2f} "
+                f"{cores['pool']:>6.2f} {sum(cores.values()):>5.2f} |              {per['trainer']:>7.3f} "
+                f"{per['redis']:>6.3f} {per['celery']:>6.3f} {per['pool']:>6.3f} | "
+                f"{1e3 / per['trainer']:>9.0f} {1e3 / per['redis']:>7.0f}       | {fs.loadavg():>14}",
+                flush=True,
+            )
     print(f"\nload average at the end: {fs.loadavg()}")
 
 

@@ -29,12 +29,35 @@ sys.path.insert(0, str(ROOT))
 from rlfarm.farm.app import make_app  # noqa: E402
 from rlfarm.local.cluster import LocalCluster  # noqa: E402
 
-ENV = {"PYTHONPATH": str(ROOT), "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs",
-       "RLFARM_REDIS_OUTAGE_TIMEOUT": "300"}  # workers wait out the restart, as on a real farm
-ARGS = ["--preset", "cartpole-dqn", "--mode", "async", "--env", "tests.tiny_envs:slow",
-        "--set", "env.num_envs=1", "--set", "farm.steps_per_env=250", "--set", "policy.hidden_sizes=[16]",
-        "--set", "dqn.learning_starts=256", "--set", "dqn.replay_ratio=0.1", "--set", "eval.interval=0",
-        "--set", "target_return=inf", "--set", "farm.lease_seconds=3"]
+ENV = {
+    "PYTHONPATH": str(ROOT),
+    "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs",
+    "RLFARM_REDIS_OUTAGE_TIMEOUT": "300",
+}  # workers wait out the restart, as on a real farm
+ARGS = [
+    "--preset",
+    "cartpole-dqn",
+    "--mode",
+    "async",
+    "--env",
+    "tests.tiny_envs:slow",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.steps_per_env=250",
+    "--set",
+    "policy.hidden_sizes=[16]",
+    "--set",
+    "dqn.learning_starts=256",
+    "--set",
+    "dqn.replay_ratio=0.1",
+    "--set",
+    "eval.interval=0",
+    "--set",
+    "target_return=inf",
+    "--set",
+    "farm.lease_seconds=3",
+]
 
 
 def pool_pids(url: str) -> list[int]:
@@ -48,16 +71,37 @@ def pool_pids(url: str) -> list[int]:
 
 def run(steps: int, chaos: bool, seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = LocalCluster(workers=0, name=f"rlfarm-chaos-{os.getpid()}", log_dir=Path(tmp), extra_env=ENV,
-                               redis_args=["--appendonly", "yes", "--appendfsync", "always"])
+        cluster = LocalCluster(
+            workers=0,
+            name=f"rlfarm-chaos-{os.getpid()}",
+            log_dir=Path(tmp),
+            extra_env=ENV,
+            redis_args=["--appendonly", "yes", "--appendfsync", "always"],
+        )
         cluster.start()
         try:
             cluster.add_worker(1, command=[sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING"])
             cluster.add_worker(1)
-            proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", "--redis", cluster.redis_url,
-                                     "--run-id", "chaos", "--logdir", tmp, "--total-steps", str(steps), *ARGS],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                    env={**os.environ, **ENV})
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "cli.py"),
+                    "train",
+                    "--redis",
+                    cluster.redis_url,
+                    "--run-id",
+                    "chaos",
+                    "--logdir",
+                    tmp,
+                    "--total-steps",
+                    str(steps),
+                    *ARGS,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, **ENV},
+            )
             kills, rng, started, restarted = 0, random.Random(seed), time.monotonic(), False
             while chaos and proc.poll() is None:
                 time.sleep(10)
@@ -89,12 +133,16 @@ def main() -> None:
     clean = run(args.steps, chaos=False)
     chaos = run(args.steps, chaos=True)
     print(f"cores: {os.cpu_count()}, env steps per run: {args.steps}")
-    print(f"{'run':<12} {'SPS':>8} {'wall s':>8} {'kills':>6} {'redispatched':>13} {'duplicates':>11} "
-          f"{'unique ids == accepted':>23}")
+    print(
+        f"{'run':<12} {'SPS':>8} {'wall s':>8} {'kills':>6} {'redispatched':>13} {'duplicates':>11} "
+        f"{'unique ids == accepted':>23}"
+    )
     for name, s in (("fault-free", clean), ("chaos", chaos)):
         ids = s["accepted_task_ids"]
-        print(f"{name:<12} {s['env_steps'] / s['wall_seconds']:>8.0f} {s['wall_seconds']:>8.1f} {s['kills']:>6} "
-              f"{s['redispatched']:>13} {s['duplicates']:>11} {str(len(ids) == len(set(ids))):>23}")
+        print(
+            f"{name:<12} {s['env_steps'] / s['wall_seconds']:>8.0f} {s['wall_seconds']:>8.1f} {s['kills']:>6} "
+            f"{s['redispatched']:>13} {s['duplicates']:>11} {str(len(ids) == len(set(ids))):>23}"
+        )
     print(f"chaos faults: {chaos['faults']}")
     ratio = (chaos["env_steps"] / chaos["wall_seconds"]) / (clean["env_steps"] / clean["wall_seconds"])
     print(f"throughput under chaos / fault-free: {ratio:.2f}")

@@ -25,8 +25,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -59,8 +59,8 @@ def rounds(variants: dict[str, Callable[[], None]], repeats: int, n_rounds: int 
 def flops_per_obs() -> tuple[float, float]:
     import torch
 
-    from rlfarm.config import PolicyConfig
     from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.config import PolicyConfig
 
     return layer_flops(ActorCritic(spec(), PolicyConfig()), torch.zeros((1, 4, 84, 84), dtype=torch.uint8))
 
@@ -69,8 +69,8 @@ def learner_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]
     import torch
     from torch import nn
 
-    from rlfarm.config import PolicyConfig
     from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.config import PolicyConfig
     from rlfarm.nn.layers import pixel_layout, place
 
     frames = torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8)
@@ -78,9 +78,18 @@ def learner_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]
 
     def plain(channels_last: bool):
         torch.manual_seed(0)
-        net = nn.Sequential(nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
-                            nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
-                            nn.Linear(512, 7))
+        net = nn.Sequential(
+            nn.Conv2d(4, 32, 8, 4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, 2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(3136, 512),
+            nn.ReLU(),
+            nn.Linear(512, 7),
+        )
         if channels_last:
             net = net.to(memory_format=torch.channels_last)
         opt = torch.optim.Adam(net.parameters(), fused=True)
@@ -94,6 +103,7 @@ def learner_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]
             opt.zero_grad()
             loss.backward()
             opt.step()
+
         return step
 
     def shipped(compiled: bool):
@@ -109,6 +119,7 @@ def learner_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]
             opt.zero_grad()
             loss.backward()
             opt.step()
+
         return step
 
     variants = {"nchw": plain(False), "channels_last": plain(True), "rlfarm": shipped(False)}
@@ -123,8 +134,8 @@ def learner_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]
 def actor_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]]:
     import torch
 
-    from rlfarm.config import PolicyConfig
     from rlfarm.algos.ppo.policies import ActorCritic, OnnxPolicyActor, TorchPolicyActor, _Heads
+    from rlfarm.config import PolicyConfig
     from rlfarm.nn.actors import onnx_graph
 
     torch.manual_seed(0)
@@ -145,8 +156,11 @@ def actor_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]]:
         with torch.inference_mode():
             cl_net._heads(frames)
 
-    variants = {"torch no_grad (rlfarm before)": no_grad, "torch inference_mode": inference,
-                "torch channels_last": channels_last}
+    variants = {
+        "torch no_grad (rlfarm before)": no_grad,
+        "torch inference_mode": inference,
+        "torch channels_last": channels_last,
+    }
     if compile_:
         compiled = torch.compile(net._heads)
         t = time.perf_counter()
@@ -157,13 +171,14 @@ def actor_variants(batch: int, compile_: bool) -> dict[str, Callable[[], None]]:
         def compiled_step() -> None:
             with torch.inference_mode():
                 compiled(frames)
+
         variants["torch.compile"] = compiled_step
     graph = onnx_graph(net, _Heads(net), spec())
     if graph is not None:
         onnx_actor = OnnxPolicyActor(net, graph)
         variants["ONNX Runtime (rlfarm)"] = lambda: onnx_actor._outputs(obs)
     else:
-        print("  ONNX Runtime: not installed (pip install -e \".[atari]\")")
+        print('  ONNX Runtime: not installed (pip install -e ".[atari]")')
     return variants
 
 
@@ -178,25 +193,33 @@ def main() -> None:
     fwd, first = flops_per_obs()
     fwd_bwd = 3 * fwd - first
     cores = os.cpu_count() or 1
-    print(f"Nature CNN: {fwd / 1e6:.1f} MFLOP forward, {fwd_bwd / 1e6:.1f} forward+backward per frame; "
-          f"{cores} cores, torch {torch.__version__}")
+    print(
+        f"Nature CNN: {fwd / 1e6:.1f} MFLOP forward, {fwd_bwd / 1e6:.1f} forward+backward per frame; "
+        f"{cores} cores, torch {torch.__version__}"
+    )
     for threads in sorted({1, cores}):
         peak = matmul_gflops(threads)  # also sets torch's threads
         print(f"learner, {threads} thread(s), minibatch {args.batch} (attainable {peak:.0f} GFLOP/s):")
-        report(rounds(learner_variants(args.batch, not args.no_compile), repeats=3), "nchw", args.batch,
-               fwd_bwd, peak)
+        report(rounds(learner_variants(args.batch, not args.no_compile), repeats=3), "nchw", args.batch, fwd_bwd, peak)
     peak = matmul_gflops(1)
     print(f"actor, 1 thread, {args.act_batch} frames a step (attainable {peak:.0f} GFLOP/s):")
-    report(rounds(actor_variants(args.act_batch, not args.no_compile), repeats=40),
-           "torch no_grad (rlfarm before)", args.act_batch, fwd, peak)
+    report(
+        rounds(actor_variants(args.act_batch, not args.no_compile), repeats=40),
+        "torch no_grad (rlfarm before)",
+        args.act_batch,
+        fwd,
+        peak,
+    )
 
 
 def report(results: dict[str, float], base: str, frames: int, flops_per_frame: float, peak: float) -> None:
     """One line per variant: time per call, frames/s, GFLOP/s, its share of `peak`, speed-up over `base`."""
     for name, seconds in results.items():
         rate = frames * flops_per_frame / seconds / 1e9
-        print(f"  {name:<30} {seconds * 1e3:7.2f} ms  {frames / seconds:6.0f} frames/s  {rate:5.1f} GFLOP/s = "
-              f"{rate / peak:.2f} of attainable  {results[base] / seconds:.2f}x {base}")
+        print(
+            f"  {name:<30} {seconds * 1e3:7.2f} ms  {frames / seconds:6.0f} frames/s  {rate:5.1f} GFLOP/s = "
+            f"{rate / peak:.2f} of attainable  {results[base] / seconds:.2f}x {base}"
+        )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def rolling(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return steps[:0], wall[:0], returns[:0]
     # Rounded so equal means compare equal (the best is the first time it was reached, not a rounding's).
     means = np.round(np.convolve(returns, np.ones(WINDOW) / WINDOW, mode="valid"), 9)
-    return steps[WINDOW - 1:], wall[WINDOW - 1:], means
+    return steps[WINDOW - 1 :], wall[WINDOW - 1 :], means
 
 
 def describe(run_dir: Path, target: float | None, minutes: float = 60.0) -> dict:
@@ -48,8 +48,14 @@ def describe(run_dir: Path, target: float | None, minutes: float = 60.0) -> dict
     config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
     target = target if target is not None else config.get("target_return")
     steps, wall, means = rolling(run_dir)
-    row = {"run": run_dir.name, "seed": config.get("seed"), "target": target, "episodes": len(means) + WINDOW - 1,
-           "stopped_steps": summary.get("env_steps"), "stopped_min": (summary.get("wall_seconds") or 0) / 60}
+    row = {
+        "run": run_dir.name,
+        "seed": config.get("seed"),
+        "target": target,
+        "episodes": len(means) + WINDOW - 1,
+        "stopped_steps": summary.get("env_steps"),
+        "stopped_min": (summary.get("wall_seconds") or 0) / 60,
+    }
     if not summary and len(steps):  # interrupted: it stopped at its last episode, as far as a curve can tell
         row.update(stopped_steps=int(steps[-1]), stopped_min=wall[-1] / 60)
     before = np.flatnonzero(wall <= minutes * 60)
@@ -68,10 +74,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run directories (default: all under benchmarks/results)")
     parser.add_argument("--target", type=float, help="the return to reach (default: the run's target_return)")
-    parser.add_argument("--minutes", type=float, default=60.0,
-                        help="the wall-clock mark at which to read the mean of the last 20 (default: 60)")
-    parser.add_argument("--save", nargs=2, type=Path, metavar=("RUN_DIR", "DEST"),
-                        help="copy a run directory's curve files into DEST (e.g. benchmarks/results/NAME)")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=60.0,
+        help="the wall-clock mark at which to read the mean of the last 20 (default: 60)",
+    )
+    parser.add_argument(
+        "--save",
+        nargs=2,
+        type=Path,
+        metavar=("RUN_DIR", "DEST"),
+        help="copy a run directory's curve files into DEST (e.g. benchmarks/results/NAME)",
+    )
     args = parser.parse_args()
     if args.save:
         source, dest = args.save
@@ -83,16 +98,23 @@ def main() -> None:
         return
     runs = args.runs or sorted(p for p in RESULTS.iterdir() if (p / "episodes.csv").exists())
     mark = f"at {args.minutes:g} min"
-    print(f"{'run':<24} {'seed':>4} {'target':>6} {'reached at':>13} {'wall min':>9} {mark:>10} {'at steps':>10} "
-          f"{'best of 20':>10} {'at steps':>10} {'stopped at':>11} {'wall min':>9}")
+    print(
+        f"{'run':<24} {'seed':>4} {'target':>6} {'reached at':>13} {'wall min':>9} {mark:>10} {'at steps':>10} "
+        f"{'best of 20':>10} {'at steps':>10} {'stopped at':>11} {'wall min':>9}"
+    )
     for run_dir in runs:
         r = describe(run_dir, args.target, args.minutes)
-        reached = (f"{r['reached_steps']:>13,} {r['reached_min']:>9.1f}" if "reached_steps" in r
-                   else f"{'not reached':>13} {'-':>9}")
+        reached = (
+            f"{r['reached_steps']:>13,} {r['reached_min']:>9.1f}"
+            if "reached_steps" in r
+            else f"{'not reached':>13} {'-':>9}"
+        )
         best = f"{r['best']:>10.1f} {r['best_steps']:>10,}" if "best" in r else f"{'-':>10} {'-':>10}"
         at_mark = f"{r['at_mark']:>10.1f} {r['at_mark_steps']:>10,}" if "at_mark" in r else f"{'-':>10} {'-':>10}"
-        print(f"{r['run']:<24} {r['seed'] or '-':>4} {r['target'] if r['target'] is not None else '-':>6} "
-              f"{reached} {at_mark} {best} {r['stopped_steps'] or 0:>11,} {r['stopped_min']:>9.1f}")
+        print(
+            f"{r['run']:<24} {r['seed'] or '-':>4} {r['target'] if r['target'] is not None else '-':>6} "
+            f"{reached} {at_mark} {best} {r['stopped_steps'] or 0:>11,} {r['stopped_min']:>9.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import redis
@@ -40,13 +41,23 @@ class RedisSample:
     calls: dict[str, int]  # commandstats: calls per command
     usec: dict[str, int]  # commandstats: microseconds inside each command
 
-    def minus(self, before: "RedisSample") -> "RedisSample":
-        return RedisSample(self.cpu - before.cpu, self.net_in - before.net_in, self.net_out - before.net_out,
-                           _add(self.calls, before.calls, -1), _add(self.usec, before.usec, -1))
+    def minus(self, before: RedisSample) -> RedisSample:
+        return RedisSample(
+            self.cpu - before.cpu,
+            self.net_in - before.net_in,
+            self.net_out - before.net_out,
+            _add(self.calls, before.calls, -1),
+            _add(self.usec, before.usec, -1),
+        )
 
-    def plus(self, other: "RedisSample") -> "RedisSample":
-        return RedisSample(self.cpu + other.cpu, self.net_in + other.net_in, self.net_out + other.net_out,
-                           _add(self.calls, other.calls), _add(self.usec, other.usec))
+    def plus(self, other: RedisSample) -> RedisSample:
+        return RedisSample(
+            self.cpu + other.cpu,
+            self.net_in + other.net_in,
+            self.net_out + other.net_out,
+            _add(self.calls, other.calls),
+            _add(self.usec, other.usec),
+        )
 
 
 def _add(a: dict[str, int], b: dict[str, int], sign: int = 1) -> dict[str, int]:
@@ -61,8 +72,13 @@ def redis_sample(client: redis.Redis) -> RedisSample:
         if key.startswith("cmdstat_") and key != "cmdstat_info":  # our own INFO calls are not the farm's
             calls[key[8:]] = int(value["calls"])
             usec[key[8:]] = int(value["usec"])
-    return RedisSample(float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
-                       int(info["total_net_input_bytes"]), int(info["total_net_output_bytes"]), calls, usec)
+    return RedisSample(
+        float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
+        int(info["total_net_input_bytes"]),
+        int(info["total_net_output_bytes"]),
+        calls,
+        usec,
+    )
 
 
 class RoundTrips:
@@ -173,13 +189,12 @@ def make_run(client: redis.Redis, run: str, env_id: str, num_envs: int, compress
     import torch
 
     from rlfarm import config as C
-    from rlfarm.envs import describe
     from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.envs import describe
     from rlfarm.farm.store import PolicyStore
 
     torch.set_num_threads(1)
-    cfg = C.build(None, [f"run_id={run}", f"env.id={env_id}", f"env.num_envs={num_envs}",
-                         f"farm.compress={compress}"])
+    cfg = C.build(None, [f"run_id={run}", f"env.id={env_id}", f"env.num_envs={num_envs}", f"farm.compress={compress}"])
     space = describe(env_id, C.to_dict(cfg)["env"])
     store = PolicyStore(client, run)
     store.set_run_meta({"config": C.to_dict(cfg), "space": space.to_dict()})
@@ -249,8 +264,10 @@ class Farm:
         """A SYNC group, sent as TaskChannel.gather_group sends it (submit_many where this checkout
         has it, else one submit after another); each task's `sent` is when the group's sending began."""
         now = time.time()
-        specs = [{"iteration": self.task + i, "index": 0, "version": version, "steps": steps, "seed": 1}
-                 for i in range(count)]
+        specs = [
+            {"iteration": self.task + i, "index": 0, "version": version, "steps": steps, "seed": 1}
+            for i in range(count)
+        ]
         for i in range(count):
             sent[self.task + i] = now
         if hasattr(self.d, "submit_many"):
@@ -268,8 +285,7 @@ class Farm:
 
     def cpu(self) -> dict[str, float]:
         main, pool = node_cpu([p.pid for p in self.cluster.worker_procs])
-        return {"trainer": time.process_time(), "redis": redis_sample(self.client).cpu,
-                "celery": main, "pool": pool}
+        return {"trainer": time.process_time(), "redis": redis_sample(self.client).cpu, "celery": main, "pool": pool}
 
 
 @dataclass
@@ -303,15 +319,13 @@ def mean(xs: list[float]) -> float:
 
 
 def header(title: str) -> str:
-    return (f"{title}\ncores: {os.cpu_count()}  load average (1/5/15 min): {loadavg()}  "
-            f"rlfarm: {CODE_ROOT}")
+    return f"{title}\ncores: {os.cpu_count()}  load average (1/5/15 min): {loadavg()}  rlfarm: {CODE_ROOT}"
 
 
 def dump(path: str | None, data: Any) -> None:
     """Raw figures as JSON, for a comparison run to read back."""
     if path:
         Path(path).write_text(json.dumps(data, indent=1, default=float))
-
 
 
 def run_before(root: str, script: str, argv: list[str]) -> None:

@@ -37,12 +37,19 @@ def synthetic_rollout(spec, steps: int, envs: int, rng: np.random.Generator):
     else:
         obs = rng.standard_normal((steps, envs, *spec.obs_shape)).astype(np.float32)
     z = np.zeros((steps, envs), np.float32)
-    return Rollout(obs=obs, actions=rng.integers(0, spec.action_dim, (steps, envs)),
-                   logprobs=np.full((steps, envs), -np.log(spec.action_dim), np.float32), values=z.copy(),
-                   rewards=rng.choice([-1.0, 0.0, 1.0], (steps, envs)).astype(np.float32),
-                   dones=rng.random((steps, envs)) < 0.001, final_values=z.copy(),
-                   last_values=np.zeros(envs, np.float32), episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64),
-                   last_obs=obs[-1].copy())
+    return Rollout(
+        obs=obs,
+        actions=rng.integers(0, spec.action_dim, (steps, envs)),
+        logprobs=np.full((steps, envs), -np.log(spec.action_dim), np.float32),
+        values=z.copy(),
+        rewards=rng.choice([-1.0, 0.0, 1.0], (steps, envs)).astype(np.float32),
+        dones=rng.random((steps, envs)) < 0.001,
+        final_values=z.copy(),
+        last_values=np.zeros(envs, np.float32),
+        episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0, np.int64),
+        last_obs=obs[-1].copy(),
+    )
 
 
 def bench(preset: str, mode: str, overrides: list[str], device_name: str, batches: int) -> tuple[int, float, float]:
@@ -123,8 +130,10 @@ def main() -> None:
     for name, (preset, mode, overrides) in CASES.items():
         for device in args.device:
             samples, seconds, rate = bench(preset, mode, overrides, device, args.batches)
-            print(f"{name:<50} {device:>6} {samples:>6} {seconds:>9.3f} {samples / seconds:>12.0f} {rate:>10.0f}",
-                  flush=True)
+            print(
+                f"{name:<50} {device:>6} {samples:>6} {seconds:>9.3f} {samples / seconds:>12.0f} {rate:>10.0f}",
+                flush=True,
+            )
     print("env steps/s: the rate at which the learner consumes results; samples/s counts every epoch")
 
 

@@ -55,8 +55,10 @@ def trial(url: str, run: str, n: int, versions: int, share: str, tag: str) -> di
 
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=act_with_each_version,
-                         args=(url, run, f"{tag}-{n}", versions, share, barrier, queue)) for _ in range(n)]
+    procs = [
+        ctx.Process(target=act_with_each_version, args=(url, run, f"{tag}-{n}", versions, share, barrier, queue))
+        for _ in range(n)
+    ]
     client = redis.Redis.from_url(url)
     for p in procs:
         p.start()
@@ -68,10 +70,12 @@ def trial(url: str, run: str, n: int, versions: int, share: str, tag: str) -> di
     for p in procs:
         p.join()
     per_version = list(zip(*[times for times, _ in results]))  # [version][process]
-    return {"bytes_per_version": (after - before) / versions,
-            "fetches": sum(f for _, f in results),
-            "all_acting_ms": statistics.median(max(v) for v in per_version) * 1000,
-            "one_process_ms": statistics.median(t for v in per_version for t in v) * 1000}
+    return {
+        "bytes_per_version": (after - before) / versions,
+        "fetches": sum(f for _, f in results),
+        "all_acting_ms": statistics.median(max(v) for v in per_version) * 1000,
+        "one_process_ms": statistics.median(t for v in per_version for t in v) * 1000,
+    }
 
 
 def main() -> None:
@@ -92,12 +96,15 @@ def main() -> None:
     run = "fanout"
     cfg = C.build("pong", [f"run_id={run}"])
     from rlfarm.core import codec
+
     try:
         space = describe(cfg.env.id, C.to_dict(cfg)["env"])
     except EnvError as exc:
         sys.exit(f"policy_fanout.py needs Pong's spaces: {exc}")
-    with tempfile.TemporaryDirectory() as tmp, \
-            LocalCluster(workers=0, name="rlfarm-bench-fanout", log_dir=Path(tmp)) as cluster:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(workers=0, name="rlfarm-bench-fanout", log_dir=Path(tmp)) as cluster,
+    ):
         network = ActorCritic(space, cfg.policy)
         sizes = {}
         for name, dtype in ((run, "float32"), (run + "16", "float16")):  # farm.policy_dtype
@@ -108,27 +115,38 @@ def main() -> None:
                     for p in network.parameters():
                         p.add_(0.001)
                 sizes[dtype] = len(store.publish(v, codec.wire_state(network.state_dict(), dtype), "ppo"))
-        print(f"policy_fanout: Pong's network, {sizes['float32'] / 1e6:.2f} MB a version "
-              f"({sizes['float16'] / 1e6:.2f} MB in float16), {args.versions} versions, {os.cpu_count()} "
-              f"cores; processes act with each version together")
-        print(f"{'processes':>9}  {'mode':<22} {'Redis MB/version':>16} {'fetches':>8} "
-              f"{'all acting (ms)':>16} {'one process (ms)':>17}")
+        print(
+            f"policy_fanout: Pong's network, {sizes['float32'] / 1e6:.2f} MB a version "
+            f"({sizes['float16'] / 1e6:.2f} MB in float16), {args.versions} versions, {os.cpu_count()} "
+            f"cores; processes act with each version together"
+        )
+        print(
+            f"{'processes':>9}  {'mode':<22} {'Redis MB/version':>16} {'fetches':>8} "
+            f"{'all acting (ms)':>16} {'one process (ms)':>17}"
+        )
         rows = {}
-        modes = (("per process (before)", "off", run), ("per machine (after)", "", run),
-                 ("per machine, float16", "", run + "16"))
+        modes = (
+            ("per process (before)", "off", run),
+            ("per machine (after)", "", run),
+            ("per machine, float16", "", run + "16"),
+        )
         for n in args.processes:
             for mode, share, name in modes:  # "": the default directory (/dev/shm where it has room)
                 r = trial(cluster.redis_url, name, n, args.versions, share, mode.split()[1].strip(","))
                 rows[(n, mode)] = r
-                print(f"{n:>9}  {mode:<22} {r['bytes_per_version'] / 1e6:>16.2f} {r['fetches']:>8} "
-                      f"{r['all_acting_ms']:>16.0f} {r['one_process_ms']:>17.0f}")
+                print(
+                    f"{n:>9}  {mode:<22} {r['bytes_per_version'] / 1e6:>16.2f} {r['fetches']:>8} "
+                    f"{r['all_acting_ms']:>16.0f} {r['one_process_ms']:>17.0f}"
+                )
         for n in args.processes:
             before = rows[(n, "per process (before)")]
             for mode in ("per machine (after)", "per machine, float16"):
                 after = rows[(n, mode)]
-                print(f"{n:>2} processes, {mode}: Redis bytes per version / before = "
-                      f"{after['bytes_per_version'] / before['bytes_per_version']:.3f}, time until all act "
-                      f"/ before = {after['all_acting_ms'] / before['all_acting_ms']:.2f}")
+                print(
+                    f"{n:>2} processes, {mode}: Redis bytes per version / before = "
+                    f"{after['bytes_per_version'] / before['bytes_per_version']:.3f}, time until all act "
+                    f"/ before = {after['all_acting_ms'] / before['all_acting_ms']:.2f}"
+                )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def matmul_gflops(threads: int, size: int = 2048, rounds: int = 7) -> float:
         t = time.perf_counter()
         for _ in range(3):
             a @ b
-        rates.append(3 * 2 * size ** 3 / (time.perf_counter() - t) / 1e9)
+        rates.append(3 * 2 * size**3 / (time.perf_counter() - t) / 1e9)
     return statistics.median(rates)
 
 
@@ -98,8 +98,8 @@ def learner_update_seconds(cfg, spec, threads: int, updates: int = 8) -> float:
     """Seconds the learner takes per update's worth of results (SYNC: a group; APPO: results_per_update
     results, whatever its circular buffer makes of them), after as many for warm-up."""
     import torch
-
     from learner import synthetic_rollout
+
     from rlfarm.algos import learner
 
     torch.set_num_threads(threads)
@@ -145,11 +145,26 @@ def actor_step_seconds(cfg, spec, num_envs: int, steps: int = 200) -> tuple[floa
 def rlfarm_sps(preset: str, seconds: float, warmup: float, extra: list[str]) -> tuple[float, dict]:
     """Env steps/s of `rlfarm train --preset PRESET` over `seconds` after `warmup` seconds of its loop."""
     with tempfile.TemporaryDirectory() as logdir:
-        cmd = [sys.executable, "-m", "cli", "train", "--preset", preset, "--total-steps", str(10 ** 9),
-               "--target-return", "100",  # (never reached: the run is measured, not stopped)
-               "--logdir", logdir, "--run-id", "bench", *extra]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "cli",
+            "train",
+            "--preset",
+            preset,
+            "--total-steps",
+            str(10**9),
+            "--target-return",
+            "100",  # (never reached: the run is measured, not stopped)
+            "--logdir",
+            logdir,
+            "--run-id",
+            "bench",
+            *extra,
+        ]
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         progress = Path(logdir) / "bench" / "progress.csv"
         try:
             deadline = time.monotonic() + 600
@@ -172,20 +187,20 @@ def rlfarm_sps(preset: str, seconds: float, warmup: float, extra: list[str]) -> 
         window = [r for r in rows if float(r["wall_time"]) >= warmup]
         first, last = window[0], window[-1]
         sps = (float(last["global_step"]) - float(first["global_step"])) / (
-            float(last["wall_time"]) - float(first["wall_time"]))
+            float(last["wall_time"]) - float(first["wall_time"])
+        )
         return sps, last
 
 
 def sb3_sps(seconds: float, warmup: float) -> float:
     """Env steps/s of SB3 PPO (zoo Atari settings) over `seconds` after `warmup` seconds of learning."""
+    import ale_py
     import gymnasium as gym
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.vec_env import VecFrameStack
-
-    import ale_py
 
     gym.register_envs(ale_py)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -206,9 +221,21 @@ def sb3_sps(seconds: float, warmup: float) -> float:
         def _on_step(self) -> bool:
             return time.perf_counter() - self.start < warmup + seconds
 
-    model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=linear(2.5e-4),
-                clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, verbose=0, seed=0, device="cpu")
-    model.learn(total_timesteps=10 ** 8, callback=Clock())
+    model = PPO(
+        "CnnPolicy",
+        env,
+        n_steps=128,
+        n_epochs=4,
+        batch_size=256,
+        learning_rate=linear(2.5e-4),
+        clip_range=linear(0.1),
+        vf_coef=0.5,
+        ent_coef=0.01,
+        verbose=0,
+        seed=0,
+        device="cpu",
+    )
+    model.learn(total_timesteps=10**8, callback=Clock())
     window = [m for m in marks if m[0] >= warmup]
     if len(window) < 2:  # a run too short for two rollouts after the warm-up
         window = marks[-2:]
@@ -218,20 +245,33 @@ def sb3_sps(seconds: float, warmup: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", dest="presets", action="append", default=[],
-                        help="rlfarm's preset (repeatable: each is measured; default pong)")
+    parser.add_argument(
+        "--preset",
+        dest="presets",
+        action="append",
+        default=[],
+        help="rlfarm's preset (repeatable: each is measured; default pong)",
+    )
     parser.add_argument("--seconds", type=float, default=240, help="measured seconds of each side's training")
     parser.add_argument("--warmup", type=float, default=30, help="seconds of each side's training not measured")
     parser.add_argument("--skip-sb3", action="store_true", help="rlfarm only")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for the rlfarm run (e.g. ppo.update_epochs=2)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for the rlfarm run (e.g. ppo.update_epochs=2)",
+    )
     parser.add_argument("--workers", type=int, help="rlfarm's local worker processes (default: the preset's choice)")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
 
     peak1, peakn = matmul_gflops(1), matmul_gflops(cores)
-    print(f"cores: {cores}; attainable (2048^2 float32 matmul): {peak1:.0f} GFLOP/s on 1 thread, "
-          f"{peakn:.0f} on {cores}", flush=True)
+    print(
+        f"cores: {cores}; attainable (2048^2 float32 matmul): {peak1:.0f} GFLOP/s on 1 thread, {peakn:.0f} on {cores}",
+        flush=True,
+    )
     measured = {}
     for preset in args.presets or ["pong"]:
         measured[preset] = measure_preset(preset, args, cores, peak1, peakn)
@@ -239,8 +279,10 @@ def main() -> None:
         cfg, spec, fwd, first = pong_setup("pong")  # SB3 runs the zoo's settings: the pong preset's network
         sb3 = sb3_sps(args.seconds, args.warmup)
         sb3_flops = sb3 * (fwd + 4 * (3 * fwd - first)) / 1e9  # acting (actions and values in one forward), 4 epochs
-        print(f"SB3 PPO (zoo Atari settings, 1 process, {cores} threads): {sb3:.0f} env steps/s, "
-              f"{sb3_flops:.1f} GFLOP/s = {sb3_flops / peakn:.2f} of attainable")
+        print(
+            f"SB3 PPO (zoo Atari settings, 1 process, {cores} threads): {sb3:.0f} env steps/s, "
+            f"{sb3_flops:.1f} GFLOP/s = {sb3_flops / peakn:.2f} of attainable"
+        )
         for preset, sps in measured.items():
             print(f"rlfarm --preset {preset} / SB3: {sps / sb3:.2f}x")
 
@@ -262,22 +304,35 @@ def measure_preset(preset: str, args, cores: int, peak1: float, peakn: float) ->
     update = learner_update_seconds(cfg, spec, threads)
     peak_t = peak1 if threads == 1 else matmul_gflops(threads)
     learner_rate = batch * learned_per_step / update / 1e9
-    print(f"[{preset}] CNN: {fwd / 1e6:.1f} MFLOP forward per observation, {fwd_bwd / 1e6:.1f} forward+backward; "
-          f"learned per env step: {learned_per_step / 1e6:.1f} MFLOP")
-    print(f"[{preset}] learner alone ({threads} thread(s)): {update:.3f} s per {batch} env steps, {batch / update:.0f} "
-          f"env steps/s, {learner_rate:.1f} GFLOP/s = {learner_rate / peak_t:.2f} of attainable", flush=True)
+    print(
+        f"[{preset}] CNN: {fwd / 1e6:.1f} MFLOP forward per observation, {fwd_bwd / 1e6:.1f} forward+backward; "
+        f"learned per env step: {learned_per_step / 1e6:.1f} MFLOP"
+    )
+    print(
+        f"[{preset}] learner alone ({threads} thread(s)): {update:.3f} s per {batch} env steps, {batch / update:.0f} "
+        f"env steps/s, {learner_rate:.1f} GFLOP/s = {learner_rate / peak_t:.2f} of attainable",
+        flush=True,
+    )
     act, kind = actor_step_seconds(cfg, spec, cfg.env.num_envs)
     actor_rate = cfg.env.num_envs * fwd / act / 1e9
-    print(f"[{preset}] actor alone ({kind}, 1 thread, batch {cfg.env.num_envs}): {act * 1e3:.2f} ms per step, "
-          f"{actor_rate:.1f} GFLOP/s = {actor_rate / peak1:.2f} of attainable", flush=True)
+    print(
+        f"[{preset}] actor alone ({kind}, 1 thread, batch {cfg.env.num_envs}): {act * 1e3:.2f} ms per step, "
+        f"{actor_rate:.1f} GFLOP/s = {actor_rate / peak1:.2f} of attainable",
+        flush=True,
+    )
 
     extra = [f"--set={o}" for o in args.overrides] + ([f"--workers={args.workers}"] if args.workers else [])
     sps, last = rlfarm_sps(preset, args.seconds, args.warmup, extra)
-    print(f"rlfarm train --preset {preset} {' '.join(extra)}: {sps:.0f} env steps/s "
-          f"(slots waiting {float(last.get('farm/slots_waiting') or 0):.2f}, policy lag "
-          f"{float(last.get('farm/policy_lag') or 0):.1f})", flush=True)
-    print(f"  learner delivered {sps * learned_per_step / 1e9:.1f} GFLOP/s, actors "
-          f"{sps * fwd / 1e9:.1f}: {(sps * (learned_per_step + fwd)) / 1e9 / peakn:.2f} of the machine's attainable")
+    print(
+        f"rlfarm train --preset {preset} {' '.join(extra)}: {sps:.0f} env steps/s "
+        f"(slots waiting {float(last.get('farm/slots_waiting') or 0):.2f}, policy lag "
+        f"{float(last.get('farm/policy_lag') or 0):.1f})",
+        flush=True,
+    )
+    print(
+        f"  learner delivered {sps * learned_per_step / 1e9:.1f} GFLOP/s, actors "
+        f"{sps * fwd / 1e9:.1f}: {(sps * (learned_per_step + fwd)) / 1e9 / peakn:.2f} of the machine's attainable"
+    )
     return sps
 
 

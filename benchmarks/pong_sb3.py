@@ -69,12 +69,25 @@ def main() -> None:
 
         def _on_rollout_end(self) -> None:
             mean = sum(self.games) / len(self.games) if self.games else float("nan")
-            writer.writerow([self.num_timesteps, round(time.perf_counter() - self.start, 1), self.count,
-                             round(mean, 2)])
+            writer.writerow(
+                [self.num_timesteps, round(time.perf_counter() - self.start, 1), self.count, round(mean, 2)]
+            )
             out.flush()
 
-    model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=linear(2.5e-4),
-                clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, verbose=0, seed=args.seed, device="cpu")
+    model = PPO(
+        "CnnPolicy",
+        env,
+        n_steps=128,
+        n_epochs=4,
+        batch_size=256,
+        learning_rate=linear(2.5e-4),
+        clip_range=linear(0.1),
+        vf_coef=0.5,
+        ent_coef=0.01,
+        verbose=0,
+        seed=args.seed,
+        device="cpu",
+    )
     model.learn(total_timesteps=budget, callback=Curve())
     out.close()
     print(f"SB3 PPO, {budget:,} env steps ({args.hours:g} h at {args.sps:g} env steps/s): curve in {args.out}")

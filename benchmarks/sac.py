@@ -50,12 +50,32 @@ def sb3_pendulum(seed: int, max_steps: int = 20_000) -> tuple[float, int]:
     return callback.solved_at if callback.solved_at else (float("nan"), -1)
 
 
-def rlfarm_train(preset: str, seed: int, workers: int, *extra: str) -> tuple[dict, Path, float, tempfile.TemporaryDirectory]:
+def rlfarm_train(
+    preset: str, seed: int, workers: int, *extra: str
+) -> tuple[dict, Path, float, tempfile.TemporaryDirectory]:
     tmp = tempfile.TemporaryDirectory()
     t = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--preset", preset, "--seed", str(seed),
-                    "--workers", str(workers), "--logdir", tmp.name, "--run-id", "bench", *extra],
-                   check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "train",
+            "--preset",
+            preset,
+            "--seed",
+            str(seed),
+            "--workers",
+            str(workers),
+            "--logdir",
+            tmp.name,
+            "--run-id",
+            "bench",
+            *extra,
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     run_dir = Path(tmp.name) / "bench"
     return json.loads((run_dir / "summary.json").read_text()), run_dir, time.perf_counter() - t, tmp
 
@@ -68,9 +88,25 @@ def rlfarm_pendulum(seed: int, workers: int) -> tuple[float, int, float]:
 
 
 def rlfarm_eval(policy: Path, env_id: str, episodes: int) -> float:
-    out = subprocess.run([sys.executable, str(ROOT / "cli.py"), "eval", "--policy", str(policy), "--env", env_id,
-                          "--episodes", str(episodes), "--seed", "50000"],
-                         check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "eval",
+            "--policy",
+            str(policy),
+            "--env",
+            env_id,
+            "--episodes",
+            str(episodes),
+            "--seed",
+            "50000",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
     return float(out.split("mean return")[1].split()[0])
 
 
@@ -80,9 +116,17 @@ def cheetah(seed: int, steps: int, learning_starts: int, workers: int) -> tuple[
     import torch
     from stable_baselines3 import SAC
 
-    summary, run_dir, _, tmp = rlfarm_train("halfcheetah-sac", seed, workers, "--total-steps", str(steps),
-                                            "--set", f"sac.learning_starts={learning_starts}",
-                                            "--set", "eval.interval=0")
+    summary, run_dir, _, tmp = rlfarm_train(
+        "halfcheetah-sac",
+        seed,
+        workers,
+        "--total-steps",
+        str(steps),
+        "--set",
+        f"sac.learning_starts={learning_starts}",
+        "--set",
+        "eval.interval=0",
+    )
     farm_return = rlfarm_eval(run_dir / "final_policy.safetensors", "HalfCheetah-v5", 5)
     tmp.cleanup()
     torch.set_num_threads(1)
@@ -115,11 +159,15 @@ def main() -> None:
         print(f"{seed:>4} {r[0]:>9.1f} {r[1]:>7} {b[0]:>7.1f} {b[1]:>7} {r[0] / b[0]:>10.2f}", flush=True)
     mr, mb = median([r[0][0] for r in rows]), median([r[1][0] for r in rows])
     solved = [sum(not math.isnan(r[i][0]) for r in rows) for i in range(2)]
-    print(f"median time to solve: rlfarm {mr:.1f} s, SB3 {mb:.1f} s -> {mr / mb:.2f}x; solved: rlfarm "
-          f"{solved[0]}, SB3 {solved[1]} of {len(rows)}; median env steps: rlfarm "
-          f"{statistics.median(r[0][1] for r in rows):.0f}, SB3 {statistics.median(r[1][1] for r in rows):.0f}")
+    print(
+        f"median time to solve: rlfarm {mr:.1f} s, SB3 {mb:.1f} s -> {mr / mb:.2f}x; solved: rlfarm "
+        f"{solved[0]}, SB3 {solved[1]} of {len(rows)}; median env steps: rlfarm "
+        f"{statistics.median(r[0][1] for r in rows):.0f}, SB3 {statistics.median(r[1][1] for r in rows):.0f}"
+    )
     if args.cheetah_steps:
-        print(f"\nHalfCheetah-v5, {args.cheetah_steps} env steps each, learning from step {args.cheetah_learning_starts}")
+        print(
+            f"\nHalfCheetah-v5, {args.cheetah_steps} env steps each, learning from step {args.cheetah_learning_starts}"
+        )
         print(f"{'seed':>4} {'rlfarm s':>9} {'return':>8} {'SB3 s':>7} {'return':>8} {'rlfarm/SB3 time':>15}")
         for seed in args.cheetah_seeds:
             fs, fr, bs, br = cheetah(seed, args.cheetah_steps, args.cheetah_learning_starts, args.workers)

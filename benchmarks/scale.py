@@ -79,16 +79,20 @@ def sync_phase(farm: fs.Farm, workers: int, steps: int, seconds: float, publish:
         lines = [fs.Timeline(submitted[r.iteration], received, r) for r, received in got]
         phase.lines += lines
         phase.steps += steps * workers
-        phase.iterations.append({
-            "wall": got[-1][1] - e0, "dispatch": dispatched - e0,
-            "last_start": max(x.started for x in lines) - e0,
-            "slowest": max(x.result.duration for x in lines), "back_last": lines[-1].back})
+        phase.iterations.append(
+            {
+                "wall": got[-1][1] - e0,
+                "dispatch": dispatched - e0,
+                "last_start": max(x.started for x in lines) - e0,
+                "slowest": max(x.result.duration for x in lines),
+                "back_last": lines[-1].back,
+            }
+        )
     phase.cores = _cores(cpu0, farm.cpu(), phase.wall)
     return phase
 
 
-def async_phase(farm: fs.Farm, workers: int, steps: int, seconds: float, publish: bool,
-                flight: int = 1) -> Phase:
+def async_phase(farm: fs.Farm, workers: int, steps: int, seconds: float, publish: bool, flight: int = 1) -> Phase:
     """`flight` x W tasks in flight on W processes: beyond 1, a finished task's process finds the
     next one queued instead of waiting for the trainer's replacement (`async.tasks_in_flight`)."""
     phase = Phase()
@@ -126,8 +130,8 @@ def _cores(before: dict[str, float], after: dict[str, float], wall: float) -> di
 def task_seconds(env_id: str, steps: int, network: Any, repeats: int = 7) -> tuple[float, float]:
     """One process running the task in-process, as a worker runs it: median wall and CPU seconds
     of `collect`."""
-    from rlfarm.envs import make_vector_env
     from rlfarm.core.rollout import collect, task_seeds
+    from rlfarm.envs import make_vector_env
 
     actor = network.actor_snapshot()
     envs = make_vector_env(env_id, 1, trusted=False)
@@ -147,10 +151,12 @@ def row(w: int, nodes: int, mode: str, phase: Phase, task: float, steps: int) ->
     tasks = len(lines)
     if mode == "SYNC":  # per iteration: the slowest of W tasks, plus what comes before and after it
         per = fs.mean([it["wall"] for it in phase.iterations])
-        extra = (f"dispatch {ms(fs.mean([it['dispatch'] for it in phase.iterations]))}  "
-                 f"last start {ms(fs.mean([it['last_start'] for it in phase.iterations]))}  "
-                 f"slowest {ms(fs.mean([it['slowest'] for it in phase.iterations]) - task)}  "
-                 f"back(last) {ms(fs.mean([it['back_last'] for it in phase.iterations]))}")
+        extra = (
+            f"dispatch {ms(fs.mean([it['dispatch'] for it in phase.iterations]))}  "
+            f"last start {ms(fs.mean([it['last_start'] for it in phase.iterations]))}  "
+            f"slowest {ms(fs.mean([it['slowest'] for it in phase.iterations]) - task)}  "
+            f"back(last) {ms(fs.mean([it['back_last'] for it in phase.iterations]))}"
+        )
     else:  # per task: the time a slot spends on it
         per = w * phase.wall / tasks
         extra = f"turnaround {ms(fs.mean(phase.turnaround))}"
@@ -158,14 +164,16 @@ def row(w: int, nodes: int, mode: str, phase: Phase, task: float, steps: int) ->
     # The farm's CPU per task, all parts: what W x 1/task tasks/s would need in cores.
     cpu_task = sum(c.values()) * phase.wall / tasks
     extra += f"  CPU/task {ms(cpu_task)}  cores at ideal {cpu_task * w / task:.2f}"
-    return (f"{w:>3} {nodes:>5} {mode:<7} {sps:>8.0f} {ideal:>8.0f} {sps / ideal:>6.3f} {ms(per):>8} "
-            f"{ms(per - task):>8} {ms(fs.mean([x.delivery for x in lines])):>8} "
-            f"{ms(fs.mean([x.result.timings['checks'] for x in lines])):>7} "
-            f"{ms(fs.mean([x.result.timings['policy'] for x in lines])):>7} "
-            f"{ms(fs.mean([x.result.timings['collect'] for x in lines]) - task):>8} "
-            f"{ms(fs.mean([x.back for x in lines])):>7} "
-            f"{c['trainer']:>6.2f} {c['redis']:>6.2f} {c['celery']:>6.2f} {c['pool']:>6.2f} "
-            f"{sum(c.values()):>6.2f} {phase.load:>14}  {extra}")
+    return (
+        f"{w:>3} {nodes:>5} {mode:<7} {sps:>8.0f} {ideal:>8.0f} {sps / ideal:>6.3f} {ms(per):>8} "
+        f"{ms(per - task):>8} {ms(fs.mean([x.delivery for x in lines])):>8} "
+        f"{ms(fs.mean([x.result.timings['checks'] for x in lines])):>7} "
+        f"{ms(fs.mean([x.result.timings['policy'] for x in lines])):>7} "
+        f"{ms(fs.mean([x.result.timings['collect'] for x in lines]) - task):>8} "
+        f"{ms(fs.mean([x.back for x in lines])):>7} "
+        f"{c['trainer']:>6.2f} {c['redis']:>6.2f} {c['celery']:>6.2f} {c['pool']:>6.2f} "
+        f"{sum(c.values()):>6.2f} {phase.load:>14}  {extra}"
+    )
 
 
 def ms(x: float) -> str:
@@ -180,10 +188,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="env steps per task (1 sub-env)")
     parser.add_argument("--per-node", type=int, default=8, help="pool processes per node at most")
     parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds per W and mode")
-    parser.add_argument("--no-publish", dest="publish", action="store_false",
-                        help="no new versions while measuring (every task acts with a cached policy)")
-    parser.add_argument("--async-flight", type=int, nargs="+", default=[1],
-                        help="ASYNC rows with K x W tasks in flight on W processes (row ASYNC{K}x)")
+    parser.add_argument(
+        "--no-publish",
+        dest="publish",
+        action="store_false",
+        help="no new versions while measuring (every task acts with a cached policy)",
+    )
+    parser.add_argument(
+        "--async-flight",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="ASYNC rows with K x W tasks in flight on W processes (row ASYNC{K}x)",
+    )
     parser.add_argument("--before", help="an older rlfarm checkout, measured first (PYTHONPATH)")
     args = parser.parse_args()
     if args.before:
@@ -196,31 +213,38 @@ def main() -> None:
     with LocalCluster(workers=0, name="rlfarm-scale", extra_env=fs.worker_env()) as cluster:
         farm = fs.Farm(cluster, RUN, args.env, args.per_node)
         task, task_cpu = task_seconds(args.env, args.steps, farm.network)
-        print(f"task: {args.env}, 1 env x {args.steps} steps; in-process {ms(task)} ms, CPU {ms(task_cpu)} ms "
-              f"(nominal {args.steps * args.step_ms:.0f} ms of sleep): one process {args.steps / task:.0f} "
-              f"steps/s; new version {'every SYNC iteration / every W ASYNC results' if args.publish else 'never'}")
-        print(f"{'W':>3} {'nodes':>5} {'mode':<7} {'steps/s':>8} {'ideal':>8} {'eff':>6} {'per':>8} "
-              f"{'over':>8} {'deliv':>8} {'checks':>7} {'policy':>7} {'coll+':>8} {'back':>7} "
-              f"{'trainr':>6} {'redis':>6} {'celery':>6} {'pool':>6} {'cores':>6} {'load 1/5/15':>14}")
+        print(
+            f"task: {args.env}, 1 env x {args.steps} steps; in-process {ms(task)} ms, CPU {ms(task_cpu)} ms "
+            f"(nominal {args.steps * args.step_ms:.0f} ms of sleep): one process {args.steps / task:.0f} "
+            f"steps/s; new version {'every SYNC iteration / every W ASYNC results' if args.publish else 'never'}"
+        )
+        print(
+            f"{'W':>3} {'nodes':>5} {'mode':<7} {'steps/s':>8} {'ideal':>8} {'eff':>6} {'per':>8} "
+            f"{'over':>8} {'deliv':>8} {'checks':>7} {'policy':>7} {'coll+':>8} {'back':>7} "
+            f"{'trainr':>6} {'redis':>6} {'celery':>6} {'pool':>6} {'cores':>6} {'load 1/5/15':>14}"
+        )
         memory = []
         for w in args.workers:
             farm.grow(w)
             for _ in range(3):  # warm-up: every process makes its env and caches a policy
                 sync_phase(farm, w, args.steps, 0.0, False)
             modes = [("SYNC", sync_phase)] + [
-                ("ASYNC" if k == 1 else f"ASYNC{k}x",
-                 lambda *a, k=k: async_phase(*a, flight=k)) for k in args.async_flight]
+                ("ASYNC" if k == 1 else f"ASYNC{k}x", lambda *a, k=k: async_phase(*a, flight=k))
+                for k in args.async_flight
+            ]
             for mode, measure in modes:
                 phase = measure(farm, w, args.steps, args.seconds, args.publish)
                 phase.load = fs.loadavg()
                 print(row(w, len(farm.nodes), mode, phase, task, args.steps), flush=True)
             pss, procs = fs.pss_mib([p.pid for p in cluster.worker_procs])
             memory.append((w, len(farm.nodes), procs, pss))
-    print("\nper: SYNC ms per iteration, ASYNC ms of slot time per task (W x wall / tasks); over: per - "
-          "in-process task; deliv: submit called -> handle began; checks, policy: the worker's timings; "
-          "coll+: collect on the worker - in-process; back: rollout done -> received; cores: CPU "
-          "seconds per wall second of trainer, Redis, nodes' main processes (Celery), pool processes, "
-          "and their sum; CPU/task: all of it per task; cores at ideal: what the ideal rate would need")
+    print(
+        "\nper: SYNC ms per iteration, ASYNC ms of slot time per task (W x wall / tasks); over: per - "
+        "in-process task; deliv: submit called -> handle began; checks, policy: the worker's timings; "
+        "coll+: collect on the worker - in-process; back: rollout done -> received; cores: CPU "
+        "seconds per wall second of trainer, Redis, nodes' main processes (Celery), pool processes, "
+        "and their sum; CPU/task: all of it per task; cores at ideal: what the ideal rate would need"
+    )
     print("\nmemory of the worker nodes (PSS: shared pages split between the processes sharing them)")
     print(f"{'W':>3} {'nodes':>5} {'processes':>9} {'PSS MiB':>8} {'MiB per pool process':>21}")
     for w, nodes, procs, pss in memory:

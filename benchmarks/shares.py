@@ -41,11 +41,37 @@ CHILD_ENV = {"PYTHONPATH": str(ROOT), "RLFARM_ALLOWED_ENV_MODULES": "benchmarks.
 def trainer(url: str, logdir: Path, run_id: str, mode: str, share: float) -> subprocess.Popen:
     sized = ["--set", "farm.num_tasks=8"] if mode == "sync" else ["--set", "async.tasks_in_flight=8"]
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "train", "--redis", url, "--run-id", run_id, "--logdir",
-         str(logdir), "--env", ENV, "--mode", mode, "--share", str(share), "--total-steps", "100000000",
-         "--set", "farm.steps_per_env=64", "--set", "env.num_envs=1", "--set", "eval.interval=0", *sized],
-        stdout=(logdir / f"{run_id}.log").open("w"), stderr=subprocess.STDOUT,
-        env={**os.environ, **CHILD_ENV}, start_new_session=True)
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "train",
+            "--redis",
+            url,
+            "--run-id",
+            run_id,
+            "--logdir",
+            str(logdir),
+            "--env",
+            ENV,
+            "--mode",
+            mode,
+            "--share",
+            str(share),
+            "--total-steps",
+            "100000000",
+            "--set",
+            "farm.steps_per_env=64",
+            "--set",
+            "env.num_envs=1",
+            "--set",
+            "eval.interval=0",
+            *sized,
+        ],
+        stdout=(logdir / f"{run_id}.log").open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **CHILD_ENV},
+        start_new_session=True,
+    )
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -127,23 +153,30 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         logdir = Path(tmp)
-        with LocalCluster(workers=args.slots, name="rlfarm-bench-shares", log_dir=logdir,
-                          extra_env=CHILD_ENV) as cluster:
+        with LocalCluster(
+            workers=args.slots, name="rlfarm-bench-shares", log_dir=logdir, extra_env=CHILD_ENV
+        ) as cluster:
             client = connect(cluster.redis_url)
             while live_slots(client) < args.slots:
                 time.sleep(0.2)
-            print(f"farm: 1 worker, {args.slots} slots; env {ENV}; window {args.seconds:g} s after "
-                  f"{args.warmup:g} s warm-up")
+            print(
+                f"farm: 1 worker, {args.slots} slots; env {ENV}; window {args.seconds:g} s after "
+                f"{args.warmup:g} s warm-up"
+            )
             for weights in ((1.0, 1.0), (3.0, 1.0)):
                 result = pair(client, cluster.redis_url, logdir, weights, args.slots, args)
                 (s_used, s_all), (a_used, a_all) = result.values()
                 want = weights[0] / sum(weights)
-                print(f"weights {weights[0]:g}:{weights[1]:g}  SYNC (groups of 8) {s_used:.3f} of the runs' "
-                      f"slot time ({s_all:.3f} of all), ASYNC (8 in flight) {a_used:.3f} ({a_all:.3f}); "
-                      f"SYNC's due share {want:.2f}, off by {abs(s_used - want):.3f}")
+                print(
+                    f"weights {weights[0]:g}:{weights[1]:g}  SYNC (groups of 8) {s_used:.3f} of the runs' "
+                    f"slot time ({s_all:.3f} of all), ASYNC (8 in flight) {a_used:.3f} ({a_all:.3f}); "
+                    f"SYNC's due share {want:.2f}, off by {abs(s_used - want):.3f}"
+                )
             seconds = joining(client, cluster.redis_url, logdir, args.slots, args)
-            print(f"a third run (weight 1) joining two: {seconds:.1f} s from its first finished task until "
-                  f"the 5 s before gave it >= 0.8 of its 1/3 share")
+            print(
+                f"a third run (weight 1) joining two: {seconds:.1f} s from its first finished task until "
+                f"the 5 s before gave it >= 0.8 of its 1/3 share"
+            )
 
 
 if __name__ == "__main__":

@@ -31,16 +31,20 @@ def timed(checkout: Path, env: dict[str, str]) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         run_id = f"s{time.time_ns()}"  # a local farm's Redis keeps earlier runs
-        subprocess.run([sys.executable, str(checkout / "cli.py"), *COMMAND, "--logdir", tmp, "--run-id", run_id],
-                       check=True, capture_output=True, cwd=checkout, env=env)
+        subprocess.run(
+            [sys.executable, str(checkout / "cli.py"), *COMMAND, "--logdir", tmp, "--run-id", run_id],
+            check=True,
+            capture_output=True,
+            cwd=checkout,
+            env=env,
+        )
         end_to_end = time.perf_counter() - t
         return end_to_end, json.loads((Path(tmp) / run_id / "summary.json").read_text())["wall_seconds"]
 
 
 def import_seconds(checkout: Path) -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, celery, gymnasium, rlfarm.trainer"], check=True,
-                   cwd=checkout)
+    subprocess.run([sys.executable, "-c", "import torch, celery, gymnasium, rlfarm.trainer"], check=True, cwd=checkout)
     return time.perf_counter() - t
 
 
@@ -56,14 +60,16 @@ def main() -> None:
     for _ in range(args.repeat):  # interleaved, so that a busy moment hits both alike
         for name, checkout in cases:
             rows.append((name, import_seconds(checkout), *timed(checkout, env)))
-    subprocess.run([sys.executable, str(ROOT / "cli.py"), "up", "-w", "2"], check=True, capture_output=True,
-                   cwd=ROOT, env=env)
+    subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "up", "-w", "2"], check=True, capture_output=True, cwd=ROOT, env=env
+    )
     try:
         for _ in range(args.repeat):
             rows.append(("this checkout, on `rlfarm up`", import_seconds(ROOT), *timed(ROOT, env)))
     finally:
-        subprocess.run([sys.executable, str(ROOT / "cli.py"), "down"], check=True, capture_output=True,
-                       cwd=ROOT, env=env)
+        subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), "down"], check=True, capture_output=True, cwd=ROOT, env=env
+        )
     print(f"cores: {os.cpu_count()}; command: rlfarm {' '.join(COMMAND)}; medians of {args.repeat}")
     print(f"{'case':<32} {'end to end s':>13} {'training s':>11} {'imports s':>10} {'overhead s':>11}")
     for name in dict.fromkeys(r[0] for r in rows):

@@ -25,8 +25,12 @@ import statistics
 import time
 
 WORKLOADS = {
-    "pong": ("PongNoFrameskip-v4", 4, 128, {"preprocess": "atari", "frame_stack": 4, "noop_max": 30,
-                                              "clip_rewards": True}),
+    "pong": (
+        "PongNoFrameskip-v4",
+        4,
+        128,
+        {"preprocess": "atari", "frame_stack": 4, "noop_max": 30, "clip_rewards": True},
+    ),
     "halfcheetah": ("HalfCheetah-v5", 1, 512, {}),
     "cartpole": ("CartPole-v1", 4, 512, {}),
 }
@@ -73,9 +77,14 @@ def measure(name: str, repeats: int) -> dict[str, float] | None:
     here.close()
     there.close()
     med = statistics.median
-    return {"task_ms": 1e3 * med(collect_s), "result_kb": med(result_bytes) / 1e3,
-            "snapshot_kb": med(blob_bytes) / 1e3, "save_ms": 1e3 * med(save_s), "restore_ms": 1e3 * med(restore_s),
-            "env_steps": n * steps}
+    return {
+        "task_ms": 1e3 * med(collect_s),
+        "result_kb": med(result_bytes) / 1e3,
+        "snapshot_kb": med(blob_bytes) / 1e3,
+        "save_ms": 1e3 * med(save_s),
+        "restore_ms": 1e3 * med(restore_s),
+        "env_steps": n * steps,
+    }
 
 
 def main() -> None:
@@ -84,14 +93,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     rows = {name: measure(name, args.repeats) for name in args.workloads}
-    print(f"\n{'workload':<12} {'env steps':>9} {'task ms':>9} {'result KB':>10} {'snapshot KB':>12} "
-          f"{'save ms':>8} {'restore ms':>11} {'save/task':>10} {'restore/task':>13} {'snap/result':>12}")
+    print(
+        f"\n{'workload':<12} {'env steps':>9} {'task ms':>9} {'result KB':>10} {'snapshot KB':>12} "
+        f"{'save ms':>8} {'restore ms':>11} {'save/task':>10} {'restore/task':>13} {'snap/result':>12}"
+    )
     for name, r in rows.items():
         if r is None:
             continue
-        print(f"{name:<12} {r['env_steps']:>9} {r['task_ms']:>9.1f} {r['result_kb']:>10.1f} {r['snapshot_kb']:>12.1f} "
-              f"{r['save_ms']:>8.2f} {r['restore_ms']:>11.2f} {r['save_ms'] / r['task_ms']:>10.3f} "
-              f"{r['restore_ms'] / r['task_ms']:>13.3f} {r['snapshot_kb'] / r['result_kb']:>12.3f}")
+        print(
+            f"{name:<12} {r['env_steps']:>9} {r['task_ms']:>9.1f} {r['result_kb']:>10.1f} {r['snapshot_kb']:>12.1f} "
+            f"{r['save_ms']:>8.2f} {r['restore_ms']:>11.2f} {r['save_ms'] / r['task_ms']:>10.3f} "
+            f"{r['restore_ms'] / r['task_ms']:>13.3f} {r['snapshot_kb'] / r['result_kb']:>12.3f}"
+        )
     print("\nsave: every task; restore: only a task whose process does not hold its stream at the snapshot.")
 
 

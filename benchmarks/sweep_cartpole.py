@@ -37,8 +37,23 @@ def rlfarm(*args: str) -> None:
 
 
 def to_target(logdir: Path, preset: str, name: str) -> list[tuple[int, int | None, float | None]]:
-    rlfarm("train", "--preset", preset, "--seeds", SEEDS, "--run-id", name, "--logdir", str(logdir),
-           "--total-steps", "102400", "--target-return", "475", "--set", "eval.interval=4096")
+    rlfarm(
+        "train",
+        "--preset",
+        preset,
+        "--seeds",
+        SEEDS,
+        "--run-id",
+        name,
+        "--logdir",
+        str(logdir),
+        "--total-steps",
+        "102400",
+        "--target-return",
+        "475",
+        "--set",
+        "eval.interval=4096",
+    )
     rows = []
     for seed in range(1, 4):
         try:
@@ -62,13 +77,33 @@ def main() -> None:
     logdir = Path(args.logdir)
     best = args.best
     if best is None:
-        rlfarm("sweep", "--preset", "cartpole-ppo", "--space", str(SPACE), "--trials", str(args.trials),
-               "--parallel", str(args.parallel), "--total-steps", "32768", "--metric", "return",
-               "--seed", str(args.seed), "--study", "cartpole-sweep", "--logdir", str(logdir))
+        rlfarm(
+            "sweep",
+            "--preset",
+            "cartpole-ppo",
+            "--space",
+            str(SPACE),
+            "--trials",
+            str(args.trials),
+            "--parallel",
+            str(args.parallel),
+            "--total-steps",
+            "32768",
+            "--metric",
+            "return",
+            "--seed",
+            str(args.seed),
+            "--study",
+            "cartpole-sweep",
+            "--logdir",
+            str(logdir),
+        )
         best = str(logdir / "cartpole-sweep" / "best.toml")
     print(Path(best).read_text())
-    results = {"shipped cartpole-ppo": to_target(logdir, "cartpole-ppo", "shipped"),
-               "sweep's best.toml": to_target(logdir, best, "best")}
+    results = {
+        "shipped cartpole-ppo": to_target(logdir, "cartpole-ppo", "shipped"),
+        "sweep's best.toml": to_target(logdir, best, "best"),
+    }
     print("\nenv steps and wall seconds to a greedy evaluation of 475 confirmed on 20 more episodes:")
     for name, rows in results.items():
         cells = "  ".join(f"seed {s}: " + (f"{n:,} steps, {w:.0f} s" if n else "not reached") for s, n, w in rows)

@@ -25,9 +25,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(workers: int, steps: int, *args: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--workers", str(workers),
-                        "--total-steps", str(steps), "--logdir", tmp, "--run-id", "bench",
-                        "--set", "target_return=inf", *args], check=True, capture_output=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "cli.py"),
+                "train",
+                "--workers",
+                str(workers),
+                "--total-steps",
+                str(steps),
+                "--logdir",
+                tmp,
+                "--run-id",
+                "bench",
+                "--set",
+                "target_return=inf",
+                *args,
+            ],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
         return json.loads((Path(tmp) / "bench" / "summary.json").read_text())
 
 
@@ -46,10 +64,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=50_000)
     args = parser.parse_args()
-    cases = [("sync PPO (cartpole-ppo)", ["--preset", "cartpole-ppo"]),
-             ("async DQN (cartpole-dqn)", ["--preset", "cartpole-dqn", "--set", "eval.interval=0"]),
-             ("async DQN, replay_ratio 0", ["--preset", "cartpole-dqn", "--set", "eval.interval=0",
-                                            "--set", "dqn.replay_ratio=0"])]
+    cases = [
+        ("sync PPO (cartpole-ppo)", ["--preset", "cartpole-ppo"]),
+        ("async DQN (cartpole-dqn)", ["--preset", "cartpole-dqn", "--set", "eval.interval=0"]),
+        (
+            "async DQN, replay_ratio 0",
+            ["--preset", "cartpole-dqn", "--set", "eval.interval=0", "--set", "dqn.replay_ratio=0"],
+        ),
+    ]
     print(f"cores: {os.cpu_count()}, worker processes: {args.workers}, env steps per run: {args.steps}")
     print(f"{'mode':<28} {'SPS':>8} {'lag p50':>8} {'p90':>5} {'max':>5} {'dropped':>8}")
     for name, extra in cases:

@@ -90,8 +90,8 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     """`n` tasks in `rounds` rounds; each round submits, hands to the worker, receives, then runs the
     rollout alone, so that a slow spell of this shared machine hits the rollout alone and inside
     handle alike."""
-    from rlfarm.farm.app import make_app
     from rlfarm.core.rollout import collect, task_seeds
+    from rlfarm.farm.app import make_app
     from rlfarm.farm.connection import connect
     from rlfarm.worker.rollout import RolloutWorker
 
@@ -154,21 +154,33 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     alone = meters["alone"]
     return {
         "n": n,
-        "alone_wall": alone.wall / n, "alone_cpu": alone.cpu / n,
-        **{k: per_task(meters[k], n) for k in ("submit", "handle", "receive")}, "decode_cpu": decode,
-        "checks": fs.mean([t["checks"] for t in timings]), "policy": fs.mean([t["policy"] for t in timings]),
+        "alone_wall": alone.wall / n,
+        "alone_cpu": alone.cpu / n,
+        **{k: per_task(meters[k], n) for k in ("submit", "handle", "receive")},
+        "decode_cpu": decode,
+        "checks": fs.mean([t["checks"] for t in timings]),
+        "policy": fs.mean([t["policy"] for t in timings]),
         "collect": fs.mean([t["collect"] for t in timings]),
-        "encode": fs.mean(timed.encode), "push": fs.mean(timed.push), "payload": fs.mean(timed.payload),
-        "message_bytes": message_bytes / n, "fetch": statistics.median(fetch),
+        "encode": fs.mean(timed.encode),
+        "push": fs.mean(timed.push),
+        "payload": fs.mean(timed.payload),
+        "message_bytes": message_bytes / n,
+        "fetch": statistics.median(fetch),
     }
 
 
 def per_task(meter: fs.Meter, n: int) -> dict[str, Any]:
     r = meter.redis
-    return {"wall": meter.wall / n, "cpu": meter.cpu / n, "trips": meter.trips / n,
-            "redis_cpu": r.cpu / n, "net_in": r.net_in / n, "net_out": r.net_out / n,
-            "calls": {k: v / n for k, v in r.calls.items()},
-            "redis_usec": {k: v / n for k, v in r.usec.items()}}
+    return {
+        "wall": meter.wall / n,
+        "cpu": meter.cpu / n,
+        "trips": meter.trips / n,
+        "redis_cpu": r.cpu / n,
+        "net_in": r.net_in / n,
+        "net_out": r.net_out / n,
+        "calls": {k: v / n for k, v in r.calls.items()},
+        "redis_usec": {k: v / n for k, v in r.usec.items()},
+    }
 
 
 # ---- (B) the farm: one node, one pool process, one task in flight -------------------------------
@@ -224,14 +236,20 @@ def farm_serial(cluster: Any, url: str, run: str, network: Any, steps: int, n: i
                     store.publish(i, network.state_dict(), "ppo")
         r = meter.redis.minus(publishing.redis)
         out[variant] = {
-            "n": n, "total": fs.mean([x.received - x.submitted for x in lines]),
-            "delivery": fs.mean([x.delivery for x in lines]), "back": fs.mean([x.back for x in lines]),
+            "n": n,
+            "total": fs.mean([x.received - x.submitted for x in lines]),
+            "delivery": fs.mean([x.delivery for x in lines]),
+            "back": fs.mean([x.back for x in lines]),
             "checks": fs.mean([x.result.timings["checks"] for x in lines]),
             "policy": fs.mean([x.result.timings["policy"] for x in lines]),
             "collect": fs.mean([x.result.timings["collect"] for x in lines]),
-            "submit_cpu": cpu[0] / n, "receive_cpu": cpu[1] / n,
-            "main_cpu": (main1 - main0) / n, "pool_cpu": (pool1 - pool0) / n,
-            "redis_cpu": r.cpu / n, "net_in": r.net_in / n, "net_out": r.net_out / n,
+            "submit_cpu": cpu[0] / n,
+            "receive_cpu": cpu[1] / n,
+            "main_cpu": (main1 - main0) / n,
+            "pool_cpu": (pool1 - pool0) / n,
+            "redis_cpu": r.cpu / n,
+            "net_in": r.net_in / n,
+            "net_out": r.net_out / n,
             "calls": {k: v / n for k, v in r.calls.items()},
         }
     return out
@@ -239,8 +257,8 @@ def farm_serial(cluster: Any, url: str, run: str, network: Any, steps: int, n: i
 
 # ---- report ---------------------------------------------------------------------------------------
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from rlfarm.local.cluster import LocalCluster
     from rlfarm.farm.connection import connect
+    from rlfarm.local.cluster import LocalCluster
 
     fs.RoundTrips.install()
     out = {}
@@ -264,8 +282,10 @@ def sizes(args: argparse.Namespace) -> list[tuple[str, str, int, int, int, int]]
         except ImportError:
             print(f"ale_py is not installed: the image size is benchmarks.slow_envs:frames instead of {image}")
             image = "benchmarks.slow_envs:frames"
-    return [("cartpole", "CartPole-v1", 1, 64, args.tasks, args.farm_tasks),
-            ("image", image, 8, 128, args.image_tasks, args.image_tasks)]
+    return [
+        ("cartpole", "CartPole-v1", 1, 64, args.tasks, args.farm_tasks),
+        ("image", image, 8, 128, args.image_tasks, args.image_tasks),
+    ]
 
 
 def ms(x: float) -> str:
@@ -296,16 +316,19 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str]]:
         ("    handle CPU - rollout alone CPU, ms", ms(a["handle"]["cpu"] - a["alone_cpu"])),
         ("    Redis round trips", f"{a['handle']['trips']:.1f}"),
         ("    policy fetch of a new version, wall ms", ms(a["fetch"])),
-        ("(A) REDIS CPU per task, us: submit/handle/receive",
-         "/".join(f"{1e6 * a[k]['redis_cpu']:.0f}" for k in phases)),
+        (
+            "(A) REDIS CPU per task, us: submit/handle/receive",
+            "/".join(f"{1e6 * a[k]['redis_cpu']:.0f}" for k in phases),
+        ),
         ("    Redis CPU per task, total us (INFO cpu)", f"{1e6 * sum(a[k]['redis_cpu'] for k in phases):.0f}"),
-        ("    of which inside commands, us (commandstats)",
-         f"{sum(sum(a[k]['redis_usec'].values()) for k in phases):.0f}"),
+        (
+            "    of which inside commands, us (commandstats)",
+            f"{sum(sum(a[k]['redis_usec'].values()) for k in phases):.0f}",
+        ),
         ("BYTES per task: task message (broker)", f"{a['message_bytes']:.0f}"),
         ("    result payload", f"{a['payload']:.0f}"),
         ("    policy version (GET once per process per version)", f"{a['policy_bytes']:.0f}"),
-        ("    Redis net in + out, (A) in-process",
-         f"{sum(a[k]['net_in'] + a[k]['net_out'] for k in phases):.0f}"),
+        ("    Redis net in + out, (A) in-process", f"{sum(a[k]['net_in'] + a[k]['net_out'] for k in phases):.0f}"),
         ("    Redis net in + out, (B) farm", f"{cached['net_in'] + cached['net_out']:.0f}"),
     ]
     for label, b in (("cached policy", cached), ("a new version each task", new)):
@@ -321,8 +344,12 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str]]:
             ("      pool process - rollout alone", ms(b["pool_cpu"] - a["alone_cpu"])),
             ("      trainer: submit + receive", ms(b["submit_cpu"] + b["receive_cpu"])),
             ("      Redis", ms(b["redis_cpu"])),
-            ("      all but the rollout", ms(b["main_cpu"] + b["pool_cpu"] - a["alone_cpu"] + b["submit_cpu"]
-                                         + b["receive_cpu"] + b["redis_cpu"])),
+            (
+                "      all but the rollout",
+                ms(
+                    b["main_cpu"] + b["pool_cpu"] - a["alone_cpu"] + b["submit_cpu"] + b["receive_cpu"] + b["redis_cpu"]
+                ),
+            ),
             ("    Redis commands per task", f"{sum(b['calls'].values()):.1f}"),
         ]
     return out
@@ -362,8 +389,9 @@ def main() -> None:
     parser.add_argument("--farm-tasks", type=int, default=200, help="CartPole tasks in (B)")
     parser.add_argument("--image-tasks", type=int, default=8, help="image tasks in (A) and (B)")
     parser.add_argument("--image-env", default="ALE/Pong-v5")
-    parser.add_argument("--before", help="an older rlfarm checkout: measured too, in a child process, "
-                                         "and printed side by side")
+    parser.add_argument(
+        "--before", help="an older rlfarm checkout: measured too, in a child process, and printed side by side"
+    )
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     print(fs.header("Cost per task (benchmarks/task_cost.py)"))
@@ -383,8 +411,9 @@ def run_child(root: str, argv: list[str]) -> dict[str, Any]:
         args = [a for i, a in enumerate(argv) if a != "--before" and (i == 0 or argv[i - 1] != "--before")]
         env = {**os.environ, "PYTHONPATH": root}
         print(f"(measuring {root} first, in a child process)", flush=True)
-        subprocess.run([sys.executable, __file__, *args, "--json", path], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, __file__, *args, "--json", path], env=env, check=True, stdout=subprocess.DEVNULL
+        )
         return json.loads(Path(path).read_text())
 
 

@@ -21,15 +21,13 @@ import os
 import time
 
 
-
-
 def _setup(env_id: str, num_envs: int, state: dict | None):
     import torch
 
     torch.set_num_threads(1)
+    from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe, make_vector_env
-    from rlfarm.algos.ppo.policies import ActorCritic
 
     torch.manual_seed(0)
     policy = ActorCritic(describe(env_id), PolicyConfig())
@@ -95,11 +93,11 @@ def bench_pool(env_id: str, workers: int, num_envs: int, steps: int, tasks: int)
 def bench_farm(env_id: str, workers: int, num_envs: int, steps: int, tasks: int) -> tuple[float, float, float]:
     """Steps/s, and trainer CPU seconds per wall second while gathering (all of it is receiving)."""
     from rlfarm import config as C
-    from rlfarm.farm.app import make_app
-    from rlfarm.local.cluster import LocalCluster
     from rlfarm.envs import describe
+    from rlfarm.farm.app import make_app
     from rlfarm.farm.connection import connect
     from rlfarm.farm.store import PolicyStore
+    from rlfarm.local.cluster import LocalCluster
     from rlfarm.trainer.channel import FarmLink
 
     policy, _ = _setup(env_id, 1, None)
@@ -131,18 +129,25 @@ def main() -> None:
 
     raw = bench_raw(args.env, args.num_envs, 100_000 if args.env == "CartPole-v1" else 8_000)
     inproc = bench_collect(args.env, args.num_envs, steps, repeats=6)
-    print(f"cores: {os.cpu_count()}  env: {args.env}  task: {args.num_envs} envs x {steps} steps = "
-          f"{args.num_envs * steps} env steps")
+    print(
+        f"cores: {os.cpu_count()}  env: {args.env}  task: {args.num_envs} envs x {steps} steps = "
+        f"{args.num_envs * steps} env steps"
+    )
     print(f"(a) raw vector env, random actions: {raw:10.0f} steps/s")
     print(f"(b) in-process collect():           {inproc:10.0f} steps/s")
-    print(f"{'W':>3} {'(c) Pool(W)':>12} {'(d) farm':>10} {'(d)/(c)':>8} {'(d)/(W*b)':>10} "
-          f"{'trainer CPU':>12} {'decode CPU':>11}")
+    print(
+        f"{'W':>3} {'(c) Pool(W)':>12} {'(d) farm':>10} {'(d)/(c)':>8} {'(d)/(W*b)':>10} "
+        f"{'trainer CPU':>12} {'decode CPU':>11}"
+    )
     for w in args.workers:
         tasks = args.tasks_per_worker * w
         pool = bench_pool(args.env, w, args.num_envs, steps, tasks)
         farm, cpu, decode = bench_farm(args.env, w, args.num_envs, steps, tasks)
-        print(f"{w:>3} {pool:>12.0f} {farm:>10.0f} {farm / pool:>8.2f} {farm / (w * inproc):>10.2f} "
-              f"{cpu:>11.1%} {decode:>11.1%}", flush=True)
+        print(
+            f"{w:>3} {pool:>12.0f} {farm:>10.0f} {farm / pool:>8.2f} {farm / (w * inproc):>10.2f} "
+            f"{cpu:>11.1%} {decode:>11.1%}",
+            flush=True,
+        )
     print("trainer CPU: the trainer process's CPU time / wall time while gathering (receiving only)")
 
 

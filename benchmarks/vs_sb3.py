@@ -63,9 +63,21 @@ def sb3_time_to_solve(seed: int, max_steps: int = 200_000) -> tuple[float, int, 
 
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
     # rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1
-    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
-                ent_coef=0.0, learning_rate=linear(0.001), clip_range=linear(0.2), seed=seed,
-                device="cpu", verbose=0)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=linear(0.001),
+        clip_range=linear(0.2),
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
 
     class Solved(BaseCallback):
         def __init__(self):
@@ -88,8 +100,7 @@ def sb3_time_to_solve(seed: int, max_steps: int = 200_000) -> tuple[float, int, 
     return _learn_until_solved(model, Solved(), max_steps, t_start)
 
 
-def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int = 5_000
-                          ) -> tuple[float, int, float]:
+def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int = 5_000) -> tuple[float, int, float]:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -98,10 +109,24 @@ def sb3_dqn_time_to_solve(seed: int, max_steps: int = 100_000, eval_every: int =
     torch.set_num_threads(1)
     t_start = time.perf_counter()
     # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1
-    model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
-                learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
-                gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
-                policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu", verbose=0)
+    model = DQN(
+        "MlpPolicy",
+        "CartPole-v1",
+        learning_rate=2.3e-3,
+        batch_size=64,
+        buffer_size=100_000,
+        learning_starts=1000,
+        gamma=0.99,
+        target_update_interval=10,
+        train_freq=256,
+        gradient_steps=128,
+        exploration_fraction=0.16,
+        exploration_final_eps=0.04,
+        policy_kwargs={"net_arch": [256, 256]},
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
     eval_env = gym.make("CartPole-v1")
     callback = greedy_eval_callback(eval_env, eval_every, DQN_TARGET)
     result = _learn_until_solved(model, callback, max_steps, t_start)
@@ -146,8 +171,10 @@ def greedy_eval_callback(eval_env, eval_every: int, target: float):
                 return True
             self.next_eval += eval_every
             t = time.perf_counter()
-            solved = (np.mean(greedy_returns(self.model, eval_env, 10, 10_000)) >= target
-                      and np.mean(greedy_returns(self.model, eval_env, CONFIRM, 20_000)) >= target)
+            solved = (
+                np.mean(greedy_returns(self.model, eval_env, 10, 10_000)) >= target
+                and np.mean(greedy_returns(self.model, eval_env, CONFIRM, 20_000)) >= target
+            )
             self.paused += time.perf_counter() - t
             if solved:
                 self.solved_at = (time.perf_counter() - self.t0 - self.paused, self.num_timesteps)
@@ -156,19 +183,38 @@ def greedy_eval_callback(eval_env, eval_every: int, target: float):
     return GreedyEval()
 
 
-def rlfarm_time_to_solve(seed: int, workers: int, algo: str = "ppo", preset: str | None = None,
-                         extra: tuple[str, ...] = ()) -> tuple[float, int, float]:
+def rlfarm_time_to_solve(
+    seed: int, workers: int, algo: str = "ppo", preset: str | None = None, extra: tuple[str, ...] = ()
+) -> tuple[float, int, float]:
     """(seconds of learning until solved or nan, env steps, seconds end to end) of an rlfarm run of
     `preset` (default cartpole-<algo>) with `extra` CLI arguments."""
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--preset", preset or f"cartpole-{algo}",
-                        "--workers", str(workers), "--seed", str(seed),
-                        "--target-return", str(DQN_TARGET if algo == "dqn" else THRESHOLD),
-                        # PPO is solved by its rolling training return: no scheduled evaluation judges it.
-                        *([] if algo == "dqn" else ["--set", "eval.interval=0"]),
-                        "--logdir", tmp, "--run-id", "bench", *extra],
-                       check=True, capture_output=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "cli.py"),
+                "train",
+                "--preset",
+                preset or f"cartpole-{algo}",
+                "--workers",
+                str(workers),
+                "--seed",
+                str(seed),
+                "--target-return",
+                str(DQN_TARGET if algo == "dqn" else THRESHOLD),
+                # PPO is solved by its rolling training return: no scheduled evaluation judges it.
+                *([] if algo == "dqn" else ["--set", "eval.interval=0"]),
+                "--logdir",
+                tmp,
+                "--run-id",
+                "bench",
+                *extra,
+            ],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
         end_to_end = time.perf_counter() - t
         if algo == "dqn":  # solved when a greedy evaluation >= threshold was confirmed (summary.json)
             summary = json.loads((Path(tmp) / "bench" / "summary.json").read_text())
@@ -201,9 +247,23 @@ def _rlfarm_take_home(policy: Path) -> float:
     episodes on fresh seeds, with `rlfarm eval`."""
     if not policy.exists():
         return float("nan")
-    out = subprocess.run([sys.executable, str(ROOT / "cli.py"), "eval", "--policy", str(policy),
-                          "--episodes", str(TAKE_HOME), "--seed", "50000"],
-                         check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "eval",
+            "--policy",
+            str(policy),
+            "--episodes",
+            str(TAKE_HOME),
+            "--seed",
+            "50000",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
     return float(out.split("mean return ")[1].split()[0])
 
 
@@ -214,13 +274,17 @@ def main() -> None:
     parser.add_argument("--algo", choices=["ppo", "dqn"], default="ppo")
     args = parser.parse_args()
     rows = []
-    what = (f"mean of last {WINDOW} training episodes >= {THRESHOLD:g}" if args.algo == "ppo"
-            else f"greedy evaluation over 10 episodes, confirmed by {CONFIRM} more with other seeds, "
-                 f">= {DQN_TARGET:g}")
+    what = (
+        f"mean of last {WINDOW} training episodes >= {THRESHOLD:g}"
+        if args.algo == "ppo"
+        else f"greedy evaluation over 10 episodes, confirmed by {CONFIRM} more with other seeds, >= {DQN_TARGET:g}"
+    )
     print(f"{args.algo.upper()}, cores: {os.cpu_count()}; threshold: {what}")
     home = f" {'home':>6} {'home':>6}" if args.algo == "dqn" else ""
-    print(f"{'seed':>4} {'rlfarm s':>9} {'steps':>7} {'e2e s':>7} {'SB3 s':>7} {'steps':>7} {'e2e s':>7} "
-          f"{'ratio':>6}{home}")
+    print(
+        f"{'seed':>4} {'rlfarm s':>9} {'steps':>7} {'e2e s':>7} {'SB3 s':>7} {'steps':>7} {'e2e s':>7} "
+        f"{'ratio':>6}{home}"
+    )
     for seed in args.seeds:
         r = rlfarm_time_to_solve(seed, args.workers, args.algo)
         s = sb3_time_to_solve(seed) if args.algo == "ppo" else sb3_dqn_time_to_solve(seed)
@@ -228,16 +292,21 @@ def main() -> None:
         # DQN: "home" is the mean return over 20 fresh-seed greedy episodes of the policy each side
         # leaves behind (rlfarm: best_policy.safetensors; SB3: the model when it stopped).
         home = f" {r[3]:>6.1f} {s[3]:>6.1f}" if args.algo == "dqn" else ""
-        print(f"{seed:>4} {r[0]:>9.1f} {r[1]:>7} {r[2]:>7.1f} {s[0]:>7.1f} {s[1]:>7} {s[2]:>7.1f} "
-              f"{r[0] / s[0]:>6.2f}{home}", flush=True)
+        print(
+            f"{seed:>4} {r[0]:>9.1f} {r[1]:>7} {r[2]:>7.1f} {s[0]:>7.1f} {s[1]:>7} {s[2]:>7.1f} "
+            f"{r[0] / s[0]:>6.2f}{home}",
+            flush=True,
+        )
     # An unsolved run counts as infinitely slow, so medians stay honest.
     med = lambda xs: statistics.median(math.inf if math.isnan(x) else x for x in xs)  # noqa: E731
     med_r, med_s = med(r[0] for r, _ in rows), med(s[0] for _, s in rows)
     med_re, med_se = med(r[2] for r, _ in rows), med(s[2] for _, s in rows)
     unsolved = sum(math.isnan(r[0]) for r, _ in rows), sum(math.isnan(s[0]) for _, s in rows)
-    print(f"median time to solve: rlfarm {med_r:.1f} s, SB3 {med_s:.1f} s -> ratio {med_r / med_s:.2f}x "
-          f"(end to end incl. rlfarm's cluster start-up: {med_re / med_se:.2f}x); "
-          f"unsolved runs: rlfarm {unsolved[0]}, SB3 {unsolved[1]}")
+    print(
+        f"median time to solve: rlfarm {med_r:.1f} s, SB3 {med_s:.1f} s -> ratio {med_r / med_s:.2f}x "
+        f"(end to end incl. rlfarm's cluster start-up: {med_re / med_se:.2f}x); "
+        f"unsolved runs: rlfarm {unsolved[0]}, SB3 {unsolved[1]}"
+    )
 
 
 if __name__ == "__main__":

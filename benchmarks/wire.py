@@ -26,8 +26,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,7 @@ ATARI = ("ALE/Pong-v5", "ALE/Breakout-v5")
 
 # ---- rollouts ------------------------------------------------------------------------------------
 
+
 def _atari_factory(env_id: str) -> Callable[[], Any]:
     import ale_py
     import gymnasium as gym
@@ -46,8 +48,7 @@ def _atari_factory(env_id: str) -> Callable[[], Any]:
 
     def make() -> gym.Env:
         env = gym.make(env_id, frameskip=1)
-        env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True,
-                                              noop_max=30)
+        env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)
         return gym.wrappers.FrameStackObservation(env, 4)
 
     return make
@@ -66,9 +67,9 @@ def rollout_message(factory: Callable[[], Any], steps: int, envs: int, keep_next
 
     from rlfarm.algos import learner
     from rlfarm.config import PolicyConfig
-    from rlfarm.envs import space_spec
     from rlfarm.core.protocol import Result
     from rlfarm.core.rollout import collect, task_seeds
+    from rlfarm.envs import space_spec
 
     torch.set_num_threads(1)  # as on a worker
     torch.manual_seed(0)
@@ -83,8 +84,17 @@ def rollout_message(factory: Callable[[], Any], steps: int, envs: int, keep_next
     rollout = collect(actor, vec, steps, env_seeds, action_seed, keep_next_obs=keep_next_obs)
     duration = time.perf_counter() - started  # what a worker spends on the task before encoding
     vec.close()
-    result = Result("rollout", 0, 0, task_id="bench", worker="bench:1", version=0, duration=duration,
-                    finished=time.time(), rollout=rollout.to_dict())
+    result = Result(
+        "rollout",
+        0,
+        0,
+        task_id="bench",
+        worker="bench:1",
+        version=0,
+        duration=duration,
+        finished=time.time(),
+        rollout=rollout.to_dict(),
+    )
     return result.to_message()
 
 
@@ -93,6 +103,7 @@ def without_next_obs(message: dict) -> dict:
 
 
 # ---- codecs compared -----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -110,13 +121,18 @@ def candidates() -> list[Candidate]:
     except ImportError:
         print("(lz4 is not installed: its rows are left out)")
     else:
-        out += [Candidate("lz4", lambda a: lz4.frame.compress(a), lz4.frame.decompress),
-                Candidate("lz4 hc3", lambda a: lz4.frame.compress(a, compression_level=3), lz4.frame.decompress)]
+        out += [
+            Candidate("lz4", lambda a: lz4.frame.compress(a), lz4.frame.decompress),
+            Candidate("lz4 hc3", lambda a: lz4.frame.compress(a, compression_level=3), lz4.frame.decompress),
+        ]
     for level, checksum in ((1, False), (3, False), (3, True)):
-        out.append(Candidate(f"zstd {level}" + (" +checksum" if checksum else ""),
-                             lambda a, lv=level, ck=checksum: zstandard.ZstdCompressor(
-                                 level=lv, write_checksum=ck).compress(a),
-                             lambda b: zstandard.ZstdDecompressor().decompress(b)))
+        out.append(
+            Candidate(
+                f"zstd {level}" + (" +checksum" if checksum else ""),
+                lambda a, lv=level, ck=checksum: zstandard.ZstdCompressor(level=lv, write_checksum=ck).compress(a),
+                lambda b: zstandard.ZstdDecompressor().decompress(b),
+            )
+        )
     return out
 
 
@@ -151,6 +167,7 @@ def decode_with(payload: bytes, cand: Candidate) -> dict:
 
 # ---- measuring -----------------------------------------------------------------------------------
 
+
 @dataclass
 class Timing:
     wall_ms: float
@@ -179,22 +196,28 @@ def check_equal(message: dict, decoded: dict) -> None:
 def row(name: str, payload: bytes, base: int, steps: int, raw_mb: float, enc: Timing, dec: Timing) -> str:
     # Raw arrays decode copy-free in microseconds: a rate would say nothing.
     mbps = lambda t: f"{raw_mb / (t.wall_ms / 1e3):8.0f}" if t.wall_ms > 0.05 else f"{'-':>8}"
-    return (f"  {name:<16} {len(payload) / steps:>10,.1f} {base / len(payload):>7.1f}x "
-            f"{enc.wall_ms:>8.2f} {enc.cpu_ms:>8.2f} {dec.wall_ms:>8.2f} {dec.cpu_ms:>8.2f} "
-            f"{mbps(enc)} {mbps(dec)}")
+    return (
+        f"  {name:<16} {len(payload) / steps:>10,.1f} {base / len(payload):>7.1f}x "
+        f"{enc.wall_ms:>8.2f} {enc.cpu_ms:>8.2f} {dec.wall_ms:>8.2f} {dec.cpu_ms:>8.2f} "
+        f"{mbps(enc)} {mbps(dec)}"
+    )
 
 
-HEADER = (f"  {'codec':<16} {'B/env step':>10} {'ratio':>8} {'enc ms':>8} {'enc cpu':>8} "
-          f"{'dec ms':>8} {'dec cpu':>8} {'enc MB/s':>8} {'dec MB/s':>8}")
+HEADER = (
+    f"  {'codec':<16} {'B/env step':>10} {'ratio':>8} {'enc ms':>8} {'enc cpu':>8} "
+    f"{'dec ms':>8} {'dec cpu':>8} {'enc MB/s':>8} {'dec MB/s':>8}"
+)
 
 
 def codec_table(title: str, message: dict, repeats: int) -> None:
     steps = int(message["rollout"]["rewards"].size)
     raw_mb = codec.array_bytes(message) / 1e6
     base = len(codec.pack(message))
-    print(f"\n{title}: {steps} env steps, arrays {raw_mb:.2f} MB, "
-          f"obs {message['rollout']['obs'].dtype} {message['rollout']['obs'].shape[2:]}, "
-          f"collected in {message['duration'] * 1e3:.0f} ms")
+    print(
+        f"\n{title}: {steps} env steps, arrays {raw_mb:.2f} MB, "
+        f"obs {message['rollout']['obs'].dtype} {message['rollout']['obs'].shape[2:]}, "
+        f"collected in {message['duration'] * 1e3:.0f} ms"
+    )
     print(HEADER)
     for cand in candidates():
         payload, enc = timed(lambda: encode_with(message, cand), repeats)

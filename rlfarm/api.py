@@ -21,13 +21,13 @@ the CLI turns each into one line.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import secrets
 import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from rlfarm import config as C
 
@@ -38,8 +38,9 @@ log = logging.getLogger("rlfarm")
 _OPTION_KEYS = {"env": "env.id", "workers": "farm.workers"}
 
 
-def config_values(preset: str | None = "cartpole-ppo",
-                  overrides: Mapping[str, Any] | Iterable[str] | None = None, **options: Any) -> dict[str, Any]:
+def config_values(
+    preset: str | None = "cartpole-ppo", overrides: Mapping[str, Any] | Iterable[str] | None = None, **options: Any
+) -> dict[str, Any]:
     """The flat values (dotted keys) a config is made of, in order: the preset's (a shipped name or a
     TOML file; None: only the defaults), then `overrides` ({"ppo.gamma": 0.98} or ["ppo.gamma=0.98"]),
     then keyword options (None values skipped; see make_config). A sweep keeps them as they are: its
@@ -57,9 +58,13 @@ def config_values(preset: str | None = "cartpole-ppo",
     return values
 
 
-def make_config(preset: str | None = "cartpole-ppo",
-                overrides: Mapping[str, Any] | Iterable[str] | None = None, *, base: C.RunConfig | None = None,
-                **options: Any) -> C.RunConfig:
+def make_config(
+    preset: str | None = "cartpole-ppo",
+    overrides: Mapping[str, Any] | Iterable[str] | None = None,
+    *,
+    base: C.RunConfig | None = None,
+    **options: Any,
+) -> C.RunConfig:
     """A validated RunConfig, made the one way every config is (`rlfarm train`, `--seeds`, `--resume`,
     `rlfarm sweep` and this API): the preset's values (config_values), or `base`'s (a RunConfig; give
     preset None), then overrides, then keyword options (total_steps=..., seed=..., env="Acrobot-v1",
@@ -76,8 +81,9 @@ def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
     check_mode(cfg.algo, cfg.mode)
     spec = describe(cfg.env.id, dataclasses.asdict(cfg.env))
     check_env(cfg.algo, spec)
-    C.check_replay_memory(cfg, spec.obs_shape, spec.obs_dtype == "uint8",
-                        1 if spec.discrete else spec.action_dim, C.machine_memory())
+    C.check_replay_memory(
+        cfg, spec.obs_shape, spec.obs_dtype == "uint8", 1 if spec.discrete else spec.action_dim, C.machine_memory()
+    )
     if cfg.farm.episodes == "continue":
         from rlfarm.envs import snapshot
 
@@ -119,15 +125,26 @@ def run_length_notes(cfg: C.RunConfig) -> list[tuple[int, str]]:
         limit = None  # unknown: no warning (the env was already built once; the trainer says more)
     steps = cfg.farm.steps_per_env
     if limit is not None and limit > steps and cfg.farm.episodes == "fresh":
-        capped = (f"{cfg.env.id} episodes last up to {limit} steps but each task runs {steps} steps per env "
-                  f"and starts fresh episodes: training returns only count episodes that end within a task "
-                  f"(at most {steps} steps)")
+        capped = (
+            f"{cfg.env.id} episodes last up to {limit} steps but each task runs {steps} steps per env "
+            f"and starts fresh episodes: training returns only count episodes that end within a task "
+            f"(at most {steps} steps)"
+        )
         if cfg.eval.interval:
-            notes.append((logging.INFO, f"{capped}, and act with exploration; greedy evaluations play whole "
-                          f"episodes and are the run's score"))
+            notes.append(
+                (
+                    logging.INFO,
+                    f"{capped}, and act with exploration; greedy evaluations play whole "
+                    f"episodes and are the run's score",
+                )
+            )
         else:
-            notes.append((logging.WARNING, f"{capped}; --set farm.episodes=continue keeps each worker's envs "
-                          f"running across tasks"))
+            notes.append(
+                (
+                    logging.WARNING,
+                    f"{capped}; --set farm.episodes=continue keeps each worker's envs running across tasks",
+                )
+            )
     return notes
 
 
@@ -156,11 +173,9 @@ def resume_config(run: str, logdir: str | None = None, **changes: Any) -> C.RunC
     if not (run_dir / "config.json").is_file():
         run_dir = Path(logdir or C.RunConfig.logdir) / run
     if not (run_dir / "config.json").is_file():
-        raise C.ConfigError(f"no run {run!r}: neither {run} nor {run_dir} is a run directory "
-                            f"(one with config.json)")
+        raise C.ConfigError(f"no run {run!r}: neither {run} nor {run_dir} is a run directory (one with config.json)")
     if not checkpoint.path_in(run_dir).is_file():
-        raise C.ConfigError(f"run directory {run_dir} has no trainer checkpoint "
-                            f"({checkpoint.FILENAME}) to resume from")
+        raise C.ConfigError(f"run directory {run_dir} has no trainer checkpoint ({checkpoint.FILENAME}) to resume from")
     cfg = C.from_dict(json.loads((run_dir / "config.json").read_text()))
     if cfg.run_id != run_dir.name:
         raise C.ConfigError(f"{run_dir} holds run {cfg.run_id!r}; a run directory is named after its run")
@@ -179,10 +194,18 @@ def online_processes(redis_url: str) -> int:
     return sum(int(s.get("pool", {}).get("max-concurrency", 0)) for s in stats.values())
 
 
-def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
-        callback: Callable[..., bool | None] | None = None, console: Any = None,
-        notify: Callable[[str], None] | None = None, metrics: tuple[str, int] | None = None,
-        farm: Any = None, capture_video: bool = False, tracking: Any = None):
+def run(
+    cfg: C.RunConfig,
+    redis_url: str | None = None,
+    resume: bool = False,
+    callback: Callable[..., bool | None] | None = None,
+    console: Any = None,
+    notify: Callable[[str], None] | None = None,
+    metrics: tuple[str, int] | None = None,
+    farm: Any = None,
+    capture_video: bool = False,
+    tracking: Any = None,
+):
     """Train `cfg` (already checked, with a run id) on the farm at `redis_url`, or on an embedded one.
     `farm`: the farm found already (rlfarm.farm.find.Farm; the CLI's); default: the one `redis_url`
     names, else the `rlfarm up` farm, else none (the embedded default). The up farm's secret signs the
@@ -195,8 +218,13 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
 
     notify = notify or log.info
     run_dir = Path(cfg.logdir) / cfg.run_id
-    options = {"resume": resume, "callback": callback, "console": console, "capture_video": capture_video,
-               "tracking": tracking}
+    options = {
+        "resume": resume,
+        "callback": callback,
+        "console": console,
+        "capture_video": capture_video,
+        "tracking": tracking,
+    }
     processes = None
     if farm is None:
         farm = find_farm(redis_url, environ={})  # the API reads no RLFARM_REDIS_URL: redis_url is given or not
@@ -210,8 +238,10 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         processes = farm.local_workers  # no need to ask the workers
         options["local_workers"] = processes  # on this machine: the trainer's threads leave them their cores
         if farm.source == UP_FARM:
-            notify(f"no --redis given: training on the local farm started by `rlfarm up` ({processes} "
-                   f"worker processes; `rlfarm down` stops it)")
+            notify(
+                f"no --redis given: training on the local farm started by `rlfarm up` ({processes} "
+                f"worker processes; `rlfarm down` stops it)"
+            )
         else:
             notify(f"farm: {farm.source}; training on it with the secret its workers hold")
     if redis_url:
@@ -223,8 +253,10 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         if processes is None:
             processes = online_processes(redis_url)  # a broadcast that waits 1 s for answers
         if not processes:
-            notify(f"no worker answered on {redact(redis_url)}; tasks wait in the queue until one starts "
-                   f"(`rlfarm worker --redis URL`)")
+            notify(
+                f"no worker answered on {redact(redis_url)}; tasks wait in the queue until one starts "
+                f"(`rlfarm worker --redis URL`)"
+            )
         from rlfarm.farm.claim import RunDirLock
         from rlfarm.trainer import make_trainer
 
@@ -232,16 +264,15 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         with RunDirLock(run_dir):  # RunInUse: another trainer writes this directory
             return _train_serving(trainer, metrics, notify)
 
+    from rlfarm.core.signing import SECRET_ENV, secret_from_env
+    from rlfarm.envs import allowed_modules_env
     from rlfarm.farm.claim import RunDirLock
     from rlfarm.local.cluster import LocalCluster
-    from rlfarm.envs import allowed_modules_env
-    from rlfarm.core.signing import SECRET_ENV, secret_from_env
 
     lock = RunDirLock(run_dir)  # before anything is written into the directory (the farm's logs)
     lock.acquire()
     workers = C.local_workers(cfg)
-    notify(f"no --redis given: starting an embedded Redis and {workers} local worker processes "
-           f"(logs in {run_dir}/)")
+    notify(f"no --redis given: starting an embedded Redis and {workers} local worker processes (logs in {run_dir}/)")
     # The user's own `module:callable` env is trusted on the user's own local workers.
     extra_env = allowed_modules_env(cfg.env.id)
     if not secret_from_env():
@@ -249,16 +280,15 @@ def run(cfg: C.RunConfig, redis_url: str | None = None, resume: bool = False,
         # push a forged result that counts as the task's first copy. Made per run, given to its
         # workers through their environment, never written down.
         options["secret"] = extra_env[SECRET_ENV] = secrets.token_hex(32)
-    cluster = LocalCluster(workers=workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir,
-                           extra_env=extra_env)
+    cluster = LocalCluster(workers=workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir, extra_env=extra_env)
     try:
         cluster.start(wait=False)  # the workers import torch while the trainer builds its network
-        (run_dir / "cluster.json").write_text(json.dumps(
-            {"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
+        (run_dir / "cluster.json").write_text(json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
         from rlfarm.trainer import make_trainer  # torch: imported while the workers start
 
-        trainer = make_trainer(cfg, cluster.redis_url, run_dir, tasks_in_flight=embedded_in_flight(cfg),
-                               local_workers=workers, **options)
+        trainer = make_trainer(
+            cfg, cluster.redis_url, run_dir, tasks_in_flight=embedded_in_flight(cfg), local_workers=workers, **options
+        )
         cluster.wait_ready()
         return _train_serving(trainer, metrics, notify)
     finally:
@@ -272,8 +302,12 @@ def _train_serving(trainer: Any, metrics: tuple[str, int] | None, notify: Callab
         return trainer.train()
     from rlfarm.runio import exporter
 
-    served = exporter.serve(exporter.LiveCollector("trainer", exporter.TRAINER_METRICS, "run",
-                                                   trainer.metrics_labels, trainer.live_metrics), *metrics)
+    served = exporter.serve(
+        exporter.LiveCollector(
+            "trainer", exporter.TRAINER_METRICS, "run", trainer.metrics_labels, trainer.live_metrics
+        ),
+        *metrics,
+    )
     notify(f"Prometheus metrics of run {trainer.config.run_id} at {served.url}")
     try:
         return trainer.train()
@@ -281,10 +315,18 @@ def _train_serving(trainer: Any, metrics: tuple[str, int] | None, notify: Callab
         served.close()
 
 
-def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = None,
-          overrides: Mapping[str, Any] | Iterable[str] | None = None, redis_url: str | None = None,
-          callback: Callable[..., bool | None] | None = None, console: Any = None,
-          capture_video: bool = False, track: bool | str = False, **options: Any):
+def train(
+    preset: str | None = "cartpole-ppo",
+    *,
+    config: C.RunConfig | None = None,
+    overrides: Mapping[str, Any] | Iterable[str] | None = None,
+    redis_url: str | None = None,
+    callback: Callable[..., bool | None] | None = None,
+    console: Any = None,
+    capture_video: bool = False,
+    track: bool | str = False,
+    **options: Any,
+):
     """Train and return a `TrainResult` (run_dir, final_policy, best_policy, returns, counters).
 
     `preset`: a shipped preset name or a TOML path; `config`: a RunConfig instead (then `overrides`
@@ -308,12 +350,20 @@ def train(preset: str | None = "cartpole-ppo", *, config: C.RunConfig | None = N
     tracking = check_extras(cfg, capture_video, track or None)
     cfg = with_run_id(cfg)
     check_new_run(cfg)
-    return run(cfg, redis_url=farm.url, callback=callback, console=console, farm=farm,
-               capture_video=capture_video, tracking=tracking)
+    return run(
+        cfg,
+        redis_url=farm.url,
+        callback=callback,
+        console=console,
+        farm=farm,
+        capture_video=capture_video,
+        tracking=tracking,
+    )
 
 
-def check_extras(cfg: C.RunConfig, capture_video: bool = False, track: bool | str | None = None,
-                 experiment: str | None = None) -> Any:
+def check_extras(
+    cfg: C.RunConfig, capture_video: bool = False, track: bool | str | None = None, experiment: str | None = None
+) -> Any:
     """--capture-video and --track checked before anything starts (VideoError, TrackingError: both
     ConfigErrors); returns the run's Tracking, or None. `track`: True, or a tracking URI."""
     if capture_video:
@@ -321,8 +371,10 @@ def check_extras(cfg: C.RunConfig, capture_video: bool = False, track: bool | st
 
         video.check(cfg)
         if not cfg.eval.interval:
-            log.warning("--capture-video records the greedy evaluations, and eval.interval = 0 schedules "
-                        "none: --set eval.interval=N for a video every N env steps")
+            log.warning(
+                "--capture-video records the greedy evaluations, and eval.interval = 0 schedules "
+                "none: --set eval.interval=N for a video every N env steps"
+            )
     if not track and experiment is None:
         return None
     from rlfarm.observe import tracking
@@ -330,4 +382,3 @@ def check_extras(cfg: C.RunConfig, capture_video: bool = False, track: bool | st
     where = tracking.Tracking.resolve(track if isinstance(track, str) else None, experiment)
     tracking.check(where)
     return where
-

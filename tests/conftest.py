@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlfarm.local.cluster import LocalCluster
 from rlfarm.envs import SpaceSpec
+from rlfarm.local.cluster import LocalCluster
 
 # Test processes share the cores (the suite runs in parallel): OpenMP threads that wait for work sleep
 # instead of spinning, which a CNN learner's second thread did for a fifth of its test's CPU time.
@@ -35,32 +35,49 @@ from rlfarm.envs import SpaceSpec
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-              # workers build "module:callable" envs from Redis only from allowed modules (rlfarm.envs)
-              "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs"}
+WORKER_ENV = {
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    # workers build "module:callable" envs from Redis only from allowed modules (rlfarm.envs)
+    "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs",
+}
 
 
 # Debian packages some tests need (README: the test command installs them). Checked once the tests
 # are collected, so a missing one is reported in the first seconds, not after minutes of tests.
 SYSTEM_PACKAGES = {  # test module -> (what it needs, how to check)
-    "test_compose": [("docker-compose", lambda: shutil.which("docker-compose")),
-                     ("redis-server (Debian's, with redis-cli)", lambda: shutil.which("redis-cli")),
-                     ("redis-sentinel", lambda: shutil.which("redis-sentinel"))],
+    "test_compose": [
+        ("docker-compose", lambda: shutil.which("docker-compose")),
+        ("redis-server (Debian's, with redis-cli)", lambda: shutil.which("redis-cli")),
+        ("redis-sentinel", lambda: shutil.which("redis-sentinel")),
+    ],
     "test_sentinel": [("redis-sentinel", lambda: shutil.which("redis-sentinel"))],
-    "test_security": [("redis-server (Debian's /usr/bin/redis-server, built with TLS)",
-                       lambda: os.access("/usr/bin/redis-server", os.X_OK)),
-                      ("openssl", lambda: shutil.which("openssl"))],
+    "test_security": [
+        (
+            "redis-server (Debian's /usr/bin/redis-server, built with TLS)",
+            lambda: os.access("/usr/bin/redis-server", os.X_OK),
+        ),
+        ("openssl", lambda: shutil.which("openssl")),
+    ],
 }
 
 
 def pytest_collection_finish(session):
     modules = {Path(str(item.fspath)).stem for item in session.items}
-    missing = sorted({name for module in modules & set(SYSTEM_PACKAGES)
-                      for name, present in SYSTEM_PACKAGES[module] if not present()})
+    missing = sorted(
+        {
+            name
+            for module in modules & set(SYSTEM_PACKAGES)
+            for name, present in SYSTEM_PACKAGES[module]
+            if not present()
+        }
+    )
     if missing:
-        pytest.exit(f"missing system packages: {', '.join(missing)}. On Debian/Ubuntu: sudo apt-get "
-                    f"install -y redis-server redis-sentinel docker-compose openssl (the README's test command does), "
-                    f"or deselect tests/test_compose.py and tests/test_security.py", returncode=4)
+        pytest.exit(
+            f"missing system packages: {', '.join(missing)}. On Debian/Ubuntu: sudo apt-get "
+            f"install -y redis-server redis-sentinel docker-compose openssl (the README's test command does), "
+            f"or deselect tests/test_compose.py and tests/test_security.py",
+            returncode=4,
+        )
 
 
 # Test tiers (setup.cfg): a test with none of these is a unit test, and must start no process.
@@ -128,8 +145,7 @@ def _unit_tests_start_no_process(request, monkeypatch):
         return
 
     def refuse(*args, **kwargs):
-        raise StartedAProcess(f"a unit test started a process: mark it one of {', '.join(TIERS)} "
-                              f"(setup.cfg)")
+        raise StartedAProcess(f"a unit test started a process: mark it one of {', '.join(TIERS)} (setup.cfg)")
 
     class RefusedPopen(subprocess.Popen):
         def __new__(cls, *args, **kwargs):  # before an instance exists: no __del__ to trip over
@@ -153,16 +169,16 @@ def _no_local_farm(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def redis_only(tmp_path_factory):
-    with LocalCluster(workers=0, name="rlfarm-test-store",
-                      log_dir=tmp_path_factory.mktemp("redis")) as cluster:
+    with LocalCluster(workers=0, name="rlfarm-test-store", log_dir=tmp_path_factory.mktemp("redis")) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="session")
 def farm(tmp_path_factory):
     """Redis + one Celery worker with 2 pool processes."""
-    with LocalCluster(workers=2, name="rlfarm-test-farm", log_dir=tmp_path_factory.mktemp("farm"),
-                      extra_env=WORKER_ENV) as cluster:
+    with LocalCluster(
+        workers=2, name="rlfarm-test-farm", log_dir=tmp_path_factory.mktemp("farm"), extra_env=WORKER_ENV
+    ) as cluster:
         yield cluster
 
 
@@ -186,8 +202,9 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def poll(condition, what: str, proc: subprocess.Popen | None = None, log: Path | None = None,
-         deadline_s: float = 120.0):
+def poll(
+    condition, what: str, proc: subprocess.Popen | None = None, log: Path | None = None, deadline_s: float = 120.0
+):
     """condition() until it returns something truthy, which is returned; fails with `what` if `proc`
     exits (showing the end of `log`) or the deadline passes first."""
     # Generous deadline: it only turns a hang into a readable failure.
@@ -197,8 +214,9 @@ def poll(condition, what: str, proc: subprocess.Popen | None = None, log: Path |
         if result:
             return result
         if proc is not None and proc.poll() is not None:
-            pytest.fail(f"{what}: process exited ({proc.returncode}):\n"
-                        f"{log.read_text(errors='replace')[-3000:] if log else ''}")
+            pytest.fail(
+                f"{what}: process exited ({proc.returncode}):\n{log.read_text(errors='replace')[-3000:] if log else ''}"
+            )
         if time.monotonic() > deadline:
             pytest.fail(f"{what}: not within {deadline_s:.0f} s")
         time.sleep(0.2)  # polling interval, not synchronisation
@@ -231,7 +249,7 @@ class TaskEvents:
             self._receiver = self.app.events.Receiver(conn, handlers={"*": self.events.append})
             self._receiver.capture(limit=None, timeout=None, wakeup=True)  # wakeup: workers send a heartbeat
 
-    def __enter__(self) -> "TaskEvents":
+    def __enter__(self) -> TaskEvents:
         self._thread.start()
         poll(lambda: self.of("worker-heartbeat"), "a worker heartbeat in the event stream (workers need -E)")
         return self
@@ -258,15 +276,20 @@ def rlfarm_cmd(*args: str) -> list[str]:
 
 def run_cli(*args, env=None, cwd=None):
     """`rlfarm ARGS` to completion, output captured, with WORKER_ENV (plus `env`) in its environment."""
-    return subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **WORKER_ENV, **(env or {})}, timeout=900)
+    return subprocess.run(
+        rlfarm_cmd(*args),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **WORKER_ENV, **(env or {})},
+        timeout=900,
+    )
 
 
 def one_error_line(stderr: str, warnings: bool = True) -> str:
     """The single `rlfarm: error: ...` line a failing command must print (no traceback, nothing else;
     `rlfarm: warning:` lines may come with it unless warnings=False)."""
-    lines = [line for line in stderr.splitlines()
-             if line.strip() and not (warnings and "rlfarm: warning:" in line)]
+    lines = [line for line in stderr.splitlines() if line.strip() and not (warnings and "rlfarm: warning:" in line)]
     assert len(lines) == 1 and lines[0].startswith("rlfarm: error: "), stderr[-3000:]
     return lines[0]
 
@@ -327,8 +350,8 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
     import torch
 
     from rlfarm import config as C
-    from rlfarm.envs import describe
     from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.envs import describe
     from rlfarm.farm.connection import connect
     from rlfarm.farm.store import PolicyStore
 
@@ -355,8 +378,7 @@ def task_channel(redis_url: str, run_id: str, timeout: float = 60.0):
 
 def task_specs(iteration: int, n: int, steps: int, version: int = 0, seed: int = 1) -> list[dict]:
     """Specs of the `n` rollout tasks of one iteration, as TaskChannel.gather_group takes them."""
-    return [{"iteration": iteration, "index": i, "version": version, "steps": steps, "seed": seed}
-            for i in range(n)]
+    return [{"iteration": iteration, "index": i, "version": version, "steps": steps, "seed": seed} for i in range(n)]
 
 
 def running_tasks(app, run_id: str) -> list[tuple[int, str]]:

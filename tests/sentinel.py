@@ -15,8 +15,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from rlfarm.local.cluster import LOOPBACK, LocalCluster, die_with_parent, find_redis_server, free_port, \
-    stop_process_group
+from rlfarm.local.cluster import (
+    LOOPBACK,
+    LocalCluster,
+    die_with_parent,
+    find_redis_server,
+    free_port,
+    stop_process_group,
+)
 
 MASTER_NAME = "rlfarm"
 DOWN_AFTER_MS = 1000
@@ -37,35 +43,67 @@ class SentinelGroup:
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.root / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            preexec_fn=die_with_parent)
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
+        )
 
     def _server(self, name: str, *args: str) -> None:
         port = self.ports[name] = free_port()
         data = self.root / name
         data.mkdir(exist_ok=True)
-        self._spawn(name, [find_redis_server(), "--port", str(port), "--bind", LOOPBACK, "--save", "",
-                           "--appendonly", "no", "--maxmemory-policy", "noeviction", "--dir", str(data),
-                           "--daemonize", "no", "--loglevel", "notice",
-                           "--client-output-buffer-limit", "pubsub", "0", "0", "0",
-                           # large results must not cut the replica off (it would resync in a loop)
-                           "--client-output-buffer-limit", "replica", "0", "0", "0", *args])
+        self._spawn(
+            name,
+            [
+                find_redis_server(),
+                "--port",
+                str(port),
+                "--bind",
+                LOOPBACK,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--maxmemory-policy",
+                "noeviction",
+                "--dir",
+                str(data),
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "notice",
+                "--client-output-buffer-limit",
+                "pubsub",
+                "0",
+                "0",
+                "0",
+                # large results must not cut the replica off (it would resync in a loop)
+                "--client-output-buffer-limit",
+                "replica",
+                "0",
+                "0",
+                "0",
+                *args,
+            ],
+        )
 
     def start(self) -> None:
         self._server("master")
         self._server("replica", "--replicaof", LOOPBACK, str(self.ports["master"]))
         replica = redis.Redis(host=LOOPBACK, port=self.ports["replica"], socket_connect_timeout=1)
-        self._wait(lambda: replica.info("replication").get("master_link_status") == "up",
-                   "the replica linked to its master")
+        self._wait(
+            lambda: replica.info("replication").get("master_link_status") == "up", "the replica linked to its master"
+        )
         for i in range(3):
             name = f"sentinel-{i}"
             port = self.ports[name] = free_port()
             conf = self.root / f"{name}.conf"  # a sentinel rewrites its file with what it learns
-            conf.write_text(f"port {port}\nbind {LOOPBACK}\ndaemonize no\ndir {self.root}\n"
-                            f"sentinel monitor {MASTER_NAME} {LOOPBACK} {self.ports['master']} 2\n"
-                            f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
-                            f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
-                            f"sentinel parallel-syncs {MASTER_NAME} 1\n")
+            conf.write_text(
+                f"port {port}\nbind {LOOPBACK}\ndaemonize no\ndir {self.root}\n"
+                f"sentinel monitor {MASTER_NAME} {LOOPBACK} {self.ports['master']} 2\n"
+                f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
+                f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
+                f"sentinel parallel-syncs {MASTER_NAME} 1\n"
+            )
             self._spawn(name, [*sentinel_command(), str(conf)])
         for i in range(3):  # each knows the replica and the two other sentinels: a failover can happen
             self._wait(lambda i=i: self._ready(i), f"sentinel {i} ready (replica and quorum known)")
@@ -97,8 +135,13 @@ class SentinelGroup:
         poll(lambda: alive_and(condition), what)
 
     def sentinel_client(self, i: int = 0) -> redis.Redis:
-        return redis.Redis(host=LOOPBACK, port=self.ports[f"sentinel-{i}"], socket_connect_timeout=1,
-                           socket_timeout=2, decode_responses=True)
+        return redis.Redis(
+            host=LOOPBACK,
+            port=self.ports[f"sentinel-{i}"],
+            socket_connect_timeout=1,
+            socket_timeout=2,
+            decode_responses=True,
+        )
 
     @property
     def url(self) -> str:

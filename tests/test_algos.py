@@ -15,24 +15,32 @@ from torch import nn
 
 from rlfarm import config as C
 from rlfarm.algos import learner, names
+from rlfarm.core.rollout import collect
 from rlfarm.envs import EnvError, describe, make_vector_env
 from rlfarm.nn.actors import Actor
 from rlfarm.nn.layers import NatureCNN, cnn_layers
-from rlfarm.core.rollout import collect
 
 ENVS = {"vector": "CartPole-v1", "image": "tests.tiny_envs:image", "image-hwc": "tests.tiny_envs:image_hwc"}
 # The same kinds with Box actions, for the algorithms that cannot act in ENVS (SAC).
 BOX_ENVS = {"vector": "Pendulum-v1", "image": "tests.tiny_envs:image_box", "image-hwc": "tests.tiny_envs:image_box_hwc"}
 # Small and quick, for whichever of these keys an algorithm's section has: learning starts at once,
 # small batches and networks, two short epochs.
-SMALL = {"learning_starts": 0, "batch_size": 32, "buffer_size": 4096, "replay_ratio": 0.05,
-         "num_minibatches": 2, "update_epochs": 2}
+SMALL = {
+    "learning_starts": 0,
+    "batch_size": 32,
+    "buffer_size": 4096,
+    "replay_ratio": 0.05,
+    "num_minibatches": 2,
+    "update_epochs": 2,
+}
 
 
 def overrides(algo: str) -> list[str]:
     fields = {f.name for f in dataclasses.fields(C.ALGORITHMS[algo])}
     return [f"{algo}.{key}={value}" for key, value in SMALL.items() if key in fields] + [
-        "policy.cnn_features=32", "policy.hidden_sizes=[32, 32]"]
+        "policy.cnn_features=32",
+        "policy.hidden_sizes=[32, 32]",
+    ]
 
 
 @functools.cache
@@ -48,8 +56,19 @@ def env_for(algo: str, kind: str) -> str:
 
 def make(algo: str, env: str, seed: int = 0, mode: str | None = None):
     mode = mode or next(iter(C.ALGORITHMS[algo].modes))
-    cfg = C.build(None, [f"algo={algo}", f"mode={mode}", f"env.id={env}", "env.num_envs=2", "farm.num_tasks=1",
-                         "farm.steps_per_env=64", *overrides(algo)], seed=seed)
+    cfg = C.build(
+        None,
+        [
+            f"algo={algo}",
+            f"mode={mode}",
+            f"env.id={env}",
+            "env.num_envs=2",
+            "farm.num_tasks=1",
+            "farm.steps_per_env=64",
+            *overrides(algo),
+        ],
+        seed=seed,
+    )
     spec = describe(env)
     torch.manual_seed(seed)
     return learner(algo, mode)(cfg, spec, torch.device("cpu")), spec
@@ -59,8 +78,7 @@ def rollout_for(algorithm, env: str, seed: int):
     """A real rollout of 64 steps x 2 envs, acted by the algorithm's own actor with its options."""
     cls = type(algorithm)
     actor = cls.actor_snapshot(algorithm.policy).with_options(**algorithm.acting(0.0))
-    return collect(actor, make_vector_env(env, 2), 64, [seed, seed + 1], seed,
-                   keep_next_obs=cls.collect_next_obs)
+    return collect(actor, make_vector_env(env, 2), 64, [seed, seed + 1], seed, keep_next_obs=cls.collect_next_obs)
 
 
 def train_once(algorithm, rollout) -> dict[str, float]:
@@ -193,10 +211,23 @@ def test_appos_circular_buffer_learns_each_batch_its_passes_round_robin_and_resu
     env = "CartPole-v1"
 
     def appo(seed: int = 0):
-        cfg = C.build(None, ["algo=ppo", "mode=async", f"env.id={env}", "env.num_envs=2", "farm.steps_per_env=64",
-                             "ppo.num_minibatches=2", "ppo.update_epochs=1", "ppo.buffer_batches=3",
-                             "ppo.batch_passes=2", "async.results_per_update=1", "policy.hidden_sizes=[32, 32]"],
-                      seed=seed)
+        cfg = C.build(
+            None,
+            [
+                "algo=ppo",
+                "mode=async",
+                f"env.id={env}",
+                "env.num_envs=2",
+                "farm.steps_per_env=64",
+                "ppo.num_minibatches=2",
+                "ppo.update_epochs=1",
+                "ppo.buffer_batches=3",
+                "ppo.batch_passes=2",
+                "async.results_per_update=1",
+                "policy.hidden_sizes=[32, 32]",
+            ],
+            seed=seed,
+        )
         torch.manual_seed(seed)
         return learner("ppo", "async")(cfg, describe(env), torch.device("cpu"))
 

@@ -25,8 +25,16 @@ def test_train_on_a_farm_with_a_callback_that_logs_and_stops(farm, tmp_path):
         step.extra["my/thousands_of_steps"] = step.env_steps / 1000
         return step.env_steps < 4096  # False stops the run
 
-    result = rlfarm.train("cartpole-ppo", overrides=SMALL, redis_url=farm.redis_url, run_id="api",
-                          logdir=str(tmp_path), total_steps=100_000, seed=3, callback=callback)
+    result = rlfarm.train(
+        "cartpole-ppo",
+        overrides=SMALL,
+        redis_url=farm.redis_url,
+        run_id="api",
+        logdir=str(tmp_path),
+        total_steps=100_000,
+        seed=3,
+        callback=callback,
+    )
     assert isinstance(result, rlfarm.TrainResult)
     assert result.env_steps == 4096 == seen[-1][0]  # stopped by the callback, not at total_steps
     assert [v for _, v in seen] == [1, 2, 3, 4]
@@ -42,8 +50,14 @@ def test_train_on_a_farm_with_a_callback_that_logs_and_stops(farm, tmp_path):
 
 
 def test_train_embedded_from_python_with_evaluations_and_a_best_policy(tmp_path):
-    result = rlfarm.train("cartpole-ppo", overrides={**SMALL, "eval.interval": 1024, "eval.episodes": 4},
-                          workers=1, run_id="api-embedded", logdir=str(tmp_path), total_steps=3072)
+    result = rlfarm.train(
+        "cartpole-ppo",
+        overrides={**SMALL, "eval.interval": 1024, "eval.episodes": 4},
+        workers=1,
+        run_id="api-embedded",
+        logdir=str(tmp_path),
+        total_steps=3072,
+    )
     assert result.env_steps == 3072
     assert result.best_policy == tmp_path / "api-embedded" / "best_policy.safetensors"
     assert result.best_policy.exists() and result.best_version is not None
@@ -67,4 +81,3 @@ def test_bad_input_is_an_exception_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="cannot run in --mode sync"):
         rlfarm.train("cartpole-dqn", mode="sync", logdir=str(tmp_path))
     assert not any(tmp_path.iterdir())
-

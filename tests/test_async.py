@@ -14,14 +14,24 @@ import redis
 
 from rlfarm.farm.app import make_app
 
-from .conftest import (WORKER_ENV, assert_cleaned_up, pid_alive, poll, read_summary, rlfarm_cmd, run_cli,
-                       running_tasks)
+from .conftest import WORKER_ENV, assert_cleaned_up, pid_alive, poll, read_summary, rlfarm_cmd, run_cli, running_tasks
 
 pytestmark = pytest.mark.farm
 
-SMALL_DQN = ["--preset", "cartpole-dqn", "--set", "policy.hidden_sizes=[32,32]",
-             "--set", "dqn.learning_starts=256", "--set", "dqn.replay_ratio=0.25",
-             "--set", "eval.interval=0", "--set", "target_return=inf"]
+SMALL_DQN = [
+    "--preset",
+    "cartpole-dqn",
+    "--set",
+    "policy.hidden_sizes=[32,32]",
+    "--set",
+    "dqn.learning_starts=256",
+    "--set",
+    "dqn.replay_ratio=0.25",
+    "--set",
+    "eval.interval=0",
+    "--set",
+    "target_return=inf",
+]
 
 
 @pytest.mark.parametrize("max_lag, stale_expected", [(1, True), (100_000, False), ("auto", False)])
@@ -29,9 +39,24 @@ def test_stale_results_are_dropped_and_counted(farm, tmp_path, max_lag, stale_ex
     """4 tasks in flight, 128 versions per result (512 steps x replay 0.25 / 1): lag is at least 128,
     so a bound of 1 drops results; "auto" (2 x 4 x 128 = 1024) keeps them all."""
     run_id = f"stale-{max_lag}"
-    result = run_cli("train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(tmp_path),
-                     "--total-steps", "6000", *SMALL_DQN, "--set", f"async.max_policy_lag={max_lag}",
-                     "--set", "async.tasks_in_flight=4", "--set", "async.publish_interval=1")
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--total-steps",
+        "6000",
+        *SMALL_DQN,
+        "--set",
+        f"async.max_policy_lag={max_lag}",
+        "--set",
+        "async.tasks_in_flight=4",
+        "--set",
+        "async.publish_interval=1",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     summary = read_summary(tmp_path / run_id)
     rows = list(csv.DictReader(open(tmp_path / run_id / "progress.csv")))
@@ -49,20 +74,39 @@ def test_stale_results_are_dropped_and_counted(farm, tmp_path, max_lag, stale_ex
 def test_sigkilled_worker_during_async_run(farm, tmp_path):
     """Training goes on to the end; the killed task is replaced; no task id is counted twice."""
     run_id = "async-kill"
-    args = ["train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(tmp_path),
-            "--total-steps", "6000", *SMALL_DQN, "--env", "tests.tiny_envs:slow",
-            "--set", "env.num_envs=1", "--set", "farm.steps_per_env=250", "--set", "farm.task_timeout=4"]
+    args = [
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--total-steps",
+        "6000",
+        *SMALL_DQN,
+        "--env",
+        "tests.tiny_envs:slow",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=250",
+        "--set",
+        "farm.task_timeout=4",
+    ]
     # The run (24 results of ~0.5 s on 2 processes) outlasts the 4 s deadline, so the killed task is
     # replaced one way or the other before the end: redelivered by Celery (same task id) or, if that
     # is slow (a loaded machine restarting the pool process), re-sent by the trainer.
-    proc = subprocess.Popen(rlfarm_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **WORKER_ENV})
+    proc = subprocess.Popen(
+        rlfarm_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **WORKER_ENV}
+    )
     app = make_app(farm.redis_url)
     running = poll(lambda: running_tasks(app, run_id), "a task of the run running", proc)
     victim, task_id = running[0]
     os.kill(victim, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-2000:]
+
     # The kill mattered: the process died with a task in hand (Celery's pool says so, and raises
     # WorkerLostError only for a process that had a job running).
     def lost_with_a_job() -> bool:
@@ -70,7 +114,7 @@ def test_sigkilled_worker_during_async_run(farm, tmp_path):
             lines = path.read_text(errors="replace").splitlines()
             for i, line in enumerate(lines):
                 if f"pid:{victim} exited with 'signal 9" in line:
-                    return any("WorkerLostError" in later for later in lines[i + 1:i + 4])
+                    return any("WorkerLostError" in later for later in lines[i + 1 : i + 4])
         return False
 
     poll(lost_with_a_job, f"pool process {victim} lost with its task")
@@ -89,11 +133,27 @@ def test_redis_memory_stays_bounded_in_a_1_minute_async_run(tmp_path):
     20 kB/s shows, as with 2 MiB over the two minutes this ran before the suite had to fit 20 minutes
     (sampled every 5 s over two minutes, used_memory moved within 0.5 MB of 2.2 MB, with no trend)."""
     run_id = "memory"
-    proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path),
-                                       "--preset", "cartpole-dqn", "--total-steps", "100000000",
-                                       "--set", "target_return=inf", "--set", "eval.interval=20000"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **WORKER_ENV})
+    proc = subprocess.Popen(
+        rlfarm_cmd(
+            "train",
+            "--run-id",
+            run_id,
+            "--logdir",
+            str(tmp_path),
+            "--preset",
+            "cartpole-dqn",
+            "--total-steps",
+            "100000000",
+            "--set",
+            "target_return=inf",
+            "--set",
+            "eval.interval=20000",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+    )
     run_dir = tmp_path / run_id
 
     def run_seconds() -> float:  # the trainer's own clock, from progress.csv
@@ -104,8 +164,12 @@ def test_redis_memory_stays_bounded_in_a_1_minute_async_run(tmp_path):
     memory = {}
     try:
         for mark in (10, 60):
-            poll(lambda: run_seconds() >= mark, f"{mark} s of training by the trainer's clock", proc,
-                 deadline_s=10 * mark)
+            poll(
+                lambda: run_seconds() >= mark,
+                f"{mark} s of training by the trainer's clock",
+                proc,
+                deadline_s=10 * mark,
+            )
             url = json.loads((run_dir / "cluster.json").read_text())["redis_url"]
             memory[mark] = redis.Redis.from_url(url).info("memory")["used_memory"]
     finally:
@@ -121,11 +185,31 @@ def test_a_slow_learner_applies_back_pressure_and_says_how_long_the_farm_waited(
     minibatches, but never more than a bounded backlog; finished tasks wait for replacement, and the
     fraction of slot time they waited is logged, in summary.json, and in the trainer's heartbeat."""
     run_id = "slow-learner"
-    result = run_cli("train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(tmp_path),
-                     "--mode", "async", "--total-steps", "16384", "--set", "env.num_envs=1",
-                     "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2",
-                     "--set", "ppo.update_epochs=60", "--set", "async.tasks_in_flight=4",
-                     "--set", "async.results_per_update=1")
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--mode",
+        "async",
+        "--total-steps",
+        "16384",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=256",
+        "--set",
+        "ppo.num_minibatches=2",
+        "--set",
+        "ppo.update_epochs=60",
+        "--set",
+        "async.tasks_in_flight=4",
+        "--set",
+        "async.results_per_update=1",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = list(csv.DictReader(open(tmp_path / run_id / "progress.csv")))
     assert max(int(r["farm/backlog"]) for r in rows) <= 4  # bounded: max_backlog = tasks in flight
@@ -147,11 +231,31 @@ def test_tasks_pick_up_newer_versions_while_they_run(farm, tmp_path):
     before the next version was published, and none could pick it up."""
     from .conftest import read_csv
 
-    r = run_cli("train", "--redis", farm.redis_url, "--preset", "cartpole-appo", "--run-id", "refresh",
-                "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
-                "--logdir", str(tmp_path), "--total-steps", "8000", "--set", "async.tasks_in_flight=8",
-                "--set", "async.results_per_update=1", "--set", "async.refresh_steps=16",
-                "--set", "farm.steps_per_env=256")
+    r = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--preset",
+        "cartpole-appo",
+        "--run-id",
+        "refresh",
+        "--env",
+        "tests.tiny_envs:slow",
+        "--set",
+        "env.num_envs=1",
+        "--logdir",
+        str(tmp_path),
+        "--total-steps",
+        "8000",
+        "--set",
+        "async.tasks_in_flight=8",
+        "--set",
+        "async.results_per_update=1",
+        "--set",
+        "async.refresh_steps=16",
+        "--set",
+        "farm.steps_per_env=256",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary = read_summary(tmp_path / "refresh")
     assert summary["results_refreshed"] > 0

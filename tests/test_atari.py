@@ -53,9 +53,23 @@ def test_a_lost_life_is_signalled_without_ending_the_game():
 def test_pong_preset_trains_through_the_cli_with_the_cnn_and_reports_game_scores(farm, tmp_path):
     """A few thousand steps of the `pong` preset on real workers: finite losses, the CNN learner, and
     whole games (longer than a task: "continue" episodes) reported in game score."""
-    r = run_cli("train", "--redis", farm.redis_url, "--preset", "pong", "--total-steps", "4096",
-                "--set", "env.num_envs=2", "--set", "eval.episodes=2",  # the final evaluation: 2 games, not 10
-                "--run-id", "pong", "--logdir", str(tmp_path))
+    r = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--preset",
+        "pong",
+        "--total-steps",
+        "4096",
+        "--set",
+        "env.num_envs=2",
+        "--set",
+        "eval.episodes=2",  # the final evaluation: 2 games, not 10
+        "--run-id",
+        "pong",
+        "--logdir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "pong" / "summary.json").read_text())
     # A farm given by --redis runs no worker of this run's on the trainer's machine: the CNN's
@@ -92,8 +106,11 @@ def short_games():
     ids = {}
     for base, frames in (("ALE/Pong-v5", 400), ("ALE/Breakout-v5", 1200)):
         ids[base] = f"ALE/RlfarmTest{base[4:-3]}{frames}-v5"  # an ALE/ id: make_env preprocesses it
-        gym.register(ids[base], entry_point=gym.registry[base].entry_point,
-                     kwargs={**gym.registry[base].kwargs, "max_num_frames_per_episode": frames})
+        gym.register(
+            ids[base],
+            entry_point=gym.registry[base].entry_point,
+            kwargs={**gym.registry[base].kwargs, "max_num_frames_per_episode": frames},
+        )
     yield ids
     for env_id in ids.values():
         del gym.registry[env_id]
@@ -128,11 +145,13 @@ def test_tasks_step_ale_vector_with_the_wrapper_chains_frames_from_the_reset_on(
     from rlfarm.envs import make_vector_env
     from rlfarm.envs.ale_vector import AleVector
 
-    cases = [("ALE/Pong-v5", {"noop_max": 30}, [5, 6], 300),  # sticky actions, no-op starts
-             ("PongNoFrameskip-v4", {"noop_max": 0, "frame_stack": 2, "clip_rewards": False}, 9, 150),
-             ("PongNoFrameskip-v4", {"noop_max": 30, "screen_size": 42}, [7, 8], 150),  # the pong-appo preset's frames
-             (short_games["ALE/Pong-v5"], {"noop_max": 30}, 2**32 - 1, 250),  # cut every ~100 steps
-             (short_games["ALE/Breakout-v5"], {"noop_max": 30, "terminal_on_life_loss": True}, [3, 4], 400)]
+    cases = [
+        ("ALE/Pong-v5", {"noop_max": 30}, [5, 6], 300),  # sticky actions, no-op starts
+        ("PongNoFrameskip-v4", {"noop_max": 0, "frame_stack": 2, "clip_rewards": False}, 9, 150),
+        ("PongNoFrameskip-v4", {"noop_max": 30, "screen_size": 42}, [7, 8], 150),  # the pong-appo preset's frames
+        (short_games["ALE/Pong-v5"], {"noop_max": 30}, 2**32 - 1, 250),  # cut every ~100 steps
+        (short_games["ALE/Breakout-v5"], {"noop_max": 30, "terminal_on_life_loss": True}, [3, 4], 400),
+    ]
     for env_id, options, seed, steps in cases:
         ale = make_vector_env(env_id, 2, trusted=False, options=options)
         assert isinstance(ale, AleVector)
@@ -183,8 +202,11 @@ def test_ale_vector_signals_lost_lives_and_hands_over_final_observations():
 
     cap = gym.registry["ALE/Pong-v5"].kwargs.get("max_num_frames_per_episode")
     assert cap  # the registered cap is what AleVector sets; a short one to see truncation:
-    gym.register("rlfarm-test/PongShort-v5", entry_point=gym.registry["ALE/Pong-v5"].entry_point,
-                 kwargs={**gym.registry["ALE/Pong-v5"].kwargs, "max_num_frames_per_episode": 400})
+    gym.register(
+        "rlfarm-test/PongShort-v5",
+        entry_point=gym.registry["ALE/Pong-v5"].entry_point,
+        kwargs={**gym.registry["ALE/Pong-v5"].kwargs, "max_num_frames_per_episode": 400},
+    )
     try:
         short = AleVector("rlfarm-test/PongShort-v5", 2, {"noop_max": 0})
         short.reset(seed=[1, 2])
@@ -287,10 +309,12 @@ def test_restore_refuses_a_snapshot_of_another_game_size_or_preprocessing():
     pong.reset(seed=1)
     pong.step(np.zeros(2, np.int64))
     snapshot = _through_codec(pong.snapshot())
-    for env_id, num_envs, options, says in (("ALE/Breakout-v5", 2, {"noop_max": 30}, "game"),
-                                            ("ALE/Pong-v5", 3, {"noop_max": 30}, "num_envs"),
-                                            ("ALE/Pong-v5", 2, {"noop_max": 30, "frame_stack": 3}, "frame_stack"),
-                                            ("PongNoFrameskip-v4", 2, {"noop_max": 30}, "repeat_action_probability")):
+    for env_id, num_envs, options, says in (
+        ("ALE/Breakout-v5", 2, {"noop_max": 30}, "game"),
+        ("ALE/Pong-v5", 3, {"noop_max": 30}, "num_envs"),
+        ("ALE/Pong-v5", 2, {"noop_max": 30, "frame_stack": 3}, "frame_stack"),
+        ("PongNoFrameskip-v4", 2, {"noop_max": 30}, "repeat_action_probability"),
+    ):
         with pytest.raises(ValueError, match=says):
             AleVector(env_id, num_envs, options).restore(snapshot)
 
@@ -305,8 +329,13 @@ def test_restore_refuses_a_snapshot_of_another_game_size_or_preprocessing():
         other.restore(dict(snapshot, ale_states=corrupt))
     no_rng = b"".join(ale.cloneState(include_rng=False).serialize() for ale in pong._ales)
     with pytest.raises(ValueError, match="without its generator"):
-        other.restore(dict(snapshot, ale_states=np.frombuffer(no_rng, np.uint8),
-                           ale_state_sizes=np.array([len(no_rng) // 2] * 2, np.int64)))
+        other.restore(
+            dict(
+                snapshot,
+                ale_states=np.frombuffer(no_rng, np.uint8),
+                ale_state_sizes=np.array([len(no_rng) // 2] * 2, np.int64),
+            )
+        )
     assert sizes.sum() == snapshot["ale_states"].size
     with pytest.raises(ValueError, match="PCG64"):
         other.restore(dict(snapshot, np_random=[{"bit_generator": "PCG64", "state": "x"}] * 2))

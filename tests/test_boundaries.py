@@ -59,14 +59,21 @@ def _module_name(path) -> str:
 
 MODULES = {_module_name(p): p for p in sorted((ROOT / "rlfarm").rglob("*.py"))}
 PURE = sorted(m for m in MODULES if m.split(".")[1:2] and m.split(".")[1] in PURE_LAYERS)
-FORBIDDEN_FOR_PURE = ["redis", "celery", "kombu", "tensorboard", "tasks", "cli", "rlfarm.api",
-                      *(f"rlfarm.{layer}" for layer in IO_LAYERS)]
+FORBIDDEN_FOR_PURE = [
+    "redis",
+    "celery",
+    "kombu",
+    "tensorboard",
+    "tasks",
+    "cli",
+    "rlfarm.api",
+    *(f"rlfarm.{layer}" for layer in IO_LAYERS),
+]
 
 
 def test_every_module_is_in_a_layer():
     """One level deep: every module but the package's own face (rlfarm, rlfarm.api) sits in a layer."""
-    loose = [m for m in MODULES if m not in ("rlfarm", "rlfarm.api")
-             and m.split(".")[1] not in PURE_LAYERS + IO_LAYERS]
+    loose = [m for m in MODULES if m not in ("rlfarm", "rlfarm.api") and m.split(".")[1] not in PURE_LAYERS + IO_LAYERS]
     assert not loose, loose
     names = [name for layer in LAYERS for name in layer]
     assert len(names) == len(set(names)), names  # each package in one layer
@@ -197,8 +204,10 @@ def _import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 edges |= {a.name for a in node.names if a.name in MODULES}
             elif isinstance(node, ast.ImportFrom) and node.module in MODULES and node.level == 0:
-                edges |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
-                          for a in node.names}
+                edges |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                    for a in node.names
+                }
         graph[name] = edges - {name}
     return graph
 
@@ -251,9 +260,13 @@ def test_layers_only_point_down():
 
 
 def test_the_layer_check_itself_finds_an_import_upward():
-    assert _upward({"rlfarm.farm.claim": {"rlfarm.observe.metrics", "rlfarm.runio.rundir"},
-                    "rlfarm.worker.hooks": {"rlfarm"}, "rlfarm.cli": {"rlfarm.api"}}) == [
-        "rlfarm.farm.claim -> rlfarm.observe.metrics", "rlfarm.worker.hooks -> rlfarm"]
+    assert _upward(
+        {
+            "rlfarm.farm.claim": {"rlfarm.observe.metrics", "rlfarm.runio.rundir"},
+            "rlfarm.worker.hooks": {"rlfarm"},
+            "rlfarm.cli": {"rlfarm.api"},
+        }
+    ) == ["rlfarm.farm.claim -> rlfarm.observe.metrics", "rlfarm.worker.hooks -> rlfarm"]
 
 
 def test_the_cycle_check_itself_finds_a_cycle():
@@ -276,9 +289,13 @@ def test_only_the_keys_module_names_redis_keys():
         if path == MODULES["rlfarm.farm.keys"]:
             continue
         tree = ast.parse(path.read_text())
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-                      and n.body and isinstance(n.body[0], ast.Expr)}
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+        }
         for node in ast.walk(tree):
             text = _string_starts(node)
             if text and id(node) not in docstrings and text.startswith("rlfarm:") and not text.startswith("rlfarm: "):

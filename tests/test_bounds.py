@@ -38,9 +38,11 @@ KEYS = [
     ("cartpole-ppo", "policy.hidden_sizes", B.MAX_LAYER_WIDTH, {}),
     ("cartpole-ppo", "policy.cnn_channels", B.MAX_LAYER_WIDTH, {}),
     ("cartpole-appo", "ppo.buffer_batches", B.MAX_BUFFER_BATCHES, {}),
-    *((preset, f"{algo}.{key}", bound, {}) for preset, algo in
-      (("cartpole-dqn", "dqn"), ("pendulum-sac", "sac"), ("pendulum-td3", "td3"))
-      for key, bound in (("buffer_size", B.MAX_BUFFER_SIZE), ("batch_size", B.MAX_BATCH_SIZE))),
+    *(
+        (preset, f"{algo}.{key}", bound, {})
+        for preset, algo in (("cartpole-dqn", "dqn"), ("pendulum-sac", "sac"), ("pendulum-td3", "td3"))
+        for key, bound in (("buffer_size", B.MAX_BUFFER_SIZE), ("batch_size", B.MAX_BATCH_SIZE))
+    ),
 ]
 
 
@@ -97,8 +99,11 @@ def test_a_replay_buffer_larger_than_the_machines_memory_is_refused():
     cfg = C.build("cartpole-dqn", ["dqn.buffer_size=1000000"])
     gib = 2**30
     C.check_replay_memory(cfg, (84, 84, 4), True, 1, 64 * gib)  # 1M Atari frames stacks: 52.6 GiB
-    with pytest.raises(C.ConfigError, match=r"^dqn.buffer_size = 1,000,000 transitions of 84x84x4 observations "
-                                            r"need about 52.6 GiB, more than this machine's 16.0 GiB"):
+    with pytest.raises(
+        C.ConfigError,
+        match=r"^dqn.buffer_size = 1,000,000 transitions of 84x84x4 observations "
+        r"need about 52.6 GiB, more than this machine's 16.0 GiB",
+    ):
         C.check_replay_memory(cfg, (84, 84, 4), True, 1, 16 * gib)
     C.check_replay_memory(C.build("cartpole-ppo"), (84, 84, 4), True, 1, gib)  # no replay: nothing to check
 
@@ -112,8 +117,10 @@ def test_seeds_above_the_cap_are_refused_before_a_range_is_expanded():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert str(err.value) == ("the range 1-100000 is 100,000 seeds, more than the 1,000 one command may train "
-                              "(each is a trainer process and a run directory)")
+    assert str(err.value) == (
+        "the range 1-100000 is 100,000 seeds, more than the 1,000 one command may train "
+        "(each is a trainer process and a run directory)"
+    )
     assert peak < 100_000  # a list of 100,000 ints alone is 800 kB
     with pytest.raises(C.ConfigError, match="is 10,000,000,000,000,000,000,000 seeds"):  # would never end
         parse_seeds("0-9999999999999999999999")
@@ -122,9 +129,16 @@ def test_seeds_above_the_cap_are_refused_before_a_range_is_expanded():
     assert len(parse_seeds("1-1000,1-1000")) == 1000  # the same seeds twice are 1000
 
 
-@pytest.mark.parametrize("seeds, text", [([1, 2], "1-2"), ([1, 2, 3, 5, 8, 10, 11, 12], "1-3, 5, 8, 10-12"),
-                                         ([5, 3, 4, 0], "5, 3-4, 0"), (list(range(1, 1001)), "1-1000"),
-                                         ([7], "7")])
+@pytest.mark.parametrize(
+    "seeds, text",
+    [
+        ([1, 2], "1-2"),
+        ([1, 2, 3, 5, 8, 10, 11, 12], "1-3, 5, 8, 10-12"),
+        ([5, 3, 4, 0], "5, 3-4, 0"),
+        (list(range(1, 1001)), "1-1000"),
+        ([7], "7"),
+    ],
+)
 def test_seeds_print_compactly_and_read_back(seeds, text):
     assert compact_seeds(seeds) == text
     if len(seeds) > 1:
@@ -154,19 +168,24 @@ def test_train_seeds_1_100000_is_one_line_and_starts_nothing(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["worker", "-c", "1025"], "'-c' / '--concurrency': 1025 is not in the range 1<=x<=1024"),
-    (["up", "-w", "1025"], "'-w' / '--workers': 1025 is not in the range 1<=x<=1024"),
-    (["train", "--workers", "1025"], "'--workers': 1025 is not in the range 1<=x<=1024"),
-    (["train", "--seeds", "1-3", "--parallel", "65"], "'--parallel': 65 is not in the range 1<=x<=64"),
-    (["train", "--parallel", "2"], "--parallel is how many seeds train at once; give it with --seeds"),
-    (["sweep", "--parallel", "65"], "'--parallel': 65 is not in the range 1<=x<=64"),
-    (["sweep", "--trials", "10001"], "'--trials': 10001 is not in the range 1<=x<=10000"),
-    (["sweep", "--workers", "1025"], "'--workers': 1025 is not in the range 1<=x<=1024"),
-    (["eval", "--episodes", "10001"], "'--episodes': 10001 is not in the range 1<=x<=10000"),
-    (["train", "--set", "env.num_envs=100000", "--set", "ppo.learning_rate=1e6"],
-     "env.num_envs = 100,000 is above its bound of 4,096"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["worker", "-c", "1025"], "'-c' / '--concurrency': 1025 is not in the range 1<=x<=1024"),
+        (["up", "-w", "1025"], "'-w' / '--workers': 1025 is not in the range 1<=x<=1024"),
+        (["train", "--workers", "1025"], "'--workers': 1025 is not in the range 1<=x<=1024"),
+        (["train", "--seeds", "1-3", "--parallel", "65"], "'--parallel': 65 is not in the range 1<=x<=64"),
+        (["train", "--parallel", "2"], "--parallel is how many seeds train at once; give it with --seeds"),
+        (["sweep", "--parallel", "65"], "'--parallel': 65 is not in the range 1<=x<=64"),
+        (["sweep", "--trials", "10001"], "'--trials': 10001 is not in the range 1<=x<=10000"),
+        (["sweep", "--workers", "1025"], "'--workers': 1025 is not in the range 1<=x<=1024"),
+        (["eval", "--episodes", "10001"], "'--episodes': 10001 is not in the range 1<=x<=10000"),
+        (
+            ["train", "--set", "env.num_envs=100000", "--set", "ppo.learning_rate=1e6"],
+            "env.num_envs = 100,000 is above its bound of 4,096",
+        ),
+    ],
+)
 def test_cli_numbers_above_their_bounds_are_one_line(args, fragment):
     assert fragment in error_line(args)
 
@@ -174,7 +193,7 @@ def test_cli_numbers_above_their_bounds_are_one_line(args, fragment):
 class FakeTrainer:
     """Stands in for a trainer subprocess: exits (status 0) on its `polls`-th poll; counts who runs at once."""
 
-    running: list["FakeTrainer"] = []
+    running: list[FakeTrainer] = []
     most = 0
     fail_at: int | None = None  # the seed whose start raises BlockingIOError (a pids limit)
 
@@ -231,8 +250,9 @@ def test_a_trainer_that_cannot_be_forked_stops_the_others(fake_trainers, tmp_pat
     FakeTrainer.fail_at = 3
     with pytest.raises(S.StartFailed) as err:
         S.run_seeds([], [1, 2, 3, 4], "b", tmp_path, {}, tmp_path, 4)
-    assert str(err.value) == ("could not start the trainer of seed 3 (Resource temporarily unavailable); "
-                              "the 2 running were stopped")
+    assert str(err.value) == (
+        "could not start the trainer of seed 3 (Resource temporarily unavailable); the 2 running were stopped"
+    )
     assert len(fake_trainers) == 2 and FakeTrainer.running == []
 
 
@@ -255,4 +275,5 @@ def test_a_fork_failure_under_train_seeds_is_one_line(tmp_path, monkeypatch):
     assert [line for line in result.output.splitlines() if "error" in line] == [
         "rlfarm: error: could not start the trainer of seed 3 (Resource temporarily unavailable); the 2 running "
         "were stopped; this machine's process limit (ulimit -u, a container's pids limit) or memory is reached: "
-        "lower --parallel (it was 2)"]
+        "lower --parallel (it was 2)"
+    ]

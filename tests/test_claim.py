@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from rlfarm.core.protocol import TASK_QUEUE
-from rlfarm.farm.claim import CLAIM_SECONDS
 from rlfarm.farm import keys
+from rlfarm.farm.claim import CLAIM_SECONDS
 from rlfarm.local.cluster import LocalCluster
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
@@ -40,10 +40,13 @@ def store(tmp_path):
 
 def train(cluster: LocalCluster, run_id: str, logdir, *args: str) -> subprocess.Popen:
     """`rlfarm -q train` (-q: no start-up notes such as "no worker answered", errors only)."""
-    return subprocess.Popen(rlfarm_cmd("-q", "train", "--redis", cluster.redis_url, "--run-id", run_id,
-                                       "--logdir", str(logdir), *args),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **WORKER_ENV})
+    return subprocess.Popen(
+        rlfarm_cmd("-q", "train", "--redis", cluster.redis_url, "--run-id", run_id, "--logdir", str(logdir), *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+    )
 
 
 def holder(client: redis.Redis, run_id: str) -> dict | None:
@@ -81,8 +84,10 @@ def test_the_same_run_id_started_twice_at_once_trains_once_and_the_other_is_one_
     second = run_cli("-q", "train", "--resume", "dup", "--logdir", str(winner_dir.parent), "--workers", "1")
     assert second.returncode == 1, second.stderr[-3000:]
     line = one_error_line(second.stderr)
-    assert line == (f"rlfarm: error: run directory {winner_dir} is in use by another trainer (host "
-                    f"{claim['host']}, pid {winner.pid}" + line.split(f"pid {winner.pid}")[1])
+    assert line == (
+        f"rlfarm: error: run directory {winner_dir} is in use by another trainer (host "
+        f"{claim['host']}, pid {winner.pid}" + line.split(f"pid {winner.pid}")[1]
+    )
     assert "wait for it to end or stop it" in line
     assert {p.name: p.stat().st_mtime_ns for p in winner_dir.iterdir()} == before  # nothing written
 
@@ -99,15 +104,37 @@ def test_the_same_run_id_started_twice_at_once_trains_once_and_the_other_is_one_
 def test_a_reused_run_id_with_other_settings_is_a_new_run_to_every_worker(store, tmp_path):
     """One pool process, so the second run meets the very process that cached the first."""
     store.add_worker(1, command=RLFARM_WORKER)
-    first = run_cli("train", "--redis", store.redis_url, "--run-id", "reuse", "--logdir", str(tmp_path),
-                    *PPO, "--total-steps", "8192")
+    first = run_cli(
+        "train",
+        "--redis",
+        store.redis_url,
+        "--run-id",
+        "reuse",
+        "--logdir",
+        str(tmp_path),
+        *PPO,
+        "--total-steps",
+        "8192",
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert read_summary(tmp_path / "reuse")["env_steps"] == 8192
     deleted = run_cli("checkpoints", "delete", "reuse", "--redis", store.redis_url)
     assert deleted.returncode == 0, deleted.stderr
     shutil.rmtree(tmp_path / "reuse")
-    second = run_cli("train", "--redis", store.redis_url, "--run-id", "reuse", "--logdir", str(tmp_path),
-                     *PPO, "--set", "env.num_envs=8", "--total-steps", "16384")
+    second = run_cli(
+        "train",
+        "--redis",
+        store.redis_url,
+        "--run-id",
+        "reuse",
+        "--logdir",
+        str(tmp_path),
+        *PPO,
+        "--set",
+        "env.num_envs=8",
+        "--total-steps",
+        "16384",
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     assert "run reuse: 16384 env steps" in second.stdout  # 8 envs per task, not the cached 4
     summary = read_summary(tmp_path / "reuse")
@@ -121,12 +148,17 @@ def test_the_queued_tasks_of_a_sigkilled_trainer_are_dropped_unrun(store, tmp_pa
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert client.sismember("rlfarm:dead:wanted", "rollout:0:0")  # nobody cleaned up after it
-    poll(lambda: client.get(keys.claim("dead")) is None, "the dead trainer's claim to expire",
-         deadline_s=CLAIM_SECONDS * 4)
+    poll(
+        lambda: client.get(keys.claim("dead")) is None,
+        "the dead trainer's claim to expire",
+        deadline_s=CLAIM_SECONDS * 4,
+    )
     store.add_worker(1, command=RLFARM_WORKER)
     log = tmp_path / "worker-0.log"
-    poll(lambda: log.read_text().count("of run dead: the run has no live trainer") == 4,
-         "the worker to drop the 4 queued tasks")
+    poll(
+        lambda: log.read_text().count("of run dead: the run has no live trainer") == 4,
+        "the worker to drop the 4 queued tasks",
+    )
     assert client.llen(TASK_QUEUE) == 0
     assert client.llen("rlfarm:dead:results") == 0  # none ran: nothing pushed
     assert not client.keys("rlfarm:dead:lease:*")

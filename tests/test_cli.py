@@ -13,10 +13,23 @@ from cli import main
 from .conftest import WORKER_ENV, assert_cleaned_up, poll, processes_matching, rlfarm_cmd, run_cli
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["worker"], ["eval"], ["checkpoints"],
-                                     ["checkpoints", "list"], ["checkpoints", "export"],
-                                     ["checkpoints", "delete"], ["presets"],
-                                     ["status"], ["plot"], ["sweep"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["train"],
+        ["worker"],
+        ["eval"],
+        ["checkpoints"],
+        ["checkpoints", "list"],
+        ["checkpoints", "export"],
+        ["checkpoints", "delete"],
+        ["presets"],
+        ["status"],
+        ["plot"],
+        ["sweep"],
+    ],
+)
 def test_help_on_every_command(command):
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output
@@ -33,32 +46,44 @@ def test_presets_lists_each_with_a_line():
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("args, message", [
-    (["--env", "CartPol-v1"], "unknown env 'CartPol-v1'; did you mean CartPole-v1"),
-    (["--preset", "nope"], "unknown preset 'nope'"),
-    (["--set", "ppo.gama=0.9"], "unknown config key 'ppo.gama' (did you mean ppo.gamma?)"),
-    (["--set", "seed=x"], "seed: expected an integer"),
-    (["--mode", "async", "--set", "ppo.rho_bar=0"], "ppo.rho_bar must be positive, got 0.0"),
-    (["--mode", "async", "--set", "ppo.c_bar=-1"], "ppo.c_bar must be positive, got -1.0"),
-    (["--mode", "async", "--set", "async.max_policy_lag=-1"], "async.max_policy_lag and eval.interval cannot be negative"),
-    (["--mode", "async", "--set", "async.results_per_update=5", "--workers", "2"],
-     "async.results_per_update (5) is more than the tasks ever in flight (2)"),
-    (["--redis", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
-    (["--set", "ppo.num_minibatches=3"], "must divide the steps per iteration"),
-    (["--preset", "cartpole-dqn", "--mode", "sync"], "algo 'dqn' cannot run in --mode sync"),
-    (["--preset", "cartpole-dqn", "--env", "Pendulum-v1"], "needs a discrete action space"),
-    (["--preset", "pendulum-sac", "--mode", "sync"], "algo 'sac' cannot run in --mode sync"),
-    (["--preset", "pendulum-sac", "--env", "CartPole-v1"],
-     "algo 'sac' needs a Box (continuous) action space, the env has 2 discrete actions; use ppo or dqn"),
-    (["--preset", "pendulum-sac", "--env", "tests.tiny_envs:unbounded"],
-     "algo 'sac' scales its tanh-squashed actions to the action space's bounds and needs finite ones"),
-    (["--preset", "pendulum-sac", "--set", "sac.tau=1.5"], "sac.tau must be in (0, 1], got 1.5"),
-    (["--preset", "pendulum-sac", "--set", "sac.replay_ratio=-1"], "sac.replay_ratio cannot be negative"),
-    # issue 32's audit: each was accepted, and started processes or allocated until something broke
-    (["--seeds", "1-100000"], "the range 1-100000 is 100,000 seeds, more than the 1,000 one command may train"),
-    (["--set", "env.num_envs=100000"], "env.num_envs = 100,000 is above its bound of 4,096"),
-    (["--set", "ppo.learning_rate=1e6"], "ppo.learning_rate = 1e+06 is outside (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env", "CartPol-v1"], "unknown env 'CartPol-v1'; did you mean CartPole-v1"),
+        (["--preset", "nope"], "unknown preset 'nope'"),
+        (["--set", "ppo.gama=0.9"], "unknown config key 'ppo.gama' (did you mean ppo.gamma?)"),
+        (["--set", "seed=x"], "seed: expected an integer"),
+        (["--mode", "async", "--set", "ppo.rho_bar=0"], "ppo.rho_bar must be positive, got 0.0"),
+        (["--mode", "async", "--set", "ppo.c_bar=-1"], "ppo.c_bar must be positive, got -1.0"),
+        (
+            ["--mode", "async", "--set", "async.max_policy_lag=-1"],
+            "async.max_policy_lag and eval.interval cannot be negative",
+        ),
+        (
+            ["--mode", "async", "--set", "async.results_per_update=5", "--workers", "2"],
+            "async.results_per_update (5) is more than the tasks ever in flight (2)",
+        ),
+        (["--redis", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
+        (["--set", "ppo.num_minibatches=3"], "must divide the steps per iteration"),
+        (["--preset", "cartpole-dqn", "--mode", "sync"], "algo 'dqn' cannot run in --mode sync"),
+        (["--preset", "cartpole-dqn", "--env", "Pendulum-v1"], "needs a discrete action space"),
+        (["--preset", "pendulum-sac", "--mode", "sync"], "algo 'sac' cannot run in --mode sync"),
+        (
+            ["--preset", "pendulum-sac", "--env", "CartPole-v1"],
+            "algo 'sac' needs a Box (continuous) action space, the env has 2 discrete actions; use ppo or dqn",
+        ),
+        (
+            ["--preset", "pendulum-sac", "--env", "tests.tiny_envs:unbounded"],
+            "algo 'sac' scales its tanh-squashed actions to the action space's bounds and needs finite ones",
+        ),
+        (["--preset", "pendulum-sac", "--set", "sac.tau=1.5"], "sac.tau must be in (0, 1], got 1.5"),
+        (["--preset", "pendulum-sac", "--set", "sac.replay_ratio=-1"], "sac.replay_ratio cannot be negative"),
+        # issue 32's audit: each was accepted, and started processes or allocated until something broke
+        (["--seeds", "1-100000"], "the range 1-100000 is 100,000 seeds, more than the 1,000 one command may train"),
+        (["--set", "env.num_envs=100000"], "env.num_envs = 100,000 is above its bound of 4,096"),
+        (["--set", "ppo.learning_rate=1e6"], "ppo.learning_rate = 1e+06 is outside (0, 1]"),
+    ],
+)
 def test_bad_input_fails_before_dispatch(tmp_path, args, message):
     result = run_cli("train", "--logdir", str(tmp_path), *args)
     assert result.returncode != 0
@@ -69,11 +94,31 @@ def test_bad_input_fails_before_dispatch(tmp_path, args, message):
 
 
 def test_train_on_external_redis_then_checkpoints_and_eval(farm, tmp_path):
-    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "cli-ext", "--total-steps", "4096",
-                     "--logdir", str(tmp_path), "--set", "farm.keep_versions=3", "--set", "farm.num_tasks=2",
-                     "--set", "env.num_envs=1", "--set", "farm.steps_per_env=512",
-                     "--set", "ppo.num_minibatches=4",  # 4 iterations of 1024 steps: v0..v4
-                     "--set", "eval.interval=2048", "--set", "eval.episodes=4")
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        "cli-ext",
+        "--total-steps",
+        "4096",
+        "--logdir",
+        str(tmp_path),
+        "--set",
+        "farm.keep_versions=3",
+        "--set",
+        "farm.num_tasks=2",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=512",
+        "--set",
+        "ppo.num_minibatches=4",  # 4 iterations of 1024 steps: v0..v4
+        "--set",
+        "eval.interval=2048",
+        "--set",
+        "eval.episodes=4",
+    )
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "cli-ext"
     for name in ("config.json", "progress.csv", "episodes.csv", "final_policy.safetensors", "summary.json"):
@@ -93,11 +138,15 @@ def test_train_on_external_redis_then_checkpoints_and_eval(farm, tmp_path):
     assert [line.split()[1] for line in listing.stdout.splitlines() if line.startswith("│")] == ["2", "3", "4"]
 
     out = tmp_path / "v3.safetensors"
-    exported = run_cli("checkpoints", "export", "--redis", farm.redis_url, "--run", "cli-ext",
-                       "--version", "3", "-o", str(out))
+    exported = run_cli(
+        "checkpoints", "export", "--redis", farm.redis_url, "--run", "cli-ext", "--version", "3", "-o", str(out)
+    )
     assert exported.returncode == 0 and out.exists()
-    for source in (["--policy", str(out)], ["--policy", str(run_dir / "final_policy.safetensors")],
-                   ["--run", "cli-ext", "--redis", farm.redis_url]):
+    for source in (
+        ["--policy", str(out)],
+        ["--policy", str(run_dir / "final_policy.safetensors")],
+        ["--run", "cli-ext", "--redis", farm.redis_url],
+    ):
         ev = run_cli("eval", *source, "--episodes", "3")
         assert ev.returncode == 0, ev.stderr
         assert "mean return" in ev.stdout and "over 3 greedy episodes" in ev.stdout
@@ -112,11 +161,14 @@ def test_ctrl_c_stops_everything(tmp_path):
 
     # Started with SIGINT ignored, as a background job of a non-interactive shell is (and as this
     # test's own process may be): Ctrl-C / kill -INT must still stop the run.
-    proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", "ctrlc", "--logdir", str(tmp_path),
-                                       "--total-steps", "10000000"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **WORKER_ENV},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        rlfarm_cmd("train", "--run-id", "ctrlc", "--logdir", str(tmp_path), "--total-steps", "10000000"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     progress = tmp_path / "ctrlc" / "progress.csv"
     poll(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 3, "training under way", proc)
     proc.send_signal(signal.SIGINT)
@@ -138,14 +190,16 @@ def test_rlfarm_worker_joins_a_farm(redis_only, tmp_path):
 
     make_run(redis_only.redis_url, "joined")
     log = open(tmp_path / "worker.log", "w")
-    proc = subprocess.Popen(rlfarm_cmd("worker", "--redis", redis_only.redis_url, "-c", "1",
-                                       "-n", "rlfarm-joined@%h", "-l", "WARNING"),
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **WORKER_ENV},
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        rlfarm_cmd("worker", "--redis", redis_only.redis_url, "-c", "1", "-n", "rlfarm-joined@%h", "-l", "WARNING"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **WORKER_ENV},
+        start_new_session=True,
+    )
     try:
         d = FarmLink(make_app(redis_only.redis_url), connect(redis_only.redis_url), "joined", 120, 1).open()
-        results = d.gather_group([{"iteration": 0, "index": i, "version": 0, "steps": 16, "seed": 1}
-                                  for i in range(3)])
+        results = d.gather_group([{"iteration": 0, "index": i, "version": 0, "steps": 16, "seed": 1} for i in range(3)])
         assert [r.index for r in results] == [0, 1, 2]
         assert {r.worker.split(":")[1] for r in results} - {str(proc.pid)}  # ran in a pool child
     finally:
@@ -165,7 +219,10 @@ def _eval_error(args: list[str], code: int) -> str:
 
 def test_eval_of_a_run_that_does_not_exist_names_where_it_looked(tmp_path):
     line = _eval_error(["nope", "--logdir", str(tmp_path)], 1)
-    assert line == f"rlfarm: error: no run 'nope': neither nope/ nor {tmp_path}/nope/ is a run directory (one with config.json)"
+    assert (
+        line
+        == f"rlfarm: error: no run 'nope': neither nope/ nor {tmp_path}/nope/ is a run directory (one with config.json)"
+    )
     assert "runs/nope/" in _eval_error(["nope"], 1)  # --logdir's default
 
 
@@ -177,11 +234,14 @@ def test_eval_of_a_run_without_a_policy_file_says_what_to_play_instead(tmp_path)
     assert line.endswith("play its newest version with --run young")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    ([], "give exactly one of RUN (a run directory's best policy), --policy FILE or --run RUN (Redis)"),
-    (["r1", "--run", "r2"], "give exactly one of RUN"),
-    (["r1", "--version", "3"], "--version picks a version of --run RUN in Redis"),
-    (["--run", "r2", "--logdir", "x"], "--logdir is where RUN's directory is; give it with RUN"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        ([], "give exactly one of RUN (a run directory's best policy), --policy FILE or --run RUN (Redis)"),
+        (["r1", "--run", "r2"], "give exactly one of RUN"),
+        (["r1", "--version", "3"], "--version picks a version of --run RUN in Redis"),
+        (["--run", "r2", "--logdir", "x"], "--logdir is where RUN's directory is; give it with RUN"),
+    ],
+)
 def test_eval_forms_that_do_not_go_together_are_one_line(args, fragment):
     assert fragment in _eval_error(args, 2)

@@ -9,15 +9,21 @@ import pytest
 import torch
 
 from rlfarm import algos
-from rlfarm.core import codec
 from rlfarm import config as C
+from rlfarm.core import codec
 
 from .conftest import ROOT
 
 
 def test_pack_roundtrip_arrays_and_scalars():
-    msg = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.array([True, False]),
-           "c": np.int64(5), "d": "text", "e": [1, 2], "empty": np.zeros((0, 3), np.int64)}
+    msg = {
+        "a": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": np.array([True, False]),
+        "c": np.int64(5),
+        "d": "text",
+        "e": [1, 2],
+        "empty": np.zeros((0, 3), np.int64),
+    }
     out = codec.unpack(codec.pack(msg))
     np.testing.assert_array_equal(out["a"], msg["a"])
     assert out["a"].dtype == np.float32 and out["a"].shape == (3, 4)
@@ -54,8 +60,16 @@ def test_presets_load_and_validate():
 
 
 def test_overrides_and_types():
-    cfg = C.build("cartpole-ppo", ["ppo.learning_rate=0.01", "policy.hidden_sizes=[32, 32]",
-                                   "seed=3", "env.id=Acrobot-v1", "ppo.anneal_lr=false"])
+    cfg = C.build(
+        "cartpole-ppo",
+        [
+            "ppo.learning_rate=0.01",
+            "policy.hidden_sizes=[32, 32]",
+            "seed=3",
+            "env.id=Acrobot-v1",
+            "ppo.anneal_lr=false",
+        ],
+    )
     assert cfg.ppo.learning_rate == 0.01 and cfg.policy.hidden_sizes == (32, 32)
     assert cfg.seed == 3 and cfg.env.id == "Acrobot-v1" and cfg.ppo.anneal_lr is False
     assert C.build("cartpole-ppo", ["ppo.learning_rate=1"]).ppo.learning_rate == 1.0
@@ -97,13 +111,21 @@ def test_unknown_key_lists_valid_keys():
     assert "did you mean ppo.learning_rate" in msg and "farm.num_tasks" in msg
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("seed=abc", "expected an integer"), ("ppo.anneal_lr=1", "expected true or false"),
-    ("ppo.gamma=fast", "expected a number"), ("mode=fast", "mode must be one of"),
-    ("farm.num_tasks=0", "at least 1"), ("ppo.num_minibatches=7", "must divide"),
-    ("novalue", "key=value"), ("torch_threads=-1", "or 0"), ("farm.workers=-2", "or 0"),
-    ("seed=auto", "expected an integer"),  # "auto" only where 0 means chosen for you
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("seed=abc", "expected an integer"),
+        ("ppo.anneal_lr=1", "expected true or false"),
+        ("ppo.gamma=fast", "expected a number"),
+        ("mode=fast", "mode must be one of"),
+        ("farm.num_tasks=0", "at least 1"),
+        ("ppo.num_minibatches=7", "must divide"),
+        ("novalue", "key=value"),
+        ("torch_threads=-1", "or 0"),
+        ("farm.workers=-2", "or 0"),
+        ("seed=auto", "expected an integer"),  # "auto" only where 0 means chosen for you
+    ],
+)
 def test_bad_values_are_clear(override, fragment):
     with pytest.raises(C.ConfigError, match=fragment):
         C.build("cartpole-ppo", [override])

@@ -40,8 +40,10 @@ def docker_compose() -> str:
     path = shutil.which("docker-compose")
     if not path:
         # Not a skip: without it nothing here is checked, and CI (.ci/run) installs it.
-        pytest.fail("docker-compose not found: install Debian's package "
-                    "(`apt-get install docker-compose redis-server`, as .ci/run does)")
+        pytest.fail(
+            "docker-compose not found: install Debian's package "
+            "(`apt-get install docker-compose redis-server`, as .ci/run does)"
+        )
     return path
 
 
@@ -56,8 +58,12 @@ def env_example() -> dict[str, str]:
 
 def write_env(tmp_path: Path, drop: tuple[str, ...] = (), **overrides: str) -> tuple[Path, dict[str, str]]:
     """A .env made from .env.example, with fresh test secrets in place of the placeholders."""
-    values = {**env_example(), "REDIS_PASSWORD": secrets.token_hex(16),
-              "FLOWER_BASIC_AUTH": f"admin:{secrets.token_hex(8)}", **overrides}
+    values = {
+        **env_example(),
+        "REDIS_PASSWORD": secrets.token_hex(16),
+        "FLOWER_BASIC_AUTH": f"admin:{secrets.token_hex(8)}",
+        **overrides,
+    }
     for key in drop:
         values.pop(key)
     path = tmp_path / "test.env"
@@ -75,8 +81,9 @@ def run_config(env_file: Path, *files: Path) -> subprocess.CompletedProcess:
     cmd = [docker_compose()]
     for f in files or (COMPOSE,):
         cmd += ["-f", str(f)]
-    return subprocess.run([*cmd, "--env-file", str(env_file), "config"], capture_output=True,
-                          text=True, env=compose_env(), cwd=ROOT)
+    return subprocess.run(
+        [*cmd, "--env-file", str(env_file), "config"], capture_output=True, text=True, env=compose_env(), cwd=ROOT
+    )
 
 
 def compose_config(env_file: Path, *files: Path) -> dict:
@@ -225,8 +232,7 @@ def check_secrets(service: dict, env: dict[str, str]) -> subprocess.CompletedPro
     """Runs the check-secrets service's script as its container would (its sh -c, its environment)."""
     assert service["command"][:2] == ["sh", "-c"]
     script = service["command"][2].replace("$$", "$")  # Compose v1's config keeps the $$ escape
-    return subprocess.run(["sh", "-c", script], env={"PATH": os.environ["PATH"], **env},
-                          capture_output=True, text=True)
+    return subprocess.run(["sh", "-c", script], env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True)
 
 
 @pytest.mark.process
@@ -234,8 +240,9 @@ def test_placeholder_secrets_stop_compose_up_before_anything_starts(tmp_path):
     """`docker compose up` with .env.example copied unchanged starts nothing: check-secrets runs first,
     Redis waits for it to succeed and every rlfarm service waits for a healthy Redis."""
     example = env_example()
-    env_file, _ = write_env(tmp_path, REDIS_PASSWORD=example["REDIS_PASSWORD"],
-                            FLOWER_BASIC_AUTH=example["FLOWER_BASIC_AUTH"])
+    env_file, _ = write_env(
+        tmp_path, REDIS_PASSWORD=example["REDIS_PASSWORD"], FLOWER_BASIC_AUTH=example["FLOWER_BASIC_AUTH"]
+    )
     services = compose_config(env_file)["services"]
     check = services["check-secrets"]
     assert services["redis"]["depends_on"]["check-secrets"]["condition"] == "service_completed_successfully"
@@ -263,8 +270,8 @@ def test_placeholder_secrets_stop_compose_up_before_anything_starts(tmp_path):
 
     ok = good["environment"]
     refused = {  # variable named in the line -> environment
-        "REDIS_PASSWORD": {**ok, "REDIS_PASSWORD": "abc123"},                   # shorter than 12
-        "RLFARM_SECRET": {**ok, "RLFARM_SECRET": "CHANGE-ME-" + "x" * 20},      # optional, but no placeholder
+        "REDIS_PASSWORD": {**ok, "REDIS_PASSWORD": "abc123"},  # shorter than 12
+        "RLFARM_SECRET": {**ok, "RLFARM_SECRET": "CHANGE-ME-" + "x" * 20},  # optional, but no placeholder
         "FLOWER_BASIC_AUTH": {**ok, "FLOWER_BASIC_AUTH": f"{ok['FLOWER_BASIC_AUTH']},bob:change-me-later"},
     }
     for name, env in refused.items():
@@ -273,8 +280,10 @@ def test_placeholder_secrets_stop_compose_up_before_anything_starts(tmp_path):
     for value in ("admin", "admin:short", ":" + secrets.token_hex(8)):  # no password, short, no user
         proc = check_secrets(good, {**ok, "FLOWER_BASIC_AUTH": value})
         assert proc.returncode == 1 and "FLOWER_BASIC_AUTH" in proc.stderr, (value, proc.stderr)
-    accepted = [{**ok, "RLFARM_SECRET": secrets.token_hex(32)},
-                {**ok, "FLOWER_BASIC_AUTH": f"{ok['FLOWER_BASIC_AUTH']},bob:*{secrets.token_hex(8)}*"}]
+    accepted = [
+        {**ok, "RLFARM_SECRET": secrets.token_hex(32)},
+        {**ok, "FLOWER_BASIC_AUTH": f"{ok['FLOWER_BASIC_AUTH']},bob:*{secrets.token_hex(8)}*"},
+    ]
     for env in accepted:
         proc = check_secrets(good, env)
         assert proc.returncode == 0, proc.stderr
@@ -298,8 +307,13 @@ def test_compose_v2_resolves_the_files_too(tmp_path):
         assert services["redis"]["depends_on"]["check-secrets"]["condition"] == "service_completed_successfully"
         assert services["check-secrets"]["environment"]["REDIS_PASSWORD"] == values["REDIS_PASSWORD"]
     env_file, _ = write_env(tmp_path, drop=("REDIS_PASSWORD",))
-    proc = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "--env-file", str(env_file), "config"],
-                          capture_output=True, text=True, env=compose_env(), cwd=ROOT)
+    proc = subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE), "--env-file", str(env_file), "config"],
+        capture_output=True,
+        text=True,
+        env=compose_env(),
+        cwd=ROOT,
+    )
     assert proc.returncode != 0 and "set REDIS_PASSWORD in .env" in proc.stderr
 
 
@@ -313,8 +327,10 @@ def test_dockerfile_matches_the_package():
     assert re.search(r"^FROM python:3\.11-slim", dockerfile, re.M)
     user = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)
     assert user and user[-1] not in ("root", "0")
-    assert not re.search(r"PASSWORD|BASIC_AUTH|redis://", dockerfile.split("CMD")[0].replace(
-        "# No secrets here: RLFARM_REDIS_URL and FLOWER_BASIC_AUTH", "")), "secret baked into the image"
+    assert not re.search(
+        r"PASSWORD|BASIC_AUTH|redis://",
+        dockerfile.split("CMD")[0].replace("# No secrets here: RLFARM_REDIS_URL and FLOWER_BASIC_AUTH", ""),
+    ), "secret baked into the image"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".env", ".env.*", ".venv", ".git", "runs"} <= set(ignored), "secrets must never enter an image"
 
@@ -322,10 +338,16 @@ def test_dockerfile_matches_the_package():
 def test_docs_spell_compose_one_way():
     """Deploy commands say `docker compose` (Compose v2) everywhere; `docker-compose` is only named, as
     Debian's package the test command installs (the tests resolve the files with it: Debian 12 has no v2)."""
-    texts = [ROOT / "README.md", ROOT / ".env.example", *(ROOT / "docs").glob("*.md"),
-             *ROOT.glob("docker-compose*.yml")]
-    v1_command = re.compile(r"docker-compose\s+(-f|-p|--env-file|up|down|logs|ps|config|build|stop|start|"
-                            r"restart|exec|run|pull|rm|kill)\b")
+    texts = [
+        ROOT / "README.md",
+        ROOT / ".env.example",
+        *(ROOT / "docs").glob("*.md"),
+        *ROOT.glob("docker-compose*.yml"),
+    ]
+    v1_command = re.compile(
+        r"docker-compose\s+(-f|-p|--env-file|up|down|logs|ps|config|build|stop|start|"
+        r"restart|exec|run|pull|rm|kill)\b"
+    )
     for path in texts:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             assert not v1_command.search(line), f"{path.name}:{n} runs docker-compose: {line}"
@@ -336,6 +358,7 @@ def test_docs_spell_compose_one_way():
 def test_env_is_git_ignored_and_its_template_tracked():
     def git(*args: str) -> int:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True).returncode
+
     if git("rev-parse", "--is-inside-work-tree") != 0:
         pytest.skip("not a git checkout")
     assert git("check-ignore", "-q", ".env") == 0, ".env holds the secrets: .gitignore must list it"
@@ -352,6 +375,7 @@ def test_sentinel_override_agrees_with_itself_and_its_sentinel_watches_the_maste
     sentinel's start-up script, run here with its redis-sentinel, watches a real master with that
     password (host `redis` mapped to 127.0.0.1 and a free port)."""
     from rlfarm.farm.redis_url import parse_sentinel
+
     from .sentinel import sentinel_command
 
     env_file, values = write_env(tmp_path)
@@ -360,7 +384,7 @@ def test_sentinel_override_agrees_with_itself_and_its_sentinel_watches_the_maste
     assert {"redis", "redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"} <= set(services)
     assert arg_after(services["redis"]["command"], "--masterauth") == password  # if it becomes a replica
     replica = services["redis-replica"]["command"]
-    assert replica[replica.index("--replicaof") + 1:replica.index("--replicaof") + 3] == ["redis", "6379"]
+    assert replica[replica.index("--replicaof") + 1 : replica.index("--replicaof") + 3] == ["redis", "6379"]
     assert arg_after(replica, "--masterauth") == password and arg_after(replica, "--requirepass") == password
     assert ports(services["redis-replica"]) == []
     scripts = [services[f"sentinel-{i}"]["command"][-1] for i in (1, 2, 3)]
@@ -376,13 +400,25 @@ def test_sentinel_override_agrees_with_itself_and_its_sentinel_watches_the_maste
     server, _ = _redis_binaries()
     master_port, sentinel_port = free_port(), free_port()
     conf = tmp_path / "sentinel.conf"
-    script = (scripts[0].replace("$$", "$").replace("port 26379", f"port {sentinel_port}")
-              .replace("redis 6379", f"127.0.0.1 {master_port}").replace("/tmp/sentinel.conf", str(conf))
-              .replace("exec redis-sentinel", "exec " + " ".join(sentinel_command())))
-    master = subprocess.Popen([server, "--port", str(master_port), "--bind", "127.0.0.1", "--save", "",
-                               "--requirepass", password], stdout=subprocess.DEVNULL, start_new_session=True)
-    sentinel = subprocess.Popen(["sh", "-c", script], env={"PATH": os.environ["PATH"], "REDIS_PASSWORD": password},
-                                stdout=subprocess.DEVNULL, start_new_session=True)
+    script = (
+        scripts[0]
+        .replace("$$", "$")
+        .replace("port 26379", f"port {sentinel_port}")
+        .replace("redis 6379", f"127.0.0.1 {master_port}")
+        .replace("/tmp/sentinel.conf", str(conf))
+        .replace("exec redis-sentinel", "exec " + " ".join(sentinel_command()))
+    )
+    master = subprocess.Popen(
+        [server, "--port", str(master_port), "--bind", "127.0.0.1", "--save", "", "--requirepass", password],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    sentinel = subprocess.Popen(
+        ["sh", "-c", script],
+        env={"PATH": os.environ["PATH"], "REDIS_PASSWORD": password},
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         watcher = redis.Redis(port=sentinel_port, socket_connect_timeout=1, decode_responses=True)
 
@@ -393,8 +429,11 @@ def test_sentinel_override_agrees_with_itself_and_its_sentinel_watches_the_maste
                 return False
             flags = dict(zip(state[::2], state[1::2])) if isinstance(state, list) else state
             # authenticated: the master answers its pings, so it has a role and no down flag
-            return flags["flags"] == "master" and flags.get("role-reported") == "master" and \
-                int(flags.get("last-ok-ping-reply", 10**6)) < 2000
+            return (
+                flags["flags"] == "master"
+                and flags.get("role-reported") == "master"
+                and int(flags.get("last-ok-ping-reply", 10**6)) < 2000
+            )
 
         poll(master_seen_up, "the compose sentinel watching the master with its password", sentinel)
     finally:
@@ -437,8 +476,10 @@ def test_compose_services_run_as_local_processes(tmp_path):
 
     def service_env(name: str) -> dict[str, str]:
         # Host `redis` of the compose network is this test's redis-server.
-        env = {k: str(v).replace("@redis:6379/", f"@127.0.0.1:{port}/")
-               for k, v in services[name].get("environment", {}).items()}
+        env = {
+            k: str(v).replace("@redis:6379/", f"@127.0.0.1:{port}/")
+            for k, v in services[name].get("environment", {}).items()
+        }
         return {**base_env, **env}
 
     procs: list[tuple[str, subprocess.Popen, Path]] = []
@@ -446,8 +487,15 @@ def test_compose_services_run_as_local_processes(tmp_path):
 
     def start(name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         log = tmp_path / f"{name}.log"
-        proc = subprocess.Popen(argv, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=tmp_path)
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=open(log, "wb"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=tmp_path,
+        )
         procs.append((name, proc, log))
         pids.append(proc.pid)
         return proc
@@ -459,14 +507,17 @@ def test_compose_services_run_as_local_processes(tmp_path):
         # redis: its command as resolved, plus where to listen and write locally.
         cmd = services["redis"]["command"]
         assert cmd[0] == "redis-server"
-        redis_proc = start("redis", [server, *cmd[1:], "--port", str(port), "--bind", "127.0.0.1",
-                                     "--dir", str(data)], service_env("redis"))
+        redis_proc = start(
+            "redis",
+            [server, *cmd[1:], "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)],
+            service_env("redis"),
+        )
         client = redis.Redis.from_url(local_url)
         poll(lambda: _ping(client), "redis-server", redis_proc, tmp_path / "redis.log")
         config = client.config_get("*")  # redis-py decodes CONFIG GET replies
         assert config["appendonly"] == "yes" and config["appendfsync"] == "everysec"
         assert config["maxmemory-policy"] == "noeviction"
-        assert int(config["maxmemory"]) == 64 * 1024 ** 2
+        assert int(config["maxmemory"]) == 64 * 1024**2
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=port).ping()
 
@@ -476,8 +527,9 @@ def test_compose_services_run_as_local_processes(tmp_path):
         check = [cli, "-h", "127.0.0.1", "-p", str(port), *test[2:]]
         ok = subprocess.run(check, env=service_env("redis"), capture_output=True, text=True)
         assert ok.returncode == 0 and "PONG" in ok.stdout
-        bad = subprocess.run(check, env={**service_env("redis"), "REDISCLI_AUTH": "wrong"},
-                             capture_output=True, text=True)
+        bad = subprocess.run(
+            check, env={**service_env("redis"), "REDISCLI_AUTH": "wrong"}, capture_output=True, text=True
+        )
         assert bad.returncode != 0, "the healthcheck passes without the right password"
 
         # worker
@@ -485,8 +537,7 @@ def test_compose_services_run_as_local_processes(tmp_path):
         worker = start("worker", cmd, service_env("worker"))
         app = make_app(local_url)
         try:
-            replies = poll(lambda: app.control.ping(timeout=0.5), "worker answers", worker,
-                           tmp_path / "worker.log")
+            replies = poll(lambda: app.control.ping(timeout=0.5), "worker answers", worker, tmp_path / "worker.log")
         finally:
             app.close()
         assert len(replies) == 1
@@ -496,11 +547,18 @@ def test_compose_services_run_as_local_processes(tmp_path):
         cmd = services["flower"]["command"]
         assert "--port=5555" in cmd
         flower_port = free_port()
-        flower = start("flower", [a if a != "--port=5555" else f"--port={flower_port}" for a in cmd]
-                       + ["--address=127.0.0.1"], service_env("flower"))
+        flower = start(
+            "flower",
+            [a if a != "--port=5555" else f"--port={flower_port}" for a in cmd] + ["--address=127.0.0.1"],
+            service_env("flower"),
+        )
         base = f"http://127.0.0.1:{flower_port}"
-        poll(lambda: _http_status(f"{base}/workers") == 401, "flower refuses anonymous requests",
-             flower, tmp_path / "flower.log")
+        poll(
+            lambda: _http_status(f"{base}/workers") == 401,
+            "flower refuses anonymous requests",
+            flower,
+            tmp_path / "flower.log",
+        )
         auth = values["FLOWER_BASIC_AUTH"]
         assert _http_status(f"{base}/workers", "admin:wrong") == 401
         assert _http_status(f"{base}/workers", auth) == 200
@@ -511,9 +569,16 @@ def test_compose_services_run_as_local_processes(tmp_path):
         runs = tmp_path / "runs"
         argv = [str(runs) if a == logdir else a for a in cmd]
         argv += ["--total-steps", "3000", "--set", "eval.interval=0", "--device", "cpu"]
-        trainer = subprocess.Popen(argv, env=service_env("trainer"), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                   start_new_session=True, cwd=tmp_path)
+        trainer = subprocess.Popen(
+            argv,
+            env=service_env("trainer"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            cwd=tmp_path,
+        )
         pids.append(trainer.pid)
         output, _ = trainer.communicate()
         assert trainer.returncode == 0, output[-3000:]
@@ -523,9 +588,16 @@ def test_compose_services_run_as_local_processes(tmp_path):
 
         # A restarted trainer container runs the same command: it must continue its run, not fail
         # on it (restart: on-failure would otherwise loop).
-        again = subprocess.Popen(argv, env=service_env("trainer"), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                 start_new_session=True, cwd=tmp_path)
+        again = subprocess.Popen(
+            argv,
+            env=service_env("trainer"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            cwd=tmp_path,
+        )
         pids.append(again.pid)
         output_again, _ = again.communicate()
         assert again.returncode == 0, output_again[-3000:]
@@ -534,9 +606,9 @@ def test_compose_services_run_as_local_processes(tmp_path):
 
         # Flower saw the worker through the broker URL from its environment.
         def flower_workers():
-            with urllib.request.urlopen(http_request(f"{base}/api/workers?refresh=1", auth),
-                                        timeout=10) as response:
+            with urllib.request.urlopen(http_request(f"{base}/api/workers?refresh=1", auth), timeout=10) as response:
                 return json.load(response)
+
         assert len(poll(flower_workers, "flower lists the worker")) == 1
 
         assert password not in output

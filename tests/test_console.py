@@ -14,10 +14,10 @@ import sys
 import pytest
 from rich.console import Console
 
-from rlfarm.runio import logs
 from rlfarm.config import ConfigError
-from rlfarm.observe.metrics import EVAL_LINE_EVERY, RunLogger, summary_writer_class
 from rlfarm.farm.connection import is_loopback, no_password_warning
+from rlfarm.observe.metrics import EVAL_LINE_EVERY, RunLogger, summary_writer_class
+from rlfarm.runio import logs
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, run_cli
 
@@ -43,7 +43,9 @@ def test_console_lines_are_one_line_each_with_their_prefix(rlfarm_logger, capsys
     log.info("target return %g reached after %d env steps", 1.0, 1024)
     log.debug("not at the default verbosity")
     assert capsys.readouterr().err.splitlines() == [
-        f"rlfarm: warning: {long}", "rlfarm: target return 1 reached after 1024 env steps"]
+        f"rlfarm: warning: {long}",
+        "rlfarm: target return 1 reached after 1024 env steps",
+    ]
     logs.setup_logging(-1)  # -q: warnings and errors only
     log.info("hidden")
     log.warning("shown")
@@ -88,8 +90,7 @@ def test_evaluations_go_on_the_bar_and_every_tenth_and_the_last_on_the_console(t
     logger.close()
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert [m.split(" at step")[0] for m in info] == ["eval 10", "eval 20", "eval 26"]  # 26: the last
-    assert info[-1] == ("eval 26 at step 26000 (policy v26): mean return 4.0 ± 1.0 over 2 greedy "
-                        "episodes (best 25.0)")
+    assert info[-1] == ("eval 26 at step 26000 (policy v26): mean return 4.0 ± 1.0 over 2 greedy episodes (best 25.0)")
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG and r.name == "rlfarm.metrics"]
     assert len(debug) == 26 - 2  # the others: shown with -v
     assert EVAL_LINE_EVERY == 10
@@ -138,14 +139,26 @@ def test_a_resumed_logger_keeps_its_evaluations_and_starts_its_bar_at_its_step(t
     assert _logger(tmp_path, resume=old).progress.tasks[0].fields["eval"] == ""  # an older checkpoint
 
 
-@pytest.mark.parametrize("url, warned", [
-    ("redis://127.0.0.1:6379/0", False), ("redis://127.3.2.1/0", False), ("redis://localhost:6379/0", False),
-    ("redis://LocalHost./0", False), ("redis://[::1]:6379/0", False), ("redis://[::ffff:127.0.0.1]/0", False),
-    ("unix:///run/redis.sock", False), ("redis://:secret@10.0.0.5:6379/0", False),
-    ("rediss://user:secret@redis-host:6380/0", False),
-    ("redis://10.0.0.5:6379/0", True), ("redis://trainer-host:6379/0", True), ("redis://[2001:db8::1]/0", True),
-    ("rediss://user@redis-host:6380/0", True), ("redis://:@10.0.0.5/0", True), ("redis://0.0.0.0/0", True),
-])
+@pytest.mark.parametrize(
+    "url, warned",
+    [
+        ("redis://127.0.0.1:6379/0", False),
+        ("redis://127.3.2.1/0", False),
+        ("redis://localhost:6379/0", False),
+        ("redis://LocalHost./0", False),
+        ("redis://[::1]:6379/0", False),
+        ("redis://[::ffff:127.0.0.1]/0", False),
+        ("unix:///run/redis.sock", False),
+        ("redis://:secret@10.0.0.5:6379/0", False),
+        ("rediss://user:secret@redis-host:6380/0", False),
+        ("redis://10.0.0.5:6379/0", True),
+        ("redis://trainer-host:6379/0", True),
+        ("redis://[2001:db8::1]/0", True),
+        ("rediss://user@redis-host:6380/0", True),
+        ("redis://:@10.0.0.5/0", True),
+        ("redis://0.0.0.0/0", True),
+    ],
+)
 def test_worker_warns_of_a_redis_without_password_off_this_machine(url, warned):
     text = no_password_warning(url)
     assert (text is not None) == warned
@@ -171,15 +184,22 @@ def test_missing_tensorboard_is_a_config_error_before_anything_is_written(tmp_pa
 def _without(module: str, *args: str) -> subprocess.CompletedProcess:
     """`rlfarm ARGS` in a process where `import MODULE` fails, as on an install without it."""
     code = f"import sys; sys.modules[{module!r}] = None; from cli import main; main(prog_name='rlfarm')"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **WORKER_ENV}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **WORKER_ENV},
+        timeout=600,
+    )
 
 
 @pytest.mark.process
 def test_plot_without_matplotlib_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text('{"env": {"id": "CartPole-v1"}, "algo": "ppo", "run_id": "r"}')
-    (tmp_path / "episodes.csv").write_text("global_step,wall_time,episodic_return,episodic_length,"
-                                           "policy_version\n10,0.5,10.0,10,0\n")
+    (tmp_path / "episodes.csv").write_text(
+        "global_step,wall_time,episodic_return,episodic_length,policy_version\n10,0.5,10.0,10,0\n"
+    )
     result = _without("matplotlib", "plot", str(tmp_path))
     assert result.returncode == 2
     line = one_error_line(result.stderr)
@@ -187,8 +207,9 @@ def test_plot_without_matplotlib_is_one_line(tmp_path):
 
 
 def test_train_without_tensorboard_is_one_line_and_leaves_no_run(farm, tmp_path):
-    result = _without("tensorboard", "train", "--redis", farm.redis_url, "--run-id", "no-tb",
-                      "--logdir", str(tmp_path), *SHORT)
+    result = _without(
+        "tensorboard", "train", "--redis", farm.redis_url, "--run-id", "no-tb", "--logdir", str(tmp_path), *SHORT
+    )
     assert result.returncode == 2
     line = one_error_line(result.stderr)
     assert "TensorBoard is not installed" in line and 'pip install -e ".[train]"' in line
@@ -196,16 +217,27 @@ def test_train_without_tensorboard_is_one_line_and_leaves_no_run(farm, tmp_path)
 
 
 # ---- rlfarm -q / -v train, end to end ------------------------------------------------------------------
-SHORT = ["--total-steps", "2048", "--set", "farm.num_tasks=2", "--set", "env.num_envs=1",
-         "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2"]  # 2 iterations of 1024 steps
+SHORT = [
+    "--total-steps",
+    "2048",
+    "--set",
+    "farm.num_tasks=2",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.steps_per_env=512",
+    "--set",
+    "ppo.num_minibatches=2",
+]  # 2 iterations of 1024 steps
 EVALS = ["--set", "eval.interval=1024", "--set", "eval.episodes=2", "--set", "eval.tasks=1"]
 
 
 def _train(farm, tmp_path, run_id: str, *args: str) -> subprocess.CompletedProcess:
     global_opts = [a for a in args if a in ("-q", "-v")]
     rest = [a for a in args if a not in ("-q", "-v")]
-    result = run_cli(*global_opts, "train", "--redis", farm.redis_url, "--run-id", run_id,
-                     "--logdir", str(tmp_path), *SHORT, *rest)
+    result = run_cli(
+        *global_opts, "train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(tmp_path), *SHORT, *rest
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -260,11 +292,18 @@ def test_progress_has_one_row_per_step_across_a_resume(tmp_path):
 def test_compact_counts_and_ages():
     from rlfarm.runio import narrow
 
-    assert [narrow.count(n) for n in (0, 999, 1000, 4100, 20480, 40960, 100_000, 999_999, 1_000_000,
-                                      1_234_567, 10_000_384, 2.5e9, -40960)] == [
-        "0", "999", "1k", "4.1k", "20.4k", "40.9k", "100k", "999k", "1M", "1.23M", "10M", "2.5G", "-40.9k"]
+    assert [
+        narrow.count(n)
+        for n in (0, 999, 1000, 4100, 20480, 40960, 100_000, 999_999, 1_000_000, 1_234_567, 10_000_384, 2.5e9, -40960)
+    ] == ["0", "999", "1k", "4.1k", "20.4k", "40.9k", "100k", "999k", "1M", "1.23M", "10M", "2.5G", "-40.9k"]
     assert [narrow.age(s) for s in (None, 2.25, 42, 125, 7300, 200000)] == [
-        "-", "2.2s", "42s", "2m05s", "2h01m", "2d07h"]
+        "-",
+        "2.2s",
+        "42s",
+        "2m05s",
+        "2h01m",
+        "2d07h",
+    ]
 
 
 def _rendered(renderable, width: int) -> str:
@@ -273,8 +312,9 @@ def _rendered(renderable, width: int) -> str:
     return console.file.getvalue()
 
 
-@pytest.mark.parametrize("total, step, shown", [(100_000, 40_960, "40.9k/100k steps"),
-                                                 (10_000_384, 5_123_456, "5.12M/10M steps")])
+@pytest.mark.parametrize(
+    "total, step, shown", [(100_000, 40_960, "40.9k/100k steps"), (10_000_384, 5_123_456, "5.12M/10M steps")]
+)
 def test_the_progress_display_shows_steps_time_and_eta_whole_at_80_and_60_columns(tmp_path, total, step, shown):
     console = Console(file=io.StringIO(), force_terminal=False, width=80)
     logger = RunLogger(tmp_path, {"algo": "dqn"}, total, console, tensorboard=False)
@@ -339,11 +379,16 @@ def test_what_was_logged_before_the_run_log_opened_is_at_its_top(rlfarm_logger, 
     assert [line.split(" ", 2)[2] for line in lines] == [
         "WARNING rlfarm.cli: CartPole-v1 episodes last up to 500 steps but each task runs 64 steps per env",
         "INFO rlfarm.cli: no --redis given: starting an embedded Redis",
-        "INFO rlfarm.trainer: the run's own line"]
+        "INFO rlfarm.trainer: the run's own line",
+    ]
     second = logs.log_to_file(tmp_path / "second")
     logs.remove(second)
-    assert (tmp_path / "second" / logs.LOG_FILE).read_text().splitlines()[0].endswith(
-        "after the run: for the next run's log, if one opens")
+    assert (
+        (tmp_path / "second" / logs.LOG_FILE)
+        .read_text()
+        .splitlines()[0]
+        .endswith("after the run: for the next run's log, if one opens")
+    )
     logs.setup_logging(0)  # a new command starts with nothing kept
     third = logs.log_to_file(tmp_path / "third")
     logs.remove(third)

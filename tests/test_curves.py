@@ -30,7 +30,7 @@ def test_the_target_the_mark_and_an_interrupted_runs_stop(tmp_path):
     returns = [-21.0] * 40 + [21.0] * 40
     write_run(tmp_path / "run", returns)
     row = describe(tmp_path / "run", None, minutes=30)
-    means = [sum(returns[i - 19:i + 1]) / 20 for i in range(19, len(returns))]
+    means = [sum(returns[i - 19 : i + 1]) / 20 for i in range(19, len(returns))]
     first = next(i for i, m in enumerate(means) if m >= 18) + 20  # games played when it is first reached
     assert row["reached_steps"] == first * 1000
     assert row["reached_min"] == pytest.approx(first)

@@ -46,7 +46,8 @@ def anchors(path: Path) -> set[str]:
 def test_the_readme_leads_in_at_most_300_lines():
     lines = README.read_text().splitlines()
     assert len(lines) <= README_MAX_LINES, (
-        f"README.md has {len(lines)} lines, over {README_MAX_LINES}: move reference text to a page in docs/")
+        f"README.md has {len(lines)} lines, over {README_MAX_LINES}: move reference text to a page in docs/"
+    )
 
 
 def test_every_relative_link_in_the_readme_points_to_a_file_that_exists():
@@ -72,9 +73,14 @@ def test_the_readme_shows_its_images_from_the_repository_root():
 def test_the_docs_site_builds_with_strict(tmp_path):
     """`mkdocs build --strict`: every page is in the nav, every link to a page, a heading or an image
     resolves, and nothing else warns (mkdocs-material is in the `test` and `docs` extras)."""
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     site = tmp_path / "site"
     for page in ("index", "cli", "reliability", "security", "metrics", "architecture", "pong"):
@@ -99,8 +105,11 @@ def readme_test_command() -> str:
 def steps(command: str) -> list[str]:
     """The steps of an `a && b && c` command, with what only quiets apt taken out (.ci/run's
     DEBIAN_FRONTEND, -qq and >/dev/null) and sudo however it is spelled."""
-    command = re.sub(r"\$\(command -v sudo\) |\$sudo |env DEBIAN_FRONTEND=noninteractive |-qq |>/dev/null", "",
-                     command.replace("\\\n", " "))
+    command = re.sub(
+        r"\$\(command -v sudo\) |\$sudo |env DEBIAN_FRONTEND=noninteractive |-qq |>/dev/null",
+        "",
+        command.replace("\\\n", " "),
+    )
     return [" ".join(step.split()) for step in command.split("&&")]
 
 
@@ -108,7 +117,7 @@ def test_ci_runs_exactly_the_readmes_test_command():
     """.ci/run is what CI runs: the README's test command, step for step, so the command a reader
     types is the one that passed."""
     script = (ROOT / ".ci" / "run").read_text()
-    ci_command = script[script.index("apt-get update") - len("$sudo env DEBIAN_FRONTEND=noninteractive "):]
+    ci_command = script[script.index("apt-get update") - len("$sudo env DEBIAN_FRONTEND=noninteractive ") :]
     assert steps(ci_command.strip()) == steps(readme_test_command())
 
 
@@ -152,7 +161,8 @@ def test_the_architecture_parts_table_is_the_tree():
     inits = {p: {"__init__.py"} if (ROOT / "rlfarm" / p / "__init__.py").exists() else set() for p in named}
     # the <name>/ row names the files of an algorithm's package too
     inits["algos"] = inits.get("algos", set()) | {path.name for path in (ROOT / "rlfarm" / "algos").glob("*/*.py")}
-    stale = {p: sorted(named[p] - tree.get(p, set()) - inits[p]) for p in named
-             if named[p] - tree.get(p, set()) - inits[p]}
+    stale = {
+        p: sorted(named[p] - tree.get(p, set()) - inits[p]) for p in named if named[p] - tree.get(p, set()) - inits[p]
+    }
     assert not missing, f"modules missing from docs/architecture.md's parts table: {missing}"
     assert not stale, f"modules named in the parts table that do not exist: {stale}"

@@ -17,11 +17,11 @@ import threading
 
 import pytest
 
-from rlfarm.trainer import resume as checkpoint
 from rlfarm import config as C
+from rlfarm.farm import keys
 from rlfarm.farm.connection import connect
 from rlfarm.farm.runs import delete_run, read_status, write_status
-from rlfarm.farm import keys
+from rlfarm.trainer import resume as checkpoint
 
 from .conftest import WORKER_ENV, error_line, make_run, poll, rlfarm_cmd, run_cli
 
@@ -34,18 +34,25 @@ def keys_of(client, run_id: str) -> set[bytes]:
 
 def strict_json(text: str):
     """json.loads that refuses NaN, Infinity and -Infinity, as every non-Python JSON reader does."""
+
     def refuse(name: str):
         raise ValueError(f"not strict JSON: {name}")
+
     return json.loads(text, parse_constant=refuse)
 
 
 # ---- A.1, A.4: bad input fails before anything starts ----------------------------------------------
-@pytest.mark.parametrize("args, message", [
-    (["--env", "tests.tiny_envs:broken"], "env 'tests.tiny_envs:broken' could not be constructed: "
-                                          "RuntimeError: simulator licence not found"),
-    (["--seed", "-1"], "seed must be a non-negative integer, got -1"),
-    (["--set", "seed=-7"], "seed must be a non-negative integer, got -7"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--env", "tests.tiny_envs:broken"],
+            "env 'tests.tiny_envs:broken' could not be constructed: RuntimeError: simulator licence not found",
+        ),
+        (["--seed", "-1"], "seed must be a non-negative integer, got -1"),
+        (["--set", "seed=-7"], "seed must be a non-negative integer, got -7"),
+    ],
+)
 def test_bad_train_input_is_one_line_and_writes_nothing(tmp_path, args, message):
     result = run_cli("train", "--logdir", str(tmp_path), "--run-id", "bad", *args)
     assert result.returncode == 2
@@ -53,14 +60,16 @@ def test_bad_train_input_is_one_line_and_writes_nothing(tmp_path, args, message)
     assert not any(tmp_path.iterdir())  # no run directory, nothing published: nothing started
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "--total-steps", "-5"], "invalid value for '--total-steps': -5 is not in the range x>=1 "
-                                       "(see "),
-    (["worker", "-c", "0"], "invalid value for '-c' / '--concurrency': 0 is not in the range 1<=x<=1024"),
-    (["train", "--no-such-option"], "no such option '--no-such-option'"),
-    (["no-such-command"], "no such command 'no-such-command'"),
-    (["checkpoints", "list", "--bogus"], "no such option '--bogus'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--total-steps", "-5"], "invalid value for '--total-steps': -5 is not in the range x>=1 (see "),
+        (["worker", "-c", "0"], "invalid value for '-c' / '--concurrency': 0 is not in the range 1<=x<=1024"),
+        (["train", "--no-such-option"], "no such option '--no-such-option'"),
+        (["no-such-command"], "no such command 'no-such-command'"),
+        (["checkpoints", "list", "--bogus"], "no such option '--bogus'"),
+    ],
+)
 def test_click_usage_errors_are_one_line_too(args, message):
     """Bad values caught by click's own types were its four-line usage block; now one line like the
     others, naming `--help` (exit 2, nothing started)."""
@@ -102,8 +111,9 @@ def not_redis_url():
 
 @pytest.mark.parametrize("command", [["train", "--run-id", "not-redis"], ["worker", "-c", "1"]])
 def test_a_port_that_is_not_redis_is_one_line(not_redis_url, tmp_path, command):
-    result = run_cli(*command, "--redis", not_redis_url, *(["--logdir", str(tmp_path)] if command[0] == "train"
-                                                           else []))
+    result = run_cli(
+        *command, "--redis", not_redis_url, *(["--logdir", str(tmp_path)] if command[0] == "train" else [])
+    )
     assert result.returncode == 1
     line = error_line(result)
     port = not_redis_url.rsplit(":", 1)[1]
@@ -138,11 +148,24 @@ def test_checkpoints_list_of_an_unknown_run_is_an_error(redis_only):
 # ---- A.6: Ctrl-C on a farm leaves the farm running and says how to continue -------------------------
 def test_ctrl_c_on_a_farm_says_how_to_resume(farm, tmp_path):
     run_id = "ctrlc-farm"
-    proc = subprocess.Popen(rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", run_id,
-                                       "--logdir", str(tmp_path), "--total-steps", "10000000"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **WORKER_ENV},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        rlfarm_cmd(
+            "train",
+            "--redis",
+            farm.redis_url,
+            "--run-id",
+            run_id,
+            "--logdir",
+            str(tmp_path),
+            "--total-steps",
+            "10000000",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     progress = tmp_path / run_id / "progress.csv"
     poll(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 2, "a logged iteration", proc)
     proc.send_signal(signal.SIGINT)
@@ -167,17 +190,40 @@ def test_json_safe_and_from_dict_round_trip():
     text = json.dumps(C.json_safe(C.to_dict(cfg)), allow_nan=False)
     assert strict_json(text)["target_return"] is None
     assert C.from_dict(strict_json(text)) == cfg
-    assert C.json_safe({"a": [math.nan, (1.5, -math.inf)], "b": math.inf, "c": 2}) == \
-        {"a": [None, [1.5, None]], "b": None, "c": 2}
+    assert C.json_safe({"a": [math.nan, (1.5, -math.inf)], "b": math.inf, "c": 2}) == {
+        "a": [None, [1.5, None]],
+        "b": None,
+        "c": 2,
+    }
     with pytest.raises(C.ConfigError, match="ppo.gamma: expected a number, got None"):
         C.from_dict({**C.to_dict(cfg), "ppo": {**C.to_dict(cfg)["ppo"], "gamma": None}})
 
 
 def test_run_files_are_strict_json_and_resume_reads_them(farm, tmp_path):
-    small = ["--preset", "cartpole-ppo", "--set", "farm.num_tasks=2", "--set", "env.num_envs=1",
-             "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2"]
-    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "strict", "--logdir", str(tmp_path),
-                     "--total-steps", "2048", *small)
+    small = [
+        "--preset",
+        "cartpole-ppo",
+        "--set",
+        "farm.num_tasks=2",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=512",
+        "--set",
+        "ppo.num_minibatches=2",
+    ]
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        "strict",
+        "--logdir",
+        str(tmp_path),
+        "--total-steps",
+        "2048",
+        *small,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     run_dir = tmp_path / "strict"
     config = strict_json((run_dir / "config.json").read_text())
@@ -187,8 +233,9 @@ def test_run_files_are_strict_json_and_resume_reads_them(farm, tmp_path):
     assert summary["eval_mean_return"] == summary["best_eval_mean_return"] > 0
     assert summary["env_steps"] == 2048
 
-    resumed = run_cli("train", "--resume", "strict", "--logdir", str(tmp_path), "--redis", farm.redis_url,
-                      "--total-steps", "4096")
+    resumed = run_cli(
+        "train", "--resume", "strict", "--logdir", str(tmp_path), "--redis", farm.redis_url, "--total-steps", "4096"
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     config = strict_json((run_dir / "config.json").read_text())
     assert config["target_return"] is None and config["total_steps"] == 4096
@@ -201,7 +248,7 @@ def test_delete_removes_a_finished_run_and_nothing_else(redis_only):
     client = connect(url)
     make_run(url, "del-done", versions=3)
     write_status(client, "del-done", {"state": "finished", "host": "h", "pid": 1})
-    client.rpush(keys.results('del-done'), b"late result")
+    client.rpush(keys.results("del-done"), b"late result")
     make_run(url, "del-done-2", versions=2)  # its prefix starts with the other's name: must be kept
     kept = keys_of(client, "del-done-2")
     assert len(keys_of(client, "del-done")) == 8  # policy:0..2, policy:latest, versions, meta, status, results

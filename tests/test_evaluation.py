@@ -25,9 +25,20 @@ TARGET = 475.0
 
 
 def evaluations(**overrides) -> Evaluations:
-    return Evaluations(from_flat({"run_id": "ev", "seed": 7, "target_return": TARGET, "eval.interval": 1000,
-                                  "eval.episodes": 10, "eval.tasks": 2, "eval.confirm_episodes": 20,
-                                  **overrides}))
+    return Evaluations(
+        from_flat(
+            {
+                "run_id": "ev",
+                "seed": 7,
+                "target_return": TARGET,
+                "eval.interval": 1000,
+                "eval.episodes": 10,
+                "eval.tasks": 2,
+                "eval.confirm_episodes": 20,
+                **overrides,
+            }
+        )
+    )
 
 
 def finish(evals: Evaluations, send: Send, returns: list[float], env_steps: int = 0) -> list:
@@ -35,7 +46,7 @@ def finish(evals: Evaluations, send: Send, returns: list[float], env_steps: int 
     per_task = len(returns) // len(send.tasks)
     decisions: list = []
     for i, spec in enumerate(send.tasks):
-        decisions = evals.received(spec.iteration, returns[i * per_task:(i + 1) * per_task], env_steps)
+        decisions = evals.received(spec.iteration, returns[i * per_task : (i + 1) * per_task], env_steps)
         if i < len(send.tasks) - 1:
             assert decisions == []  # nothing is decided before every task of the evaluation is in
     return decisions
@@ -46,7 +57,9 @@ def test_an_evaluation_sends_its_tasks_and_pins_its_version_while_they_run():
     send = evals.start(version=4, env_steps=1000)
     assert send.version == 4 and len(send.tasks) == 2
     assert [(s.run, s.kind, s.iteration, s.index, s.version, s.seed, s.episodes) for s in send.tasks] == [
-        ("ev", "eval", 0, 0, 4, 7 + EVAL_SEED, 5), ("ev", "eval", 0, 1, 4, 7 + EVAL_SEED, 5)]
+        ("ev", "eval", 0, 0, 4, 7 + EVAL_SEED, 5),
+        ("ev", "eval", 0, 1, 4, 7 + EVAL_SEED, 5),
+    ]
     assert evals.pinned() == {4}
     assert evals.start(version=5, env_steps=2000).tasks[0].iteration == 1  # numbers are never reused
 
@@ -61,7 +74,9 @@ def test_an_evaluation_below_the_target_is_recorded_and_becomes_the_best_without
 
     # A worse one is recorded and its version let go; the best is unchanged.
     assert finish(evals, evals.start(version=1, env_steps=2000), [50.0] * 10) == [
-        Record(2000, [50.0] * 10, 1), Unpin(1)]
+        Record(2000, [50.0] * 10, 1),
+        Unpin(1),
+    ]
     assert evals.best_version == 0 and evals.mean_return == 50.0 and evals.pinned() == {0}
 
 
@@ -72,7 +87,9 @@ def test_an_evaluation_at_the_target_asks_for_a_confirmation_of_the_same_version
     confirm = decisions[1]
     assert isinstance(confirm, Send) and confirm.version == 3
     assert [(s.iteration, s.index, s.version, s.seed, s.episodes) for s in confirm.tasks] == [
-        (1, 0, 3, 7 + CONFIRM_SEED, 10), (1, 1, 3, 7 + CONFIRM_SEED, 10)]
+        (1, 0, 3, 7 + CONFIRM_SEED, 10),
+        (1, 1, 3, 7 + CONFIRM_SEED, 10),
+    ]
     assert not evals.target_reached  # one lucky evaluation is not enough on its own
     assert evals.best_version is None  # not settled until the confirmation is in
     assert evals.awaiting == {3: [500.0] * 10} and evals.pinned() == {3}
@@ -151,7 +168,6 @@ def test_the_schedule_evaluates_once_per_interval_and_the_final_policy_once():
     assert final.version == 3 and final.tasks[0].iteration == 1
 
 
-
 def test_without_an_interval_only_the_final_policy_is_evaluated_and_never_confirmed():
     """eval.interval = 0 (the Atari presets): nothing on a schedule, but the final policy is evaluated
     and kept as the best policy. The target is then the rolling training return's, so an evaluation at
@@ -172,8 +188,14 @@ def test_state_round_trips_through_the_trainer_checkpoint_with_the_same_keys():
     evals.due(env_steps=1000, version=0)
     finish(evals, evals.start(version=4, env_steps=5000), [500.0] * 10)  # a confirmation in flight
     state = evals.state()
-    assert state == {"next_eval": 2000, "eval_counter": 4, "eval_mean_return": 500.0,
-                     "best_eval_mean_return": 100.0, "best_version": 0, "target_reached": False}
+    assert state == {
+        "next_eval": 2000,
+        "eval_counter": 4,
+        "eval_mean_return": 500.0,
+        "best_eval_mean_return": 100.0,
+        "best_version": 0,
+        "target_reached": False,
+    }
 
     resumed = evaluations()
     # As rlfarm.trainer.resume stores it: inside the checkpoint's JSON state, beside the trainer's keys.
@@ -230,12 +252,48 @@ def test_the_trainer_waits_for_the_final_evaluation_even_while_it_is_held_back_f
 
 # ---- `rlfarm eval` and rlfarm.load: farm tests on tiny real runs ------------------------------
 TRAIN = {
-    "dqn": ["--preset", "cartpole-dqn", "--mode", "async", "--total-steps", "2000",
-            "--set", "dqn.learning_starts=256", "--set", "eval.interval=0", "--set", "target_return=inf"],
-    "ppo": ["--preset", "cartpole-ppo", "--total-steps", "2048", "--set", "farm.num_tasks=2",
-            "--set", "env.num_envs=1", "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2"],
-    "sac": ["--preset", "pendulum-sac", "--total-steps", "1000", "--set", "sac.learning_starts=400",
-            "--set", "policy.hidden_sizes=[32,32]", "--set", "eval.interval=0", "--set", "target_return=inf"],
+    "dqn": [
+        "--preset",
+        "cartpole-dqn",
+        "--mode",
+        "async",
+        "--total-steps",
+        "2000",
+        "--set",
+        "dqn.learning_starts=256",
+        "--set",
+        "eval.interval=0",
+        "--set",
+        "target_return=inf",
+    ],
+    "ppo": [
+        "--preset",
+        "cartpole-ppo",
+        "--total-steps",
+        "2048",
+        "--set",
+        "farm.num_tasks=2",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=512",
+        "--set",
+        "ppo.num_minibatches=2",
+    ],
+    "sac": [
+        "--preset",
+        "pendulum-sac",
+        "--total-steps",
+        "1000",
+        "--set",
+        "sac.learning_starts=400",
+        "--set",
+        "policy.hidden_sizes=[32,32]",
+        "--set",
+        "eval.interval=0",
+        "--set",
+        "target_return=inf",
+    ],
 }
 HAS_MOVIEPY = importlib.util.find_spec("moviepy") is not None
 NO_MOVIEPY = 'moviepy is not installed (pip install -e ".[video]" or ".[test]"): --video cannot record'
@@ -263,7 +321,11 @@ def source(runs, farm, algo: str, kind: str) -> list[str]:
 
 
 def _without_display() -> dict[str, str]:
-    return {k: v for k, v in {**os.environ, **WORKER_ENV}.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER")}
+    return {
+        k: v
+        for k, v in {**os.environ, **WORKER_ENV}.items()
+        if k not in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER")
+    }
 
 
 def _with_version(src, dst, version: str) -> None:
@@ -303,14 +365,17 @@ class TestEvalCommand:
         assert -2000 <= mean <= 0  # Pendulum's rewards are at most 0, at least about -16.3 a step
 
     @pytest.mark.parametrize("kind", ["policy", "run"])
-    @pytest.mark.parametrize("algo, env, what", [
-        ("dqn", "Pendulum-v1", "it acts with 2 discrete actions, the env takes 1-dimensional continuous actions"),
-        ("sac", "CartPole-v1", "it acts with 1-dimensional continuous actions, the env takes 2 discrete actions"),
-        ("sac", "MountainCarContinuous-v0", "it takes observations of size 3, the env's have size 2"),
-        ("dqn", "Acrobot-v1", "it takes observations of size 4, the env's have size 6"),
-        ("ppo", "Pendulum-v1", "it takes observations of size 4, the env's have size 3"),
-        ("ppo", "Acrobot-v1", "it acts with 2 discrete actions, the env takes 3 discrete actions"),
-    ])
+    @pytest.mark.parametrize(
+        "algo, env, what",
+        [
+            ("dqn", "Pendulum-v1", "it acts with 2 discrete actions, the env takes 1-dimensional continuous actions"),
+            ("sac", "CartPole-v1", "it acts with 1-dimensional continuous actions, the env takes 2 discrete actions"),
+            ("sac", "MountainCarContinuous-v0", "it takes observations of size 3, the env's have size 2"),
+            ("dqn", "Acrobot-v1", "it takes observations of size 4, the env's have size 6"),
+            ("ppo", "Pendulum-v1", "it takes observations of size 4, the env's have size 3"),
+            ("ppo", "Acrobot-v1", "it acts with 2 discrete actions, the env takes 3 discrete actions"),
+        ],
+    )
     def test_a_policy_for_another_env_is_one_line(self, runs, farm, algo, env, what, kind):
         result = run_cli("eval", *source(runs, farm, algo, kind), "--env", env, "--episodes", "1")
         assert result.returncode == 1
@@ -324,12 +389,21 @@ class TestEvalCommand:
     def test_video_records_one_mp4_per_episode(self, runs, farm, algo, tmp_path):
         """tests.tiny_envs:painted has CartPole's spaces and draws its frames with numpy (no pygame)."""
         videos = tmp_path / "videos"
-        result = run_cli("eval", *source(runs, farm, algo, "policy"), "--env", "tests.tiny_envs:painted",
-                         "--episodes", "2", "--video", str(videos))
+        result = run_cli(
+            "eval",
+            *source(runs, farm, algo, "policy"),
+            "--env",
+            "tests.tiny_envs:painted",
+            "--episodes",
+            "2",
+            "--video",
+            str(videos),
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         files = sorted(videos.glob("*.mp4"))
-        assert len(files) == 2 and all(re.fullmatch(rf"{algo}-painted-policy\d+-episode-{i}\.mp4", f.name)
-                                       for i, f in enumerate(files)), files
+        assert len(files) == 2 and all(
+            re.fullmatch(rf"{algo}-painted-policy\d+-episode-{i}\.mp4", f.name) for i, f in enumerate(files)
+        ), files
         for f in files:
             head = f.read_bytes()[:12]
             assert head[4:8] == b"ftyp", (f, head)  # an MP4 container
@@ -350,14 +424,19 @@ class TestEvalCommand:
             assert result.returncode == 0, result.stderr[-3000:]
             assert len(list(videos.glob("*.mp4"))) == 1
 
-    @pytest.mark.skipif(not HAS_MOVIEPY or importlib.util.find_spec("pygame") is None,
-                        reason="CartPole's frames need pygame, the .mp4 files moviepy")
+    @pytest.mark.skipif(
+        not HAS_MOVIEPY or importlib.util.find_spec("pygame") is None,
+        reason="CartPole's frames need pygame, the .mp4 files moviepy",
+    )
     def test_video_prints_no_sdl_error_and_warns_only_of_videos_it_replaces(self, runs, farm, tmp_path):
         """pygame's SDL printed `error: XDG_RUNTIME_DIR is invalid` (no display, though nothing is shown) and
         gymnasium "Overwriting existing videos" for any folder that exists; a folder with this policy's
         videos is the one case to say something of, in one line."""
-        env = {k: v for k, v in {**os.environ, **WORKER_ENV}.items()
-               if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER")}
+        env = {
+            k: v
+            for k, v in {**os.environ, **WORKER_ENV}.items()
+            if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER")
+        }
         videos = tmp_path / "new" / "videos"
         command = rlfarm_cmd("eval", *source(runs, farm, "dqn", "policy"), "--episodes", "1", "--video", str(videos))
         first = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
@@ -376,16 +455,22 @@ class TestEvalCommand:
         stub.mkdir(parents=True)
         (stub / "__init__.py").write_text("raise ImportError('No module named moviepy')\n")
         path = os.pathsep.join([str(stub.parent), WORKER_ENV["PYTHONPATH"]])
-        result = run_cli("eval", *source(runs, farm, "ppo", "policy"), "--video", str(tmp_path / "v"),
-                         env={"PYTHONPATH": path})
+        result = run_cli(
+            "eval", *source(runs, farm, "ppo", "policy"), "--video", str(tmp_path / "v"), env={"PYTHONPATH": path}
+        )
         assert result.returncode == 1
         line = one_error_line(result.stderr)
         assert "--video needs moviepy" in line and 'pip install -e ".[video]"' in line
         assert not (tmp_path / "v").exists()
 
     def test_render_without_a_display_is_one_line(self, runs, farm):
-        result = subprocess.run(rlfarm_cmd("eval", *source(runs, farm, "dqn", "policy"), "--render"),
-                                capture_output=True, text=True, env=_without_display(), timeout=600)
+        result = subprocess.run(
+            rlfarm_cmd("eval", *source(runs, farm, "dqn", "policy"), "--render"),
+            capture_output=True,
+            text=True,
+            env=_without_display(),
+            timeout=600,
+        )
         assert result.returncode == 1
         line = one_error_line(result.stderr)
         assert "--render opens a window, but there is no display here" in line and "--video DIR" in line
@@ -394,8 +479,13 @@ class TestEvalCommand:
         """DISPLAY set, but no X server behind it: without pygame, one line says what to install; with
         it (SDL then falls back to its offscreen driver and says so itself), that no window opened."""
         env = {**_without_display(), "DISPLAY": ":4321"}
-        result = subprocess.run(rlfarm_cmd("eval", *source(runs, farm, "ppo", "policy"), "--render"),
-                                capture_output=True, text=True, env=env, timeout=600)
+        result = subprocess.run(
+            rlfarm_cmd("eval", *source(runs, farm, "ppo", "policy"), "--render"),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         assert result.returncode == 1
         if importlib.util.find_spec("pygame") is None:
             line = one_error_line(result.stderr)

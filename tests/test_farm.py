@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rlfarm.farm.app import ROLLOUT_TASK, make_app
 from rlfarm.core.rollout import Rollout, collect, task_seeds
-from rlfarm.farm.connection import connect
 from rlfarm.farm import keys
+from rlfarm.farm.app import ROLLOUT_TASK, make_app
+from rlfarm.farm.connection import connect
 from rlfarm.trainer.channel import FarmLink
 from rlfarm.trainer.outbox import RolloutError
 
@@ -28,9 +28,9 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     assert [r.index for r in results] == list(range(6))
     assert all(r.version == 0 for r in results)
     # A task is a pure function of its spec: recompute index 4 in this process and compare.
+    from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe, make_vector_env
-    from rlfarm.algos.ppo.policies import ActorCritic
 
     state, _ = store.get(0)
     policy = ActorCritic(describe("CartPole-v1"), PolicyConfig())
@@ -72,8 +72,8 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
     their own weights."""
     import numpy as np
 
-    from rlfarm.envs import describe
     from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.envs import describe
     from rlfarm.worker.rollout import RolloutWorker
 
     cfg, store = make_run(redis_only.redis_url, "reuse")
@@ -85,7 +85,12 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
     network = worker.versions.networks["reuse"]
     values0 = actor0.value(obs).copy()
     actor1, _, fetched_again = worker._actor_of("reuse", 1)
-    assert fetched and fetched_again and worker.versions.networks["reuse"] is network and len(worker.versions.networks) == 1
+    assert (
+        fetched
+        and fetched_again
+        and worker.versions.networks["reuse"] is network
+        and len(worker.versions.networks) == 1
+    )
     fresh = ActorCritic(describe(cfg.env.id), cfg.policy)
     fresh.load_state_dict(store.get(1)[0])  # version 1 as a newly built network acts
     np.testing.assert_array_equal(actor1.value(obs), fresh.actor_snapshot().value(obs))
@@ -130,8 +135,9 @@ def test_pickle_message_is_refused(farm):
     evil = make_app(farm.redis_url)
     evil.conf.task_serializer = "pickle"
     evil.conf.accept_content = ["pickle", "json", "msgpack"]
-    evil.send_task(ROLLOUT_TASK, kwargs={"run": "pickled", "iteration": 0, "index": 99, "version": 0,
-                                         "steps": 8, "seed": 1})
+    evil.send_task(
+        ROLLOUT_TASK, kwargs={"run": "pickled", "iteration": 0, "index": 99, "version": 0, "steps": 8, "seed": 1}
+    )
     # A msgpack task sent afterwards completes; the pickled one, ahead of it, produced nothing.
     good = task_channel(farm.redis_url, "pickled").gather_group(task_specs(1, 1, 8))
     assert good[0].index == 0
@@ -171,8 +177,9 @@ def test_sigkilled_worker_process_mid_iteration(farm):
 def test_straggler_is_redispatched_and_late_copies_are_dropped(farm):
     """Tasks slower than the deadline are sent again; only the first copy of each index counts."""
     make_run(farm.redis_url, "straggle", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
-    d = FarmLink(make_app(farm.redis_url), connect(farm.redis_url), "straggle", task_timeout=0.4,
-                 max_redispatch=50).open()
+    d = FarmLink(
+        make_app(farm.redis_url), connect(farm.redis_url), "straggle", task_timeout=0.4, max_redispatch=50
+    ).open()
     results = d.gather_group(task_specs(0, 2, 500))  # >= 1 s each: well past the 0.4 s deadline
     assert [r.index for r in results] == [0, 1]
     assert d.stats.redispatched >= 2 and d.stats.dispatched == 2 + d.stats.redispatched

@@ -22,35 +22,78 @@ from kombu.exceptions import OperationalError
 from rlfarm.farm.app import make_app
 from rlfarm.local.cluster import LocalCluster
 
-from .conftest import (ROOT, WORKER_ENV, assert_nothing_lost_or_double_counted, one_error_line, pid_alive,
-                       poll, read_csv, read_summary, rlfarm_cmd)
+from .conftest import (
+    ROOT,
+    WORKER_ENV,
+    assert_nothing_lost_or_double_counted,
+    one_error_line,
+    pid_alive,
+    poll,
+    read_csv,
+    read_summary,
+    rlfarm_cmd,
+)
 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
 RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING"]
 # The plain Celery way from docs/deploy.md, with Celery's defaults (gossip and mingle on).
 CELERY_WORKER = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-O", "fair", "-l", "WARNING"]
-SLOW_PPO = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
-            "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=250", "--set", "ppo.num_minibatches=2",
-            "--set", "policy.hidden_sizes=[16]"]
-SLOW_DQN = ["--preset", "cartpole-dqn", "--mode", "async", "--env", "tests.tiny_envs:slow",
-            "--set", "env.num_envs=1", "--set", "farm.steps_per_env=250", "--set", "policy.hidden_sizes=[16]",
-            "--set", "dqn.learning_starts=256", "--set", "dqn.replay_ratio=0.1", "--set", "eval.interval=0",
-            "--set", "target_return=inf"]
+SLOW_PPO = [
+    "--preset",
+    "cartpole-ppo",
+    "--env",
+    "tests.tiny_envs:slow",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.num_tasks=2",
+    "--set",
+    "farm.steps_per_env=250",
+    "--set",
+    "ppo.num_minibatches=2",
+    "--set",
+    "policy.hidden_sizes=[16]",
+]
+SLOW_DQN = [
+    "--preset",
+    "cartpole-dqn",
+    "--mode",
+    "async",
+    "--env",
+    "tests.tiny_envs:slow",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.steps_per_env=250",
+    "--set",
+    "policy.hidden_sizes=[16]",
+    "--set",
+    "dqn.learning_starts=256",
+    "--set",
+    "dqn.replay_ratio=0.1",
+    "--set",
+    "eval.interval=0",
+    "--set",
+    "target_return=inf",
+]
 
 
 class Farm:
     """A redis-server with an append-only file plus one `rlfarm worker` and one `celery -A tasks
     worker` (one pool process each), all on 127.0.0.1, stopped by pid at the end."""
 
-    def __init__(self, tmp_path: Path, concurrency: int = 1, worker_env: dict | None = None,
-                 redis_args: list[str] | None = None):
-        self.cluster = LocalCluster(workers=0, name=f"rlfarm-faults-{os.getpid()}", log_dir=tmp_path,
-                                    # workers wait out Redis outages as on a real farm (300 s)
-                                    extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "300",
-                                               **(worker_env or {})},
-                                    redis_args=["--appendonly", "yes", "--appendfsync", "always",
-                                                *(redis_args or [])])
+    def __init__(
+        self, tmp_path: Path, concurrency: int = 1, worker_env: dict | None = None, redis_args: list[str] | None = None
+    ):
+        self.cluster = LocalCluster(
+            workers=0,
+            name=f"rlfarm-faults-{os.getpid()}",
+            log_dir=tmp_path,
+            # workers wait out Redis outages as on a real farm (300 s)
+            extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "300", **(worker_env or {})},
+            redis_args=["--appendonly", "yes", "--appendfsync", "always", *(redis_args or [])],
+        )
         self.tmp_path = tmp_path
         self.cluster.start()
         self.rlfarm_worker = self.cluster.add_worker(concurrency, command=RLFARM_WORKER)
@@ -64,10 +107,13 @@ class Farm:
         return redis.Redis.from_url(self.url)
 
     def train(self, run_id: str, *args: str) -> subprocess.Popen:
-        return subprocess.Popen(rlfarm_cmd("train", "--redis", self.url, "--run-id", run_id,
-                                           "--logdir", str(self.tmp_path), *args),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **WORKER_ENV})
+        return subprocess.Popen(
+            rlfarm_cmd("train", "--redis", self.url, "--run-id", run_id, "--logdir", str(self.tmp_path), *args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **WORKER_ENV},
+        )
 
     def workers_alive(self) -> bool:
         """Both worker main processes still run and answer a broadcast ping."""
@@ -139,9 +185,13 @@ def test_outage_past_the_limit_is_one_line_and_the_run_resumes(fault_farm, tmp_p
     assert proc.returncode == 1
     line = one_error_line(stderr)
     assert "unreachable for more than 3 s" in line and f"rlfarm train --resume {run_id}" in line
-    resumed = subprocess.run(rlfarm_cmd("train", "--redis", fault_farm.url, "--resume", run_id,
-                                        "--logdir", str(tmp_path)),
-                             capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=600)
+    resumed = subprocess.run(
+        rlfarm_cmd("train", "--redis", fault_farm.url, "--resume", run_id, "--logdir", str(tmp_path)),
+        capture_output=True,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert read_summary(tmp_path / run_id)["env_steps"] >= 3000
     assert fault_farm.workers_alive()
@@ -196,21 +246,34 @@ def test_hung_env_hits_the_run_time_limit_and_the_stuck_process_is_replaced(tmp_
     farm = Farm(tmp_path, worker_env={"RLFARM_TEST_HUNG_PIDS": str(hung_pids)})
     try:
         assert len(_pool_pids(farm.url)) == 2
-        proc = farm.train("hang", *SLOW_PPO, "--env", "tests.tiny_envs:hang", "--total-steps", "2000",
-                          "--set", "farm.task_time_limit=3", "--set", "farm.max_redispatch=1")
+        proc = farm.train(
+            "hang",
+            *SLOW_PPO,
+            "--env",
+            "tests.tiny_envs:hang",
+            "--total-steps",
+            "2000",
+            "--set",
+            "farm.task_time_limit=3",
+            "--set",
+            "farm.max_redispatch=1",
+        )
         _, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 1
         line = one_error_line(stderr)
         assert "TimeLimitExceeded" in line and "time limit of 3" in line and "hung env" in line, line
         assert "sent 2 times" in line
+
         def hung() -> set[int]:
             return {int(pid) for pid in hung_pids.read_text().split()}
 
         assert len(hung()) >= 2  # the failing task hung a process each time it was sent
         # Every stuck process is replaced. Polled: a pool process is replaced after its task's failure
         # is stored, so the trainer may see the failure first, and the sends may have reached one worker.
-        poll(lambda: (lambda now: len(now) == 2 and not (now & hung()))(_pool_pids(farm.url)),
-             "every stuck pool process replaced")
+        poll(
+            lambda: (lambda now: len(now) == 2 and not (now & hung()))(_pool_pids(farm.url)),
+            "every stuck pool process replaced",
+        )
         # Nothing is left stuck: both kinds of worker stop on SIGTERM by themselves.
         assert _stop_cleanly(farm.rlfarm_worker) == 0
         assert _stop_cleanly(farm.celery_worker) == 0
@@ -249,8 +312,18 @@ def test_a_lost_whole_worker_is_noticed_by_its_lease_not_a_timeout(tmp_path):
     nothing else could have re-sent it before the test's own guard."""
     farm = Farm(tmp_path)
     try:
-        proc = farm.train("lost-worker", *SLOW_PPO, "--set", "farm.steps_per_env=1000", "--total-steps", "6000",
-                          "--set", "farm.task_timeout=3600", "--set", "farm.lease_seconds=3")
+        proc = farm.train(
+            "lost-worker",
+            *SLOW_PPO,
+            "--set",
+            "farm.steps_per_env=1000",
+            "--total-steps",
+            "6000",
+            "--set",
+            "farm.task_timeout=3600",
+            "--set",
+            "farm.lease_seconds=3",
+        )
         app = make_app(farm.url)
         celery_node = farm.cluster._nodes[1]
         poll(lambda: celery_node in _running_on(app, "lost-worker"), "a task running on the Celery worker", proc)
@@ -282,8 +355,9 @@ def test_flushall_mid_run_is_noticed_written_back_and_the_run_goes_on(fault_farm
     assert s["env_steps"] >= 3000
     assert_nothing_lost_or_double_counted(s, 250)
     # The run's metadata and policy are back: listed, and evaluable from Redis.
-    listed = subprocess.run(rlfarm_cmd("checkpoints", "list", "--redis", fault_farm.url),
-                            capture_output=True, text=True)
+    listed = subprocess.run(
+        rlfarm_cmd("checkpoints", "list", "--redis", fault_farm.url), capture_output=True, text=True
+    )
     assert run_id in listed.stdout
     assert fault_farm.client().exists(f"rlfarm:{run_id}:meta")
     assert fault_farm.rlfarm_worker.poll() is None and fault_farm.celery_worker.poll() is None
@@ -309,23 +383,55 @@ def test_full_redis_is_one_clear_line(fault_farm, tmp_path):
 
 
 # Raw arrays (farm.compress=none): the wide env's all-zero observations would compress to a few KB.
-WIDE = ["--env", "tests.tiny_envs:wide", "--set", "env.num_envs=1", "--set", "farm.num_tasks=1",
-        "--set", "farm.steps_per_env=1000", "--set", "policy.hidden_sizes=[8]", "--set", "farm.compress=none",
-        "--total-steps", "1000"]
+WIDE = [
+    "--env",
+    "tests.tiny_envs:wide",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.num_tasks=1",
+    "--set",
+    "farm.steps_per_env=1000",
+    "--set",
+    "policy.hidden_sizes=[8]",
+    "--set",
+    "farm.compress=none",
+    "--total-steps",
+    "1000",
+]
 
 
 def test_results_over_100_mib_decode_and_over_the_limit_are_refused_by_the_worker(farm, tmp_path):
     """One task of 1,000 steps of 30,000 float32 observations is a ~115 MiB result: it travels and
     decodes (msgpack's default buffer limit of 100 MiB once ended such a run with an empty error);
     with farm.max_result_bytes below that, the worker refuses to send it and the run fails in one line."""
-    ok = subprocess.run(rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", "wide-ok",
-                                   "--logdir", str(tmp_path), *WIDE),
-                        capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=600)
+    ok = subprocess.run(
+        rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", "wide-ok", "--logdir", str(tmp_path), *WIDE),
+        capture_output=True,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+        timeout=600,
+    )
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert read_summary(tmp_path / "wide-ok")["env_steps"] == 1000
-    big = subprocess.run(rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", "wide-big",
-                                    "--logdir", str(tmp_path), *WIDE, "--set", "farm.max_result_bytes=52428800"),
-                         capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=600)
+    big = subprocess.run(
+        rlfarm_cmd(
+            "train",
+            "--redis",
+            farm.redis_url,
+            "--run-id",
+            "wide-big",
+            "--logdir",
+            str(tmp_path),
+            *WIDE,
+            "--set",
+            "farm.max_result_bytes=52428800",
+        ),
+        capture_output=True,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+        timeout=600,
+    )
     assert big.returncode == 1
     line = one_error_line(big.stderr)
     assert "ResultTooLarge" in line and "over farm.max_result_bytes (50.0 MiB)" in line
@@ -337,9 +443,9 @@ def test_results_over_100_mib_decode_and_over_the_limit_are_refused_by_the_worke
 def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     """The check a worker makes before it starts a task, on a real Redis, in-process."""
     from rlfarm.core import codec
-    from rlfarm.farm.claim import Claim
     from rlfarm.core.protocol import PROTOCOL
     from rlfarm.farm import keys
+    from rlfarm.farm.claim import Claim
     from rlfarm.worker.rollout import RolloutWorker
 
     from .conftest import make_run
@@ -348,8 +454,16 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     client = redis.Redis.from_url(redis_only.redis_url)
     worker = RolloutWorker(redis_only.redis_url)
     claim = Claim(client, "skips")  # what a live trainer holds
-    spec = {"run": "skips", "iteration": 0, "index": 0, "version": 0, "steps": 8, "seed": 1,
-            "incarnation": claim.incarnation, "protocol": PROTOCOL}
+    spec = {
+        "run": "skips",
+        "iteration": 0,
+        "index": 0,
+        "version": 0,
+        "steps": 8,
+        "seed": 1,
+        "incarnation": claim.incarnation,
+        "protocol": PROTOCOL,
+    }
     worker.handle(spec, "ended-run")  # no live trainer: dropped, nothing pushed
     assert client.llen(keys.results("skips")) == 0
     claim.acquire()
@@ -358,8 +472,15 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     worker.handle(spec, "copy")  # already counted: skipped unrun, with a note
     first, copy = [codec.unpack(m) for m in client.lrange(keys.results("skips"), 0, -1)]
     assert first["task_id"] == "first" and first["rollout"]["rewards"].size == 8
-    assert copy == {"kind": "rollout", "iteration": 0, "index": 0, "worker": worker.identity,
-                    "task_id": "copy", "incarnation": claim.incarnation, "skipped": True}
+    assert copy == {
+        "kind": "rollout",
+        "iteration": 0,
+        "index": 0,
+        "worker": worker.identity,
+        "task_id": "copy",
+        "incarnation": claim.incarnation,
+        "skipped": True,
+    }
     assert client.smembers(keys.wanted("skips")) == {keys.LIVE.encode()}
     claim.release()
     assert not client.keys("rlfarm:skips:lease:*") and not client.keys("rlfarm:skips:attempts:*")
@@ -390,13 +511,13 @@ def test_one_lease_thread_renews_each_task_while_it_runs_and_not_after(redis_onl
     assert lease._thread is thread
     moved_on = len(renewals)
     poll(lambda: renewed("lease-test:b", 8, moved_on), "8 renewals of b", deadline_s=60)
-    assert "lease-test:a" not in renewals[moved_on + 1:]  # a is left alone (one renewal may have been in flight)
+    assert "lease-test:a" not in renewals[moved_on + 1 :]  # a is left alone (one renewal may have been in flight)
     poll(lambda: client.get("lease-test:a") is None, "a expiring once no longer renewed", deadline_s=60)
     assert client.get("lease-test:b") == b"me"
     lease.release()
     released = len(renewals)
     poll(lambda: client.get("lease-test:b") is None, "b expiring once released", deadline_s=60)
-    assert renewals[released + 1:].count("lease-test:b") == 0 and thread.is_alive()
+    assert renewals[released + 1 :].count("lease-test:b") == 0 and thread.is_alive()
 
 
 def test_queued_tasks_are_not_late(farm):
@@ -411,12 +532,12 @@ def test_queued_tasks_are_not_late(farm):
     make_run(farm.redis_url, "blocker", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
     make_run(farm.redis_url, "queued", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
     blocker = task_channel(farm.redis_url, "blocker", timeout=600.0)
-    blocker.submit_many([{"iteration": 0, "index": i, "version": 0, "steps": 3000, "seed": 1}
-                         for i in range(2)])  # SlowEnv busy-waits 2 ms a step: 6 s at the least
+    blocker.submit_many(
+        [{"iteration": 0, "index": i, "version": 0, "steps": 3000, "seed": 1} for i in range(2)]
+    )  # SlowEnv busy-waits 2 ms a step: 6 s at the least
     app = make_app(farm.redis_url)
     poll(lambda: len(running_tasks(app, "blocker")) == 2, "both blocking tasks running")
-    d = FarmLink(make_app(farm.redis_url), connect(farm.redis_url), "queued", task_timeout=2.0,
-                 max_redispatch=3).open()
+    d = FarmLink(make_app(farm.redis_url), connect(farm.redis_url), "queued", task_timeout=2.0, max_redispatch=3).open()
     specs = [{"iteration": 0, "index": i, "version": 0, "steps": 10, "seed": 1} for i in range(6)]
     sent = time.monotonic()
     results = d.gather_group(specs)
@@ -462,8 +583,10 @@ def test_chaos_a_minute_of_kills_and_a_redis_restart(tmp_path):
         assert proc.returncode == 0, stderr[-3000:]
         assert restarted and kills >= 5, (restarted, kills)
         s = read_summary(tmp_path / run_id)
-        print(f"chaos: {kills} kills, {s['faults']}, {s['env_steps']} env steps in {s['wall_seconds']:.0f} s, "
-              f"redispatched {s['redispatched']}, duplicates {s['duplicates']}")
+        print(
+            f"chaos: {kills} kills, {s['faults']}, {s['env_steps']} env steps in {s['wall_seconds']:.0f} s, "
+            f"redispatched {s['redispatched']}, duplicates {s['duplicates']}"
+        )
         assert s["env_steps"] >= 40000
         assert s["faults"]["redis_outages"] >= 1
         assert_nothing_lost_or_double_counted(s, 250)
@@ -482,15 +605,26 @@ def test_a_worker_process_killed_mid_stream_loses_no_game_and_nothing_is_double_
     farm = Farm(tmp_path)
     run_id = "streams-killed"
     try:
-        proc = farm.train(run_id, *LONG, "--env", "tests.tiny_envs:long_slow", "--set", "farm.episodes=continue",
-                          "--total-steps", "10240", "--set", "farm.lease_seconds=3")
+        proc = farm.train(
+            run_id,
+            *LONG,
+            "--env",
+            "tests.tiny_envs:long_slow",
+            "--set",
+            "farm.episodes=continue",
+            "--total-steps",
+            "10240",
+            "--set",
+            "farm.lease_seconds=3",
+        )
         wait_for_rows(proc, tmp_path / run_id, rows=3)
         app = make_app(farm.url)
 
         def running_pid() -> int | None:  # a pool process in the middle of one of the run's tasks
             active = app.control.inspect(timeout=0.5).active() or {}
-            return next((t["worker_pid"] for tasks in active.values() for t in tasks
-                         if t["kwargs"].get("run") == run_id), None)
+            return next(
+                (t["worker_pid"] for tasks in active.values() for t in tasks if t["kwargs"].get("run") == run_id), None
+            )
 
         victim = poll(running_pid, "a pool process running a task of the run", proc)
         app.close()

@@ -56,8 +56,9 @@ def home(tmp_path, monkeypatch):
 
 def start_up_farm(home, pids=None):
     """What `rlfarm up` leaves: its state file, its processes alive (this one stands in), Redis answering."""
-    (home / "local-farm.json").write_text(json.dumps(
-        {"redis_url": UP_URL, "pids": pids or [os.getpid()], "workers": 3, "secret": UP_SECRET}))
+    (home / "local-farm.json").write_text(
+        json.dumps({"redis_url": UP_URL, "pids": pids or [os.getpid()], "workers": 3, "secret": UP_SECRET})
+    )
     Answering.live.add(UP_URL)
 
 
@@ -78,8 +79,12 @@ def test_the_order_is_redis_then_the_variable_then_the_up_farm_then_a_run_s_embe
     assert F.find_farm(None) == F.Farm(None)
     # a run named whose embedded Redis lives
     farm = F.find_farm(None, run_dir)
-    assert (farm.url, farm.source, farm.secret, farm.up) == ("redis://127.0.0.1:42002/0", "run r1's embedded Redis",
-                                                            None, False)
+    assert (farm.url, farm.source, farm.secret, farm.up) == (
+        "redis://127.0.0.1:42002/0",
+        "run r1's embedded Redis",
+        None,
+        False,
+    )
     # the up farm comes before it, with its secret
     start_up_farm(home)
     farm = F.find_farm(None, run_dir)
@@ -87,7 +92,12 @@ def test_the_order_is_redis_then_the_variable_then_the_up_farm_then_a_run_s_embe
     # RLFARM_REDIS_URL before the up farm
     monkeypatch.setenv("RLFARM_REDIS_URL", "redis://elsewhere:6379/0")
     farm = F.find_farm(None, run_dir)
-    assert (farm.url, farm.source, farm.secret, farm.up) == ("redis://elsewhere:6379/0", "RLFARM_REDIS_URL", None, False)
+    assert (farm.url, farm.source, farm.secret, farm.up) == (
+        "redis://elsewhere:6379/0",
+        "RLFARM_REDIS_URL",
+        None,
+        False,
+    )
     # --redis before everything
     farm = F.find_farm("redis://given:6379/1", run_dir)
     assert (farm.url, farm.source, farm.secret) == ("redis://given:6379/1", "--redis", None)
@@ -103,8 +113,13 @@ def test_the_up_farm_s_url_given_by_hand_brings_its_secret(home, monkeypatch):
     monkeypatch.setenv("RLFARM_REDIS_URL", UP_URL)
     assert F.find_farm(None).source == f"RLFARM_REDIS_URL ({F.UP_FARM})"
     # another port, another db or another password is another farm: no secret of the up farm's given away
-    for url in ("redis://:pw-of-up@127.0.0.1:41002/0", "redis://:pw-of-up@127.0.0.1:41001/1",
-                "redis://:other@127.0.0.1:41001/0", "redis://10.0.0.5:41001/0", "unix:///tmp/r.sock"):
+    for url in (
+        "redis://:pw-of-up@127.0.0.1:41002/0",
+        "redis://:pw-of-up@127.0.0.1:41001/1",
+        "redis://:other@127.0.0.1:41001/0",
+        "redis://10.0.0.5:41001/0",
+        "unix:///tmp/r.sock",
+    ):
         farm = F.find_farm(url)
         assert (farm.secret, farm.source, farm.up) == (None, "--redis", False), url
 
@@ -131,8 +146,10 @@ def test_a_cluster_json_with_a_secret_brings_it(home, tmp_path):
 def test_no_farm_is_one_line_saying_what_was_tried(home, tmp_path):
     with pytest.raises(F.NoFarm) as raised:
         F.require_farm(None)
-    assert str(raised.value) == ("no farm found: no --redis, no RLFARM_REDIS_URL, no `rlfarm up` farm (start "
-                                 "one with `rlfarm up`, or give --redis URL)")
+    assert str(raised.value) == (
+        "no farm found: no --redis, no RLFARM_REDIS_URL, no `rlfarm up` farm (start "
+        "one with `rlfarm up`, or give --redis URL)"
+    )
     with pytest.raises(F.NoFarm) as raised:
         F.require_farm(None, tmp_path / "runs" / "r9")
     assert "no live embedded Redis of run r9" in str(raised.value) and "\n" not in str(raised.value)
@@ -147,8 +164,10 @@ def test_the_farm_s_secret_goes_into_the_environment_and_a_different_one_of_the_
     env = {"RLFARM_SECRET": "mine"}
     warning = F.use_secret(farm, env)
     assert env["RLFARM_SECRET"] == UP_SECRET
-    assert warning == ("your RLFARM_SECRET is not the secret of the rlfarm up farm, which its workers sign "
-                       "and check with: using the farm's")
+    assert warning == (
+        "your RLFARM_SECRET is not the secret of the rlfarm up farm, which its workers sign "
+        "and check with: using the farm's"
+    )
     env = {"RLFARM_SECRET": "mine"}  # a farm whose secret is not known here: the user's stays
     assert F.use_secret(F.Farm("redis://h:6379/0", None, "--redis"), env) is None and env == {"RLFARM_SECRET": "mine"}
     assert F.describe(farm) == "the rlfarm up farm, redis://:***@127.0.0.1:41001/0"
@@ -160,10 +179,18 @@ def test_a_sweep_names_the_farm_its_study_is_on(home):
 
     start_up_farm(home)
     up = study_place(F.find_farm(None), "s1")
-    assert up == ("in the Redis of the rlfarm up farm (redis://:***@127.0.0.1:41001/0): --resume s1 continues "
-                  "it while the farm is up") and "embedded" not in up
+    assert (
+        up
+        == (
+            "in the Redis of the rlfarm up farm (redis://:***@127.0.0.1:41001/0): --resume s1 continues "
+            "it while the farm is up"
+        )
+        and "embedded" not in up
+    )
     assert study_place(F.find_farm(UP_URL), "s1") == up  # its URL given by hand: the same farm
     given = study_place(F.find_farm("redis://:pw@10.0.0.5:6379/0"), "s1")
-    assert given == ("in Redis at redis://:***@10.0.0.5:6379/0 (from --redis): more machines can join with the "
-                     "same command and --resume s1")
+    assert given == (
+        "in Redis at redis://:***@10.0.0.5:6379/0 (from --redis): more machines can join with the "
+        "same command and --resume s1"
+    )
     assert "embedded Redis" in study_place(F.Farm(None), "s1")

@@ -27,15 +27,34 @@ from .conftest import WORKER_ENV, poll, read_summary, rlfarm_cmd
 pytestmark = [pytest.mark.farm, pytest.mark.fault, pytest.mark.xdist_group("forged-keys")]
 
 SECRET = "forged-keys-secret-0123456789abcdef"
-ARGS = ["--env", "tests.tiny_envs:long_slow", "--total-steps", str(4 * 256 * 8), "--set", "farm.num_tasks=4",
-        "--set", "env.num_envs=1", "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2",
-        "--set", "farm.lease_seconds=2", "--set", "eval.interval=4096", "--set", "eval.episodes=2",
-        "--set", "eval.confirm_episodes=0"]
+ARGS = [
+    "--env",
+    "tests.tiny_envs:long_slow",
+    "--total-steps",
+    str(4 * 256 * 8),
+    "--set",
+    "farm.num_tasks=4",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.steps_per_env=256",
+    "--set",
+    "ppo.num_minibatches=2",
+    "--set",
+    "farm.lease_seconds=2",
+    "--set",
+    "eval.interval=4096",
+    "--set",
+    "eval.episodes=2",
+    "--set",
+    "eval.confirm_episodes=0",
+]
 
 
 def _claim(client, run):
-    client.set(keys.claim(run), json.dumps({"incarnation": "0" * 16, "host": "elsewhere", "pid": 1,
-                                            "since": 0}), px=15000)
+    client.set(
+        keys.claim(run), json.dumps({"incarnation": "0" * 16, "host": "elsewhere", "pid": 1, "since": 0}), px=15000
+    )
 
 
 def _leases(client, run):
@@ -71,15 +90,19 @@ def signed_farm(tmp_path_factory):
     from rlfarm.local.cluster import LocalCluster
 
     env = {**WORKER_ENV, "RLFARM_SECRET": SECRET}
-    with LocalCluster(workers=2, name="rlfarm-test-forged-keys", log_dir=tmp_path_factory.mktemp("forged-keys"),
-                      extra_env=env) as cluster:
+    with LocalCluster(
+        workers=2, name="rlfarm-test-forged-keys", log_dir=tmp_path_factory.mktemp("forged-keys"), extra_env=env
+    ) as cluster:
         yield cluster
 
 
 def _train(url: str, logdir, run_id: str) -> subprocess.Popen:
-    return subprocess.Popen(rlfarm_cmd("train", "--redis", url, "--logdir", str(logdir), "--run-id", run_id, *ARGS),
-                            env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET},
-                            stdout=subprocess.DEVNULL, stderr=open(logdir / f"{run_id}.txt", "w"))
+    return subprocess.Popen(
+        rlfarm_cmd("train", "--redis", url, "--logdir", str(logdir), "--run-id", run_id, *ARGS),
+        env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET},
+        stdout=subprocess.DEVNULL,
+        stderr=open(logdir / f"{run_id}.txt", "w"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +114,7 @@ def untouched(signed_farm, tmp_path_factory):
 
 
 @pytest.mark.parametrize("key", list(FORGERIES))
-def test_one_forged_write_of_any_key_leaves_a_signed_run_as_it_would_have_ended(signed_farm, untouched,
-                                                                                 tmp_path, key):
+def test_one_forged_write_of_any_key_leaves_a_signed_run_as_it_would_have_ended(signed_farm, untouched, tmp_path, key):
     forge, read_by_trainer = FORGERIES[key]
     url, run_id = signed_farm.redis_url, f"forged-{list(FORGERIES).index(key)}"
     client = connect(url)  # the attacker: reaches Redis, holds no secret

@@ -27,20 +27,43 @@ def test_results_carry_uint8_images(farm):
         assert rollout.obs.max() == 255  # the lit half, unscaled on the wire
 
 
-@pytest.mark.parametrize("mode, preset, sets", [
-    ("sync", "cartpole-ppo", ["env.num_envs=2", "farm.num_tasks=2", "farm.steps_per_env=64",
-                              "ppo.num_minibatches=2"]),
-    ("async", "cartpole-dqn", ["dqn.learning_starts=256", "dqn.buffer_size=4096", "eval.interval=512"]),
-])
+@pytest.mark.parametrize(
+    "mode, preset, sets",
+    [
+        (
+            "sync",
+            "cartpole-ppo",
+            ["env.num_envs=2", "farm.num_tasks=2", "farm.steps_per_env=64", "ppo.num_minibatches=2"],
+        ),
+        ("async", "cartpole-dqn", ["dqn.learning_starts=256", "dqn.buffer_size=4096", "eval.interval=512"]),
+    ],
+)
 def test_an_image_env_trains_a_cnn_in_both_modes(farm, tmp_path, mode, preset, sets):
     run_id = f"image-{mode}"
-    args = ["train", "--redis", farm.redis_url, "--preset", preset, "--mode", mode, "--env", IMAGE_ENV,
-            "--run-id", run_id, "--logdir", str(tmp_path), "--total-steps", "1024",
-            "--set", "policy.cnn_features=32"]
+    args = [
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--preset",
+        preset,
+        "--mode",
+        mode,
+        "--env",
+        IMAGE_ENV,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--total-steps",
+        "1024",
+        "--set",
+        "policy.cnn_features=32",
+    ]
     for s in sets:
         args += ["--set", s]
-    run = subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True,
-                         env={**os.environ, **WORKER_ENV}, timeout=900)
+    run = subprocess.run(
+        rlfarm_cmd(*args), capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=900
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     run_dir = tmp_path / run_id
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -50,16 +73,27 @@ def test_an_image_env_trains_a_cnn_in_both_modes(farm, tmp_path, mode, preset, s
     assert tuple(state["encoder.convs.0.weight"].shape) == (16, 2, 3, 3)
     assert json.loads((run_dir / "config.json").read_text())["env"]["id"] == IMAGE_ENV
     # The saved CNN policy plays with `rlfarm eval`, as any policy does.
-    played = subprocess.run(rlfarm_cmd("eval", "--policy", str(run_dir / "final_policy.safetensors"),
-                                       "--env", IMAGE_ENV, "--episodes", "2"),
-                            capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=300)
+    played = subprocess.run(
+        rlfarm_cmd(
+            "eval", "--policy", str(run_dir / "final_policy.safetensors"), "--env", IMAGE_ENV, "--episodes", "2"
+        ),
+        capture_output=True,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+        timeout=300,
+    )
     assert played.returncode == 0 and "mean return" in played.stdout, played.stderr[-2000:]
 
 
 @pytest.mark.process
 def test_an_observation_space_rlfarm_cannot_act_on_fails_before_anything_starts(tmp_path):
-    run = subprocess.run(rlfarm_cmd("train", "--env", "tests.tiny_envs:dict_obs", "--logdir", str(tmp_path)),
-                         capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=300)
+    run = subprocess.run(
+        rlfarm_cmd("train", "--env", "tests.tiny_envs:dict_obs", "--logdir", str(tmp_path)),
+        capture_output=True,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+        timeout=300,
+    )
     assert run.returncode != 0
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("rlfarm: error:") and "observation space Dict(" in lines[0]
@@ -67,8 +101,9 @@ def test_an_observation_space_rlfarm_cannot_act_on_fails_before_anything_starts(
 
 
 @pytest.mark.learning
-@pytest.mark.parametrize("mode, preset", [("sync", "cartpole-ppo"), ("async", "cartpole-ppo"),
-                                          ("async", "cartpole-dqn")])
+@pytest.mark.parametrize(
+    "mode, preset", [("sync", "cartpole-ppo"), ("async", "cartpole-ppo"), ("async", "cartpole-dqn")]
+)
 def test_the_cnn_path_learns_to_read_the_pixels(farm, tmp_path, mode, preset):
     """SideEnv pays 1 per step for naming the lit half of the image: a random policy scores 8 of 16,
     one that reads the pixels 16. PPO (SYNC), APPO (ASYNC) and DQN (ASYNC, judged by its greedy
@@ -76,15 +111,36 @@ def test_the_cnn_path_learns_to_read_the_pixels(farm, tmp_path, mode, preset):
     from .conftest import read_csv, read_summary
 
     run_id = f"read-pixels-{mode}-{preset}"
-    args = ["train", "--redis", farm.redis_url, "--preset", preset, "--mode", mode, "--env", IMAGE_ENV,
-            "--run-id", run_id, "--logdir", str(tmp_path), "--total-steps", "40000", "--seed", "1",
-            "--target-return", "15", "--set", "policy.cnn_features=32"]
+    args = [
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--preset",
+        preset,
+        "--mode",
+        mode,
+        "--env",
+        IMAGE_ENV,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--total-steps",
+        "40000",
+        "--seed",
+        "1",
+        "--target-return",
+        "15",
+        "--set",
+        "policy.cnn_features=32",
+    ]
     if preset == "cartpole-ppo":  # judged by the rolling training return: no evaluations on a schedule
         args += ["--set", "farm.steps_per_env=64", "--set", "ppo.learning_rate=1e-3", "--set", "eval.interval=0"]
     else:
         args += ["--set", "dqn.learning_starts=512", "--set", "eval.interval=1024"]
-    run = subprocess.run(rlfarm_cmd(*args), capture_output=True, text=True,
-                         env={**os.environ, **WORKER_ENV}, timeout=900)
+    run = subprocess.run(
+        rlfarm_cmd(*args), capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=900
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = read_summary(tmp_path / run_id)
     if preset == "cartpole-dqn":

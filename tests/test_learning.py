@@ -43,7 +43,9 @@ def best_of_run(tmp_path, run_id: str, label: str, within_steps: int, *args: str
 
 
 def test_cartpole_ppo_solves_within_100k_steps(tmp_path):
-    assert best_of_run(tmp_path, "cartpole", "cartpole-ppo", 100_000, "--preset", "cartpole-ppo", "--workers", "2") >= 475
+    assert (
+        best_of_run(tmp_path, "cartpole", "cartpole-ppo", 100_000, "--preset", "cartpole-ppo", "--workers", "2") >= 475
+    )
 
 
 def test_pendulum_ppo_learns_within_200k_steps(tmp_path):
@@ -52,8 +54,7 @@ def test_pendulum_ppo_learns_within_200k_steps(tmp_path):
 
 
 def test_cartpole_dqn_async_greedy_eval_reaches_475_within_100k_steps(tmp_path):
-    run_dir = train_embedded(tmp_path, "cartpole-dqn", "--preset", "cartpole-dqn", "--mode", "async",
-                             "--workers", "2")
+    run_dir = train_embedded(tmp_path, "cartpole-dqn", "--preset", "cartpole-dqn", "--mode", "async", "--workers", "2")
     with open(run_dir / "evals.csv") as f:
         evals = [r for r in csv.DictReader(f) if int(r["global_step"]) <= 100_000]
     assert evals and all(int(r["episodes"]) >= 10 for r in evals)
@@ -65,8 +66,7 @@ def test_cartpole_dqn_async_greedy_eval_reaches_475_within_100k_steps(tmp_path):
     # The policy a user takes home is the one that reached the target, confirmed on other seeds:
     # rlfarm eval of best_policy.safetensors on fresh seeds agrees.
     assert summary["target_reached"] and summary["best_version"] is not None
-    home = run_cli("eval", "--policy", str(run_dir / "best_policy.safetensors"), "--episodes", "10",
-                   "--seed", "777")
+    home = run_cli("eval", "--policy", str(run_dir / "best_policy.safetensors"), "--episodes", "10", "--seed", "777")
     assert home.returncode == 0, home.stderr
     mean = float(home.stdout.split("mean return ")[1].split()[0])
     print(f"cartpole-dqn: best_policy.safetensors over 10 fresh greedy episodes = {mean:.1f}")
@@ -76,8 +76,7 @@ def test_cartpole_dqn_async_greedy_eval_reaches_475_within_100k_steps(tmp_path):
 def test_pendulum_sac_async_confirmed_greedy_eval_reaches_minus_250_within_20k_steps(tmp_path):
     """rl-baselines3-zoo's SAC scores about -176 on Pendulum-v1 at 20k steps; on the farm a greedy
     evaluation of -250 or better, confirmed on 20 more episodes, comes within the same 20k."""
-    run_dir = train_embedded(tmp_path, "pendulum-sac", "--preset", "pendulum-sac", "--mode", "async",
-                             "--seed", "1")
+    run_dir = train_embedded(tmp_path, "pendulum-sac", "--preset", "pendulum-sac", "--mode", "async", "--seed", "1")
     summary = json.loads((run_dir / "summary.json").read_text())
     reached = summary["target_reached_at"]
     print(f"pendulum-sac: target -250 confirmed at {reached}")
@@ -103,8 +102,7 @@ def test_pendulum_td3_async_confirmed_greedy_eval_reaches_minus_200_within_20k_s
     confirmed = [r for r in evals if r["confirmation"] == "1" and float(r["mean_return"]) >= -200]
     assert confirmed and int(confirmed[0]["global_step"]) <= 20_000
     assert summary["dropped_stale"] == 0  # off-policy: no result was thrown away for its lag
-    home = run_cli("eval", "--policy", str(run_dir / "best_policy.safetensors"), "--episodes", "30",
-                   "--seed", "777")
+    home = run_cli("eval", "--policy", str(run_dir / "best_policy.safetensors"), "--episodes", "30", "--seed", "777")
     assert home.returncode == 0, home.stderr
     mean = float(home.stdout.split("mean return ")[1].split()[0])
     print(f"pendulum-td3: best_policy.safetensors over 30 fresh greedy episodes = {mean:.1f}")
@@ -117,10 +115,26 @@ def test_same_seed_same_policy_with_1_and_3_workers(tmp_path, episodes):
     and with env streams going on across tasks (their snapshots move them between processes)."""
     digests = []
     for workers in ("1", "3"):
-        run_dir = train_embedded(tmp_path / f"w{workers}", "repro", "--workers", workers, "--seed", "5",
-                                 "--total-steps", "16384", "--set", "farm.num_tasks=6",
-                                 "--set", "farm.steps_per_env=256", "--set", "env.num_envs=2",
-                                 "--set", "ppo.num_minibatches=4", "--set", f"farm.episodes={episodes}")
+        run_dir = train_embedded(
+            tmp_path / f"w{workers}",
+            "repro",
+            "--workers",
+            workers,
+            "--seed",
+            "5",
+            "--total-steps",
+            "16384",
+            "--set",
+            "farm.num_tasks=6",
+            "--set",
+            "farm.steps_per_env=256",
+            "--set",
+            "env.num_envs=2",
+            "--set",
+            "ppo.num_minibatches=4",
+            "--set",
+            f"farm.episodes={episodes}",
+        )
         summary = json.loads((run_dir / "summary.json").read_text())
         # sha256 over every tensor's raw bytes (the safetensors header orders metadata arbitrarily,
         # so the file itself is not canonical; the weights are).
@@ -147,9 +161,22 @@ def test_async_ppo_as_typed_reaches_475_within_150k_steps(tmp_path):
 def test_appo_at_high_lag_corrects_with_vtrace_and_learns(tmp_path):
     """8 tasks in flight on 2 workers and a version per result: results act with versions several
     updates old; V-trace's weights show it (mean below 1, some clipped) and the policy still learns."""
-    run_dir = train_embedded(tmp_path, "appo-lag", "--preset", "cartpole-appo", "--seed", "1", "--total-steps", "102400",
-                             "--set", "async.tasks_in_flight=8", "--set", "async.results_per_update=1",
-                             "--set", "async.refresh_steps=0")  # tasks act with the version they started with
+    run_dir = train_embedded(
+        tmp_path,
+        "appo-lag",
+        "--preset",
+        "cartpole-appo",
+        "--seed",
+        "1",
+        "--total-steps",
+        "102400",
+        "--set",
+        "async.tasks_in_flight=8",
+        "--set",
+        "async.results_per_update=1",
+        "--set",
+        "async.refresh_steps=0",
+    )  # tasks act with the version they started with
     with open(run_dir / "progress.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["vtrace/rho_mean"] != "nan"]
     assert max(int(r["farm/policy_lag_max"]) for r in rows) >= 2

@@ -25,17 +25,26 @@ from rlfarm.envs import describe, make_env
 DATA = Path(__file__).parent / "data"
 
 
-def save_fresh(path: Path, preset: str, env_id: str | None = None, sets: tuple[str, ...] = (),
-               dtype: str = "float32") -> torch.nn.Module:
+def save_fresh(
+    path: Path, preset: str, env_id: str | None = None, sets: tuple[str, ...] = (), dtype: str = "float32"
+) -> torch.nn.Module:
     """A freshly initialised network of `preset`, written to `path` with the metadata the trainer
     gives a version (Trainer.publish) and best_policy.safetensors (Trainer._write_best)."""
     cfg = C.build(preset, list(sets), **({"env.id": env_id} if env_id else {}))
     spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
     torch.manual_seed(1)
     network = learner(cfg.algo).build_network(spec, cfg.policy)
-    meta = {"version": "3", "algo": cfg.algo, "run": "fresh", "env_steps": "0", **describe_policy(cfg.algo, spec),
-            "env": cfg.env.id, "policy": json.dumps(C.to_dict(cfg)["policy"]),
-            "env_options": json.dumps(C.to_dict(cfg)["env"]), "eval_mean_return": "1.000"}
+    meta = {
+        "version": "3",
+        "algo": cfg.algo,
+        "run": "fresh",
+        "env_steps": "0",
+        **describe_policy(cfg.algo, spec),
+        "env": cfg.env.id,
+        "policy": json.dumps(C.to_dict(cfg)["policy"]),
+        "env_options": json.dumps(C.to_dict(cfg)["env"]),
+        "eval_mean_return": "1.000",
+    }
     path.write_bytes(codec.encode_policy(codec.wire_state(network.state_dict(), dtype), meta))
     return network.eval()
 
@@ -56,10 +65,15 @@ def greedy(algo: str, network: torch.nn.Module, obs: np.ndarray) -> np.ndarray:
     return network.to_env(network(x)).numpy()  # td3
 
 
-CASES = [("ppo", "cartpole-ppo", None), ("ppo", "pendulum-ppo", None), ("dqn", "cartpole-dqn", None),
-         ("sac", "pendulum-sac", None), ("td3", "pendulum-td3", None),
-         ("ppo", "cartpole-ppo", "tests.tiny_envs:image"),  # a CNN on uint8 images
-         ("dqn", "cartpole-dqn", "tests.tiny_envs:image")]
+CASES = [
+    ("ppo", "cartpole-ppo", None),
+    ("ppo", "pendulum-ppo", None),
+    ("dqn", "cartpole-dqn", None),
+    ("sac", "pendulum-sac", None),
+    ("td3", "pendulum-td3", None),
+    ("ppo", "cartpole-ppo", "tests.tiny_envs:image"),  # a CNN on uint8 images
+    ("dqn", "cartpole-dqn", "tests.tiny_envs:image"),
+]
 
 
 def observations(env_id: str, n: int) -> np.ndarray:
@@ -120,7 +134,8 @@ def test_dqn_and_td3_explore_with_the_acting_option_given(tmp_path):
     explored, _ = rlfarm.load(tmp_path / "dqn.safetensors", epsilon=0.5, seed=0).predict(obs, deterministic=False)
     assert set(np.unique(explored)) == {0, 1}
     noisy, _ = rlfarm.load(tmp_path / "td3.safetensors", noise=0.3, seed=0).predict(
-        np.zeros((64, 3), np.float32), deterministic=False)
+        np.zeros((64, 3), np.float32), deterministic=False
+    )
     assert len(np.unique(noisy)) > 1 and (np.abs(noisy) <= 2.0).all()  # Pendulum's bounds
     with pytest.raises(rlfarm.PolicyFileError, match="QActor takes no acting options, got \\['noise'\\]"):
         rlfarm.load(tmp_path / "dqn.safetensors", noise=0.1)
@@ -159,8 +174,11 @@ def test_what_cannot_be_loaded_says_why(tmp_path):
     path = tmp_path / "p.safetensors"
     save_fresh(path, "cartpole-ppo")
     policy = rlfarm.load(path)
-    with pytest.raises(ValueError, match=r"observation of shape \[3\] does not fit this policy: it takes one "
-                                         r"observation of shape \[4\], or a batch of them \(shape \[N, 4\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"observation of shape \[3\] does not fit this policy: it takes one "
+        r"observation of shape \[4\], or a batch of them \(shape \[N, 4\]\)",
+    ):
         policy.predict(np.zeros(3))
     with pytest.raises(rlfarm.PolicyFileError, match="does not fit env Pendulum-v1: it takes observations of size 4"):
         rlfarm.load(path, env="Pendulum-v1")

@@ -16,8 +16,18 @@ from .conftest import WORKER_ENV, error_line, pid_alive, poll, rlfarm_cmd
 
 pytestmark = pytest.mark.farm
 
-SMALL = ["--total-steps", "2048", "--set", "farm.num_tasks=2", "--set", "env.num_envs=1",
-         "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2"]
+SMALL = [
+    "--total-steps",
+    "2048",
+    "--set",
+    "farm.num_tasks=2",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.steps_per_env=512",
+    "--set",
+    "ppo.num_minibatches=2",
+]
 
 
 def test_up_then_train_on_it_then_down(tmp_path):
@@ -29,8 +39,9 @@ def test_up_then_train_on_it_then_down(tmp_path):
     env = {**env, **WORKER_ENV, "RLFARM_HOME": str(home)}
 
     def cli(*args, extra=None):
-        return subprocess.run(rlfarm_cmd(*args), env={**env, **(extra or {})}, capture_output=True, text=True,
-                              timeout=600)
+        return subprocess.run(
+            rlfarm_cmd(*args), env={**env, **(extra or {})}, capture_output=True, text=True, timeout=600
+        )
 
     up = cli("up", "-w", "1")
     assert up.returncode == 0, up.stderr
@@ -56,18 +67,34 @@ def test_up_then_train_on_it_then_down(tmp_path):
         # A worker started without --redis joins the up farm, with its secret.
         log = tmp_path / "joiner.log"
         with open(log, "wb") as out:
-            joiner = subprocess.Popen(rlfarm_cmd("worker", "-c", "1", "-n", "joiner@%h"), env=env,
-                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            joiner = subprocess.Popen(
+                rlfarm_cmd("worker", "-c", "1", "-n", "joiner@%h"),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         client = redis.Redis.from_url(state["redis_url"])
-        poll(lambda: any(n.startswith("joiner@") for n in live_nodes(client)), "the joining worker registered",
-             joiner, log)
+        poll(
+            lambda: any(n.startswith("joiner@") for n in live_nodes(client)),
+            "the joining worker registered",
+            joiner,
+            log,
+        )
 
         # 4 tasks an iteration, 2 iterations, for 2 single-process workers: the joiner takes some of them
         small = [*SMALL, "--set", "farm.num_tasks=4", "--total-steps", "4096"]
         first = cli("train", "--logdir", str(tmp_path), "--run-id", "first", *small)
         # its URL exported (for Flower, say) and no RLFARM_SECRET: the up farm's secret comes with it
-        second = cli("train", "--logdir", str(tmp_path), "--run-id", "second", *small,
-                     extra={"RLFARM_REDIS_URL": state["redis_url"]})
+        second = cli(
+            "train",
+            "--logdir",
+            str(tmp_path),
+            "--run-id",
+            "second",
+            *small,
+            extra={"RLFARM_REDIS_URL": state["redis_url"]},
+        )
         for run_id, train in (("first", first), ("second", second)):
             assert train.returncode == 0, train.stderr[-3000:]
             assert "not signed" not in train.stderr and "refused" not in train.stderr, train.stderr[-3000:]
@@ -84,8 +111,10 @@ def test_up_then_train_on_it_then_down(tmp_path):
         text = log.read_text(errors="replace")
         assert "farm: the rlfarm up farm" in text
         assert "not signed" not in text and "bad signature" not in text, text[-3000:]  # ...with the secret
-        assert {r["run_id"]: r["heartbeat"]["state"] for r in snap["runs"]} == {"first": "finished",
-                                                                              "second": "finished"}
+        assert {r["run_id"]: r["heartbeat"]["state"] for r in snap["runs"]} == {
+            "first": "finished",
+            "second": "finished",
+        }
 
         listed = cli("checkpoints", "list")
         assert listed.returncode == 0 and "first" in listed.stdout and "second" in listed.stdout, listed.stderr

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import redis
 
+from rlfarm.farm.store import PolicyCorrupt
 from rlfarm.worker import machine as M
 from rlfarm.worker.settings import POLICY_SHARE_VAR
-from rlfarm.farm.store import PolicyCorrupt
 
 from .conftest import make_run
 
@@ -185,8 +185,9 @@ def test_a_float16_version_acts_as_its_float32_learner_within_rounding(image):
     from rlfarm.envs import SpaceSpec
 
     cfg = C.build("pong" if image else "cartpole-ppo", [])
-    space = (SpaceSpec(84 * 84 * 4, True, 6, obs_shape=(4, 84, 84), obs_dtype="uint8") if image
-             else SpaceSpec(4, True, 2))
+    space = (
+        SpaceSpec(84 * 84 * 4, True, 6, obs_shape=(4, 84, 84), obs_dtype="uint8") if image else SpaceSpec(4, True, 2)
+    )
     torch.manual_seed(0)
     learner = ActorCritic(space, cfg.policy)
     with torch.no_grad():  # PPO initialises its last policy layer near uniform; a trained one is far from it
@@ -195,8 +196,9 @@ def test_a_float16_version_acts_as_its_float32_learner_within_rounding(image):
             if name.startswith(f"actor.{last}."):
                 p.mul_(100.0)
     rng = np.random.default_rng(0)
-    obs = (rng.integers(0, 256, (64, 4, 84, 84), dtype=np.uint8) if image
-           else rng.normal(size=(256, 4)).astype(np.float32))
+    obs = (
+        rng.integers(0, 256, (64, 4, 84, 84), dtype=np.uint8) if image else rng.normal(size=(256, 4)).astype(np.float32)
+    )
     half = codec.wire_state(learner.state_dict(), "float16")
     assert all(t.dtype == torch.float16 for t in half.values() if t.is_floating_point())
     blob32 = codec.encode_policy(codec.wire_state(learner.state_dict()), {"version": "0"})
@@ -208,8 +210,10 @@ def test_a_float16_version_acts_as_its_float32_learner_within_rounding(image):
     p32, v32 = _probs_and_values(learner, obs)
     p16, v16 = _probs_and_values(worker, obs)
     diff = np.abs(p16 - p32).max()
-    print(f"{'nature-cnn' if image else 'mlp'}: largest difference in action probability {diff:.2e}, "
-          f"in value {np.abs(v16 - v32).max():.2e} (scale {np.abs(v32).max():.2e})")
+    print(
+        f"{'nature-cnn' if image else 'mlp'}: largest difference in action probability {diff:.2e}, "
+        f"in value {np.abs(v16 - v32).max():.2e} (scale {np.abs(v32).max():.2e})"
+    )
     assert 0 < diff < 0.002
     assert np.abs(v16 - v32).max() <= 0.002 * max(np.abs(v32).max(), 1e-3)
     top2 = np.sort(p32, axis=1)[:, -2:]
@@ -230,8 +234,19 @@ def test_a_run_publishing_float16_versions_trains_and_keeps_float32_itself(farm,
 
     from .conftest import run_cli
 
-    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "half", "--logdir", str(tmp_path),
-                     "--total-steps", "8192", "--set", "farm.policy_dtype=float16")
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        "half",
+        "--logdir",
+        str(tmp_path),
+        "--total-steps",
+        "8192",
+        "--set",
+        "farm.policy_dtype=float16",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     client = redis.Redis.from_url(farm.redis_url)
     latest = int(client.get(keys.latest("half")))

@@ -23,11 +23,11 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rlfarm.commands.status import SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, WorkerStatus, to_json
 from rlfarm.core.protocol import PROTOCOL
-from rlfarm.worker import counters as C
 from rlfarm.local.cluster import LocalCluster, free_port
 from rlfarm.runio import exporter as E
-from rlfarm.commands.status import SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, WorkerStatus, to_json
+from rlfarm.worker import counters as C
 
 from .conftest import ROOT, WORKER_ENV, one_error_line, poll, rlfarm_cmd, run_cli
 
@@ -99,11 +99,21 @@ def scrape_collector(collector) -> str:
 
 
 def test_the_collector_exports_live_values_with_the_runs_label_and_leaves_unknown_ones_out():
-    live = {"env_steps": 4096, "sps": 512.5, "tasks_wanted": 3, "policy_lag": {"mean": 1.5, "max": 3},
-            "results": {"accepted": 7, "duplicate": 1}, "slots_waiting": None}
-    collector = E.LiveCollector("trainer", E.TRAINER_METRICS, "run",
-                                lambda: {"run": "r1", "algo": "ppo", "mode": "async", "env": "CartPole-v1"},
-                                lambda: live)
+    live = {
+        "env_steps": 4096,
+        "sps": 512.5,
+        "tasks_wanted": 3,
+        "policy_lag": {"mean": 1.5, "max": 3},
+        "results": {"accepted": 7, "duplicate": 1},
+        "slots_waiting": None,
+    }
+    collector = E.LiveCollector(
+        "trainer",
+        E.TRAINER_METRICS,
+        "run",
+        lambda: {"run": "r1", "algo": "ppo", "mode": "async", "env": "CartPole-v1"},
+        lambda: live,
+    )
     text = scrape_collector(collector)
     assert value(text, "rlfarm_run_env_steps_total", run="r1") == 4096
     assert value(text, "rlfarm_run_env_steps_per_second", run="r1") == 512.5
@@ -149,10 +159,14 @@ def test_the_keda_example_scales_on_metrics_that_exist():
 def test_status_json_has_a_schema_and_the_farms_totals():
     schema = json.loads(SCHEMA_FILE.read_text())
     share = Share(weight=1.0, demand=5, cap=None, used=0.5, slots=4)
-    snap = Snapshot(redis="redis://h:1/0", taken=10.0, queue_depth=2,
-                    memory=MemoryStatus(2048, "2.00K", 0, "0B", "noeviction"),
-                    workers=[WorkerStatus("w@h", 4, [1, 2, 3, 4], 9, 7, "0.1.0")],
-                    runs=[RunStatus("a", share=share), RunStatus("b", share=share), RunStatus("c")])
+    snap = Snapshot(
+        redis="redis://h:1/0",
+        taken=10.0,
+        queue_depth=2,
+        memory=MemoryStatus(2048, "2.00K", 0, "0B", "noeviction"),
+        workers=[WorkerStatus("w@h", 4, [1, 2, 3, 4], 9, 7, "0.1.0")],
+        runs=[RunStatus("a", share=share), RunStatus("b", share=share), RunStatus("c")],
+    )
     data = json.loads(to_json(snap))
     jsonschema.validate(data, schema)
     assert data["schema"] == 1
@@ -198,40 +212,89 @@ def test_a_real_worker_and_trainer_serve_the_documented_metrics(tmp_path):
     that follow the run (env steps, fetches, bytes, busy slots), and `rlfarm status --json` validates
     against its schema and counts the run; Ctrl-C stops the run and closes its endpoint."""
     worker_port, trainer_port = free_port(), free_port()
-    with LocalCluster(workers=0, name=f"rlfarm-test-metrics-{os.getpid()}", log_dir=tmp_path,
-                      extra_env=WORKER_ENV) as cluster:
-        cluster.add_worker(2, command=[sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING",
-                                       "--metrics-port", f"127.0.0.1:{worker_port}"])
+    with LocalCluster(
+        workers=0, name=f"rlfarm-test-metrics-{os.getpid()}", log_dir=tmp_path, extra_env=WORKER_ENV
+    ) as cluster:
+        cluster.add_worker(
+            2,
+            command=[
+                sys.executable,
+                str(ROOT / "cli.py"),
+                "worker",
+                "-l",
+                "WARNING",
+                "--metrics-port",
+                f"127.0.0.1:{worker_port}",
+            ],
+        )
         node = cluster._nodes[0]
         train = subprocess.Popen(
-            rlfarm_cmd("train", "--redis", cluster.redis_url, "--run-id", "metrics", "--logdir", str(tmp_path),
-                       "--preset", "cartpole-ppo", "--mode", "async", "--env", "tests.tiny_envs:slow",
-                       "--set", "env.num_envs=1", "--set", "farm.steps_per_env=200",
-                       "--set", "ppo.num_minibatches=2",
-                       "--total-steps", "10000000", "--metrics-port", str(trainer_port)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **WORKER_ENV})
+            rlfarm_cmd(
+                "train",
+                "--redis",
+                cluster.redis_url,
+                "--run-id",
+                "metrics",
+                "--logdir",
+                str(tmp_path),
+                "--preset",
+                "cartpole-ppo",
+                "--mode",
+                "async",
+                "--env",
+                "tests.tiny_envs:slow",
+                "--set",
+                "env.num_envs=1",
+                "--set",
+                "farm.steps_per_env=200",
+                "--set",
+                "ppo.num_minibatches=2",
+                "--total-steps",
+                "10000000",
+                "--metrics-port",
+                str(trainer_port),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **WORKER_ENV},
+        )
         try:
             trainer_names = E.exposed_names(E.TRAINER_METRICS, "trainer")
-            text = poll(lambda: (t := scrape_or_empty(trainer_port)) and trainer_names <= names(t)
-                        and value(t, "rlfarm_run_env_steps_total") > 0 and t,
-                        "the trainer's endpoint with every documented metric and env steps", proc=train,
-                        deadline_s=300)
-            assert value(text, "rlfarm_run_info", run="metrics", algo="ppo", mode="async",
-                         env="tests.tiny_envs:slow") == 1
+            text = poll(
+                lambda: (
+                    (t := scrape_or_empty(trainer_port))
+                    and trainer_names <= names(t)
+                    and value(t, "rlfarm_run_env_steps_total") > 0
+                    and t
+                ),
+                "the trainer's endpoint with every documented metric and env steps",
+                proc=train,
+                deadline_s=300,
+            )
+            assert (
+                value(text, "rlfarm_run_info", run="metrics", algo="ppo", mode="async", env="tests.tiny_envs:slow") == 1
+            )
             assert value(text, "rlfarm_run_policy_fetches_total", run="metrics") >= 1
             assert value(text, "rlfarm_run_policy_fetch_bytes_total", run="metrics") > 1000
             assert value(text, "rlfarm_run_tasks_in_flight", run="metrics") >= 1
 
             worker_names = E.exposed_names(E.WORKER_METRICS, "worker")
-            wtext = poll(lambda: (t := scrape(worker_port)) and value(t, "rlfarm_worker_tasks_total") and t,
-                         "the worker's endpoint with a task counted", proc=train)
+            wtext = poll(
+                lambda: (t := scrape(worker_port)) and value(t, "rlfarm_worker_tasks_total") and t,
+                "the worker's endpoint with a task counted",
+                proc=train,
+            )
             assert worker_names <= names(wtext), worker_names - names(wtext)
             assert value(wtext, "rlfarm_worker_slots", worker=node) == 2
             assert value(wtext, "rlfarm_worker_policy_fetches_total", worker=node) >= 1
             assert value(wtext, "rlfarm_worker_policy_fetch_bytes_total", worker=node) > 1000
             assert value(wtext, "rlfarm_worker_info", worker=node, protocol=str(PROTOCOL)) == 1
-            poll(lambda: value(scrape(worker_port), "rlfarm_worker_slots_busy", worker=node) >= 1,
-                 "a busy slot while the run's tasks run", proc=train)
+            poll(
+                lambda: value(scrape(worker_port), "rlfarm_worker_slots_busy", worker=node) >= 1,
+                "a busy slot while the run's tasks run",
+                proc=train,
+            )
 
             status = run_cli("status", "--json", "--redis", cluster.redis_url)
             assert status.returncode == 0, status.stderr

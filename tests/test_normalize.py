@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from rlfarm.core import codec
 from rlfarm import config as C
 from rlfarm.algos import learner
+from rlfarm.core import codec
+from rlfarm.core.rollout import collect
 from rlfarm.envs import describe, make_vector_env
 from rlfarm.nn.normalize import combine
-from rlfarm.core.rollout import collect
 
 
 def test_running_statistics_equal_the_statistics_of_everything_seen():
@@ -29,9 +29,21 @@ def test_running_statistics_equal_the_statistics_of_everything_seen():
 
 
 def make_ppo(mode: str = "sync", seed: int = 0):
-    cfg = C.build(None, [f"mode={mode}", "env.id=Pendulum-v1", "env.num_envs=2", "farm.num_tasks=1",
-                         "farm.steps_per_env=64", "ppo.num_minibatches=2", "ppo.update_epochs=2",
-                         "policy.normalize_obs=true", "policy.hidden_sizes=[32,32]"], seed=seed)
+    cfg = C.build(
+        None,
+        [
+            f"mode={mode}",
+            "env.id=Pendulum-v1",
+            "env.num_envs=2",
+            "farm.num_tasks=1",
+            "farm.steps_per_env=64",
+            "ppo.num_minibatches=2",
+            "ppo.update_epochs=2",
+            "policy.normalize_obs=true",
+            "policy.hidden_sizes=[32,32]",
+        ],
+        seed=seed,
+    )
     torch.manual_seed(seed)
     spec = describe("Pendulum-v1")
     return learner("ppo", mode)(cfg, spec, torch.device("cpu")), spec
@@ -95,13 +107,32 @@ def test_statistics_survive_a_checkpoint_and_keep_updating_identically():
 
 
 def test_sac_workers_act_with_the_learners_statistics_and_critics_see_them_too():
-    cfg = C.build(None, ["algo=sac", "mode=async", "env.id=Pendulum-v1", "env.num_envs=1", "farm.steps_per_env=64",
-                         "policy.normalize_obs=true", "policy.hidden_sizes=[32,32]", "sac.learning_starts=0",
-                         "sac.batch_size=32", "sac.buffer_size=1000", "sac.replay_ratio=0.1"])
+    cfg = C.build(
+        None,
+        [
+            "algo=sac",
+            "mode=async",
+            "env.id=Pendulum-v1",
+            "env.num_envs=1",
+            "farm.steps_per_env=64",
+            "policy.normalize_obs=true",
+            "policy.hidden_sizes=[32,32]",
+            "sac.learning_starts=0",
+            "sac.batch_size=32",
+            "sac.buffer_size=1000",
+            "sac.replay_ratio=0.1",
+        ],
+    )
     spec = describe("Pendulum-v1")
     algorithm = learner("sac", "async")(cfg, spec, torch.device("cpu"))
-    r = collect(type(algorithm).actor_snapshot(algorithm.policy), make_vector_env("Pendulum-v1", 1), 64, [1], 1,
-                keep_next_obs=True)
+    r = collect(
+        type(algorithm).actor_snapshot(algorithm.policy),
+        make_vector_env("Pendulum-v1", 1),
+        64,
+        [1],
+        1,
+        keep_next_obs=True,
+    )
     r.obs, r.next_obs = r.obs * 5.0 + 20.0, r.next_obs * 5.0 + 20.0
     algorithm.observe(r, 0)
     while algorithm.ready():

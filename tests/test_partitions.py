@@ -44,18 +44,21 @@ def test_a_timeout_is_a_stall_only_while_redis_accepts_connections():
     assert outage_kind(timeout, reachable=True) == "stalled"  # DEBUG SLEEP, a fork, a paused server
     assert outage_kind(timeout, reachable=False) == "unreachable"  # packets dropped, a link down
     assert outage_kind(timeout, reachable=None) == "stalled"  # no probe could be made: as before
-    assert outage_kind(socket.timeout(), reachable=False) == "unreachable"
+    assert outage_kind(TimeoutError(), reachable=False) == "unreachable"
     assert outage_kind(lost, reachable=True) == outage_kind(lost, reachable=None) == "unreachable"
     # A connect that timed out was a partition even if the link is back by the probe (a worker's
     # second notice, printed as the partition healed, once called it a stall).
     assert outage_kind(redis.TimeoutError("Timeout connecting to server"), reachable=True) == "unreachable"
 
 
-@pytest.mark.parametrize("error, reachable, said, not_said", [
-    (redis.TimeoutError("Timeout reading from socket"), True, "it is stalled", "unreachable"),
-    (redis.TimeoutError("Timeout reading from socket"), False, "it is unreachable", "stalled"),
-    (redis.ConnectionError("Error 101 connecting: Network is unreachable"), True, "it is unreachable", "stalled"),
-])
+@pytest.mark.parametrize(
+    "error, reachable, said, not_said",
+    [
+        (redis.TimeoutError("Timeout reading from socket"), True, "it is stalled", "unreachable"),
+        (redis.TimeoutError("Timeout reading from socket"), False, "it is unreachable", "stalled"),
+        (redis.ConnectionError("Error 101 connecting: Network is unreachable"), True, "it is unreachable", "stalled"),
+    ],
+)
 def test_the_outage_message_says_what_the_probe_found(error, reachable, said, not_said):
     """OutageRetry probes only after a timeout; its first notice and the one at the limit follow."""
     notices: list[str] = []
@@ -188,10 +191,26 @@ class Partition:
 RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "INFO"]  # INFO: its skip notes
 STEPS_PER_TASK = 1000  # 2 s of tiny_envs:slow: a cut catches a task running
 TOTAL_STEPS = 8000  # 4 iterations of 2 tasks
-RUN = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
-       "--set", "farm.num_tasks=2", "--set", f"farm.steps_per_env={STEPS_PER_TASK}",
-       "--set", "ppo.num_minibatches=2", "--set", "policy.hidden_sizes=[16]", "--set", "eval.interval=0",
-       "--total-steps", str(TOTAL_STEPS)]
+RUN = [
+    "--preset",
+    "cartpole-ppo",
+    "--env",
+    "tests.tiny_envs:slow",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.num_tasks=2",
+    "--set",
+    f"farm.steps_per_env={STEPS_PER_TASK}",
+    "--set",
+    "ppo.num_minibatches=2",
+    "--set",
+    "policy.hidden_sizes=[16]",
+    "--set",
+    "eval.interval=0",
+    "--total-steps",
+    str(TOTAL_STEPS),
+]
 WORKER_OUTAGE_SECONDS = 15.0  # a worker's fault: past its lease (10 s), so its running task is sent again
 
 
@@ -203,11 +222,16 @@ class Farm:
         from rlfarm.local.cluster import LocalCluster
 
         self.part, self.tmp_path, self.run_id = part, tmp_path, run_id
-        self.cluster = LocalCluster(workers=0, name=f"rlfarm-part-{os.getpid()}", log_dir=tmp_path,
-                                    extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "120"},
-                                    host=REDIS_ADDRESS, prefix=part.exec(part.redis),
-                                    # reachable only inside this test's namespaces
-                                    redis_args=["--protected-mode", "no"])
+        self.cluster = LocalCluster(
+            workers=0,
+            name=f"rlfarm-part-{os.getpid()}",
+            log_dir=tmp_path,
+            extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "120"},
+            host=REDIS_ADDRESS,
+            prefix=part.exec(part.redis),
+            # reachable only inside this test's namespaces
+            redis_args=["--protected-mode", "no"],
+        )
         self.trainer: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
 
@@ -216,15 +240,30 @@ class Farm:
         self.client = redis.Redis.from_url(self.cluster.redis_url, socket_timeout=5)
         for i, side in enumerate(worker_sides):
             self.workers[f"{side}-{i}"] = self.cluster.add_worker(
-                1, command=RLFARM_WORKER, prefix=self.part.exec(self._ns(side)), wait=False)
+                1, command=RLFARM_WORKER, prefix=self.part.exec(self._ns(side)), wait=False
+            )
         self.stdout = open(self.tmp_path / "trainer.out", "w")
         self.stderr_path = self.tmp_path / "trainer.err"
         self.stderr = open(self.stderr_path, "w")
         self.trainer = subprocess.Popen(
-            [*self.part.exec(self._ns(trainer_side)),
-             *rlfarm_cmd("train", "--redis", self.cluster.redis_url, "--run-id", self.run_id,
-                         "--logdir", str(self.tmp_path), *RUN)],
-            stdout=self.stdout, stderr=self.stderr, env={**os.environ, **WORKER_ENV}, start_new_session=True)
+            [
+                *self.part.exec(self._ns(trainer_side)),
+                *rlfarm_cmd(
+                    "train",
+                    "--redis",
+                    self.cluster.redis_url,
+                    "--run-id",
+                    self.run_id,
+                    "--logdir",
+                    str(self.tmp_path),
+                    *RUN,
+                ),
+            ],
+            stdout=self.stdout,
+            stderr=self.stderr,
+            env={**os.environ, **WORKER_ENV},
+            start_new_session=True,
+        )
         self.cluster.wait_ready()
 
     def _ns(self, side: str) -> str:
@@ -250,8 +289,11 @@ class Farm:
     def leases_of(self, name: str) -> list[bytes]:
         """The lease keys worker `name`'s pool processes hold now."""
         mine = self.pool_identities(name)
-        return [k for k in self.client.scan_iter(keys.lease(self.run_id, "*"))
-                if (self.client.get(k) or b"").decode() in mine]
+        return [
+            k
+            for k in self.client.scan_iter(keys.lease(self.run_id, "*"))
+            if (self.client.get(k) or b"").decode() in mine
+        ]
 
     def finish(self) -> dict:
         poll(lambda: self.trainer.poll() is not None, "the run to finish", deadline_s=600)
@@ -280,8 +322,9 @@ def partition():
         part.remove()
 
 
-def _run(part: Partition, tmp_path: Path, run_id: str, trainer_side: str, worker_sides: tuple[str, ...],
-         fault=None) -> tuple[dict, Farm]:
+def _run(
+    part: Partition, tmp_path: Path, run_id: str, trainer_side: str, worker_sides: tuple[str, ...], fault=None
+) -> tuple[dict, Farm]:
     """The run on a farm in `part`, with `fault(farm)` done mid-run (None: fault-free)."""
     with inside(part.redis):
         farm = Farm(part, tmp_path, run_id)
@@ -328,11 +371,15 @@ def test_a_worker_cut_off_mid_run_is_ridden_out_and_named_unreachable(partition,
     """The worker in the cut namespace loses Redis while it runs a task (its link down, or every
     packet dropped) for WORKER_OUTAGE_SECONDS: its lease expires, the other worker runs the task
     again, and the cut worker's late copy, pushed once it is back, counts for nothing."""
+
     def fault(farm: Farm) -> None:
         for _ in range(5):
-            held = poll(lambda: farm.version() >= 1 and farm.leases_of("cut-0"),
-                        "the cut worker running a task of the run after its first update", farm.trainer,
-                        deadline_s=300)
+            held = poll(
+                lambda: farm.version() >= 1 and farm.leases_of("cut-0"),
+                "the cut worker running a task of the run after its first update",
+                farm.trainer,
+                deadline_s=300,
+            )
             partition.cut(how)
             cut_at = time.monotonic()
             if farm.client.exists(*held):  # its task had not ended (nor its lease been deleted) before the cut
@@ -340,8 +387,12 @@ def test_a_worker_cut_off_mid_run_is_ridden_out_and_named_unreachable(partition,
             partition.heal()  # it ended in between: the worker would have nothing to send; again
         else:
             pytest.fail("the cut worker's task ended before every cut")
-        poll(lambda: _outage_said(farm.worker_log("cut-0")), "the cut worker to notice the outage",
-             farm.trainer, deadline_s=120)
+        poll(
+            lambda: _outage_said(farm.worker_log("cut-0")),
+            "the cut worker to notice the outage",
+            farm.trainer,
+            deadline_s=120,
+        )
         time.sleep(max(0.0, WORKER_OUTAGE_SECONDS - (time.monotonic() - cut_at)))  # the fault's length
         partition.heal()
 
@@ -366,10 +417,13 @@ def test_a_trainer_cut_off_past_its_claim_renews_it_before_it_sends(partition, t
     def fault(farm: Farm) -> None:
         poll(lambda: farm.version() >= 1, "the run's first update", farm.trainer, deadline_s=300)
         partition.cut(how)
-        poll(lambda: farm.client.get(keys.claim(farm.run_id)) is None, "the trainer's claim to expire",
-             farm.trainer, deadline_s=120)
-        poll(lambda: _outage_said(farm.stderr_text()), "the trainer to notice the outage", farm.trainer,
-             deadline_s=120)
+        poll(
+            lambda: farm.client.get(keys.claim(farm.run_id)) is None,
+            "the trainer's claim to expire",
+            farm.trainer,
+            deadline_s=120,
+        )
+        poll(lambda: _outage_said(farm.stderr_text()), "the trainer to notice the outage", farm.trainer, deadline_s=120)
         healed_at.update({name: len(farm.worker_log(name)) for name in farm.workers})
         partition.heal()
 

@@ -21,9 +21,23 @@ pytestmark = pytest.mark.xdist_group("plot-run")
 def run_dir(tmp_path_factory):
     """A real run on the embedded default: 2 PPO iterations, greedy evaluations at 4096 and 8192."""
     logdir = tmp_path_factory.mktemp("plot-runs")
-    result = run_cli("train", "--preset", "cartpole-ppo", "--total-steps", "8192", "--workers", "1",
-                     "--run-id", "plot-run", "--logdir", str(logdir), "--set", "eval.interval=4096",
-                     "--set", "eval.episodes=4")
+    result = run_cli(
+        "train",
+        "--preset",
+        "cartpole-ppo",
+        "--total-steps",
+        "8192",
+        "--workers",
+        "1",
+        "--run-id",
+        "plot-run",
+        "--logdir",
+        str(logdir),
+        "--set",
+        "eval.interval=4096",
+        "--set",
+        "eval.episodes=4",
+    )
     assert result.returncode == 0, result.stderr
     return logdir / "plot-run"
 
@@ -72,7 +86,7 @@ def test_plotted_series_are_the_csv_contents(run_dir):
     steps = [e["global_step"] for e in episodes]
     ends = [i for i in range(len(steps)) if i == len(steps) - 1 or steps[i + 1] != steps[i]]
     assert c.rolling_step.tolist() == [float(steps[i]) for i in ends]
-    expected = [sum(returns[max(0, i - 19):i + 1]) / len(returns[max(0, i - 19):i + 1]) for i in ends]
+    expected = [sum(returns[max(0, i - 19) : i + 1]) / len(returns[max(0, i - 19) : i + 1]) for i in ends]
     np.testing.assert_allclose(c.rolling_return, expected, rtol=1e-12)
 
     assert c.eval_step.tolist() == [4096.0, 8192.0]

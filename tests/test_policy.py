@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
+from rlfarm.algos.ppo.policies import ActorCritic
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import describe
-from rlfarm.algos.ppo.policies import ActorCritic
 
 
 def test_numpy_actor_matches_torch_logprob_and_value():
@@ -48,6 +48,7 @@ def test_gaussian_sampling_uses_log_std():
 
 # ---- CNNs: the layout the learner computes in, and ONNX Runtime for acting ---------------------------
 
+
 def _pong_like_spec():
     from rlfarm.envs import SpaceSpec
 
@@ -60,7 +61,6 @@ def test_the_cnn_computes_the_same_in_channels_last_with_the_pixel_scale_in_its_
     from torch.nn import functional as F
 
     from rlfarm.algos.ppo.policies import ActorCritic
-
     from rlfarm.nn.layers import pixel_layout, place
 
     spec = _pong_like_spec()

@@ -6,19 +6,46 @@ import numpy as np
 import pytest
 
 from rlfarm.core import codec, signing
-from rlfarm.core.protocol import (EVAL_TASK, PROTOCOL, ROLLOUT_TASK, ProtocolError, Result, TaskSpec, legacy_refusal,
-                             protocol_mismatch, spec_protocol)
+from rlfarm.core.protocol import (
+    EVAL_TASK,
+    PROTOCOL,
+    ROLLOUT_TASK,
+    ProtocolError,
+    Result,
+    TaskSpec,
+    legacy_refusal,
+    protocol_mismatch,
+    spec_protocol,
+)
 
 SECRET = "test-secret-with-enough-entropy-0123456789"
 
 
 def test_task_spec_round_trips_through_celery_kwargs_and_msgpack():
-    spec = TaskSpec("run-1", "rollout", 12, 1, "latest", 7, steps=256,
-                    act={"epsilon": 0.05, "keep_next_obs": True}, env="CartPole-v1")
+    spec = TaskSpec(
+        "run-1",
+        "rollout",
+        12,
+        1,
+        "latest",
+        7,
+        steps=256,
+        act={"epsilon": 0.05, "keep_next_obs": True},
+        env="CartPole-v1",
+    )
     kwargs = spec.to_kwargs()
-    assert kwargs == {"run": "run-1", "kind": "rollout", "iteration": 12, "index": 1, "version": "latest",
-                      "seed": 7, "steps": 256, "act": {"epsilon": 0.05, "keep_next_obs": True},
-                      "env": "CartPole-v1", "protocol": PROTOCOL}
+    assert kwargs == {
+        "run": "run-1",
+        "kind": "rollout",
+        "iteration": 12,
+        "index": 1,
+        "version": "latest",
+        "seed": 7,
+        "steps": 256,
+        "act": {"epsilon": 0.05, "keep_next_obs": True},
+        "env": "CartPole-v1",
+        "protocol": PROTOCOL,
+    }
     assert TaskSpec.from_kwargs(codec.unpack(codec.pack(kwargs))) == spec
     assert spec.key == ("rollout", 12, 1) and spec.task_name == ROLLOUT_TASK
     assert spec.acting_options() == {"epsilon": 0.05}  # collect options are the worker's, not the actor's
@@ -30,8 +57,7 @@ def test_task_spec_round_trips_through_celery_kwargs_and_msgpack():
 
 
 def test_labels_are_short_and_name_the_task():
-    rollout = TaskSpec("cartpole-1", "rollout", 12, 1, "latest", 1, steps=256, act={"epsilon": 0.05},
-                       env="CartPole-v1")
+    rollout = TaskSpec("cartpole-1", "rollout", 12, 1, "latest", 1, steps=256, act={"epsilon": 0.05}, env="CartPole-v1")
     assert rollout.label() == "run=cartpole-1 v=latest it=12 idx=1 steps=256 seed=1 eps=0.05 env=CartPole-v1"
     evaluation = TaskSpec("cartpole-1", "eval", 3, 0, 40, 1_000_004, episodes=5)
     assert evaluation.label() == "run=cartpole-1 v=40 it=3 idx=0 episodes=5 seed=1000004"
@@ -48,8 +74,9 @@ def test_bad_task_specs_are_one_clear_error():
 
 
 def test_result_messages_keep_set_fields_only_and_read_back():
-    result = Result("eval", 4, 1, task_id="abc", worker="host:1", version=0, duration=0.5,
-                    returns=np.array([500.0, 480.0]))
+    result = Result(
+        "eval", 4, 1, task_id="abc", worker="host:1", version=0, duration=0.5, returns=np.array([500.0, 480.0])
+    )
     message = codec.unpack(codec.pack(result.to_message()))
     assert set(message) == {"kind", "iteration", "index", "task_id", "worker", "version", "duration", "returns"}
     back = Result.from_message(message)
@@ -70,8 +97,9 @@ def test_a_task_of_another_protocol_is_refused_in_one_line_naming_both_versions(
     assert "(sent before protocol versions)" in protocol_mismatch(0, "w@h")
     # What a worker from before versions answers a task carrying the field: taken for a refusal.
     try:
-        TaskSpec.from_kwargs({"run": "r", "iteration": 0, "index": 0, "version": 0, "seed": 1, "protocol": 1,
-                              "future": 1})
+        TaskSpec.from_kwargs(
+            {"run": "r", "iteration": 0, "index": 0, "version": 0, "seed": 1, "protocol": 1, "future": 1}
+        )
     except ProtocolError as exc:
         assert not legacy_refusal(f"ProtocolError: {exc}")  # an unknown field of ours is a real error
     assert legacy_refusal("ProtocolError: task spec has unknown fields ['protocol']")

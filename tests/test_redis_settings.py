@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rlfarm.local.cluster import LocalCluster
 from rlfarm.farm.connection import connect, eviction_policy
+from rlfarm.local.cluster import LocalCluster
 from tests.conftest import one_error_line, run_cli
 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
@@ -18,8 +18,12 @@ FIX = "CONFIG SET maxmemory-policy noeviction"
 
 @pytest.fixture
 def evicting_redis(tmp_path):
-    with LocalCluster(workers=0, name="rlfarm-test-evicting", log_dir=tmp_path,
-                      redis_args=["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]) as cluster:
+    with LocalCluster(
+        workers=0,
+        name="rlfarm-test-evicting",
+        log_dir=tmp_path,
+        redis_args=["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"],
+    ) as cluster:
         yield cluster
 
 
@@ -28,8 +32,7 @@ def test_an_evicting_redis_is_refused_before_anything_starts(evicting_redis, tmp
     client = connect(url)
     assert eviction_policy(client) == "allkeys-lru"
 
-    train = run_cli("train", "--redis", url, "--run-id", "evicts", "--logdir", str(tmp_path),
-                    "--total-steps", "4096")
+    train = run_cli("train", "--redis", url, "--run-id", "evicts", "--logdir", str(tmp_path), "--total-steps", "4096")
     assert train.returncode == 1
     line = one_error_line(train.stderr)
     assert "maxmemory-policy allkeys-lru" in line and FIX in line
@@ -66,16 +69,40 @@ def test_a_redis_switched_to_evicting_mid_run_is_said_once(tmp_path):
 
     from .conftest import WORKER_ENV, poll, rlfarm_cmd
 
-    with LocalCluster(workers=1, name="rlfarm-test-evicting-later", log_dir=tmp_path, extra_env=WORKER_ENV,
-                      redis_args=["--maxmemory", "256mb"]) as cluster:
+    with LocalCluster(
+        workers=1,
+        name="rlfarm-test-evicting-later",
+        log_dir=tmp_path,
+        extra_env=WORKER_ENV,
+        redis_args=["--maxmemory", "256mb"],
+    ) as cluster:
         client = connect(cluster.redis_url)
         log = tmp_path / "stderr.txt"
         with open(log, "w") as err:
-            proc = subprocess.Popen(rlfarm_cmd("train", "--redis", cluster.redis_url, "--run-id", "later",
-                                               "--logdir", str(tmp_path), "--env", "tests.tiny_envs:long_slow",
-                                               "--total-steps", str(2 * 256 * 24), "--set", "farm.num_tasks=2",
-                                               "--set", "env.num_envs=1", "--set", "farm.steps_per_env=256"),
-                                    env={**os.environ, **WORKER_ENV}, stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(
+                rlfarm_cmd(
+                    "train",
+                    "--redis",
+                    cluster.redis_url,
+                    "--run-id",
+                    "later",
+                    "--logdir",
+                    str(tmp_path),
+                    "--env",
+                    "tests.tiny_envs:long_slow",
+                    "--total-steps",
+                    str(2 * 256 * 24),
+                    "--set",
+                    "farm.num_tasks=2",
+                    "--set",
+                    "env.num_envs=1",
+                    "--set",
+                    "farm.steps_per_env=256",
+                ),
+                env={**os.environ, **WORKER_ENV},
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         try:
             poll(lambda: int(client.get(keys.latest("later")) or -1) >= 1, "policy v1", proc, log)
             client.config_set("maxmemory-policy", "allkeys-lru")
@@ -85,8 +112,9 @@ def test_a_redis_switched_to_evicting_mid_run_is_said_once(tmp_path):
                 proc.kill()
                 proc.wait()
     warnings = [line for line in log.read_text().splitlines() if "now evicts keys" in line]
-    assert len(warnings) == 1 and "maxmemory-policy allkeys-lru" in warnings[0] and FIX in warnings[0], \
-        log.read_text()[-3000:]
+    assert len(warnings) == 1 and "maxmemory-policy allkeys-lru" in warnings[0] and FIX in warnings[0], log.read_text()[
+        -3000:
+    ]
 
 
 @pytest.mark.farm

@@ -100,6 +100,7 @@ def _forget_the_updates():
 
 # ---- rlfarm's side: the batch and one update ----------------------------------------------------
 
+
 @dataclass
 class Case:
     """One preset's batch, rlfarm's network before and after its update, and what both sides share."""
@@ -131,25 +132,35 @@ def observation_sampler(space: gym.Space, spec: SpaceSpec, rng: np.random.Genera
         free = rng.normal(loc, scale, (*shape, spec.obs_dim))
         inside = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), (*shape, spec.obs_dim))
         return np.where(bounded, inside, free).astype(np.float32)
+
     return sample
 
 
-def synthetic_rollout(network: ActorCritic, spec: SpaceSpec, sample, T: int, N: int,
-                      rng: np.random.Generator, dtype: torch.dtype = torch.float32) -> Rollout:
+def synthetic_rollout(
+    network: ActorCritic,
+    spec: SpaceSpec,
+    sample,
+    T: int,
+    N: int,
+    rng: np.random.Generator,
+    dtype: torch.dtype = torch.float32,
+) -> Rollout:
     """T steps of N envs acted by `network`: its sampled actions, their log-probabilities and its
     values (so the update starts at ratio 1, as on the farm); rewards as the env gives them to the
     learner (Atari's clipped to their sign, sparse); a few episode ends, half of them truncations
     that bootstrap from a value, the rest terminations. Vector observations in `dtype`, the
     network's (float32 values either way); the rest float32, as a worker sends them."""
+
     def observations(shape: tuple[int, ...]) -> np.ndarray:
         obs = sample(shape)
         return obs if spec.is_image else obs.astype(torch.zeros(0, dtype=dtype).numpy().dtype)
+
     obs = observations((T + 1, N))  # row T: the observations after the last step
     flat = torch.from_numpy(obs.reshape((T + 1) * N, *obs.shape[2:]))
     with torch.no_grad():
-        actions = network.distribution(flat[:T * N]).sample().to(torch.float32 if not spec.discrete else torch.int64)
-        logprobs, _, values = network.evaluate(flat[:T * N], actions)
-        last_values = network.get_value(flat[T * N:])
+        actions = network.distribution(flat[: T * N]).sample().to(torch.float32 if not spec.discrete else torch.int64)
+        logprobs, _, values = network.evaluate(flat[: T * N], actions)
+        last_values = network.get_value(flat[T * N :])
         final_obs_values = network.get_value(torch.from_numpy(observations((T * N,))))
     if spec.is_image:
         rewards = rng.choice(np.array([-1.0, 0.0, 1.0]), (T, N), p=[0.02, 0.96, 0.02])
@@ -159,11 +170,18 @@ def synthetic_rollout(network: ActorCritic, spec: SpaceSpec, sample, T: int, N: 
     truncated = dones & (rng.random((T, N)) < 0.5)
     final_values = np.where(truncated, final_obs_values.numpy().reshape(T, N), 0.0)
     f32 = np.float32
-    return Rollout(obs=obs[:T], actions=actions.numpy().reshape(T, N, *spec.action_shape),
-                   logprobs=logprobs.numpy().astype(f32).reshape(T, N), values=values.numpy().astype(f32).reshape(T, N),
-                   rewards=rewards.astype(f32), dones=dones, final_values=final_values.astype(f32),
-                   last_values=last_values.numpy().astype(f32), episode_returns=np.zeros(0),
-                   episode_lengths=np.zeros(0, np.int64))
+    return Rollout(
+        obs=obs[:T],
+        actions=actions.numpy().reshape(T, N, *spec.action_shape),
+        logprobs=logprobs.numpy().astype(f32).reshape(T, N),
+        values=values.numpy().astype(f32).reshape(T, N),
+        rewards=rewards.astype(f32),
+        dones=dones,
+        final_values=final_values.astype(f32),
+        last_values=last_values.numpy().astype(f32),
+        episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0, np.int64),
+    )
 
 
 @functools.cache
@@ -195,8 +213,19 @@ def rlfarm_update(preset: str, overrides: tuple[str, ...] = ()) -> Case:
         advantages, returns = compute_gae(rollout, cfg.ppo.gamma, cfg.ppo.gae_lambda)
         algo.observe(rollout, policy_lag=0)
         metrics = algo.update(PROGRESS)
-        return Case(cfg, spec, observation_space, action_space, rollout, advantages, returns, perms, initial,
-                    algo.policy, metrics)
+        return Case(
+            cfg,
+            spec,
+            observation_space,
+            action_space,
+            rollout,
+            advantages,
+            returns,
+            perms,
+            initial,
+            algo.policy,
+            metrics,
+        )
 
 
 def max_difference(pairs: list[tuple[str, torch.Tensor, torch.Tensor]]) -> tuple[float, str]:
@@ -207,12 +236,14 @@ def max_difference(pairs: list[tuple[str, torch.Tensor, torch.Tensor]]) -> tuple
 def check_equal(name: str, pairs: list[tuple[str, torch.Tensor, torch.Tensor]], against: str) -> float:
     diff, where = max_difference(pairs)
     print(f"{name} vs {against}: max |difference| of the parameters after one update {diff:.2e} ({where})")
-    assert diff <= TOLERANCE, (f"{name}: rlfarm's update differs from {against}'s by {diff:.3e} at most "
-                               f"(in {where}), more than {TOLERANCE:g}")
+    assert diff <= TOLERANCE, (
+        f"{name}: rlfarm's update differs from {against}'s by {diff:.3e} at most (in {where}), more than {TOLERANCE:g}"
+    )
     return diff
 
 
 # ---- CleanRL: its update, written out -----------------------------------------------------------
+
 
 def cleanrl_update(case: Case) -> ActorCritic:
     """CleanRL's PPO update (ppo.py, ppo_atari.py, ppo_continuous_action.py) on a copy of the
@@ -239,7 +270,7 @@ def cleanrl_update(case: Case) -> ActorCritic:
     b_returns = torch.from_numpy(case.returns.reshape(-1))
     for b_inds in case.perms:
         for start in range(0, batch_size, minibatch_size):
-            mb_inds = b_inds[start:start + minibatch_size]
+            mb_inds = b_inds[start : start + minibatch_size]
             newlogprob, entropy, newvalue = agent.evaluate(b_obs[mb_inds], b_actions[mb_inds])
             logratio = newlogprob - b_logprobs[mb_inds]
             ratio = logratio.exp()
@@ -277,6 +308,7 @@ def cleanrl_pairs(case: Case, agent: ActorCritic) -> list[tuple[str, torch.Tenso
 
 # ---- Stable-Baselines3: its PPO, fed the same batch ---------------------------------------------
 
+
 class SpacesOnly(gym.Env):
     """An env that is only its spaces: SB3 builds its policy and rollout buffer from them, and
     `train()` never steps it."""
@@ -304,8 +336,12 @@ def sb3_pairs(network: ActorCritic, policy: nn.Module) -> list[tuple[str, torch.
         theirs = [*_layers(policy.features_extractor), policy.action_net, policy.value_net]
     else:
         ours = [*_layers(network.actor), *_layers(network.critic)]
-        theirs = [*_layers(policy.mlp_extractor.policy_net), policy.action_net,
-                  *_layers(policy.mlp_extractor.value_net), policy.value_net]
+        theirs = [
+            *_layers(policy.mlp_extractor.policy_net),
+            policy.action_net,
+            *_layers(policy.mlp_extractor.value_net),
+            policy.value_net,
+        ]
     names = {id(param): name for name, param in network.named_parameters()}
     pairs = []
     for a, b in zip(ours, theirs, strict=True):
@@ -315,8 +351,9 @@ def sb3_pairs(network: ActorCritic, policy: nn.Module) -> list[tuple[str, torch.
         pairs += [(names[id(a.weight)], a.weight, b.weight), (names[id(a.bias)], a.bias, b.bias)]
     if not network.spec.discrete:
         pairs.append(("actor_logstd", network.actor_logstd, policy.log_std))
-    assert len(pairs) == len(list(network.parameters())) == len(list(policy.parameters())), \
+    assert len(pairs) == len(list(network.parameters())) == len(list(policy.parameters())), (
         "a parameter of one network has no counterpart in the other"
+    )
     return pairs
 
 
@@ -359,31 +396,49 @@ def sb3_update(preset: str, vf_coef: float) -> nn.Module:
 
     case = rlfarm_update(preset)
     cfg, p, spec = case.cfg, case.cfg.ppo, case.spec
-    assert not p.clip_vloss, ("SB3 clips the value loss another way (the clipped value alone, not the max "
-                              "of clipped and unclipped): a preset compared with SB3 needs ppo.clip_vloss = false")
+    assert not p.clip_vloss, (
+        "SB3 clips the value loss another way (the clipped value alone, not the max "
+        "of clipped and unclipped): a preset compared with SB3 needs ppo.clip_vloss = false"
+    )
     assert p.target_kl == 0, "SB3 stops early per minibatch at 1.5 x target_kl: compare with ppo.target_kl = 0"
     if spec.is_image:
         nature, layers = C.PolicyConfig(), ("cnn_channels", "cnn_kernels", "cnn_strides")
         assert all(getattr(cfg.policy, k) == getattr(nature, k) for k in layers), "SB3's NatureCNN: Nature CNN only"
-        policy_kwargs = {"features_extractor_class": Pixels, "normalize_images": False,  # Pixels divides
-                         "features_extractor_kwargs": {"features_dim": cfg.policy.cnn_features},
-                         "net_arch": []}  # CnnPolicy's own for NatureCNN: heads on the features
+        policy_kwargs = {
+            "features_extractor_class": Pixels,
+            "normalize_images": False,  # Pixels divides
+            "features_extractor_kwargs": {"features_dim": cfg.policy.cnn_features},
+            "net_arch": [],
+        }  # CnnPolicy's own for NatureCNN: heads on the features
     else:
         hidden = list(cfg.policy.hidden_sizes)
-        policy_kwargs = {"features_extractor_class": Vectors, "net_arch": {"pi": hidden, "vf": hidden},
-                         "features_extractor_kwargs": {"normalize": copy.deepcopy(case.initial.obs_norm)},
-                         "activation_fn": {"tanh": nn.Tanh, "relu": nn.ReLU}[cfg.policy.activation]}
+        policy_kwargs = {
+            "features_extractor_class": Vectors,
+            "net_arch": {"pi": hidden, "vf": hidden},
+            "features_extractor_kwargs": {"normalize": copy.deepcopy(case.initial.obs_norm)},
+            "activation_fn": {"tanh": nn.Tanh, "relu": nn.ReLU}[cfg.policy.activation],
+        }
     r = case.rollout
     T, N = r.rewards.shape
     model = SB3PPO(
         "CnnPolicy" if spec.is_image else "MlpPolicy",
         DummyVecEnv([lambda: SpacesOnly(case.observation_space, case.action_space)] * N),
         learning_rate=(lambda left: left * p.learning_rate) if p.anneal_lr else p.learning_rate,
-        n_steps=T, batch_size=T * N // p.num_minibatches, n_epochs=p.update_epochs, gamma=p.gamma,
+        n_steps=T,
+        batch_size=T * N // p.num_minibatches,
+        n_epochs=p.update_epochs,
+        gamma=p.gamma,
         gae_lambda=p.gae_lambda,
-        clip_range=(lambda left: left * p.clip_coef) if p.anneal_clip else p.clip_coef, clip_range_vf=None,
-        normalize_advantage=p.norm_adv, ent_coef=p.ent_coef, vf_coef=vf_coef, max_grad_norm=p.max_grad_norm,
-        target_kl=None, policy_kwargs=policy_kwargs, device="cpu")
+        clip_range=(lambda left: left * p.clip_coef) if p.anneal_clip else p.clip_coef,
+        clip_range_vf=None,
+        normalize_advantage=p.norm_adv,
+        ent_coef=p.ent_coef,
+        vf_coef=vf_coef,
+        max_grad_norm=p.max_grad_norm,
+        target_kl=None,
+        policy_kwargs=policy_kwargs,
+        device="cpu",
+    )
     model.set_logger(Logger(folder=None, output_formats=[]))  # train() records; nothing written
     model.policy.to(DTYPE)  # in place: its optimizer keeps the same parameters
     pairs = sb3_pairs(case.initial, model.policy)
@@ -411,6 +466,7 @@ def sb3_update(preset: str, vf_coef: float) -> nn.Module:
     def permutation(n: int) -> np.ndarray:
         assert n == T * N
         return next(orders)
+
     with mock.patch.object(np.random, "permutation", permutation):  # the rollout buffer's one draw per epoch
         model.train()
     assert next(orders, None) is None, "SB3 drew fewer permutations than rlfarm's epochs"
@@ -419,12 +475,14 @@ def sb3_update(preset: str, vf_coef: float) -> nn.Module:
 
 # ---- the tests ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_sync_ppo_preset_names_its_reference(preset):
     cfg = C.build(preset)
     assert cfg.reference in ("sb3", "cleanrl"), (
-        f"preset {preset} trains SYNC PPO but names no reference implementation: set reference = \"sb3\" or "
-        f"\"cleanrl\" (the update its hyper-parameters assume), and tests/test_reference.py checks it")
+        f'preset {preset} trains SYNC PPO but names no reference implementation: set reference = "sb3" or '
+        f'"cleanrl" (the update its hyper-parameters assume), and tests/test_reference.py checks it'
+    )
 
 
 @pytest.mark.parametrize("preset", [case_of(name) for name in PRESETS])
@@ -442,8 +500,9 @@ def test_one_update_equals_the_reference_update(preset):
         pytest.fail(f"preset {preset} names no reference")
 
 
-HALF_MSE_UNCLIPPED = [name for name in PRESETS
-                      if (cfg := C.build(name)).reference == "cleanrl" and not cfg.ppo.clip_vloss]
+HALF_MSE_UNCLIPPED = [
+    name for name in PRESETS if (cfg := C.build(name)).reference == "cleanrl" and not cfg.ppo.clip_vloss
+]
 
 
 @pytest.mark.parametrize("preset", [case_of(name) for name in HALF_MSE_UNCLIPPED])
@@ -451,16 +510,20 @@ def test_cleanrl_form_equals_sb3_with_half_the_vf_coef(preset):
     """CleanRL's 0.5 * mse at vf_coef is SB3's mse at vf_coef / 2: an independent implementation of
     the same update (the equivalence the issue measured)."""
     case = rlfarm_update(preset)
-    check_equal(preset, sb3_pairs(case.updated, sb3_update(preset, case.cfg.ppo.vf_coef / 2)),
-                "Stable-Baselines3 with vf_coef halved")
+    check_equal(
+        preset,
+        sb3_pairs(case.updated, sb3_update(preset, case.cfg.ppo.vf_coef / 2)),
+        "Stable-Baselines3 with vf_coef halved",
+    )
 
 
 def test_negative_control_pong_with_cleanrls_value_loss_is_not_sb3():
     """The comparison can fail: the pong preset with CleanRL's half value loss is another update than
     SB3's at the same vf_coef (the SB3 update of the pong test, from the same weights, batch and order)."""
     case, sb3_case = rlfarm_update("pong", ("ppo.vf_loss=half_mse",)), rlfarm_update("pong")
-    same_start = [(name, a, b) for (name, a), (_, b) in zip(case.initial.named_parameters(),
-                                                            sb3_case.initial.named_parameters())]
+    same_start = [
+        (name, a, b) for (name, a), (_, b) in zip(case.initial.named_parameters(), sb3_case.initial.named_parameters())
+    ]
     assert max_difference(same_start)[0] == 0 and np.array_equal(case.rollout.obs, sb3_case.rollout.obs)
     assert all(torch.equal(a, b) for a, b in zip(case.perms, sb3_case.perms))
     diff, where = max_difference(sb3_pairs(case.updated, sb3_update("pong", case.cfg.ppo.vf_coef)))
@@ -470,10 +533,20 @@ def test_negative_control_pong_with_cleanrls_value_loss_is_not_sb3():
 
 # ---- the config keys, in both learners ----------------------------------------------------------
 
+
 def small(mode: str, *overrides: str) -> C.RunConfig:
-    return C.build("cartpole-ppo" if mode == "sync" else "cartpole-appo",
-                   ["env.num_envs=2", "farm.num_tasks=1", "farm.steps_per_env=32", "ppo.num_minibatches=2",
-                    "ppo.update_epochs=2", "policy.hidden_sizes=[16, 16]", *overrides])
+    return C.build(
+        "cartpole-ppo" if mode == "sync" else "cartpole-appo",
+        [
+            "env.num_envs=2",
+            "farm.num_tasks=1",
+            "farm.steps_per_env=32",
+            "ppo.num_minibatches=2",
+            "ppo.update_epochs=2",
+            "policy.hidden_sizes=[16, 16]",
+            *overrides,
+        ],
+    )
 
 
 def learn(cfg: C.RunConfig, progress: float) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -528,11 +601,15 @@ def test_the_new_keys_defaults_and_checks():
     assert (cfg.ppo.vf_loss, cfg.ppo.anneal_clip, cfg.reference) == ("half_mse", False, "")
     assert C.build(None, ["reference=sb3", "ppo.vf_loss=mse", "ppo.anneal_clip=true"]).reference == "sb3"
     for override, message in [
-            ("ppo.vf_loss=huber", "ppo.vf_loss must be half_mse (CleanRL: 0.5 * mean((V - R)^2)) or mse "
-                                  "(Stable-Baselines3: mean((V - R)^2)), got 'huber'"),
-            ("ppo.anneal_clip=1", "ppo.anneal_clip: expected true or false, got 1"),
-            ("reference=sb2", "reference must be sb3, cleanrl or \"\" (none), got 'sb2'"),
-            ("reference=1", "reference: expected a string, got 1")]:
+        (
+            "ppo.vf_loss=huber",
+            "ppo.vf_loss must be half_mse (CleanRL: 0.5 * mean((V - R)^2)) or mse "
+            "(Stable-Baselines3: mean((V - R)^2)), got 'huber'",
+        ),
+        ("ppo.anneal_clip=1", "ppo.anneal_clip: expected true or false, got 1"),
+        ("reference=sb2", "reference must be sb3, cleanrl or \"\" (none), got 'sb2'"),
+        ("reference=1", "reference: expected a string, got 1"),
+    ]:
         with pytest.raises(C.ConfigError) as err:
             C.build(None, [override])
         assert str(err.value) == message and "\n" not in str(err.value)

@@ -3,16 +3,15 @@
 import numpy as np
 import pytest
 
-from rlfarm.envs import make_vector_env
 from rlfarm.core.replay import PrioritizedReplayBuffer, ReplayBuffer, SumTree, Transitions, nstep_transitions
 from rlfarm.core.rollout import collect
+from rlfarm.envs import make_vector_env
 
 from .conftest import CountValue
 
 
 def _rollout(env, steps):
-    return collect(CountValue(), make_vector_env(f"tests.tiny_envs:{env}", 1), steps, [0], 0,
-                   keep_next_obs=True)
+    return collect(CountValue(), make_vector_env(f"tests.tiny_envs:{env}", 1), steps, [0], 0, keep_next_obs=True)
 
 
 def test_next_obs_is_the_real_final_observation():

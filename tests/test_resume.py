@@ -21,14 +21,17 @@ pytestmark = pytest.mark.farm
 def start_and_sigkill(tmp_path, run_id: str, args: list[str], kill_after_steps: int) -> dict:
     """Start a training run, SIGKILL its trainer once a checkpoint with >= kill_after_steps env steps
     exists, wait until its embedded Redis and workers are gone; returns that checkpoint's state."""
-    proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path), *args),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **WORKER_ENV})
+    proc = subprocess.Popen(
+        rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path), *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+    )
     run_dir = tmp_path / run_id
 
     def checkpointed() -> bool:
-        return (checkpoint.path_in(run_dir).exists()
-                and checkpoint.load(run_dir)[1]["env_steps"] >= kill_after_steps)
+        return checkpoint.path_in(run_dir).exists() and checkpoint.load(run_dir)[1]["env_steps"] >= kill_after_steps
 
     poll(checkpointed, f"a checkpoint of {kill_after_steps} env steps or more, before the run ends", proc)
     proc.send_signal(signal.SIGKILL)
@@ -37,13 +40,16 @@ def start_and_sigkill(tmp_path, run_id: str, args: list[str], kill_after_steps: 
     # Redis and the workers die with their parent (PR_SET_PDEATHSIG); wait for that to happen.
     pids = json.loads((run_dir / "cluster.json").read_text())["pids"]
     try:
-        poll(lambda: not [p for p in pids if pid_alive(p)], "no farm process outliving its killed trainer",
-             deadline_s=60)
+        poll(
+            lambda: not [p for p in pids if pid_alive(p)], "no farm process outliving its killed trainer", deadline_s=60
+        )
     except BaseException:  # say what outlived it, in what state, and what the workers last logged
         for pid in [p for p in pids if pid_alive(p)]:
             stat = Path(f"/proc/{pid}/stat").read_text().split()
-            print(f"alive: {pid} state {stat[2]} ppid {stat[3]}: "
-                  f"{Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()[:200]}")
+            print(
+                f"alive: {pid} state {stat[2]} ppid {stat[3]}: "
+                f"{Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()[:200]}"
+            )
         for log in sorted(run_dir.glob("worker-*.log")):
             print(f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}")
         raise
@@ -58,8 +64,18 @@ def read_steps(path) -> list[int]:
 def test_sync_ppo_resumed_after_sigkill_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
     """Optimizer moments, minibatch RNG, iteration counter and policy all come back: the resumed run
     produces exactly the policy an uninterrupted run with the same seed does."""
-    args = ["--preset", "cartpole-ppo", "--workers", "2", "--seed", "7", "--total-steps", "40960",
-            "--set", "checkpoint_interval=0"]
+    args = [
+        "--preset",
+        "cartpole-ppo",
+        "--workers",
+        "2",
+        "--seed",
+        "7",
+        "--total-steps",
+        "40960",
+        "--set",
+        "checkpoint_interval=0",
+    ]
     whole = run_cli("train", "--run-id", "whole", "--logdir", str(tmp_path), *args)
     assert whole.returncode == 0, whole.stderr[-3000:]
     expected = json.loads((tmp_path / "whole" / "summary.json").read_text())
@@ -82,11 +98,25 @@ def test_sync_ppo_resumed_after_sigkill_ends_bit_identical_to_an_uninterrupted_r
 
 
 def test_async_dqn_resumes_with_its_replay_buffer_and_optimizer(tmp_path):
-    args = ["--preset", "cartpole-dqn", "--mode", "async", "--workers", "2", "--total-steps", "14000",
-            "--target-return", "1e9", "--set", "checkpoint_interval=0.5"]
+    args = [
+        "--preset",
+        "cartpole-dqn",
+        "--mode",
+        "async",
+        "--workers",
+        "2",
+        "--total-steps",
+        "14000",
+        "--target-return",
+        "1e9",
+        "--set",
+        "checkpoint_interval=0.5",
+    ]
     state = start_and_sigkill(tmp_path, "dqn", args, kill_after_steps=5000)
     killed_at = state["env_steps"]
-    assert state["algo"]["replay"]["size"] == killed_at  # every consumed transition was stored (the algorithm owns the buffer)
+    assert (
+        state["algo"]["replay"]["size"] == killed_at
+    )  # every consumed transition was stored (the algorithm owns the buffer)
     resumed = run_cli("train", "--resume", str(tmp_path / "dqn"))  # a run directory works too
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"from its checkpoint: {killed_at} env steps" in resumed.stdout + resumed.stderr
@@ -112,8 +142,22 @@ def test_async_dqn_resumes_with_its_replay_buffer_and_optimizer(tmp_path):
 def test_async_sac_resumes_with_its_critics_alpha_and_replay(tmp_path):
     """SAC's checkpoint (actor, twin critics and targets, log_alpha, three optimizers, its noise
     generator, the replay buffer) goes through the file and back into a resumed run."""
-    args = ["--preset", "pendulum-sac", "--workers", "2", "--total-steps", "5000", "--target-return", "1e9",
-            "--set", "policy.hidden_sizes=[32,32]", "--set", "eval.interval=0", "--set", "checkpoint_interval=0.5"]
+    args = [
+        "--preset",
+        "pendulum-sac",
+        "--workers",
+        "2",
+        "--total-steps",
+        "5000",
+        "--target-return",
+        "1e9",
+        "--set",
+        "policy.hidden_sizes=[32,32]",
+        "--set",
+        "eval.interval=0",
+        "--set",
+        "checkpoint_interval=0.5",
+    ]
     state = start_and_sigkill(tmp_path, "sac", args, kill_after_steps=1600)
     killed_at = state["env_steps"]
     assert state["algo"]["replay"]["size"] == killed_at and state["algo"]["gradient_steps"] > 0

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from rlfarm.algos.ppo.ppo import compute_gae
-from rlfarm.envs import make_vector_env
 from rlfarm.core.rollout import Rollout, collect, concat, task_seeds
+from rlfarm.envs import make_vector_env
 
 from .conftest import CountValue
 
@@ -71,11 +71,11 @@ def test_task_seeds_are_deterministic_and_distinct():
 
 
 def test_collect_is_reproducible_with_a_real_policy():
+    import torch
+
+    from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe
-    from rlfarm.algos.ppo.policies import ActorCritic
-
-    import torch
 
     torch.manual_seed(0)
     actor = ActorCritic(describe("CartPole-v1"), PolicyConfig()).actor_snapshot()
@@ -90,11 +90,11 @@ def test_collect_is_reproducible_with_a_real_policy():
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1"])
 def test_box_actions_are_clipped_for_env_but_stored_raw(env_id):
+    import torch
+
+    from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.config import PolicyConfig
     from rlfarm.envs import describe
-    from rlfarm.algos.ppo.policies import ActorCritic
-
-    import torch
 
     torch.manual_seed(0)
     actor = ActorCritic(describe(env_id), PolicyConfig(init_log_std=1.5)).actor_snapshot()
@@ -121,8 +121,7 @@ def test_a_stream_goes_on_where_its_last_task_left_it():
     assert [t.episode_returns.tolist() for t in tasks] == [[], [3.0], [3.0]]
     assert [t.episode_lengths.tolist() for t in tasks] == [[], [3], [3]]
     assert tasks[0].last_values.tolist() == [2.0]  # the cut is bootstrapped as in "fresh"
-    fresh = [collect(CountValue(), make_vector_env("tests.tiny_envs:terminating", 1), 2, [0], 0)
-             for _ in range(3)]
+    fresh = [collect(CountValue(), make_vector_env("tests.tiny_envs:terminating", 1), 2, [0], 0) for _ in range(3)]
     assert all(t.episode_returns.size == 0 for t in fresh)  # "fresh" never reaches an episode end
 
 

@@ -19,10 +19,28 @@ from .conftest import WORKER_ENV, one_error_line, poll, read_csv, read_summary, 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
 # 2 ms per env step, 500 steps an iteration: a few iterations a second, a checkpoint at each.
-RUN = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
-       "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=250", "--set", "ppo.num_minibatches=2",
-       "--set", "policy.hidden_sizes=[16]", "--set", "checkpoint_interval=0", "--set", "eval.interval=0",
-       "--set", "target_return=inf"]
+RUN = [
+    "--preset",
+    "cartpole-ppo",
+    "--env",
+    "tests.tiny_envs:slow",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.num_tasks=2",
+    "--set",
+    "farm.steps_per_env=250",
+    "--set",
+    "ppo.num_minibatches=2",
+    "--set",
+    "policy.hidden_sizes=[16]",
+    "--set",
+    "checkpoint_interval=0",
+    "--set",
+    "eval.interval=0",
+    "--set",
+    "target_return=inf",
+]
 TOTAL = 12000
 CSV_FILES = ["progress.csv", "episodes.csv"]
 
@@ -37,11 +55,27 @@ def without_dac_override() -> list[str]:
 
 
 def start(run_dir: Path, farm, prefix: list[str] = ()) -> subprocess.Popen:
-    return subprocess.Popen([*prefix, *rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", run_dir.name,
-                                                  "--logdir", str(run_dir.parent), *RUN,
-                                                  "--total-steps", str(TOTAL))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **WORKER_ENV})
+    return subprocess.Popen(
+        [
+            *prefix,
+            *rlfarm_cmd(
+                "train",
+                "--redis",
+                farm.redis_url,
+                "--run-id",
+                run_dir.name,
+                "--logdir",
+                str(run_dir.parent),
+                *RUN,
+                "--total-steps",
+                str(TOTAL),
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+    )
 
 
 def checkpoint_steps(run_dir: Path) -> int:
@@ -93,8 +127,9 @@ def small_disk(tmp_path):
     """A 16 MiB tmpfs of its own: filling it fills nothing else."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"mounting a small tmpfs needs root with CAP_SYS_ADMIN: {done.stderr.strip()}")
     yield mount

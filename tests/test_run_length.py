@@ -13,23 +13,54 @@ from rlfarm import config as C
 
 from .conftest import run_cli
 
-SMALL_PPO = ["--set", "farm.num_tasks=2", "--set", "env.num_envs=1", "--set", "farm.steps_per_env=512",
-             "--set", "ppo.num_minibatches=2"]  # 1,024 env steps per iteration
+SMALL_PPO = [
+    "--set",
+    "farm.num_tasks=2",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.steps_per_env=512",
+    "--set",
+    "ppo.num_minibatches=2",
+]  # 1,024 env steps per iteration
 LONG_EPISODES = "episodes last up to"
 
 
-@pytest.mark.parametrize("total, iterations, last, note", [
-    (40000, 10, 392, "--total-steps 40000 is 9.77 iterations of 4096 steps: the last one runs 392 steps per env "
-                     "(3,136 env steps)"),
-    (20000, 5, 452, "--total-steps 20000 is 4.88 iterations of 4096 steps: the last one runs 452 steps per env "
-                    "(3,616 env steps)"),
-    (40959, 10, 512, "--total-steps 40959 is 9.99976 iterations of 4096 steps: the last one runs 512 steps per "
-                     "env (4,096 env steps), 40,960 env steps in all"),
-    (1, 1, 1, "--total-steps 1 is 0.000244141 iterations of 4096 steps: the last one runs 1 step per env "
-              "(8 env steps), 8 env steps in all"),
-    (4096, 1, 512, None),
-    (8192, 2, 512, None),
-])
+@pytest.mark.parametrize(
+    "total, iterations, last, note",
+    [
+        (
+            40000,
+            10,
+            392,
+            "--total-steps 40000 is 9.77 iterations of 4096 steps: the last one runs 392 steps per env "
+            "(3,136 env steps)",
+        ),
+        (
+            20000,
+            5,
+            452,
+            "--total-steps 20000 is 4.88 iterations of 4096 steps: the last one runs 452 steps per env "
+            "(3,616 env steps)",
+        ),
+        (
+            40959,
+            10,
+            512,
+            "--total-steps 40959 is 9.99976 iterations of 4096 steps: the last one runs 512 steps per "
+            "env (4,096 env steps), 40,960 env steps in all",
+        ),
+        (
+            1,
+            1,
+            1,
+            "--total-steps 1 is 0.000244141 iterations of 4096 steps: the last one runs 1 step per env "
+            "(8 env steps), 8 env steps in all",
+        ),
+        (4096, 1, 512, None),
+        (8192, 2, 512, None),
+    ],
+)
 def test_a_sync_run_ends_at_total_steps_with_a_shorter_last_iteration(total, iterations, last, note):
     """cartpole-ppo: iterations of 2 tasks x 4 envs x 512 steps; the last one runs what is left, rounded
     up to a step of all 8 envs."""
@@ -53,11 +84,23 @@ def test_train_ends_at_total_steps_and_says_how_before_it_starts(farm, tmp_path)
     steps per env, said once before the run: 1,502 env steps (a step of both envs), not 2,048 (sweep
     trials of 20,480 steps trained 24k and 32k). CartPole's 500-step episodes fit in 512-step tasks:
     no episode-length warning."""
-    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "round-up", "--logdir", str(tmp_path),
-                     "--total-steps", "1501", *SMALL_PPO)
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        "round-up",
+        "--logdir",
+        str(tmp_path),
+        "--total-steps",
+        "1501",
+        *SMALL_PPO,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    note = ("rlfarm: --total-steps 1501 is 1.47 iterations of 1024 steps: the last one runs 239 steps per env "
-            "(478 env steps), 1,502 env steps in all")
+    note = (
+        "rlfarm: --total-steps 1501 is 1.47 iterations of 1024 steps: the last one runs 239 steps per env "
+        "(478 env steps), 1,502 env steps in all"
+    )
     assert result.stderr.splitlines().count(note) == 1, result.stderr
     assert LONG_EPISODES not in result.stderr
     summary = json.loads((tmp_path / "round-up" / "summary.json").read_text())
@@ -72,14 +115,29 @@ def test_train_ends_at_total_steps_and_says_how_before_it_starts(farm, tmp_path)
 
 
 def test_episodes_longer_than_a_task_are_warned_about(farm, tmp_path):
-    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "long-episodes", "--logdir", str(tmp_path),
-                     "--env", "MountainCarContinuous-v0", "--total-steps", "2048", *SMALL_PPO,
-                     "--set", "eval.interval=0")  # scored by its training return: a warning, not a note
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        "long-episodes",
+        "--logdir",
+        str(tmp_path),
+        "--env",
+        "MountainCarContinuous-v0",
+        "--total-steps",
+        "2048",
+        *SMALL_PPO,
+        "--set",
+        "eval.interval=0",
+    )  # scored by its training return: a warning, not a note
     assert result.returncode == 0, result.stderr[-3000:]
-    warning = ("rlfarm: warning: MountainCarContinuous-v0 episodes last up to 999 steps but each task runs "
-               "512 steps per env and starts fresh episodes: training returns only count episodes that end "
-               "within a task (at most 512 steps); --set farm.episodes=continue keeps each worker's envs "
-               "running across tasks")
+    warning = (
+        "rlfarm: warning: MountainCarContinuous-v0 episodes last up to 999 steps but each task runs "
+        "512 steps per env and starts fresh episodes: training returns only count episodes that end "
+        "within a task (at most 512 steps); --set farm.episodes=continue keeps each worker's envs "
+        "running across tasks"
+    )
     assert result.stderr.splitlines().count(warning) == 1, result.stderr
     # Said before the run directory existed, and still in the run's log, which is what is kept of it.
     log = (tmp_path / "long-episodes" / "rlfarm.log").read_text().splitlines()

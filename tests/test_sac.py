@@ -12,10 +12,16 @@ import torch
 
 from rlfarm import config as C
 from rlfarm.algos import learner
-from rlfarm.envs import SpaceSpec, describe, make_vector_env
-from rlfarm.algos.sac.policies import NumpySACActor, SquashedGaussianPolicy, TorchSACActor, np_tanh_log_det, tanh_log_det
+from rlfarm.algos.sac.policies import (
+    NumpySACActor,
+    SquashedGaussianPolicy,
+    TorchSACActor,
+    np_tanh_log_det,
+    tanh_log_det,
+)
 from rlfarm.algos.saved import PolicyMismatch, load_network
 from rlfarm.core.rollout import collect
+from rlfarm.envs import SpaceSpec, describe, make_vector_env
 
 BOUNDS = "tests.tiny_envs:bounds"  # low [-1, 0], high [3, 10]
 LOW, HIGH = np.array([-1.0, 0.0]), np.array([3.0, 10.0])
@@ -23,8 +29,7 @@ SMALL = ["sac.batch_size=32", "sac.buffer_size=4096", "policy.hidden_sizes=[32, 
 
 
 def make_sac(env: str = BOUNDS, overrides: tuple[str, ...] = (), seed: int = 0):
-    cfg = C.build(None, ["algo=sac", "mode=async", f"env.id={env}", "env.num_envs=2", *SMALL, *overrides],
-                  seed=seed)
+    cfg = C.build(None, ["algo=sac", "mode=async", f"env.id={env}", "env.num_envs=2", *SMALL, *overrides], seed=seed)
     torch.manual_seed(seed)
     return learner("sac", "async")(cfg, describe(env), torch.device("cpu"))
 
@@ -40,6 +45,7 @@ def asymmetric_spec() -> SpaceSpec:
 
 
 # ---- the squashed Gaussian ---------------------------------------------------------------------------
+
 
 def test_tanh_log_det_is_stable_where_the_direct_form_is_not():
     u = torch.tensor([-30.0, -9.0, -1.0, 0.0, 0.5, 4.0, 9.0, 30.0], dtype=torch.float64)
@@ -59,14 +65,14 @@ def test_squashed_log_prob_matches_the_change_of_variables():
     unit, logprob = policy.sample(obs, generator)
     mean, log_std = policy(obs)
     squashed = torch.distributions.TransformedDistribution(
-        torch.distributions.Normal(mean, log_std.exp()), [torch.distributions.TanhTransform()])
+        torch.distributions.Normal(mean, log_std.exp()), [torch.distributions.TanhTransform()]
+    )
     expected = squashed.log_prob(unit).sum(-1)
     assert torch.allclose(logprob, expected, atol=1e-4), (logprob - expected).abs().max()
     # and by hand, from the same noise
     noise = torch.randn(mean.shape, generator=torch.Generator().manual_seed(1))
     u = mean + log_std.exp() * noise
-    by_hand = (torch.distributions.Normal(mean, log_std.exp()).log_prob(u)
-               - torch.log(1 - torch.tanh(u) ** 2)).sum(-1)
+    by_hand = (torch.distributions.Normal(mean, log_std.exp()).log_prob(u) - torch.log(1 - torch.tanh(u) ** 2)).sum(-1)
     assert torch.allclose(unit, torch.tanh(u)) and torch.allclose(logprob, by_hand, atol=1e-4)
 
 
@@ -84,6 +90,7 @@ def test_the_worker_log_prob_is_the_learners():
 
 
 # ---- actions in the env's bounds ---------------------------------------------------------------------
+
 
 def _constant_mean(policy: SquashedGaussianPolicy, mean: float) -> None:
     with torch.no_grad():
@@ -175,6 +182,7 @@ def test_a_random_acting_actor_ignores_its_network_and_greedy_evaluation_never_e
 
 # ---- the learner -------------------------------------------------------------------------------------
 
+
 def train(algorithm, r) -> dict[str, float]:
     algorithm.observe(r, policy_lag=0)
     metrics = {}
@@ -183,8 +191,10 @@ def train(algorithm, r) -> dict[str, float]:
     return metrics
 
 
-@pytest.mark.parametrize("overrides", [(), ("sac.prioritized=true", "sac.n_step=3", "sac.policy_frequency=1"),
-                                       ("sac.autotune=false", "sac.alpha=0.1")])
+@pytest.mark.parametrize(
+    "overrides",
+    [(), ("sac.prioritized=true", "sac.n_step=3", "sac.policy_frequency=1"), ("sac.autotune=false", "sac.alpha=0.1")],
+)
 def test_checkpoint_restore_update_is_bit_identical_in_everything(overrides):
     """Networks, target critics, log_alpha and the three optimizers, the replay buffer and its
     sampler, the learner's noise generator: all come back, and the next updates are the same."""
@@ -206,8 +216,18 @@ def test_checkpoint_restore_update_is_bit_identical_in_everything(overrides):
     different = [k for k in a[0] if not torch.equal(a[0][k], b[0][k])]
     assert not different
     prefixes = {k.split(".")[0] for k in a[0]}
-    assert {"actor", "qf1", "qf2", "qf1_target", "qf2_target", "log_alpha", "q_optim", "actor_optim",
-            "rng", "replay"} <= prefixes
+    assert {
+        "actor",
+        "qf1",
+        "qf2",
+        "qf1_target",
+        "qf2_target",
+        "log_alpha",
+        "q_optim",
+        "actor_optim",
+        "rng",
+        "replay",
+    } <= prefixes
     assert ("alpha_optim" in prefixes) == whole.config.autotune  # Adam's moments of log_alpha
 
 
@@ -236,12 +256,14 @@ def test_replay_holds_float_actions_of_the_box_shape():
 
 # ---- config, spaces and saved policies ---------------------------------------------------------------
 
+
 def test_sac_refuses_discrete_and_unbounded_action_spaces_and_sync():
     section = C.ALGORITHMS["sac"]
     with pytest.raises(C.ConfigError, match=r"needs a Box \(continuous\) action space.*use ppo or dqn"):
         section.check_spaces(describe("CartPole-v1"))
-    with pytest.raises(C.ConfigError, match="scales its tanh-squashed actions to the action space's bounds "
-                                            "and needs finite ones"):
+    with pytest.raises(
+        C.ConfigError, match="scales its tanh-squashed actions to the action space's bounds and needs finite ones"
+    ):
         section.check_spaces(describe("tests.tiny_envs:unbounded"))
     section.check_spaces(describe(BOUNDS))
     with pytest.raises(C.ConfigError, match="algo 'sac' cannot run in --mode sync.*off-policy"):

@@ -14,8 +14,10 @@ from rlfarm.evaluation import playback
 DATA = Path(__file__).parent / "data"
 
 
-@pytest.mark.parametrize("algo, env_id, discrete", [("dqn", "CartPole-v1", True), ("sac", "Pendulum-v1", False),
-                                                    ("ppo", "CartPole-v1", True)])
+@pytest.mark.parametrize(
+    "algo, env_id, discrete",
+    [("dqn", "CartPole-v1", True), ("sac", "Pendulum-v1", False), ("ppo", "CartPole-v1", True)],
+)
 def test_a_policy_file_of_the_release_before_plays(algo, env_id, discrete):
     stored = playback.from_file(DATA / f"{algo}-best_policy-before-redesign.safetensors")
     assert stored.algo == algo  # older files name no head: the algorithm is still told apart

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from rlfarm.farm.app import make_app
-from rlfarm.local.cluster import LOOPBACK, free_port, stop_process_group
 from rlfarm.farm.connection import connect
+from rlfarm.local.cluster import LOOPBACK, free_port, stop_process_group
 
 from .conftest import WORKER_ENV, rlfarm_cmd
 
@@ -37,41 +37,122 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 def _make_certificates(d: Path) -> None:
     """A private CA and a server certificate for 127.0.0.1 signed by it."""
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "2", "-subj", "/CN=rlfarm test CA", cwd=d)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-             "-subj", "/CN=127.0.0.1", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rlfarm test CA",
+        cwd=d,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+        cwd=d,
+    )
     (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "server.crt", "-days", "2", "-extfile", "san.cnf", cwd=d)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.cnf",
+        cwd=d,
+    )
 
 
 @pytest.fixture(scope="module")
 def tls_redis(tmp_path_factory):
     if not os.access(REDIS_SERVER, os.X_OK):
-        pytest.fail(f"{REDIS_SERVER} is missing: the TLS tests need Debian's redis-server (built with "
-                    f"TLS): apt-get install -y redis-server")
+        pytest.fail(
+            f"{REDIS_SERVER} is missing: the TLS tests need Debian's redis-server (built with "
+            f"TLS): apt-get install -y redis-server"
+        )
     d = tmp_path_factory.mktemp("tls")
     _make_certificates(d)
     password = secrets.token_hex(16)
     port = free_port()
     log = open(d / "redis.log", "wb")
     proc = subprocess.Popen(
-        [REDIS_SERVER, "--port", "0", "--tls-port", str(port), "--bind", LOOPBACK,
-         "--tls-cert-file", "server.crt", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt",
-         "--tls-auth-clients", "no", "--requirepass", password, "--dir", str(d), "--save", "",
-         "--appendonly", "no", "--client-output-buffer-limit", "pubsub", "0", "0", "0"],
-        cwd=d, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        [
+            REDIS_SERVER,
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            LOOPBACK,
+            "--tls-cert-file",
+            "server.crt",
+            "--tls-key-file",
+            "server.key",
+            "--tls-ca-cert-file",
+            "ca.crt",
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            password,
+            "--dir",
+            str(d),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--client-output-buffer-limit",
+            "pubsub",
+            "0",
+            "0",
+            "0",
+        ],
+        cwd=d,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     query = f"ssl_cert_reqs=required&ssl_ca_certs={d / 'ca.crt'}"
-    tls = SimpleNamespace(port=port, password=password, ca=d / "ca.crt", dir=d,
-                          url=f"rediss://:{password}@{LOOPBACK}:{port}/0?{query}",
-                          wrong_url=f"rediss://:not-{password}@{LOOPBACK}:{port}/0?{query}",
-                          plain_url=f"redis://:{password}@{LOOPBACK}:{port}/0")
+    tls = SimpleNamespace(
+        port=port,
+        password=password,
+        ca=d / "ca.crt",
+        dir=d,
+        url=f"rediss://:{password}@{LOOPBACK}:{port}/0?{query}",
+        wrong_url=f"rediss://:not-{password}@{LOOPBACK}:{port}/0?{query}",
+        plain_url=f"redis://:{password}@{LOOPBACK}:{port}/0",
+    )
     try:
         deadline = time.monotonic() + DEADLINE
         while True:
-            assert proc.poll() is None, (f"{REDIS_SERVER} exited at start (built without TLS?):\n"
-                                         f"{(d / 'redis.log').read_text(errors='replace')[-2000:]}")
+            assert proc.poll() is None, (
+                f"{REDIS_SERVER} exited at start (built without TLS?):\n"
+                f"{(d / 'redis.log').read_text(errors='replace')[-2000:]}"
+            )
             try:
                 connect(tls.url, timeout=1.0).close()
                 break
@@ -98,9 +179,14 @@ def test_training_through_tls_with_a_password_never_shows_it(tls_redis, tmp_path
     node = f"rlfarm-tls@{socket.gethostname()}"
     log_path = tmp_path / "worker.log"
     log = open(log_path, "wb")
-    worker = subprocess.Popen(rlfarm_cmd("worker", "-c", "2", "-n", node, "-l", "INFO"),
-                              env=_env(tls_redis.url), stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
+    worker = subprocess.Popen(
+        rlfarm_cmd("worker", "-c", "2", "-n", node, "-l", "INFO"),
+        env=_env(tls_redis.url),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         app = make_app(tls_redis.url)  # remote control over the TLS broker, too
         deadline = time.monotonic() + DEADLINE
@@ -109,10 +195,25 @@ def test_training_through_tls_with_a_password_never_shows_it(tls_redis, tmp_path
             assert time.monotonic() < deadline, "the worker did not answer over TLS"
         app.close()
         trained = subprocess.run(
-            rlfarm_cmd("train", "--preset", "cartpole-ppo", "--total-steps", "8192", "--run-id", "tls",
-                       "--logdir", str(tmp_path / "runs"), "--set", "eval.interval=4096",
-                       "--set", "eval.episodes=2"),
-            env=_env(tls_redis.url), capture_output=True, text=True)
+            rlfarm_cmd(
+                "train",
+                "--preset",
+                "cartpole-ppo",
+                "--total-steps",
+                "8192",
+                "--run-id",
+                "tls",
+                "--logdir",
+                str(tmp_path / "runs"),
+                "--set",
+                "eval.interval=4096",
+                "--set",
+                "eval.episodes=2",
+            ),
+            env=_env(tls_redis.url),
+            capture_output=True,
+            text=True,
+        )
     finally:
         stop_process_group(worker, grace=30.0)
         log.close()
@@ -134,8 +235,9 @@ def test_training_through_tls_with_a_password_never_shows_it(tls_redis, tmp_path
 @pytest.mark.parametrize("command", [["train", "--run-id", "never"], ["worker", "-c", "1"]])
 def test_wrong_password_is_one_clear_line_and_exit_2(tls_redis, tmp_path, command):
     args = command + (["--logdir", str(tmp_path)] if command[0] == "train" else [])
-    result = subprocess.run(rlfarm_cmd(*args), env=_env(tls_redis.wrong_url), capture_output=True,
-                            text=True, cwd=tmp_path)
+    result = subprocess.run(
+        rlfarm_cmd(*args), env=_env(tls_redis.wrong_url), capture_output=True, text=True, cwd=tmp_path
+    )
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("rlfarm: error: Redis at rediss://:***@"), result.stderr
@@ -145,8 +247,13 @@ def test_wrong_password_is_one_clear_line_and_exit_2(tls_redis, tmp_path, comman
 
 
 def test_plain_redis_url_on_the_tls_port_fails_clearly(tls_redis, tmp_path):
-    result = subprocess.run(rlfarm_cmd("train", "--logdir", str(tmp_path)), env=_env(tls_redis.plain_url),
-                            capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        rlfarm_cmd("train", "--logdir", str(tmp_path)),
+        env=_env(tls_redis.plain_url),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode == 1, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr

@@ -28,9 +28,15 @@ from rlfarm.local.cluster import LOOPBACK, free_port, stop_process_group
 
 from .conftest import ROOT, WORKER_ENV, http_request, make_run, poll, read_summary, rlfarm_cmd, task_channel, task_specs
 from .sentinel import SentinelFarm
-from .test_faults import (CELERY_WORKER, RLFARM_WORKER, SLOW_DQN, SLOW_PPO, assert_nothing_lost_or_double_counted,
-                          progress_rows, wait_for_rows)
-
+from .test_faults import (
+    CELERY_WORKER,
+    RLFARM_WORKER,
+    SLOW_DQN,
+    SLOW_PPO,
+    assert_nothing_lost_or_double_counted,
+    progress_rows,
+    wait_for_rows,
+)
 
 # ---- the URL (unit) ------------------------------------------------------------------------------
 URL = "sentinel://:s3cret@h1:26379;sentinel://h2;sentinel://10.0.0.3:26380/2?master_name=farm"
@@ -49,12 +55,15 @@ def test_a_sentinel_url_names_the_sentinels_master_db_and_password():
     assert celery_transport("redis://h:1/0") == ("redis://h:1/0", {})
 
 
-@pytest.mark.parametrize("url, error", [
-    ("sentinel://h1:26379;sentinel://h2:26379/0", "master_name"),
-    ("sentinel://h1:26379;redis://h2:6379/0?master_name=m", "starts with sentinel://"),
-    ("sentinel://h1:26379/x?master_name=m", "db"),
-    ("sentinel://h1:26379/0?master=m", "unknown Sentinel URL parameter 'master'"),
-])
+@pytest.mark.parametrize(
+    "url, error",
+    [
+        ("sentinel://h1:26379;sentinel://h2:26379/0", "master_name"),
+        ("sentinel://h1:26379;redis://h2:6379/0?master_name=m", "starts with sentinel://"),
+        ("sentinel://h1:26379/x?master_name=m", "db"),
+        ("sentinel://h1:26379/0?master=m", "unknown Sentinel URL parameter 'master'"),
+    ],
+)
 def test_a_bad_sentinel_url_says_what_is_wrong(url, error):
     with pytest.raises(ValueError, match=error):
         parse_sentinel(url)
@@ -85,8 +94,12 @@ def test_unreachable_sentinels_and_bad_urls_are_one_clear_line():
 
 # ---- failover on a real farm -------------------------------------------------------------------
 def _farm(tmp_path, events: bool = False) -> SentinelFarm:
-    farm = SentinelFarm(tmp_path, name=f"rlfarm-sentinel-{os.getpid()}", events=events,
-                        extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "300"})
+    farm = SentinelFarm(
+        tmp_path,
+        name=f"rlfarm-sentinel-{os.getpid()}",
+        events=events,
+        extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "300"},
+    )
     try:
         farm.start()
         farm.add_worker(1, command=[*RLFARM_WORKER, *(["-E"] if events else [])])
@@ -121,11 +134,24 @@ def test_the_master_killed_mid_run_fails_over_and_the_run_finishes_with_nothing_
     try:
         run_id = f"failover-{mode}"
         args = SLOW_PPO + ["--total-steps", "5000"] if mode == "sync" else SLOW_DQN + ["--total-steps", "4000"]
-        proc = subprocess.Popen(rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", run_id,
-                                           "--logdir", str(tmp_path), *args,
-                                           "--set", "farm.lease_seconds=3"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **WORKER_ENV})
+        proc = subprocess.Popen(
+            rlfarm_cmd(
+                "train",
+                "--redis",
+                farm.redis_url,
+                "--run-id",
+                run_id,
+                "--logdir",
+                str(tmp_path),
+                *args,
+                "--set",
+                "farm.lease_seconds=3",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **WORKER_ENV},
+        )
         wait_for_rows(proc, tmp_path / run_id, rows=2)
         old = farm.group.kill_master()
         poll(lambda: farm.group.master_port() not in (None, old), "the sentinels promoted the replica")
@@ -142,9 +168,11 @@ def test_the_master_killed_mid_run_fails_over_and_the_run_finishes_with_nothing_
         assert all(p.poll() is None for p in farm.worker_procs)
         times = [float(r["wall_time"]) for r in progress_rows(tmp_path / run_id)]
         gaps = [b - a for a, b in zip(times, times[1:])]
-        print(f"\n{mode}: trainer outage {s['faults']['redis_outage_seconds']:.1f} s over "
-              f"{s['faults']['redis_outages']} outage(s); longest gap between iterations {max(gaps):.1f} s, "
-              f"median {statistics.median(gaps):.1f} s; re-sent {s['faults']}")
+        print(
+            f"\n{mode}: trainer outage {s['faults']['redis_outage_seconds']:.1f} s over "
+            f"{s['faults']['redis_outages']} outage(s); longest gap between iterations {max(gaps):.1f} s, "
+            f"median {statistics.median(gaps):.1f} s; re-sent {s['faults']}"
+        )
     finally:
         farm.stop()
 
@@ -168,10 +196,17 @@ def test_status_and_flower_follow_a_failover(tmp_path):
     base = f"http://{LOOPBACK}:{port}"
     env = {**os.environ, **WORKER_ENV, "RLFARM_REDIS_URL": farm.redis_url, "FLOWER_BASIC_AUTH": auth}
     env.pop("FLOWER_UNAUTHENTICATED_API", None)
-    flower = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
-                               f"--address={LOOPBACK}"], cwd=ROOT, env=env, stdout=open(tmp_path / "flower.log", "wb"),
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}", f"--address={LOOPBACK}"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(tmp_path / "flower.log", "wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
+
         def flower_sees(what: str) -> bool:
             status, body = _get(f"{base}/workers?json=1", auth)
             if status != 200 or not [w for w in json.loads(body)["data"] if w.get("status")]:
@@ -182,8 +217,12 @@ def test_status_and_flower_follow_a_failover(tmp_path):
         poll(lambda: flower_sees("before"), "Flower sees the worker and the queue", flower, tmp_path / "flower.log")
 
         def status_json() -> dict:
-            out = subprocess.run(rlfarm_cmd("status", "--json", "--redis", farm.redis_url),
-                                 capture_output=True, text=True, env={**os.environ, **WORKER_ENV})
+            out = subprocess.run(
+                rlfarm_cmd("status", "--json", "--redis", farm.redis_url),
+                capture_output=True,
+                text=True,
+                env={**os.environ, **WORKER_ENV},
+            )
             assert out.returncode == 0, out.stderr
             return json.loads(out.stdout)
 
@@ -193,8 +232,10 @@ def test_status_and_flower_follow_a_failover(tmp_path):
         poll(lambda: farm.group.master_port() not in (None, old), "the sentinels promoted the replica")
         # A fresh process asks the sentinels for the new master; the worker answers it once its
         # consumer has reconnected (Celery retries after 2 s, then 4 s).
-        after = poll(lambda: (lambda snap: snap if len(snap["workers"]) == 1 else None)(status_json()),
-                     "the worker in `rlfarm status` after the failover")
+        after = poll(
+            lambda: (lambda snap: snap if len(snap["workers"]) == 1 else None)(status_json()),
+            "the worker in `rlfarm status` after the failover",
+        )
         assert after["redis"] == before["redis"]
         # A task sent after the failover runs, and Flower, whose event consumer and broker view
         # reconnected to the new master by themselves, shows it.
@@ -232,8 +273,12 @@ def test_writes_a_promoted_replica_lacks_are_put_back_or_re_sent(tmp_path):
     from rlfarm.trainer.channel import FarmLink
     from rlfarm.trainer.outbox import Unowned
 
-    with LocalCluster(workers=0, name="rlfarm-lost-writes", log_dir=tmp_path,
-                      redis_args=["--appendonly", "yes", "--appendfsync", "always"]) as cluster:
+    with LocalCluster(
+        workers=0,
+        name="rlfarm-lost-writes",
+        log_dir=tmp_path,
+        redis_args=["--appendonly", "yes", "--appendfsync", "always"],
+    ) as cluster:
         url = cluster.redis_url
         _, store = make_run(url, "lost-writes", versions=3)
         retry = OutageRetry(60.0)
@@ -242,8 +287,9 @@ def test_writes_a_promoted_replica_lacks_are_put_back_or_re_sent(tmp_path):
             def after_outage(self):
                 store.restore_newest()
 
-        d = FarmLink(make_app(url), resilient_client(url, retry), "lost-writes", 60.0, 3, lease_seconds=1.0,
-                     retry=retry).open(owner=Owner())
+        d = FarmLink(
+            make_app(url), resilient_client(url, retry), "lost-writes", 60.0, 3, lease_seconds=1.0, retry=retry
+        ).open(owner=Owner())
         d.submit_many([dict(s, version=2) for s in task_specs(0, 2, 32)])
         admin = redis.Redis.from_url(url)
         assert admin.llen(CELERY_QUEUE) == 2

@@ -98,8 +98,10 @@ def test_compensated_allocation_properties_on_random_farms():
     rng = random.Random(11)
     for _ in range(2000):
         slots = rng.randint(0, 40)
-        runs = {f"r{i}": Demand(rng.choice([0.5, 1, 3]), rng.randint(0, 20),
-                                rng.choice([None, 0.0, rng.random()])) for i in range(rng.randint(1, 6))}
+        runs = {
+            f"r{i}": Demand(rng.choice([0.5, 1, 3]), rng.randint(0, 20), rng.choice([None, 0.0, rng.random()]))
+            for i in range(rng.randint(1, 6))
+        }
         caps = allocate(slots, runs)
         assert sum(caps.values()) <= max(slots, sum(1 for d in runs.values() if d.tasks))
         assert all(0 <= caps[r] <= d.tasks for r, d in runs.items())
@@ -119,32 +121,53 @@ SLEEPY_ENV = {**WORKER_ENV, "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs,bench
 def _trainer(redis_url: str, tmp_path, run_id: str, *args: str) -> tuple[subprocess.Popen, object]:
     log = tmp_path / f"{run_id}.log"
     proc = subprocess.Popen(
-        rlfarm_cmd("train", "--redis", redis_url, "--run-id", run_id, "--logdir", str(tmp_path),
-                   "--env", "benchmarks.slow_envs:cartpole_sleep_4ms", "--total-steps", "10000000",
-                   "--set", "farm.steps_per_env=64", "--set", "env.num_envs=1", "--set", "eval.interval=0",
-                   *args),
-        stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **SLEEPY_ENV},
-        start_new_session=True)
+        rlfarm_cmd(
+            "train",
+            "--redis",
+            redis_url,
+            "--run-id",
+            run_id,
+            "--logdir",
+            str(tmp_path),
+            "--env",
+            "benchmarks.slow_envs:cartpole_sleep_4ms",
+            "--total-steps",
+            "10000000",
+            "--set",
+            "farm.steps_per_env=64",
+            "--set",
+            "env.num_envs=1",
+            "--set",
+            "eval.interval=0",
+            *args,
+        ),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **SLEEPY_ENV},
+        start_new_session=True,
+    )
     return proc, log
 
 
 @pytest.mark.fault
 def test_shares_follow_the_weights_and_a_killed_trainer_frees_its_share(tmp_path):
+    from rlfarm.farm import keys
     from rlfarm.farm.connection import connect
     from rlfarm.farm.shares import RUN_SECONDS, live_slots, read_runs, server_time
-    from rlfarm.farm import keys
     from rlfarm.local.cluster import LocalCluster
 
     (tmp_path / "farm").mkdir()
-    with LocalCluster(workers=4, name="rlfarm-test-shares", log_dir=tmp_path / "farm",
-                      extra_env=SLEEPY_ENV) as cluster:
+    with LocalCluster(workers=4, name="rlfarm-test-shares", log_dir=tmp_path / "farm", extra_env=SLEEPY_ENV) as cluster:
         client = connect(cluster.redis_url)
         poll(lambda: live_slots(client) == 4, "the worker registers its 4 pool processes as slots")
-        big, big_log = _trainer(cluster.redis_url, tmp_path, "big", "--mode", "async", "--share", "3",
-                                "--set", "async.tasks_in_flight=8")
-        small, small_log = _trainer(cluster.redis_url, tmp_path, "small", "--mode", "sync", "--share", "1",
-                                    "--set", "farm.num_tasks=8")
+        big, big_log = _trainer(
+            cluster.redis_url, tmp_path, "big", "--mode", "async", "--share", "3", "--set", "async.tasks_in_flight=8"
+        )
+        small, small_log = _trainer(
+            cluster.redis_url, tmp_path, "small", "--mode", "sync", "--share", "1", "--set", "farm.num_tasks=8"
+        )
         try:
+
             def caps():
                 runs = read_runs(client)
                 if {"big", "small"} <= set(runs) and runs["small"]["demand"] != "0":
@@ -161,8 +184,11 @@ def test_shares_follow_the_weights_and_a_killed_trainer_frees_its_share(tmp_path
 
             def used():  # the slot time each got over the last minute: weight 3 gets more of it
                 runs = read_runs(client)
-                return (runs.get("big", {}).get("used") and runs.get("small", {}).get("used")
-                        and float(runs["big"]["used"]) > float(runs["small"]["used"]) > 0)
+                return (
+                    runs.get("big", {}).get("used")
+                    and runs.get("small", {}).get("used")
+                    and float(runs["big"]["used"]) > float(runs["small"]["used"]) > 0
+                )
 
             poll(used, "the weight-3 run using more of the farm's slot time", proc=big, log=big_log)
             # `rlfarm status` lists both with their weight, cap and the slot time they used.
@@ -182,14 +208,16 @@ def test_shares_follow_the_weights_and_a_killed_trainer_frees_its_share(tmp_path
             last = float(client.hget(keys.share("small"), "updated"))
             lapse = client.zscore(keys.RUNS, "small")
             assert lapse is not None and lapse - last <= RUN_SECONDS + 1e-3
-            poll(lambda: "small" not in read_runs(client), "the killed run leaves the registry", proc=big,
-                 log=big_log)
+            poll(lambda: "small" not in read_runs(client), "the killed run leaves the registry", proc=big, log=big_log)
             assert server_time(client) >= lapse - 1e-3  # ... when its registration lapsed, not before
             # Alone now: no cap, and the ASYNC run fills every slot it asks for.
-            poll(lambda: read_runs(client).get("big", {}).get("cap") == "", "big run uncapped", proc=big,
-                 log=big_log)
-            poll(lambda: int(client.hget(keys.status("big"), "tasks_in_flight") or 0) > 3,
-                 "the big run takes more than its old cap", proc=big, log=big_log)
+            poll(lambda: read_runs(client).get("big", {}).get("cap") == "", "big run uncapped", proc=big, log=big_log)
+            poll(
+                lambda: int(client.hget(keys.status("big"), "tasks_in_flight") or 0) > 3,
+                "the big run takes more than its old cap",
+                proc=big,
+                log=big_log,
+            )
         finally:
             for proc in (big, small):
                 if proc.poll() is None:
@@ -209,14 +237,29 @@ def test_a_sync_group_larger_than_its_share_goes_in_waves_and_learns_the_same(fa
     """Alone, a group of 6 is sent at once; beside a run that wants every slot, at most its share (1
     of the farm's 2 slots) at a time. The tasks and their order in the group are the same, so is
     the policy."""
-    from rlfarm.farm.shares import FarmShare, live_slots
     from rlfarm.farm.connection import connect
+    from rlfarm.farm.shares import FarmShare, live_slots
 
     client = connect(farm.redis_url)
     poll(lambda: live_slots(client) >= 2, "the farm's worker registers its slots")
-    common = ["--redis", farm.redis_url, "--logdir", str(tmp_path), "--seed", "5", "--total-steps", "6144",
-              "--set", "farm.num_tasks=6", "--set", "farm.steps_per_env=256", "--set", "env.num_envs=2",
-              "--set", "eval.interval=0"]
+    common = [
+        "--redis",
+        farm.redis_url,
+        "--logdir",
+        str(tmp_path),
+        "--seed",
+        "5",
+        "--total-steps",
+        "6144",
+        "--set",
+        "farm.num_tasks=6",
+        "--set",
+        "farm.steps_per_env=256",
+        "--set",
+        "env.num_envs=2",
+        "--set",
+        "eval.interval=0",
+    ]
     alone = run_cli("train", "--run-id", "waves-alone", *common)
     assert alone.returncode == 0, alone.stderr[-3000:]
     hog = FarmShare(farm.redis_url, "waves-hog", 1.0, "async", demand=lambda: 50, busy=lambda: 0.0).start()

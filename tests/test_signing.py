@@ -21,15 +21,14 @@ import pytest
 import torch
 
 from rlfarm.core import codec, signing
-from rlfarm.farm.app import make_app
-from rlfarm.local.cluster import LocalCluster
-from rlfarm.envs import (EnvError, allowed_modules_env, check_env_allowed, env_module, make_env,
-                         make_vector_env)
 from rlfarm.core.signing import SignatureError
+from rlfarm.envs import EnvError, allowed_modules_env, check_env_allowed, env_module, make_env, make_vector_env
+from rlfarm.farm.app import make_app
 from rlfarm.farm.connection import connect
+from rlfarm.farm.store import PolicyCorrupt, PolicyStore
+from rlfarm.local.cluster import LocalCluster
 from rlfarm.trainer.channel import FarmLink
 from rlfarm.trainer.outbox import RolloutError
-from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
 from .conftest import ROOT, WORKER_ENV, make_run, rlfarm_cmd, run_cli, task_channel, task_specs
 
@@ -46,6 +45,7 @@ def _zeroed(state):
 
 
 # ---- signing, pure ---------------------------------------------------------------------------------
+
 
 def test_sign_and_verify_refuse_tampered_missing_and_other_secret():
     data = signing.canonical({"b": 1, "a": [1, 2.5, "x"]})
@@ -73,8 +73,17 @@ def test_secret_comes_from_the_environment_only(monkeypatch):
 
 
 def test_spec_signing():
-    spec = {"run": "r", "iteration": 3, "index": 1, "version": "latest", "steps": 64, "seed": 7,
-            "kind": "rollout", "epsilon": 0.05, "episodes": 0}
+    spec = {
+        "run": "r",
+        "iteration": 3,
+        "index": 1,
+        "version": "latest",
+        "steps": 64,
+        "seed": 7,
+        "kind": "rollout",
+        "epsilon": 0.05,
+        "episodes": 0,
+    }
     signed = signing.sign_spec(spec, SECRET)
     assert set(signed) == set(spec) | {"sig"} and spec == {k: v for k, v in signed.items() if k != "sig"}
     assert signing.verify_spec(signed, SECRET) == spec
@@ -138,6 +147,7 @@ def test_policy_blob_hmac_in_codec():
 
 # ---- env allowlist, in process ----------------------------------------------------------------------
 
+
 def test_untrusted_env_ids_need_a_registered_id_or_an_allowed_module(monkeypatch):
     MARKER.unlink(missing_ok=True)
     monkeypatch.delenv("RLFARM_ALLOWED_ENV_MODULES", raising=False)
@@ -145,7 +155,8 @@ def test_untrusted_env_ids_need_a_registered_id_or_an_allowed_module(monkeypatch
         make_env("tempfile:mkdtemp", trusted=False)
     assert str(err.value) == (
         "env 'tempfile:mkdtemp' is not allowed on this worker: not a registered gymnasium id, and module "
-        "'tempfile' is not in RLFARM_ALLOWED_ENV_MODULES (start the worker with --allow-env-module tempfile)")
+        "'tempfile' is not in RLFARM_ALLOWED_ENV_MODULES (start the worker with --allow-env-module tempfile)"
+    )
     with pytest.raises(EnvError, match="module 'tests.import_marker' is not in RLFARM_ALLOWED_ENV_MODULES"):
         make_vector_env("tests.import_marker:make", 2, trusted=False)
     assert "tests.import_marker" not in sys.modules and not MARKER.exists()  # refused before import
@@ -182,6 +193,7 @@ def test_env_module_and_the_environment_of_embedded_workers(monkeypatch):
 
 # ---- the policy store, real Redis --------------------------------------------------------------------
 
+
 @pytest.mark.farm
 def test_forged_policy_with_recomputed_sha256_is_refused_with_a_secret(redis_only, monkeypatch):
     monkeypatch.setenv("RLFARM_SECRET", SECRET)
@@ -196,8 +208,9 @@ def test_forged_policy_with_recomputed_sha256_is_refused_with_a_secret(redis_onl
     # the secret: once with no hmac, once keeping the genuine one.
     for meta in ({k: v for k, v in genuine.items() if k != "hmac"}, genuine):
         client.set("rlfarm:forged:policy:1", codec.encode_policy(_zeroed(state), meta))
-        with pytest.raises(PolicyCorrupt, match="policy version 1 is corrupt: policy blob (is not signed|has a "
-                                                "bad signature)"):
+        with pytest.raises(
+            PolicyCorrupt, match="policy version 1 is corrupt: policy blob (is not signed|has a bad signature)"
+        ):
             store.get(1)
     # Today's limit without a secret: the sha256 only detects accidents, so the forgery passes.
     forged, _ = PolicyStore(client, "forged", secret=None).get(1)
@@ -222,8 +235,10 @@ def test_a_blob_is_the_version_and_run_of_its_key(redis_only, monkeypatch):
     client.set("rlfarm:replayed:policy:1", client.get("rlfarm:replayed-other:policy:0"))
     with pytest.raises(PolicyCorrupt, match="version 1 belongs to run 'replayed-other'|stored as v1 but claims v0"):
         store.get(1)
-    client.set("rlfarm:replayed:policy:1", codec.encode_policy({"w": torch.zeros(2)},
-                                                               {"version": "1", "run": "replayed-other"}))
+    client.set(
+        "rlfarm:replayed:policy:1",
+        codec.encode_policy({"w": torch.zeros(2)}, {"version": "1", "run": "replayed-other"}),
+    )
     with pytest.raises(PolicyCorrupt, match="policy version 1 belongs to run 'replayed-other'"):
         store.get(1)
     assert store.get("latest")[1]["version"] == "2"
@@ -267,18 +282,24 @@ def test_worker_caches_a_policy_under_the_version_it_fetched(redis_only, monkeyp
 
 # ---- workers on the shared farm (no secret) -----------------------------------------------------------
 
+
 @pytest.mark.farm
 def test_worker_refuses_envs_that_are_not_allowed(farm):
     MARKER.unlink(missing_ok=True)
-    for run_id, env_id, module in [("evil-tempfile", "tempfile:mkdtemp", "tempfile"),
-                                   ("evil-import", "tests.import_marker:make", "tests.import_marker")]:
+    for run_id, env_id, module in [
+        ("evil-tempfile", "tempfile:mkdtemp", "tempfile"),
+        ("evil-import", "tests.import_marker:make", "tests.import_marker"),
+    ]:
         _, store = make_run(farm.redis_url, run_id)
         meta = store.run_meta()
         meta["config"]["env"]["id"] = env_id  # what anyone who can write to Redis could do
         store.set_run_meta(meta)
-        with pytest.raises(RolloutError, match=f"EnvError: env '{env_id}' is not allowed on this worker: not a "
-                                               f"registered gymnasium id, and module '{module}' is not in "
-                                               f"RLFARM_ALLOWED_ENV_MODULES"):
+        with pytest.raises(
+            RolloutError,
+            match=f"EnvError: env '{env_id}' is not allowed on this worker: not a "
+            f"registered gymnasium id, and module '{module}' is not in "
+            f"RLFARM_ALLOWED_ENV_MODULES",
+        ):
             task_channel(farm.redis_url, run_id).gather_group(task_specs(0, 1, 8))
     assert not MARKER.exists(), MARKER.read_text()  # the worker never imported the module
     make_run(farm.redis_url, "gym-id")  # CartPole-v1, registered with gymnasium: builds as before
@@ -287,20 +308,36 @@ def test_worker_refuses_envs_that_are_not_allowed(farm):
 
 # ---- a farm with RLFARM_SECRET, its worker started by `rlfarm worker --allow-env-module` ----------------
 
+
 class _CliWorkerCluster(LocalCluster):
     """Redis plus workers started as a user would, `rlfarm worker --allow-env-module tests.tiny_envs`."""
 
     def worker_command(self, concurrency: int, node: str) -> list[str]:
-        return [sys.executable, str(ROOT / "cli.py"), "worker", "--concurrency", str(concurrency),
-                "--hostname", node, "--loglevel", "WARNING", "--allow-env-module", "tests.tiny_envs"]
+        return [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "worker",
+            "--concurrency",
+            str(concurrency),
+            "--hostname",
+            node,
+            "--loglevel",
+            "WARNING",
+            "--allow-env-module",
+            "tests.tiny_envs",
+        ]
 
 
 @pytest.fixture(scope="module")
 def signed_farm(tmp_path_factory):
-    env = {"PYTHONPATH": WORKER_ENV["PYTHONPATH"], "RLFARM_SECRET": SECRET,
-           "RLFARM_ALLOWED_ENV_MODULES": ""}  # tests.tiny_envs comes from --allow-env-module alone
-    with _CliWorkerCluster(workers=1, name="rlfarm-test-signed", log_dir=tmp_path_factory.mktemp("signed"),
-                           extra_env=env) as cluster:
+    env = {
+        "PYTHONPATH": WORKER_ENV["PYTHONPATH"],
+        "RLFARM_SECRET": SECRET,
+        "RLFARM_ALLOWED_ENV_MODULES": "",
+    }  # tests.tiny_envs comes from --allow-env-module alone
+    with _CliWorkerCluster(
+        workers=1, name="rlfarm-test-signed", log_dir=tmp_path_factory.mktemp("signed"), extra_env=env
+    ) as cluster:
         yield cluster
 
 
@@ -311,10 +348,29 @@ def _cli(*args, secret=SECRET):
 @pytest.mark.farm
 def test_signed_farm_trains_and_refuses_a_forged_policy(signed_farm, tmp_path, monkeypatch):
     url = signed_farm.redis_url
-    result = _cli("train", "--redis", url, "--run-id", "signed", "--total-steps", "2048",
-                  "--logdir", str(tmp_path), "--set", "farm.num_tasks=2", "--set", "env.num_envs=1",
-                  "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=4",
-                  "--set", "eval.interval=1024", "--set", "eval.episodes=2")
+    result = _cli(
+        "train",
+        "--redis",
+        url,
+        "--run-id",
+        "signed",
+        "--total-steps",
+        "2048",
+        "--logdir",
+        str(tmp_path),
+        "--set",
+        "farm.num_tasks=2",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=512",
+        "--set",
+        "ppo.num_minibatches=4",
+        "--set",
+        "eval.interval=1024",
+        "--set",
+        "eval.episodes=2",
+    )
     assert result.returncode == 0, result.stderr
     client = connect(url)
     assert set(json.loads(client.get("rlfarm:signed:meta"))) == {"signed", "hmac"}
@@ -329,8 +385,10 @@ def test_signed_farm_trains_and_refuses_a_forged_policy(signed_farm, tmp_path, m
     assert _cli("checkpoints", "export", "--redis", url, "--run", "signed", "-o", str(out)).returncode == 0
     ev = _cli("eval", "--policy", str(out), "--episodes", "2")
     assert ev.returncode == 0 and f"CartPole-v1, policy v{latest}: mean return" in ev.stdout, ev.stderr
-    for args, secret in [(["--policy", str(out)], "another secret"),
-                         (["--run", "signed", "--redis", url], "another secret")]:
+    for args, secret in [
+        (["--policy", str(out)], "another secret"),
+        (["--run", "signed", "--redis", url], "another secret"),
+    ]:
         bad = _cli("eval", *args, "--episodes", "1", secret=secret)
         lines = [line for line in bad.stderr.splitlines() if line.strip()]
         assert bad.returncode == 1 and len(lines) == 1 and "bad signature" in lines[0], bad.stderr
@@ -340,8 +398,9 @@ def test_signed_farm_trains_and_refuses_a_forged_policy(signed_farm, tmp_path, m
     assert bad.returncode == 1 and bad.stderr.startswith("rlfarm: error: policy blob has a bad signature")
 
     # A forged next version: zeroed weights, sha256 recomputed, no valid hmac. Workers refuse it.
-    forged = codec.encode_policy(_zeroed(state), {"version": str(latest + 1), "algo": "ppo", "run": "signed",
-                                                  "created": "0"})
+    forged = codec.encode_policy(
+        _zeroed(state), {"version": str(latest + 1), "algo": "ppo", "run": "signed", "created": "0"}
+    )
     client.set(f"rlfarm:signed:policy:{latest + 1}", forged)
     client.zadd("rlfarm:signed:versions", {str(latest + 1): latest + 1})
     client.set("rlfarm:signed:policy:latest", latest + 1)
@@ -364,18 +423,26 @@ def test_allow_env_module_option_and_unsigned_meta_on_a_signed_farm(signed_farm,
     make_run(url, "signed-unsigned-meta")
     meta = store.run_meta()
     PolicyStore(connect(url), "signed-unsigned-meta", secret=None).set_run_meta(meta)
-    with pytest.raises(RolloutError, match="SignatureError: run 'signed-unsigned-meta': metadata in Redis is "
-                                           "not signed, but this farm signs its data"):
+    with pytest.raises(
+        RolloutError,
+        match="SignatureError: run 'signed-unsigned-meta': metadata in Redis is "
+        "not signed, but this farm signs its data",
+    ):
         task_channel(url, "signed-unsigned-meta").gather_group(task_specs(0, 1, 8))
 
 
 @pytest.mark.process
 def test_allow_env_module_rejects_what_is_not_a_module_name():
-    bad = subprocess.run(rlfarm_cmd("worker", "--allow-env-module", "../evil", "--redis", "redis://127.0.0.1:1/0"),
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        rlfarm_cmd("worker", "--allow-env-module", "../evil", "--redis", "redis://127.0.0.1:1/0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2
-    assert bad.stderr.strip() == ("rlfarm: error: --allow-env-module '../evil' is not a module name "
-                                  "(like mypkg or mypkg.envs)")
+    assert bad.stderr.strip() == (
+        "rlfarm: error: --allow-env-module '../evil' is not a module name (like mypkg or mypkg.envs)"
+    )
 
 
 @pytest.mark.process
@@ -386,13 +453,15 @@ def test_eval_treats_the_env_named_by_a_policy_file_as_untrusted(tmp_path):
     for env_id, module in [("tempfile:mkdtemp", "tempfile"), ("tests.import_marker:make", "tests.import_marker")]:
         path = tmp_path / f"{module}.safetensors"
         path.write_bytes(codec.encode_policy({"w": torch.zeros(2)}, {"version": "0", "algo": "ppo", "env": env_id}))
-        result = subprocess.run(rlfarm_cmd("eval", "--policy", str(path)), capture_output=True, text=True,
-                                env=env, timeout=300)
+        result = subprocess.run(
+            rlfarm_cmd("eval", "--policy", str(path)), capture_output=True, text=True, env=env, timeout=300
+        )
         assert result.returncode == 1
         assert result.stderr.strip() == (
             f"rlfarm: error: env '{env_id}' is not allowed here: not a registered gymnasium id, and module "
             f"'{module}' is not in RLFARM_ALLOWED_ENV_MODULES (pass --env {env_id} if you trust it, or set "
-            f"RLFARM_ALLOWED_ENV_MODULES={module})")
+            f"RLFARM_ALLOWED_ENV_MODULES={module})"
+        )
     assert not MARKER.exists()
 
 
@@ -400,8 +469,8 @@ def test_results_are_signed_and_a_forged_one_is_dropped(redis_only, monkeypatch)
     """With RLFARM_SECRET, a result pushed onto a run's list without it (poisoned training data) is
     dropped and counted; a signed one is taken; one signed for another run is dropped too."""
     from rlfarm.core import codec, signing
-    from rlfarm.farm.connection import connect
     from rlfarm.farm import keys
+    from rlfarm.farm.connection import connect
 
     secret = b"s3cret"
     monkeypatch.setenv("RLFARM_SECRET", secret.decode())

@@ -23,9 +23,11 @@ def space(**entries):
 
 def test_the_documented_space_parses_into_its_three_kinds(tmp_path):
     path = tmp_path / "space.toml"
-    path.write_text('[space]\n"ppo.learning_rate" = { low = 1e-4, high = 1e-2, log = true }\n'
-                    '"ppo.update_epochs" = { choices = [4, 10] }\n"ppo.clip_coef" = { low = 0.1, high = 0.3 }\n'
-                    '"farm.num_tasks" = { low = 2, high = 8, step = 2 }\n')
+    path.write_text(
+        '[space]\n"ppo.learning_rate" = { low = 1e-4, high = 1e-2, log = true }\n'
+        '"ppo.update_epochs" = { choices = [4, 10] }\n"ppo.clip_coef" = { low = 0.1, high = 0.3 }\n'
+        '"farm.num_tasks" = { low = 2, high = 8, step = 2 }\n'
+    )
     lr, epochs, clip, tasks = load_space(path, BASE)
     assert (lr.key, lr.log, lr.is_int) == ("ppo.learning_rate", True, False)
     assert epochs.choices == (4, 10) and not epochs.is_int
@@ -53,37 +55,47 @@ class FixedTrial:
 
 
 def test_a_trial_becomes_set_overrides_that_build_the_same_config():
-    params = space(**{"ppo.learning_rate": {"low": 1e-5, "high": 1e-2, "log": True},
-                      "ppo.update_epochs": {"choices": [4, 10]},
-                      "farm.num_tasks": {"low": 2, "high": 8, "step": 2},
-                      "ppo.clip_vloss": {"choices": [False, True]}})
+    params = space(
+        **{
+            "ppo.learning_rate": {"low": 1e-5, "high": 1e-2, "log": True},
+            "ppo.update_epochs": {"choices": [4, 10]},
+            "farm.num_tasks": {"low": 2, "high": 8, "step": 2},
+            "ppo.clip_vloss": {"choices": [False, True]},
+        }
+    )
     trial = FixedTrial()
     values = sample(params, trial)
-    assert trial.calls == [("float", "ppo.learning_rate", 1e-5, 1e-2, None, True),
-                           ("categorical", "ppo.update_epochs", [4, 10]),
-                           ("int", "farm.num_tasks", 2, 8, 2, False),
-                           ("categorical", "ppo.clip_vloss", [False, True])]
+    assert trial.calls == [
+        ("float", "ppo.learning_rate", 1e-5, 1e-2, None, True),
+        ("categorical", "ppo.update_epochs", [4, 10]),
+        ("int", "farm.num_tasks", 2, 8, 2, False),
+        ("categorical", "ppo.clip_vloss", [False, True]),
+    ]
     overrides = to_overrides(values)
-    assert overrides == ["ppo.learning_rate=1e-05", "ppo.update_epochs=10", "farm.num_tasks=2",
-                         "ppo.clip_vloss=true"]
+    assert overrides == ["ppo.learning_rate=1e-05", "ppo.update_epochs=10", "farm.num_tasks=2", "ppo.clip_vloss=true"]
     cfg = C.build("cartpole-ppo", overrides)
-    assert (cfg.ppo.learning_rate, cfg.ppo.update_epochs, cfg.farm.num_tasks, cfg.ppo.clip_vloss) == \
-        (1e-5, 10, 2, True)
+    assert (cfg.ppo.learning_rate, cfg.ppo.update_epochs, cfg.farm.num_tasks, cfg.ppo.clip_vloss) == (1e-5, 10, 2, True)
 
 
-@pytest.mark.parametrize("entries, message", [
-    ({"ppo.learnig_rate": {"low": 1e-4, "high": 1e-2}}, "unknown config key 'ppo.learnig_rate' (did you mean ppo.learning_rate?)"),
-    ({"ppo.learning_rate": {"low": 1e-2, "high": 1e-4}}, "bad range: low (0.01) must be below high (0.0001)"),
-    ({"ppo.learning_rate": {"low": 0, "high": 1e-2, "log": True}}, "a log range needs low > 0"),
-    ({"ppo.learning_rate": {"low": 1e-4}}, "a range needs both low and high"),
-    ({"ppo.update_epochs": {"choices": []}}, "choices must be a non-empty list"),
-    ({"ppo.update_epochs": {"choices": [4], "low": 1, "high": 3}}, "either choices or low/high"),
-    ({"ppo.update_epochs": {"low": 0, "high": 4}}, "ppo.update_epochs must be at least 1"),
-    ({"ppo.update_epochs": {"low": 1.5, "high": 4.0}}, "ppo.update_epochs: expected an integer, got 1.5"),
-    ({"ppo.update_epochs": {"low": 1, "high": 4, "step": 0.5}}, "needs an int step"),
-    ({"ppo.clip_coef": {"low": 0.1, "high": 0.3, "sigma": 1}}, "unknown field 'sigma'"),
-    ({"ppo.clip_coef": 0.2}, "expected a table"),
-])
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        (
+            {"ppo.learnig_rate": {"low": 1e-4, "high": 1e-2}},
+            "unknown config key 'ppo.learnig_rate' (did you mean ppo.learning_rate?)",
+        ),
+        ({"ppo.learning_rate": {"low": 1e-2, "high": 1e-4}}, "bad range: low (0.01) must be below high (0.0001)"),
+        ({"ppo.learning_rate": {"low": 0, "high": 1e-2, "log": True}}, "a log range needs low > 0"),
+        ({"ppo.learning_rate": {"low": 1e-4}}, "a range needs both low and high"),
+        ({"ppo.update_epochs": {"choices": []}}, "choices must be a non-empty list"),
+        ({"ppo.update_epochs": {"choices": [4], "low": 1, "high": 3}}, "either choices or low/high"),
+        ({"ppo.update_epochs": {"low": 0, "high": 4}}, "ppo.update_epochs must be at least 1"),
+        ({"ppo.update_epochs": {"low": 1.5, "high": 4.0}}, "ppo.update_epochs: expected an integer, got 1.5"),
+        ({"ppo.update_epochs": {"low": 1, "high": 4, "step": 0.5}}, "needs an int step"),
+        ({"ppo.clip_coef": {"low": 0.1, "high": 0.3, "sigma": 1}}, "unknown field 'sigma'"),
+        ({"ppo.clip_coef": 0.2}, "expected a table"),
+    ],
+)
 def test_bad_spaces_are_one_clear_error_naming_the_key(entries, message):
     with pytest.raises(C.ConfigError) as exc:
         space(**entries)
@@ -102,10 +114,16 @@ def test_env_id_is_searched_only_by_choices():
 
 
 def test_a_param_contains_only_the_points_of_its_dimension():
-    lr, epochs, tasks, clip, vloss, coef = space(**{
-        "ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}, "ppo.update_epochs": {"choices": [4, 10]},
-        "farm.num_tasks": {"low": 2, "high": 8, "step": 2}, "ppo.clip_coef": {"low": 0.1, "high": 0.3, "step": 0.05},
-        "ppo.clip_vloss": {"choices": [False, True]}, "ppo.ent_coef": {"low": 0, "high": 0.5}})
+    lr, epochs, tasks, clip, vloss, coef = space(
+        **{
+            "ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
+            "ppo.update_epochs": {"choices": [4, 10]},
+            "farm.num_tasks": {"low": 2, "high": 8, "step": 2},
+            "ppo.clip_coef": {"low": 0.1, "high": 0.3, "step": 0.05},
+            "ppo.clip_vloss": {"choices": [False, True]},
+            "ppo.ent_coef": {"low": 0, "high": 0.5},
+        }
+    )
     assert lr.contains(1e-4) and lr.contains(1e-2) and lr.contains(3e-3)
     assert not any(lr.contains(v) for v in (1e6, 0.0, -1e-3, float("nan"), float("inf"), "0.001", True, None))
     assert epochs.contains(4) and epochs.contains(10.0)  # TOML may give 10 back as 10.0: the same number
@@ -122,11 +140,15 @@ def test_optuna_samples_only_points_check_params_accepts():
     """Whatever Optuna's sampler draws from a space is a point of it (float steps included), so a
     sweep never refuses its own trial."""
     optuna = pytest.importorskip("optuna")
-    params = space(**{"ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
-                      "ppo.clip_coef": {"low": 0.1, "high": 0.3, "step": 0.05},
-                      "farm.num_tasks": {"low": 2, "high": 9, "step": 3},
-                      "ppo.vf_coef": {"low": 0.1, "high": 0.9, "step": 0.1},
-                      "ppo.update_epochs": {"choices": [4, 10]}})
+    params = space(
+        **{
+            "ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
+            "ppo.clip_coef": {"low": 0.1, "high": 0.3, "step": 0.05},
+            "farm.num_tasks": {"low": 2, "high": 9, "step": 3},
+            "ppo.vf_coef": {"low": 0.1, "high": 0.9, "step": 0.1},
+            "ppo.update_epochs": {"choices": [4, 10]},
+        }
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(300):
@@ -137,16 +159,23 @@ def test_optuna_samples_only_points_check_params_accepts():
 
 
 def test_check_params_names_the_first_key_and_value_not_in_the_space():
-    params = space(**{"ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
-                      "env.num_envs": {"low": 1, "high": 8}})
+    params = space(
+        **{"ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}, "env.num_envs": {"low": 1, "high": 8}}
+    )
     ok = {"ppo.learning_rate": 1e-3, "env.num_envs": 4}
     assert check_params(ok, params) is None
-    assert check_params({**ok, "env.num_envs": 100000}, params) == \
-        "env.num_envs = 100000 is not in the space (int in [1, 8])"
-    assert check_params({**ok, "ppo.learning_rate": 1e6}, params) == \
-        "ppo.learning_rate = 1000000.0 is not in the space (float in [0.0001, 0.01] log)"
-    assert check_params({**ok, "env.id": "tempfile:mkdtemp"}, params) == \
-        'env.id = "tempfile:mkdtemp" is not in the space (no such key in it)'
+    assert (
+        check_params({**ok, "env.num_envs": 100000}, params)
+        == "env.num_envs = 100000 is not in the space (int in [1, 8])"
+    )
+    assert (
+        check_params({**ok, "ppo.learning_rate": 1e6}, params)
+        == "ppo.learning_rate = 1000000.0 is not in the space (float in [0.0001, 0.01] log)"
+    )
+    assert (
+        check_params({**ok, "env.id": "tempfile:mkdtemp"}, params)
+        == 'env.id = "tempfile:mkdtemp" is not in the space (no such key in it)'
+    )
     assert check_params({"ppo.learning_rate": 1e-3}, params) == "env.num_envs has no value, but it is in the space"
     long = check_params({**ok, "env.num_envs": "x" * 10_000}, params)  # a forged value of any length: one short line
     assert len(long) < 200 and "\n" not in long and long.endswith("is not in the space (int in [1, 8])")
@@ -165,8 +194,15 @@ def test_a_space_file_missing_empty_or_not_toml_is_one_error(tmp_path):
 
 
 def test_a_preset_written_back_reads_as_the_same_config(tmp_path):
-    flat = {**BASE, "ppo.learning_rate": 1.2345e-4, "ppo.update_epochs": 10, "description": 'a "quoted" one',
-            "policy.hidden_sizes": (32, 32), "ppo.clip_vloss": True, "total_steps": 4096}
+    flat = {
+        **BASE,
+        "ppo.learning_rate": 1.2345e-4,
+        "ppo.update_epochs": 10,
+        "description": 'a "quoted" one',
+        "policy.hidden_sizes": (32, 32),
+        "ppo.clip_vloss": True,
+        "total_steps": 4096,
+    }
     path = tmp_path / "best.toml"
     path.write_text(preset_toml(flat, "header line\nsecond"))
     assert path.read_text().startswith("# header line\n# second\n")
@@ -174,15 +210,24 @@ def test_a_preset_written_back_reads_as_the_same_config(tmp_path):
     assert [tomllib.loads(f"v = {toml_value(v)}")["v"] for v in (1e-05, 3.0, 7, "x\\y")] == [1e-05, 3.0, 7, "x\\y"]
 
 
-@pytest.mark.parametrize("text, seeds", [("1-5", [1, 2, 3, 4, 5]), ("1,2,3", [1, 2, 3]),
-                                         ("3,1-2,3", [3, 1, 2]), (" 0 , 7 ", [0, 7])])
+@pytest.mark.parametrize(
+    "text, seeds", [("1-5", [1, 2, 3, 4, 5]), ("1,2,3", [1, 2, 3]), ("3,1-2,3", [3, 1, 2]), (" 0 , 7 ", [0, 7])]
+)
 def test_seeds_parse(text, seeds):
     assert parse_seeds(text) == seeds
 
 
-@pytest.mark.parametrize("text, message", [("5-1", "runs backwards"), ("a,b", "expected non-negative seeds"),
-                                           ("1,-2", "expected non-negative seeds"), ("", "expected"),
-                                           ("4", "at least two seeds"), ("1-2-3", "expected")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("5-1", "runs backwards"),
+        ("a,b", "expected non-negative seeds"),
+        ("1,-2", "expected non-negative seeds"),
+        ("", "expected"),
+        ("4", "at least two seeds"),
+        ("1-2-3", "expected"),
+    ],
+)
 def test_bad_seeds_are_refused(text, message):
     with pytest.raises(C.ConfigError, match=message):
         parse_seeds(text)
@@ -194,8 +239,8 @@ def test_bad_seeds_on_the_command_line_are_one_usage_line():
     result = CliRunner().invoke(main, ["train", "--seeds", "5-1"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "rlfarm: error: invalid value for '--seeds': the range 5-1 runs backwards (write 1-5) "
-        "(see main train --help)"]
+        "rlfarm: error: invalid value for '--seeds': the range 5-1 runs backwards (write 1-5) (see main train --help)"
+    ]
 
 
 def test_a_seed_trainer_gets_the_options_given_and_any_new_one_like_share():
@@ -204,9 +249,42 @@ def test_a_seed_trainer_gets_the_options_given_and_any_new_one_like_share():
     from rlfarm.cli.train import _SEEDS_OWN, _passed_through, train
 
     command = click.Command("train", params=[*train.params, click.Option(["--later"], type=float)])
-    ctx = command.make_context("train", ["--preset", "cartpole-ppo", "--set", "a=1", "--set", "b=2",
-                                         "--seeds", "1-3", "--run-id", "x", "--share", "0.5",
-                                         "--total-steps", "64", "--mode", "sync", "--later", "2"])
-    assert _passed_through(ctx, _SEEDS_OWN) == ["--preset", "cartpole-ppo", "--mode", "sync", "--set", "a=1",
-                                                "--set", "b=2", "--share", "0.5", "--total-steps", "64",
-                                                "--later", "2.0"]
+    ctx = command.make_context(
+        "train",
+        [
+            "--preset",
+            "cartpole-ppo",
+            "--set",
+            "a=1",
+            "--set",
+            "b=2",
+            "--seeds",
+            "1-3",
+            "--run-id",
+            "x",
+            "--share",
+            "0.5",
+            "--total-steps",
+            "64",
+            "--mode",
+            "sync",
+            "--later",
+            "2",
+        ],
+    )
+    assert _passed_through(ctx, _SEEDS_OWN) == [
+        "--preset",
+        "cartpole-ppo",
+        "--mode",
+        "sync",
+        "--set",
+        "a=1",
+        "--set",
+        "b=2",
+        "--share",
+        "0.5",
+        "--total-steps",
+        "64",
+        "--later",
+        "2.0",
+    ]

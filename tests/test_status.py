@@ -16,13 +16,22 @@ import jsonschema
 import pytest
 from rich.console import Console
 
+from rlfarm.commands.status import (
+    SCHEMA_FILE,
+    MemoryStatus,
+    RunStatus,
+    Share,
+    Snapshot,
+    parse_heartbeat,
+    parse_workers,
+    render,
+    to_json,
+)
 from rlfarm.core.protocol import TASK_QUEUE
-from rlfarm.local.cluster import LocalCluster
-from rlfarm.commands.status import (SCHEMA_FILE, MemoryStatus, RunStatus, Share, Snapshot, parse_heartbeat,
-                                  parse_workers, render, to_json)
 from rlfarm.farm import keys
 from rlfarm.farm.connection import connect
 from rlfarm.farm.runs import write_status
+from rlfarm.local.cluster import LocalCluster
 
 from .conftest import WORKER_ENV, error_line, make_run, pid_alive, rlfarm_cmd, run_cli, usage_error_line
 
@@ -41,34 +50,65 @@ def run_entry(snapshot: dict, run_id: str) -> dict:
     return entry
 
 
-HEARTBEAT = {"state": "running", "mode": "sync", "algo": "ppo", "env": "CartPole-v1", "env_steps": 12288,
-             "total_steps": 100000, "version": 3, "sps": "9876.5", "tasks_in_flight": 2,
-             "eval_mean_return": "327.40", "host": "trainer-host", "pid": 4242}
+HEARTBEAT = {
+    "state": "running",
+    "mode": "sync",
+    "algo": "ppo",
+    "env": "CartPole-v1",
+    "env_steps": 12288,
+    "total_steps": 100000,
+    "version": 3,
+    "sps": "9876.5",
+    "tasks_in_flight": 2,
+    "eval_mean_return": "327.40",
+    "host": "trainer-host",
+    "pid": 4242,
+}
 
 
 # ---- pure parts ----------------------------------------------------------------------------------
 def test_parsing_and_rendering_without_io():
-    hb = parse_heartbeat({"state": "running", "env_steps": "10", "eval_mean_return": "nan",
-                          "sps": "oops", "updated": "100.0"}, now=103.5)
+    hb = parse_heartbeat(
+        {"state": "running", "env_steps": "10", "eval_mean_return": "nan", "sps": "oops", "updated": "100.0"}, now=103.5
+    )
     assert (hb.state, hb.env_steps, hb.eval_mean_return, hb.sps, hb.age_s) == ("running", 10, None, None, 3.5)
     assert parse_heartbeat({}, now=0) is None
     assert parse_heartbeat({"state": "running", "slots_waiting": "0.125"}, now=0).slots_waiting == 0.125
-    workers = parse_workers({"b@h": {"pool": {"max-concurrency": 3, "processes": [7, 8, 9]},
-                                     "total": {"rlfarm.rollout": 5, "rlfarm.eval": 2}},
-                             "a@h": {"pool": {"max-concurrency": 4}}})
+    workers = parse_workers(
+        {
+            "b@h": {
+                "pool": {"max-concurrency": 3, "processes": [7, 8, 9]},
+                "total": {"rlfarm.rollout": 5, "rlfarm.eval": 2},
+            },
+            "a@h": {"pool": {"max-concurrency": 4}},
+        }
+    )
     assert [(w.name, w.processes, w.pids, w.tasks_done) for w in workers] == [
-        ("a@h", 4, [], 0), ("b@h", 3, [7, 8, 9], 7)]
+        ("a@h", 4, [], 0),
+        ("b@h", 3, [7, 8, 9], 7),
+    ]
     assert parse_workers(None) == []
 
-    empty = Snapshot(redis="redis://:***@h:1/0", taken=0.0, queue_depth=4,
-                     memory=MemoryStatus(2048, "2.00K", 1 << 20, "1.00M", "allkeys-lru"), workers=[], runs=[],
-                     source="the rlfarm up farm")
+    empty = Snapshot(
+        redis="redis://:***@h:1/0",
+        taken=0.0,
+        queue_depth=4,
+        memory=MemoryStatus(2048, "2.00K", 1 << 20, "1.00M", "allkeys-lru"),
+        workers=[],
+        runs=[],
+        source="the rlfarm up farm",
+    )
     console = Console(record=True, width=120)
     console.print(render(empty))
     text = console.export_text()
     assert text.splitlines()[0] == "farm: the rlfarm up farm, redis://:***@h:1/0"  # which farm it looked at
-    for expected in ("no worker answered", "no runs in this Redis", "4 task messages waiting",
-                     "2.00K of 1.00M (0.2 %)", "allkeys-lru"):
+    for expected in (
+        "no worker answered",
+        "no runs in this Redis",
+        "4 task messages waiting",
+        "2.00K of 1.00M (0.2 %)",
+        "allkeys-lru",
+    ):
         assert expected in text
     data = json.loads(to_json(empty))
     assert data["processes"] == 0 and data["farm"]["source"] == "the rlfarm up farm" and "source" not in data
@@ -77,11 +117,20 @@ def test_parsing_and_rendering_without_io():
 
 def test_a_run_that_ended_says_how_and_one_whose_trainer_vanished_says_so():
     def snapshot(*runs):
-        return Snapshot(redis="redis://h:1/0", taken=0.0, queue_depth=0, memory=MemoryStatus(0, "0B", 0, "0B", "noeviction"),
-                        workers=[], runs=list(runs), source="--redis")
+        return Snapshot(
+            redis="redis://h:1/0",
+            taken=0.0,
+            queue_depth=0,
+            memory=MemoryStatus(0, "0B", 0, "0B", "noeviction"),
+            workers=[],
+            runs=list(runs),
+            source="--redis",
+        )
 
-    ended = [RunStatus(run_id=f"run-{state}", heartbeat=parse_heartbeat({**HEARTBEAT, "state": state}, now=0))
-             for state in ("finished", "failed", "stopped")]
+    ended = [
+        RunStatus(run_id=f"run-{state}", heartbeat=parse_heartbeat({**HEARTBEAT, "state": state}, now=0))
+        for state in ("finished", "failed", "stopped")
+    ]
     console = Console(record=True, width=160)
     console.print(render(snapshot(*ended, RunStatus(run_id="run-vanished"))))
     text = console.export_text()
@@ -93,22 +142,57 @@ def test_a_run_that_ended_says_how_and_one_whose_trainer_vanished_says_so():
 def test_the_tables_fit_80_columns_with_their_values_whole():
     """rich shrank every column to fit (`runni…`, `celery@worker…`): now the least needed columns are
     left out instead, and what is shown is whole."""
-    workers = parse_workers({"celery@worker-host-1": {"pool": {"processes": [7123, 8123, 9123]},
-                                                      "total": {"rlfarm.rollout": 5},
-                                                      "rlfarm": {"protocol": 1, "version": "0.1.0"}}})
+    workers = parse_workers(
+        {
+            "celery@worker-host-1": {
+                "pool": {"processes": [7123, 8123, 9123]},
+                "total": {"rlfarm.rollout": 5},
+                "rlfarm": {"protocol": 1, "version": "0.1.0"},
+            }
+        }
+    )
     live = parse_heartbeat({**HEARTBEAT, "slots_waiting": "0.25", "updated": "90"}, now=100)
-    ended = parse_heartbeat({**HEARTBEAT, "state": "finished", "env_steps": 1_000_000, "total_steps": 1_000_000,
-                             "updated": "10"}, now=5000)
-    runs = [RunStatus("cartpole-v1-20261126-205851-be6a", "ppo", "sync", "CartPole-v1", 123, 0.0, 12.5, live,
-                      Share(1.0, 4, 3, 0.5, 6)),
-            RunStatus("halfcheetah-v4-20261126-205851-be6a", "sac", "async", "HalfCheetah-v4", 5, 0.0, 4000, ended),
-            RunStatus("run-vanished")]
-    snap = Snapshot(redis="redis://:***@127.0.0.1:6379/0", taken=0.0, queue_depth=4,
-                    memory=MemoryStatus(2048, "2.00K", 1 << 20, "1.00M", "allkeys-lru"), workers=workers, runs=runs,
-                    source="the rlfarm up farm")
-    whole = ["cartpole-v1-20261126-205851-be6a", "halfcheetah-v4-20261126-205851-be6a", "run-vanished",
-             "running", "finished", "12.2k/100k", "1M/1M", "327.4", "no trainer heartbeat (killed?)",
-             "celery@worker-host-1", "9.87k SPS", "10s ago"]
+    ended = parse_heartbeat(
+        {**HEARTBEAT, "state": "finished", "env_steps": 1_000_000, "total_steps": 1_000_000, "updated": "10"}, now=5000
+    )
+    runs = [
+        RunStatus(
+            "cartpole-v1-20261126-205851-be6a",
+            "ppo",
+            "sync",
+            "CartPole-v1",
+            123,
+            0.0,
+            12.5,
+            live,
+            Share(1.0, 4, 3, 0.5, 6),
+        ),
+        RunStatus("halfcheetah-v4-20261126-205851-be6a", "sac", "async", "HalfCheetah-v4", 5, 0.0, 4000, ended),
+        RunStatus("run-vanished"),
+    ]
+    snap = Snapshot(
+        redis="redis://:***@127.0.0.1:6379/0",
+        taken=0.0,
+        queue_depth=4,
+        memory=MemoryStatus(2048, "2.00K", 1 << 20, "1.00M", "allkeys-lru"),
+        workers=workers,
+        runs=runs,
+        source="the rlfarm up farm",
+    )
+    whole = [
+        "cartpole-v1-20261126-205851-be6a",
+        "halfcheetah-v4-20261126-205851-be6a",
+        "run-vanished",
+        "running",
+        "finished",
+        "12.2k/100k",
+        "1M/1M",
+        "327.4",
+        "no trainer heartbeat (killed?)",
+        "celery@worker-host-1",
+        "9.87k SPS",
+        "10s ago",
+    ]
     for width in (80, 200):
         console = Console(record=True, width=width)
         console.print(render(snap))
@@ -116,8 +200,16 @@ def test_the_tables_fit_80_columns_with_their_values_whole():
         assert "…" not in text and max(len(line.rstrip()) for line in text.splitlines()) <= width, text
         for expected in whole:
             assert expected in text, (width, expected, text)
-    for expected in ("trainer-host", "pid 4242", "weight 1, cap 3 of 6", "50% of slots (1 min)", "25% idle",
-                     "v123", "7123 8123 9123", "0.1.0, protocol 1"):
+    for expected in (
+        "trainer-host",
+        "pid 4242",
+        "weight 1, cap 3 of 6",
+        "50% of slots (1 min)",
+        "25% idle",
+        "v123",
+        "7123 8123 9123",
+        "0.1.0, protocol 1",
+    ):
         assert expected in text, expected  # at 200 columns every column is there
 
 
@@ -134,8 +226,7 @@ def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
     assert (live["latest_version"], live["algo"], live["mode"], live["env"]) == (2, "ppo", "sync", "CartPole-v1")
     assert 0 <= live["policy_age_s"] < 3600 and live["policy_created"] <= snap["taken"]
     hb = live["heartbeat"]
-    assert {k: hb[k] for k in HEARTBEAT} == {
-        **HEARTBEAT, "sps": 9876.5, "eval_mean_return": 327.4}
+    assert {k: hb[k] for k in HEARTBEAT} == {**HEARTBEAT, "sps": 9876.5, "eval_mean_return": 327.4}
     assert 0 <= hb["age_s"] < 3600
     assert run_entry(snap, "status-no-hb")["heartbeat"] is None
     assert run_entry(snap, "status-no-hb")["latest_version"] == 0
@@ -153,9 +244,20 @@ def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
     assert table.returncode == 0, table.stderr
     out = table.stdout
     assert out.splitlines()[0] == f"farm: --redis, {farm.redis_url}"
-    for expected in ("status-live-hb", "status-no-hb", "no trainer heartbeat", "running",
-                     "12.2k/100k", "9.87k SPS", "327.4", "trainer-host", "pid 4242",
-                     "worker(s) online", "task messages waiting", "Redis memory"):
+    for expected in (
+        "status-live-hb",
+        "status-no-hb",
+        "no trainer heartbeat",
+        "running",
+        "12.2k/100k",
+        "9.87k SPS",
+        "327.4",
+        "trainer-host",
+        "pid 4242",
+        "worker(s) online",
+        "task messages waiting",
+        "Redis memory",
+    ):
         assert expected in out, expected
 
 
@@ -163,9 +265,27 @@ def test_json_and_table_report_runs_heartbeat_workers_queue_memory(farm):
 def test_a_run_that_failed_says_failed_for_good(farm, tmp_path):
     """A finished and a crashed run both showed "no trainer heartbeat": the trainer's last word is kept
     without expiry (a finished one: test_status_follows_a_live_training_run)."""
-    result = run_cli("train", "--redis", farm.redis_url, "--run-id", "status-crashed", "--logdir", str(tmp_path),
-                     "--env", "tests.tiny_envs:crashing", "--set", "env.num_envs=1", "--set", "farm.num_tasks=1",
-                     "--set", "farm.steps_per_env=64", "--set", "ppo.num_minibatches=1", "--total-steps", "128")
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        "status-crashed",
+        "--logdir",
+        str(tmp_path),
+        "--env",
+        "tests.tiny_envs:crashing",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.num_tasks=1",
+        "--set",
+        "farm.steps_per_env=64",
+        "--set",
+        "ppo.num_minibatches=1",
+        "--total-steps",
+        "128",
+    )
     assert result.returncode == 1 and "the simulator crashed" in error_line(result), result.stderr[-3000:]
     hb = run_entry(status_json(farm.redis_url), "status-crashed")["heartbeat"]
     assert hb is not None and hb["state"] == "failed"
@@ -173,7 +293,7 @@ def test_a_run_that_failed_says_failed_for_good(farm, tmp_path):
     table = run_cli("status", "--redis", farm.redis_url, env={"COLUMNS": "80"}).stdout
     lines = table.splitlines()
     start = next(i for i, line in enumerate(lines) if "status-crashed" in line)
-    row = lines[start:next(i for i in range(start, len(lines) + 1) if i == len(lines) or not lines[i].strip())]
+    row = lines[start : next(i for i in range(start, len(lines) + 1) if i == len(lines) or not lines[i].strip())]
     assert "failed" in row[0] and "no trainer heartbeat" not in "\n".join(row), table
 
 
@@ -208,6 +328,7 @@ def test_watch_refreshes_until_ctrl_c(farm, output):
                 return os.read(master, 65536)
             except OSError:  # EIO: the terminal's other side is closed
                 return b""
+
     try:
         seen = read_until_frames(read, 2)
         assert proc.poll() is None, proc.stderr.read().decode()
@@ -268,13 +389,25 @@ def test_password_is_never_shown(tmp_path):
 def test_status_follows_a_live_training_run(tmp_path):
     """The trainer starts with no worker online, so its tasks wait in the queue: status sees a running
     heartbeat and the queued tasks, deterministically. A worker then joins and the run finishes."""
-    with LocalCluster(workers=0, name="rlfarm-test-status-live", log_dir=tmp_path,
-                      extra_env=WORKER_ENV) as cluster:
+    with LocalCluster(workers=0, name="rlfarm-test-status-live", log_dir=tmp_path, extra_env=WORKER_ENV) as cluster:
         url = cluster.redis_url
         train = subprocess.Popen(
-            rlfarm_cmd("train", "--redis", url, "--run-id", "status-train", "--total-steps", "8192",
-                       "--logdir", str(tmp_path / "runs")),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **WORKER_ENV})
+            rlfarm_cmd(
+                "train",
+                "--redis",
+                url,
+                "--run-id",
+                "status-train",
+                "--total-steps",
+                "8192",
+                "--logdir",
+                str(tmp_path / "runs"),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **WORKER_ENV},
+        )
         try:
             deadline = time.monotonic() + 600  # generous: only a broken trainer gets near it
             while True:
@@ -310,13 +443,25 @@ def test_runs_with_a_live_trainer_then_the_newest_come_first():
 
     def run(name, created, state=None, updated=None):
         hb = parse_heartbeat({"state": state, "updated": str(updated)}, now=2000.0) if state else None
-        return RunStatus(run_id=name, algo="ppo", mode="sync", env="CartPole-v1", latest_version=1,
-                         policy_created=created, policy_age_s=None, heartbeat=hb)
+        return RunStatus(
+            run_id=name,
+            algo="ppo",
+            mode="sync",
+            env="CartPole-v1",
+            latest_version=1,
+            policy_created=created,
+            policy_age_s=None,
+            heartbeat=hb,
+        )
 
-    runs = [run("old", 100.0), run("never-published", None), run("live", 50.0, "running", 1990.0),
-            run("finished", 500.0, "finished", 600.0), run("new", 900.0)]
-    assert [r.run_id for r in most_recent_first(runs)] == ["live", "new", "finished", "old",
-                                                            "never-published"]
+    runs = [
+        run("old", 100.0),
+        run("never-published", None),
+        run("live", 50.0, "running", 1990.0),
+        run("finished", 500.0, "finished", 600.0),
+        run("new", 900.0),
+    ]
+    assert [r.run_id for r in most_recent_first(runs)] == ["live", "new", "finished", "old", "never-published"]
 
 
 def test_the_broadcast_expects_the_registered_workers_only():

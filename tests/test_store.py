@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from rlfarm.worker.cache import PolicyCache
 from rlfarm.farm.connection import connect, redact
 from rlfarm.farm.runs import list_runs
 from rlfarm.farm.store import PolicyCorrupt, PolicyNotFound, PolicyStore, PolicyTrimmed, RunNotFound
+from rlfarm.worker.cache import PolicyCache
 
 pytestmark = pytest.mark.farm
 

@@ -13,9 +13,22 @@ from .tiny_envs import LongEnv
 
 pytestmark = pytest.mark.farm
 
-LONG = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:long_episodes", "--set", "env.num_envs=2",
-        "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=64", "--set", "ppo.num_minibatches=2",
-        "--set", "policy.hidden_sizes=[16]"]
+LONG = [
+    "--preset",
+    "cartpole-ppo",
+    "--env",
+    "tests.tiny_envs:long_episodes",
+    "--set",
+    "env.num_envs=2",
+    "--set",
+    "farm.num_tasks=2",
+    "--set",
+    "farm.steps_per_env=64",
+    "--set",
+    "ppo.num_minibatches=2",
+    "--set",
+    "policy.hidden_sizes=[16]",
+]
 
 
 def assert_whole_episodes(run_dir, streams: int) -> list[dict]:
@@ -31,8 +44,20 @@ def assert_whole_episodes(run_dir, streams: int) -> list[dict]:
 
 def test_episodes_longer_than_a_task_are_reported_once_whole_in_continue_mode(farm, tmp_path):
     """1,000-step episodes, 64-step tasks: each episode spans 16 tasks of its stream."""
-    r = run_cli("train", "--redis", farm.redis_url, *LONG, "--set", "farm.episodes=continue",
-                "--total-steps", "12288", "--run-id", "continue", "--logdir", str(tmp_path))
+    r = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        *LONG,
+        "--set",
+        "farm.episodes=continue",
+        "--total-steps",
+        "12288",
+        "--run-id",
+        "continue",
+        "--logdir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     # the farm fixture: 2 pool processes x 2 sub-envs
     episodes = assert_whole_episodes(tmp_path / "continue", streams=4)
@@ -42,8 +67,18 @@ def test_episodes_longer_than_a_task_are_reported_once_whole_in_continue_mode(fa
 def test_fresh_mode_never_reaches_the_end_of_an_episode_longer_than_a_task(farm, tmp_path):
     """The documented trade-off: "fresh" tasks restart their episodes, so a 64-step task never sees
     step 65 of a 1,000-step episode, and nothing is reported."""
-    r = run_cli("train", "--redis", farm.redis_url, *LONG, "--total-steps", "4096", "--run-id", "fresh",
-                "--logdir", str(tmp_path))
+    r = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        *LONG,
+        "--total-steps",
+        "4096",
+        "--run-id",
+        "fresh",
+        "--logdir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert read_csv(tmp_path / "fresh" / "episodes.csv") == []
     assert read_summary(tmp_path / "fresh")["env_steps"] == 4096
@@ -53,8 +88,16 @@ def test_continue_mode_on_an_env_whose_state_cannot_be_saved_is_one_error_line(t
     """Refused before anything starts, naming the attribute and the two ways out."""
     from .conftest import one_error_line
 
-    r = run_cli("train", "--env", "tests.tiny_envs:opaque", "--set", "farm.episodes=continue",
-                "--logdir", str(tmp_path), env=WORKER_ENV)
+    r = run_cli(
+        "train",
+        "--env",
+        "tests.tiny_envs:opaque",
+        "--set",
+        "farm.episodes=continue",
+        "--logdir",
+        str(tmp_path),
+        env=WORKER_ENV,
+    )
     assert r.returncode == 2
     line = one_error_line(r.stderr)
     assert "OpaqueEnv.sim" in line and "rlfarm_snapshot()" in line and 'farm.episodes = "fresh"' in line
@@ -70,8 +113,14 @@ def test_a_bad_episodes_mode_is_one_error_line(tmp_path):
 
 
 # ---- the run's streams, whatever the farm ---------------------------------------------------------
-LONG_RUN = ["env.id=tests.tiny_envs:long_episodes", "farm.episodes=continue", "env.num_envs=2",
-            "farm.num_tasks=2", "farm.steps_per_env=64", "policy.hidden_sizes=[16]"]
+LONG_RUN = [
+    "env.id=tests.tiny_envs:long_episodes",
+    "farm.episodes=continue",
+    "env.num_envs=2",
+    "farm.num_tasks=2",
+    "farm.steps_per_env=64",
+    "policy.hidden_sizes=[16]",
+]
 
 
 def _iterations(redis_url: str, run_id: str, count: int, book=None, first: int = 0):
@@ -99,8 +148,9 @@ def test_a_sync_batch_holds_num_tasks_x_num_envs_distinct_streams_whatever_the_p
     both tasks of an iteration on its one stream: task 1 went on from where task 0 stopped."""
     from rlfarm.local.cluster import LocalCluster
 
-    with LocalCluster(workers=processes, name=f"rlfarm-test-streams-{processes}", log_dir=tmp_path,
-                      extra_env=WORKER_ENV) as farm:
+    with LocalCluster(
+        workers=processes, name=f"rlfarm-test-streams-{processes}", log_dir=tmp_path, extra_env=WORKER_ENV
+    ) as farm:
         make_run(farm.redis_url, "distinct", LONG_RUN)
         workers = set()
         # At least 5 iterations, more (up to 14, within LongEnv's 1,000-step episode) until every

@@ -21,8 +21,10 @@ from .conftest import WORKER_ENV, pid_alive, poll, read_csv, read_summary, rlfar
 # Tiny CartPole PPO runs: 512 env steps per iteration, a greedy evaluation of 4 episodes every 1024.
 TINY = ["--set", "farm.steps_per_env=64", "--set", "eval.interval=1024", "--set", "eval.episodes=4"]
 SHORT, LONG = 2048, 40960  # a short trial ends before the pruner's warmup; a long one is pruned past it
-SPACE = ('[space]\n"total_steps" = { choices = [%d, %d] }\n'
-         '"ppo.learning_rate" = { low = 1e-3, high = 1e-2, log = true }\n' % (SHORT, LONG))
+SPACE = (
+    '[space]\n"total_steps" = { choices = [%d, %d] }\n'
+    '"ppo.learning_rate" = { low = 1e-3, high = 1e-2, log = true }\n' % (SHORT, LONG)
+)
 
 
 def optuna():
@@ -47,8 +49,11 @@ def trainers_of(run_prefix: str) -> list[int]:
             args = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"--run-id" in args and args[args.index(b"--run-id") + 1].decode().startswith(run_prefix) \
-                and pid_alive(int(entry)):
+        if (
+            b"--run-id" in args
+            and args[args.index(b"--run-id") + 1].decode().startswith(run_prefix)
+            and pid_alive(int(entry))
+        ):
             pids.append(int(entry))
     return pids
 
@@ -63,14 +68,39 @@ def test_sweep_prunes_long_trials_completes_short_ones_and_best_toml_trains(farm
     their evaluation at step 3072 (CartPole returns are at most 500, below 1000); the 2048-step trials
     never reach the warmup and COMPLETE. Deterministic whatever the timing: points are checked in order."""
     name = "sw-prune"
-    enqueued_study(farm.redis_url, name, [{"total_steps": LONG, "ppo.learning_rate": 3e-3},
-                                          {"total_steps": SHORT, "ppo.learning_rate": 3e-3},
-                                          {"total_steps": LONG, "ppo.learning_rate": 5e-3},
-                                          {"total_steps": SHORT, "ppo.learning_rate": 1e-3}])
+    enqueued_study(
+        farm.redis_url,
+        name,
+        [
+            {"total_steps": LONG, "ppo.learning_rate": 3e-3},
+            {"total_steps": SHORT, "ppo.learning_rate": 3e-3},
+            {"total_steps": LONG, "ppo.learning_rate": 5e-3},
+            {"total_steps": SHORT, "ppo.learning_rate": 1e-3},
+        ],
+    )
     (tmp_path / "space.toml").write_text(SPACE)
-    result = run_cli("sweep", "--resume", name, "--redis", farm.redis_url, "--space", str(tmp_path / "space.toml"),
-                     "--trials", "4", "--parallel", "2", "--pruner", "threshold", "--prune-below", "1000",
-                     "--prune-warmup", "3000", *TINY, "--logdir", str(tmp_path))
+    result = run_cli(
+        "sweep",
+        "--resume",
+        name,
+        "--redis",
+        farm.redis_url,
+        "--space",
+        str(tmp_path / "space.toml"),
+        "--trials",
+        "4",
+        "--parallel",
+        "2",
+        "--pruner",
+        "threshold",
+        "--prune-below",
+        "1000",
+        "--prune-warmup",
+        "3000",
+        *TINY,
+        "--logdir",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     sweep_dir = tmp_path / name
     trials = states(sweep_dir)
@@ -93,8 +123,19 @@ def test_sweep_prunes_long_trials_completes_short_ones_and_best_toml_trains(farm
     assert cfg.total_steps == SHORT and cfg.ppo.learning_rate == float(trials[best_n]["ppo.learning_rate"])
     assert cfg.farm.steps_per_env == 64 and cfg.eval.interval == 1024  # the sweep's --set are in it
     assert trainers_of(f"{name}-t") == []  # every trainer is gone, the pruned ones too
-    again = run_cli("train", "--preset", str(best), "--redis", farm.redis_url, "--total-steps", "512",
-                    "--run-id", "from-best", "--logdir", str(tmp_path))
+    again = run_cli(
+        "train",
+        "--preset",
+        str(best),
+        "--redis",
+        farm.redis_url,
+        "--total-steps",
+        "512",
+        "--run-id",
+        "from-best",
+        "--logdir",
+        str(tmp_path),
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert read_summary(tmp_path / "from-best")["env_steps"] == 512
 
@@ -102,20 +143,49 @@ def test_sweep_prunes_long_trials_completes_short_ones_and_best_toml_trains(farm
 @pytest.mark.fault
 def test_a_trial_whose_trainer_is_sigkilled_fails_and_the_sweep_finishes_the_others(farm, tmp_path):
     name = "sw-kill"
-    enqueued_study(farm.redis_url, name, [{"total_steps": LONG, "ppo.learning_rate": 3e-3},
-                                          {"total_steps": SHORT, "ppo.learning_rate": 3e-3},
-                                          {"total_steps": SHORT, "ppo.learning_rate": 5e-3}])
+    enqueued_study(
+        farm.redis_url,
+        name,
+        [
+            {"total_steps": LONG, "ppo.learning_rate": 3e-3},
+            {"total_steps": SHORT, "ppo.learning_rate": 3e-3},
+            {"total_steps": SHORT, "ppo.learning_rate": 5e-3},
+        ],
+    )
     (tmp_path / "space.toml").write_text(SPACE)
     log = tmp_path / "sweep.log"
     with open(log, "w") as out:
-        sweep = subprocess.Popen(rlfarm_cmd("sweep", "--resume", name, "--redis", farm.redis_url, "--space",
-                                            str(tmp_path / "space.toml"), "--trials", "3", "--parallel", "2",
-                                            "--pruner", "none", *TINY, "--logdir", str(tmp_path)),
-                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **WORKER_ENV})
+        sweep = subprocess.Popen(
+            rlfarm_cmd(
+                "sweep",
+                "--resume",
+                name,
+                "--redis",
+                farm.redis_url,
+                "--space",
+                str(tmp_path / "space.toml"),
+                "--trials",
+                "3",
+                "--parallel",
+                "2",
+                "--pruner",
+                "none",
+                *TINY,
+                "--logdir",
+                str(tmp_path),
+            ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **WORKER_ENV},
+        )
     try:
         victim = tmp_path / name / f"{name}-t0"
-        poll(lambda: (victim / "evals.csv").is_file() and len(read_csv(victim / "evals.csv")) >= 1,
-             "trial 0 evaluated once", sweep, log)
+        poll(
+            lambda: (victim / "evals.csv").is_file() and len(read_csv(victim / "evals.csv")) >= 1,
+            "trial 0 evaluated once",
+            sweep,
+            log,
+        )
         [pid] = trainers_of(f"{name}-t0")
         os.kill(pid, signal.SIGKILL)
         assert sweep.wait(timeout=600) == 1, log.read_text()[-3000:]
@@ -132,8 +202,9 @@ def test_a_trial_whose_trainer_is_sigkilled_fails_and_the_sweep_finishes_the_oth
 
 @pytest.mark.farm
 def test_seeds_train_two_runs_on_one_embedded_farm_with_mean_and_std(tmp_path):
-    result = run_cli("train", "--seeds", "1,2", "--total-steps", "2048", *TINY, "--run-id", "tiny",
-                     "--logdir", str(tmp_path))
+    result = run_cli(
+        "train", "--seeds", "1,2", "--total-steps", "2048", *TINY, "--run-id", "tiny", "--logdir", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "tiny-seeds" / "summary.json").read_text())
     assert summary["seeds"] == [1, 2] and summary["failed"] == []
@@ -155,9 +226,22 @@ def test_seeds_with_parallel_1_train_one_after_another(tmp_path):
     and end times in summary.json show (the end is when the parent saw the exit, so no overlap is real).
     The preset as shipped (no --set eval.*): no evaluation comes due in 512 steps, but each run evaluates
     its final policy, so the table's best and final greedy evaluation columns are filled."""
-    result = run_cli("train", "--seeds", "1-3", "--parallel", "1", "--total-steps", "512",
-                     "--set", "farm.steps_per_env=64", "--run-id", "wave", "--logdir", str(tmp_path),
-                     env={"COLUMNS": "200"})
+    result = run_cli(
+        "train",
+        "--seeds",
+        "1-3",
+        "--parallel",
+        "1",
+        "--total-steps",
+        "512",
+        "--set",
+        "farm.steps_per_env=64",
+        "--run-id",
+        "wave",
+        "--logdir",
+        str(tmp_path),
+        env={"COLUMNS": "200"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "training 3 seeds (1-3) 1 at a time" in result.stderr
     summary = json.loads((tmp_path / "wave-seeds" / "summary.json").read_text())
@@ -196,11 +280,13 @@ def test_sweep_refuses_bad_input_in_one_line_before_anything_starts(tmp_path, mo
     assert "--resume needs --redis URL" in error("--space", str(space), "--resume", "s")
     assert "--pruner threshold needs --prune-below" in error("--space", str(space), "--pruner", "threshold")
     space.write_text('[space]\n"ppo.clip_coef" = { low = 0.1, high = 0.3 }\n')
-    assert "--metric eval needs greedy evaluations" in error("--space", str(space), "--metric", "eval",
-                                                             "--set", "eval.interval=0")
+    assert "--metric eval needs greedy evaluations" in error(
+        "--space", str(space), "--metric", "eval", "--set", "eval.interval=0"
+    )
     monkeypatch.setitem(__import__("sys").modules, "optuna", None)  # as if not installed
-    assert error("--space", str(space)) == ("rlfarm: error: rlfarm sweep needs Optuna, which is not installed: "
-                                            "pip install 'rlfarm[sweep]'")
+    assert error("--space", str(space)) == (
+        "rlfarm: error: rlfarm sweep needs Optuna, which is not installed: pip install 'rlfarm[sweep]'"
+    )
 
 
 def test_optuna_dashboard_opens_a_sweeps_study_by_the_farms_redis_url(redis_only, tmp_path):
@@ -221,9 +307,13 @@ def test_optuna_dashboard_opens_a_sweeps_study_by_the_farms_redis_url(redis_only
     port = free_port()
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     log = tmp_path / "dashboard.log"
-    proc = subprocess.Popen([exe, redis_only.redis_url, "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [exe, redis_only.redis_url, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     try:
+
         def studies():
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as r:
@@ -269,12 +359,15 @@ class Points:
         return new
 
 
-@pytest.mark.parametrize("points, code, total, state", [
-    ([(1024, 5.0), (2048, 9.0)], None, 2048, "PRUNED"),   # below the threshold mid-run: pruned at 1024
-    ([(2048, 9.0)], None, 2048, "RUNNING"),                # its report at the run's total steps never prunes
-    ([(2048, 9.0), (2048, 9.5)], 0, 4096, "COMPLETE"),     # an exited run's last point (target reached)
-    ([(2048, 9.0), (3072, 8.0)], 0, 4096, "PRUNED"),       # ... but not an earlier one
-])
+@pytest.mark.parametrize(
+    "points, code, total, state",
+    [
+        ([(1024, 5.0), (2048, 9.0)], None, 2048, "PRUNED"),  # below the threshold mid-run: pruned at 1024
+        ([(2048, 9.0)], None, 2048, "RUNNING"),  # its report at the run's total steps never prunes
+        ([(2048, 9.0), (2048, 9.5)], 0, 4096, "COMPLETE"),  # an exited run's last point (target reached)
+        ([(2048, 9.0), (3072, 8.0)], 0, 4096, "PRUNED"),  # ... but not an earlier one
+    ],
+)
 def test_a_point_at_the_runs_end_never_prunes_its_trial(tmp_path, points, code, total, state):
     """Before, a trial whose report at its final step fell below the threshold was PRUNED although its
     run had finished; now the run's end (total steps, or the last point once the trainer exited 0)

@@ -16,10 +16,13 @@ from rlfarm.config.space import parse_space
 from .conftest import read_csv, run_cli
 
 BASE = C.load_preset("cartpole-ppo")
-SPACE_TOML = ('[space]\n"ppo.learning_rate" = { low = 1e-4, high = 1e-2, log = true }\n'
-              '"env.num_envs" = { low = 2, high = 8 }\n')
-SPACE = parse_space({"space": {"ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
-                               "env.num_envs": {"low": 2, "high": 8}}}, BASE)
+SPACE_TOML = (
+    '[space]\n"ppo.learning_rate" = { low = 1e-4, high = 1e-2, log = true }\n"env.num_envs" = { low = 2, high = 8 }\n'
+)
+SPACE = parse_space(
+    {"space": {"ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}, "env.num_envs": {"low": 2, "high": 8}}},
+    BASE,
+)
 SECRET = b"the sweep's secret"
 
 
@@ -54,11 +57,20 @@ def forge(redis_url: str, name: str, params: dict, value: float = 1e9, user_attr
     from rlfarm.tune.study import storage
 
     module = optuna()
-    kinds = {str: lambda v: CategoricalDistribution([v]), int: lambda v: IntDistribution(0, max(v, 1)),
-             float: lambda v: FloatDistribution(0.0, max(v, 1.0))}
+    kinds = {
+        str: lambda v: CategoricalDistribution([v]),
+        int: lambda v: IntDistribution(0, max(v, 1)),
+        float: lambda v: FloatDistribution(0.0, max(v, 1.0)),
+    }
     study = module.load_study(study_name=name, storage=storage(redis_url))
-    study.add_trial(module.trial.create_trial(params=params, value=value, user_attrs=user_attrs or {},
-                                              distributions={k: kinds[type(v)](v) for k, v in params.items()}))
+    study.add_trial(
+        module.trial.create_trial(
+            params=params,
+            value=value,
+            user_attrs=user_attrs or {},
+            distributions={k: kinds[type(v)](v) for k, v in params.items()},
+        )
+    )
 
 
 def reread(redis_url: str, name: str):
@@ -85,7 +97,8 @@ def test_write_best_skips_appended_trials_outside_the_space_and_writes_the_legit
         (3, 'env.id = "tempfile:mkdtemp" is not in the space (no such key in it)'),
         (4, "env.num_envs = 100000 is not in the space (int in [2, 8])"),
         (5, "ppo.learning_rate = 1000000.0 is not in the space (float in [0.0001, 0.01] log)"),
-        (6, "env.num_envs has no value, but it is in the space")]
+        (6, "env.num_envs has no value, but it is in the space"),
+    ]
     text = (tmp_path / "best.toml").read_text()
     assert "tempfile" not in text and "1e9" not in text and "1000000000" not in text
     cfg = C.build(str(tmp_path / "best.toml"))
@@ -117,12 +130,22 @@ def test_with_a_secret_an_unsigned_trial_inside_the_space_is_never_best(redis_on
     best, skipped = write_best(study, BASE, "eval", tmp_path / "best.toml", SPACE, SECRET)
     assert (best.number, best.value) == (1, 150.0)
     assert [(t.number, why) for t, why in skipped] == [
-        (2, f"trial 2 of sweep {name!r} is not signed, but this farm signs its data "
-         f"(RLFARM_SECRET, or the secret the embedded farm made): refusing it"),
-        (3, f"trial 3 of sweep {name!r} has a bad signature (forged, or signed with another RLFARM_SECRET): "
-            f"refusing it"),
-        (4, f"trial 4 of sweep {name!r} has a bad signature (forged, or signed with another RLFARM_SECRET): "
-            f"refusing it")]
+        (
+            2,
+            f"trial 2 of sweep {name!r} is not signed, but this farm signs its data "
+            f"(RLFARM_SECRET, or the secret the embedded farm made): refusing it",
+        ),
+        (
+            3,
+            f"trial 3 of sweep {name!r} has a bad signature (forged, or signed with another RLFARM_SECRET): "
+            f"refusing it",
+        ),
+        (
+            4,
+            f"trial 4 of sweep {name!r} has a bad signature (forged, or signed with another RLFARM_SECRET): "
+            f"refusing it",
+        ),
+    ]
     assert C.build(str(tmp_path / "best.toml")).ppo.learning_rate == 1e-3
     rows = read_csv(write_trials_csv(study, tmp_path / "trials.csv", SPACE, SECRET))
     assert [bool(r["refused"]) for r in rows] == [False, False, True, True, True, False]
@@ -139,28 +162,42 @@ def test_the_sweep_refuses_to_train_an_enqueued_trial_outside_the_space(redis_on
     from rlfarm.tune.sweep import Sweep
 
     name = "forged-enqueued"
-    space = parse_space({"space": {"ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
-                                   "env.num_envs": {"low": 2, "high": 8},
-                                   "env.id": {"choices": ["CartPole-v1", "Acrobot-v1"]}}}, BASE)
+    space = parse_space(
+        {
+            "space": {
+                "ppo.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True},
+                "env.num_envs": {"low": 2, "high": 8},
+                "env.id": {"choices": ["CartPole-v1", "Acrobot-v1"]},
+            }
+        },
+        BASE,
+    )
     study = open_study(redis_only.redis_url, name, False, make_pruner("none", 0, 1), seed=1)
     forger = reread(redis_only.redis_url, name)
     forger.enqueue_trial({"ppo.learning_rate": 3e-3, "env.num_envs": 100000, "env.id": "CartPole-v1"})
     forger.enqueue_trial({"ppo.learning_rate": 1e6, "env.num_envs": 4, "env.id": "CartPole-v1"})
     forger.enqueue_trial({"ppo.learning_rate": 3e-3, "env.num_envs": 4, "env.id": "tempfile:mkdtemp"})
     lines = []
-    sweep = Sweep(study, space, [], "return", tmp_path, {}, trials=3, parallel=1,
-                  on_end=lambda run: lines.append(trial_line(run)))
+    sweep = Sweep(
+        study, space, [], "return", tmp_path, {}, trials=3, parallel=1, on_end=lambda run: lines.append(trial_line(run))
+    )
     runs = sweep.run()
     assert [(r.state, r.trainer) for r in runs] == [("REFUSED", None)] * 3
-    assert lines[:2] == ["trial 0 REFUSED, not trained: env.num_envs = 100000 is not in the space (int in [2, 8])",
-                         "trial 1 REFUSED, not trained: ppo.learning_rate = 1000000.0 is not in the space "
-                         "(float in [0.0001, 0.01] log)"]
-    assert lines[2].startswith("trial 2 REFUSED, not trained: env.id: ") and "'tempfile:mkdtemp'" in lines[2] \
+    assert lines[:2] == [
+        "trial 0 REFUSED, not trained: env.num_envs = 100000 is not in the space (int in [2, 8])",
+        "trial 1 REFUSED, not trained: ppo.learning_rate = 1000000.0 is not in the space (float in [0.0001, 0.01] log)",
+    ]
+    assert (
+        lines[2].startswith("trial 2 REFUSED, not trained: env.id: ")
+        and "'tempfile:mkdtemp'" in lines[2]
         and lines[2].endswith("(not in the space: one of ['CartPole-v1', 'Acrobot-v1'])")
+    )
     trials = reread(redis_only.redis_url, name).trials
     assert [t.state.name for t in trials] == ["FAIL"] * 3
-    assert trials[0].user_attrs["fail_reason"] == \
-        "refused, not trained: env.num_envs = 100000 is not in the space (int in [2, 8])"
+    assert (
+        trials[0].user_attrs["fail_reason"]
+        == "refused, not trained: env.num_envs = 100000 is not in the space (int in [2, 8])"
+    )
     assert not (tmp_path / "logs").exists()  # no trainer was started
 
 
@@ -177,21 +214,40 @@ def test_the_sweep_command_prints_one_line_per_refused_and_left_out_trial(redis_
     forger.enqueue_trial({"ppo.learning_rate": 1e6, "env.num_envs": 4})
     forger.enqueue_trial({"ppo.learning_rate": 3e-3, "env.num_envs": 100000})
     (tmp_path / "space.toml").write_text(SPACE_TOML)
-    result = run_cli("sweep", "--resume", name, "--redis", url, "--space", str(tmp_path / "space.toml"),
-                     "--trials", "2", "--parallel", "1", "--pruner", "none", "--logdir", str(tmp_path),
-                     env={"RLFARM_SECRET": ""})
+    result = run_cli(
+        "sweep",
+        "--resume",
+        name,
+        "--redis",
+        url,
+        "--space",
+        str(tmp_path / "space.toml"),
+        "--trials",
+        "2",
+        "--parallel",
+        "1",
+        "--pruner",
+        "none",
+        "--logdir",
+        str(tmp_path),
+        env={"RLFARM_SECRET": ""},
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     out = result.stdout.splitlines()
-    assert "trial 3 REFUSED, not trained: ppo.learning_rate = 1000000.0 is not in the space (float in " \
-           "[0.0001, 0.01] log)" in out
+    assert (
+        "trial 3 REFUSED, not trained: ppo.learning_rate = 1000000.0 is not in the space (float in "
+        "[0.0001, 0.01] log)" in out
+    )
     assert "trial 4 REFUSED, not trained: env.num_envs = 100000 is not in the space (int in [2, 8])" in out
     warnings = [line for line in result.stderr.splitlines() if "left out of best.toml" in line]
     assert warnings == [
         'rlfarm: warning: trial 1 left out of best.toml: env.id = "tempfile:mkdtemp" is not in the space '
-        '(no such key in it)',
-        "rlfarm: warning: trial 2 left out of best.toml: env.num_envs = 100000 is not in the space (int in [2, 8])"]
-    assert result.stderr.splitlines()[-1] == ("rlfarm: error: trials 3, 4 refused: params not in the space "
-                                              "(reasons in trials.csv); the others ran")
+        "(no such key in it)",
+        "rlfarm: warning: trial 2 left out of best.toml: env.num_envs = 100000 is not in the space (int in [2, 8])",
+    ]
+    assert result.stderr.splitlines()[-1] == (
+        "rlfarm: error: trials 3, 4 refused: params not in the space (reasons in trials.csv); the others ran"
+    )
     best = tmp_path / name / "best.toml"
     assert "tempfile" not in best.read_text() and "trial 0" in best.read_text()
     assert C.build(str(best)).env.num_envs == 4
@@ -211,7 +267,9 @@ def test_a_preset_file_with_a_bad_value_or_a_callable_that_is_no_env_is_one_line
 
     from cli import main
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # mkdtemp, called as the env's constructor, makes its dir here
+    monkeypatch.setattr(
+        tempfile, "tempdir", str(tmp_path)
+    )  # mkdtemp, called as the env's constructor, makes its dir here
 
     def error(text):
         (tmp_path / "best.toml").write_text(text)
@@ -221,5 +279,7 @@ def test_a_preset_file_with_a_bad_value_or_a_callable_that_is_no_env_is_one_line
         return line
 
     assert error("[env]\nnum_envs = 0\n") == "rlfarm: error: env.num_envs must be at least 1, got 0"
-    assert error('[env]\nid = "tempfile:mkdtemp"\n') == \
-        "rlfarm: error: env 'tempfile:mkdtemp': its constructor returned str, not a gymnasium Env"
+    assert (
+        error('[env]\nid = "tempfile:mkdtemp"\n')
+        == "rlfarm: error: env 'tempfile:mkdtemp': its constructor returned str, not a gymnasium Env"
+    )

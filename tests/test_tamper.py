@@ -15,8 +15,8 @@ import os
 import pytest
 import torch
 
-from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.core import codec
+from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.farm.connection import connect
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
@@ -42,8 +42,8 @@ def test_a_forged_blob_is_never_pinned_nor_signed_into_best_policy(redis_only, t
     hmac kept) must not become a validly signed best policy: the trainer uses its own copy."""
     from rlfarm.api import make_config
     from rlfarm.config import to_dict
-    from rlfarm.observe.metrics import RunLogger
     from rlfarm.core.protocol import Result
+    from rlfarm.observe.metrics import RunLogger
     from rlfarm.trainer import make_trainer
 
     monkeypatch.setenv("RLFARM_SECRET", SECRET)
@@ -75,6 +75,7 @@ def test_a_forged_blob_is_never_pinned_nor_signed_into_best_policy(redis_only, t
 
 
 # ---- without a secret set by the user (item 10) ------------------------------------------------------
+
 
 def _queued_tasks(client, run_id: str) -> list[tuple[int, dict]]:
     """(index in the broker list, kwargs) of the run's task messages waiting in the queue, read as
@@ -122,20 +123,51 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     monkeypatch.setenv("RLFARM_ALLOWED_ENV_MODULES", "tests.tiny_envs")  # the forger builds the env too
     err = open(tmp_path / "stderr.txt", "w")
     # One worker process, 4 tasks of ~0.3 s each per iteration: three of them wait in the queue.
-    proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path), "--workers", "1",
-                                       "--env", "tests.tiny_envs:long_slow", "--total-steps", "8192",
-                                       "--set", "farm.num_tasks=4", "--set", "env.num_envs=1",
-                                       "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2",
-                                       "--set", "eval.episodes=2"),  # its final evaluation: 2 s, not 10
-                            env=env, stdout=subprocess.DEVNULL, stderr=err)
+    proc = subprocess.Popen(
+        rlfarm_cmd(
+            "train",
+            "--run-id",
+            run_id,
+            "--logdir",
+            str(tmp_path),
+            "--workers",
+            "1",
+            "--env",
+            "tests.tiny_envs:long_slow",
+            "--total-steps",
+            "8192",
+            "--set",
+            "farm.num_tasks=4",
+            "--set",
+            "env.num_envs=1",
+            "--set",
+            "farm.steps_per_env=256",
+            "--set",
+            "ppo.num_minibatches=2",
+            "--set",
+            "eval.episodes=2",
+        ),  # its final evaluation: 2 s, not 10
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+    )
     run_dir = tmp_path / run_id
     try:
-        url = poll(lambda: (run_dir / "cluster.json").exists() and json.loads((run_dir / "cluster.json")
-                                                                               .read_text())["redis_url"],
-                   "the embedded Redis's URL", proc, tmp_path / "stderr.txt")
+        url = poll(
+            lambda: (
+                (run_dir / "cluster.json").exists() and json.loads((run_dir / "cluster.json").read_text())["redis_url"]
+            ),
+            "the embedded Redis's URL",
+            proc,
+            tmp_path / "stderr.txt",
+        )
         client = redis.Redis.from_url(url)
-        _, kwargs = poll(lambda: _queued_tasks(client, run_id), "a task of the run waiting in the queue", proc,
-                         tmp_path / "stderr.txt")[0]
+        _, kwargs = poll(
+            lambda: _queued_tasks(client, run_id),
+            "a task of the run waiting in the queue",
+            proc,
+            tmp_path / "stderr.txt",
+        )[0]
         # The forgery: a real rollout of the run's current policy, its rewards x100.
         forged = RolloutWorker(url).rollout(TaskSpec.from_kwargs({k: v for k, v in kwargs.items() if k != "sig"}))
         forged.rollout["rewards"] = forged.rollout["rewards"] * 100
@@ -175,12 +207,19 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     assert "dropped a result of run" in (run_dir / "rlfarm.log").read_text()
 
 
-@pytest.mark.parametrize("url, secret, warned", [
-    ("redis://127.0.0.1:6379/0", None, False), ("redis://localhost/0", None, False),
-    ("unix:///run/redis.sock", None, False), ("redis://[::1]:6379/0", None, False),
-    ("redis://:pw@10.0.0.5:6379/0", None, True), ("rediss://u:pw@redis-host:6380/0", None, True),
-    ("redis://:pw@10.0.0.5:6379/0", b"s", False), ("rediss://u:pw@redis-host:6380/0", "s", False),
-])
+@pytest.mark.parametrize(
+    "url, secret, warned",
+    [
+        ("redis://127.0.0.1:6379/0", None, False),
+        ("redis://localhost/0", None, False),
+        ("unix:///run/redis.sock", None, False),
+        ("redis://[::1]:6379/0", None, False),
+        ("redis://:pw@10.0.0.5:6379/0", None, True),
+        ("rediss://u:pw@redis-host:6380/0", None, True),
+        ("redis://:pw@10.0.0.5:6379/0", b"s", False),
+        ("rediss://u:pw@redis-host:6380/0", "s", False),
+    ],
+)
 def test_no_secret_warning_names_a_redis_off_this_machine_without_rlfarm_secret(url, secret, warned):
     from rlfarm.farm.connection import no_secret_warning
 
@@ -210,8 +249,13 @@ def test_trainer_and_worker_on_a_redis_elsewhere_without_a_secret_warn_once(farm
         url = f"redis://127.1:{cluster.port}/0"
         log = tmp_path / "worker.txt"
         with open(log, "w") as out:
-            worker = subprocess.Popen(rlfarm_cmd("worker", "--redis", url, "-c", "1"), env=env, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+            worker = subprocess.Popen(
+                rlfarm_cmd("worker", "--redis", url, "-c", "1"),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             poll(lambda: "ready." in log.read_text(), "the worker to start", worker, log)
         finally:
@@ -221,19 +265,38 @@ def test_trainer_and_worker_on_a_redis_elsewhere_without_a_secret_warn_once(farm
         assert len(warned) == 1 and f"Redis at {url} is not on this machine" in warned[0], log.read_text()
 
     url = farm.redis_url.replace("127.0.0.1", "127.1")
-    result = run_cli("train", "--redis", url, "--run-id", "elsewhere", "--logdir", str(tmp_path),
-                     "--total-steps", "1024", "--set", "farm.num_tasks=2", "--set", "env.num_envs=1",
-                     "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2",
-                     env={"RLFARM_SECRET": ""})
+    result = run_cli(
+        "train",
+        "--redis",
+        url,
+        "--run-id",
+        "elsewhere",
+        "--logdir",
+        str(tmp_path),
+        "--total-steps",
+        "1024",
+        "--set",
+        "farm.num_tasks=2",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=512",
+        "--set",
+        "ppo.num_minibatches=2",
+        env={"RLFARM_SECRET": ""},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     warned = [line for line in result.stderr.splitlines() if "RLFARM_SECRET is not set" in line]
-    assert warned == [f"rlfarm: warning: Redis at {url} is not on this machine and RLFARM_SECRET is not set: "
-                      f"whoever can write to it can forge results, policies and tasks unnoticed; give the "
-                      f"trainer and every worker the same secret in RLFARM_SECRET (e.g. `openssl rand -hex 32`)"]
+    assert warned == [
+        f"rlfarm: warning: Redis at {url} is not on this machine and RLFARM_SECRET is not set: "
+        f"whoever can write to it can forge results, policies and tasks unnoticed; give the "
+        f"trainer and every worker the same secret in RLFARM_SECRET (e.g. `openssl rand -hex 32`)"
+    ]
     assert "RLFARM_SECRET is not set" in (tmp_path / "elsewhere" / "rlfarm.log").read_text()
 
 
 # ---- with RLFARM_SECRET: one forged write no longer ends the run (item 2) -----------------------------
+
 
 def _pool_pids(main_pid: int) -> list[int]:
     import subprocess
@@ -253,15 +316,15 @@ def signed_worker(tmp_path_factory):
     from .conftest import WORKER_ENV
 
     env = {**WORKER_ENV, "RLFARM_SECRET": SECRET, "RLFARM_POLICY_SHARE": "off"}
-    with LocalCluster(workers=1, name="rlfarm-test-tamper", log_dir=tmp_path_factory.mktemp("tamper"),
-                      extra_env=env, events=True) as cluster:  # events: what Flower shows of each task
+    with LocalCluster(
+        workers=1, name="rlfarm-test-tamper", log_dir=tmp_path_factory.mktemp("tamper"), extra_env=env, events=True
+    ) as cluster:  # events: what Flower shows of each task
         yield cluster
 
 
 @pytest.mark.farm
 @pytest.mark.fault  # forged writes to Redis
-def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_as_without_them(
-        signed_worker, tmp_path):
+def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_as_without_them(signed_worker, tmp_path):
     """A SYNC run on a farm with RLFARM_SECRET, attacked three times while it trains by a process that
     can write to Redis but has no secret: one queued task's message rewritten (seed + 1); the newest
     policy replaced by zeroed weights with a recomputed sha256 (a pool process then SIGKILLed, so its
@@ -281,15 +344,36 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
 
     url = signed_worker.redis_url
     client = connect(url)
-    args = ["--redis", url, "--logdir", str(tmp_path), "--env", "tests.tiny_envs:long_slow",
-            "--total-steps", str(4 * 256 * 40), "--set", "farm.num_tasks=4", "--set", "env.num_envs=1",
-            "--set", "farm.steps_per_env=256", "--set", "ppo.num_minibatches=2", "--set", "farm.lease_seconds=2",
-            # The final evaluation only, short: one 1-s episode a task on the one worker process.
-            "--set", "eval.interval=0", "--set", "eval.episodes=2"]
+    args = [
+        "--redis",
+        url,
+        "--logdir",
+        str(tmp_path),
+        "--env",
+        "tests.tiny_envs:long_slow",
+        "--total-steps",
+        str(4 * 256 * 40),
+        "--set",
+        "farm.num_tasks=4",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=256",
+        "--set",
+        "ppo.num_minibatches=2",
+        "--set",
+        "farm.lease_seconds=2",
+        # The final evaluation only, short: one 1-s episode a task on the one worker process.
+        "--set",
+        "eval.interval=0",
+        "--set",
+        "eval.episodes=2",
+    ]
     env = {**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET}
 
-    baseline = subprocess.run(rlfarm_cmd("train", "--run-id", "untouched", *args), env=env, capture_output=True,
-                              text=True, timeout=900)
+    baseline = subprocess.run(
+        rlfarm_cmd("train", "--run-id", "untouched", *args), env=env, capture_output=True, text=True, timeout=900
+    )
     assert baseline.returncode == 0, baseline.stderr[-3000:]
 
     run_id = "tampered"
@@ -298,8 +382,9 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
     events = TaskEvents(url)
     events.__enter__()  # listening before the run's first task (left in the `finally` below)
     with open(log, "w") as err:
-        proc = subprocess.Popen(rlfarm_cmd("train", "--run-id", run_id, *args), env=env,
-                                stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            rlfarm_cmd("train", "--run-id", run_id, *args), env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
     main_pid = signed_worker.worker_procs[0].pid
 
     def warned(what: str) -> bool:
@@ -317,8 +402,9 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
                         if kwargs.get("run") != run_id:
                             continue
                         kwargs["seed"] += 1
-                        message["body"] = base64.b64encode(msgpack.packb([task_args, kwargs, embed],
-                                                                         use_bin_type=True)).decode()
+                        message["body"] = base64.b64encode(
+                            msgpack.packb([task_args, kwargs, embed], use_bin_type=True)
+                        ).decode()
                         pipe.multi()
                         pipe.lset(TASK_QUEUE, i, json.dumps(message))
                         pipe.execute()

@@ -27,8 +27,7 @@ SMALL = ["td3.batch_size=32", "td3.buffer_size=4096", "policy.hidden_sizes=[32, 
 
 
 def make_td3(env: str = BOUNDS, overrides: tuple[str, ...] = (), seed: int = 0):
-    cfg = C.build(None, ["algo=td3", "mode=async", f"env.id={env}", "env.num_envs=2", *SMALL, *overrides],
-                  seed=seed)
+    cfg = C.build(None, ["algo=td3", "mode=async", f"env.id={env}", "env.num_envs=2", *SMALL, *overrides], seed=seed)
     torch.manual_seed(seed)
     return learner("td3", "async")(cfg, describe(env), torch.device("cpu"))
 
@@ -64,6 +63,7 @@ def constant_action(policy: DeterministicPolicy, pre_tanh: float | list[float]) 
 
 
 # ---- the deterministic action, in the env's bounds ---------------------------------------------------
+
 
 def test_the_greedy_action_is_the_networks_mapped_to_asymmetric_bounds():
     """Numpy snapshot (MLPs), torch copy (CNNs) and learner: bias + scale * tanh(actor(s)), exactly the
@@ -105,6 +105,7 @@ def test_a_fresh_policy_acts_near_the_midpoints():
 
 # ---- exploration --------------------------------------------------------------------------------------
 
+
 def test_exploration_noise_is_gaussian_in_unit_scale():
     """noise = std in [-1, 1] units: in env units, std times each dimension's half-range, centred on
     the deterministic action."""
@@ -120,8 +121,9 @@ def test_exploration_noise_is_gaussian_in_unit_scale():
     np.testing.assert_allclose(unit_noise.mean(0), [0.0, 0.0], atol=0.003)
     np.testing.assert_allclose(action.std(0), 0.1 * SCALE, rtol=0.03)  # 0.2 and 0.5 in env units
     # The same task seed gives the same noise (a task is a pure function of its spec).
-    np.testing.assert_array_equal(actor.act(obs[:8], np.random.default_rng(5))[0],
-                                  actor.act(obs[:8], np.random.default_rng(5))[0])
+    np.testing.assert_array_equal(
+        actor.act(obs[:8], np.random.default_rng(5))[0], actor.act(obs[:8], np.random.default_rng(5))[0]
+    )
     # No noise: the deterministic action.
     quiet, _, _ = policy.actor_snapshot().with_options(noise=0.0).act(obs[:8], np.random.default_rng(0))
     np.testing.assert_allclose(quiet, np.broadcast_to(mu, (8, 2)), atol=1e-6)
@@ -180,6 +182,7 @@ def test_heatup_tasks_act_uniformly_in_the_bounds():
 
 # ---- the learner ----------------------------------------------------------------------------------------
 
+
 def test_target_policy_smoothing_is_clipped_noise_around_the_target_actor():
     algorithm = make_td3(overrides=("td3.target_policy_noise=0.2", "td3.target_noise_clip=0.25"))
     next_obs = torch.randn(20_000, 2)
@@ -213,8 +216,9 @@ def test_the_actor_and_the_targets_move_only_every_policy_delay_critic_steps():
     """policy_delay 3: the critics learn at every gradient step; the actor at steps 3 and 6 only, and
     the target actor and critics then (only then) move by Polyak, tau of the way."""
     tau = 0.05
-    algorithm = make_td3(overrides=("td3.learning_starts=0", "td3.replay_ratio=0.1", "td3.policy_delay=3",
-                                    f"td3.tau={tau}"))
+    algorithm = make_td3(
+        overrides=("td3.learning_starts=0", "td3.replay_ratio=0.1", "td3.policy_delay=3", f"td3.tau={tau}")
+    )
     algorithm.observe(rollout(algorithm, seed=1)[0], policy_lag=0)  # 12 gradient steps owed
     nets = ("policy", "policy_target", "qf1", "qf2", "qf1_target", "qf2_target")
     for step in range(1, 7):
@@ -223,8 +227,14 @@ def test_the_actor_and_the_targets_move_only_every_policy_delay_critic_steps():
         assert algorithm.gradient_steps == step
         moved = {name: _changed(before[name], getattr(algorithm, name)) for name in nets}
         delayed = step % 3 == 0
-        assert moved == {"policy": delayed, "policy_target": delayed, "qf1": True, "qf2": True,
-                         "qf1_target": delayed, "qf2_target": delayed}, (step, moved)
+        assert moved == {
+            "policy": delayed,
+            "policy_target": delayed,
+            "qf1": True,
+            "qf2": True,
+            "qf1_target": delayed,
+            "qf2_target": delayed,
+        }, (step, moved)
         assert math.isnan(metrics["losses/actor_loss"]) == (step < 3)
         if delayed:  # Polyak: target <- (1 - tau) target + tau online, from the online nets after their step
             for target, online in (("policy_target", "policy"), ("qf1_target", "qf1"), ("qf2_target", "qf2")):
@@ -253,8 +263,9 @@ def train(algorithm, r) -> dict[str, float]:
     return metrics
 
 
-@pytest.mark.parametrize("overrides", [(), ("td3.prioritized=true", "td3.n_step=3", "td3.policy_delay=3"),
-                                       ("policy.normalize_obs=true",)])
+@pytest.mark.parametrize(
+    "overrides", [(), ("td3.prioritized=true", "td3.n_step=3", "td3.policy_delay=3"), ("policy.normalize_obs=true",)]
+)
 def test_checkpoint_restore_update_is_bit_identical_in_everything(overrides):
     """Actor, critics and their three targets, both optimizers, the replay buffer and its sampler, the
     smoothing noise's generator, observation statistics: all come back, and the next updates (an odd
@@ -277,8 +288,18 @@ def test_checkpoint_restore_update_is_bit_identical_in_everything(overrides):
     different = [k for k in a[0] if not torch.equal(a[0][k], b[0][k])]
     assert not different
     prefixes = {k.split(".")[0] for k in a[0]}
-    assert {"actor", "actor_target", "qf1", "qf2", "qf1_target", "qf2_target", "q_optim", "actor_optim",
-            "rng", "replay"} <= prefixes
+    assert {
+        "actor",
+        "actor_target",
+        "qf1",
+        "qf2",
+        "qf1_target",
+        "qf2_target",
+        "q_optim",
+        "actor_optim",
+        "rng",
+        "replay",
+    } <= prefixes
 
 
 def test_observation_statistics_are_one_set_for_the_actor_its_target_and_the_critics():
@@ -292,6 +313,7 @@ def test_observation_statistics_are_one_set_for_the_actor_its_target_and_the_cri
 
 # ---- config, spaces and saved policies ------------------------------------------------------------------
 
+
 def test_td3_refuses_discrete_and_unbounded_action_spaces_sync_and_bad_values():
     section = C.ALGORITHMS["td3"]
     with pytest.raises(C.ConfigError, match=r"algo 'td3' needs a Box \(continuous\) action space.*use ppo or dqn"):
@@ -301,11 +323,13 @@ def test_td3_refuses_discrete_and_unbounded_action_spaces_sync_and_bad_values():
     section.check_spaces(describe(BOUNDS))
     with pytest.raises(C.ConfigError, match="algo 'td3' cannot run in --mode sync.*off-policy"):
         section.check_mode("sync")
-    for key, message in (("td3.tau=0", r"td3.tau must be in \(0, 1\]"),
-                         ("td3.policy_delay=0", "td3.policy_delay must be at least 1"),
-                         ("td3.target_noise_clip=-0.5", "td3.target_noise_clip must be a finite number, 0 or more"),
-                         ("td3.exploration_noise=-0.1", "td3.exploration_noise must be"),
-                         ("td3.batch_size=0", "td3.batch_size must be at least 1")):
+    for key, message in (
+        ("td3.tau=0", r"td3.tau must be in \(0, 1\]"),
+        ("td3.policy_delay=0", "td3.policy_delay must be at least 1"),
+        ("td3.target_noise_clip=-0.5", "td3.target_noise_clip must be a finite number, 0 or more"),
+        ("td3.exploration_noise=-0.1", "td3.exploration_noise must be"),
+        ("td3.batch_size=0", "td3.batch_size must be at least 1"),
+    ):
         with pytest.raises(C.ConfigError, match=message):
             C.build("pendulum-td3", [key])
 

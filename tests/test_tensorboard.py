@@ -8,14 +8,23 @@ from .conftest import run_cli, scalar_tags
 
 pytestmark = pytest.mark.farm
 
-FARM_SCALARS = {"farm/policy_lag", "farm/tasks_in_flight", "farm/queue_depth", "farm/results_dropped",
-                "farm/redispatched"}
+FARM_SCALARS = {
+    "farm/policy_lag",
+    "farm/tasks_in_flight",
+    "farm/queue_depth",
+    "farm/results_dropped",
+    "farm/redispatched",
+}
 
 
-@pytest.mark.parametrize("args", [
-    ["--preset", "cartpole-ppo", "--total-steps", "8192"],
-    ["--preset", "cartpole-dqn", "--mode", "async", "--total-steps", "3000", "--target-return", "1e9"],
-], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--preset", "cartpole-ppo", "--total-steps", "8192"],
+        ["--preset", "cartpole-dqn", "--mode", "async", "--total-steps", "3000", "--target-return", "1e9"],
+    ],
+    ids=["sync", "async"],
+)
 def test_farm_scalars_are_in_tensorboard(tmp_path, args):
     result = run_cli("train", "--run-id", "tb", "--logdir", str(tmp_path), "--workers", "2", *args)
     assert result.returncode == 0, result.stderr[-3000:]

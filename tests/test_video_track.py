@@ -19,17 +19,35 @@ from .conftest import WORKER_ENV, read_csv, rlfarm_cmd
 # every test process that gets one of its tests (conftest.py sends grouped modules early).
 pytestmark = pytest.mark.xdist_group("tracked-run")
 
-SMALL = ["--total-steps", "2048", "--workers", "1", "--set", "farm.num_tasks=2", "--set", "env.num_envs=1",
-         "--set", "farm.steps_per_env=512", "--set", "ppo.num_minibatches=2", "--set", "eval.interval=1024",
-         "--set", "eval.episodes=2"]
+SMALL = [
+    "--total-steps",
+    "2048",
+    "--workers",
+    "1",
+    "--set",
+    "farm.num_tasks=2",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.steps_per_env=512",
+    "--set",
+    "ppo.num_minibatches=2",
+    "--set",
+    "eval.interval=1024",
+    "--set",
+    "eval.episodes=2",
+]
 
 
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch):
     """What rlfarm sets in its process for rendering offscreen and MLflow's file store, set here so
     that it is taken back after each test (the pytest process's environment stays as it was)."""
-    for var, value in (("SDL_VIDEODRIVER", "dummy"), ("PYGAME_HIDE_SUPPORT_PROMPT", "1"),
-                       ("MLFLOW_ALLOW_FILE_STORE", "true")):
+    for var, value in (
+        ("SDL_VIDEODRIVER", "dummy"),
+        ("PYGAME_HIDE_SUPPORT_PROMPT", "1"),
+        ("MLFLOW_ALLOW_FILE_STORE", "true"),
+    ):
         monkeypatch.setenv(var, value)
 
 
@@ -50,10 +68,26 @@ def tracked_run(tmp_path_factory):
     env = {**os.environ, **WORKER_ENV}
     for var in ("SDL_VIDEODRIVER", "PYGAME_HIDE_SUPPORT_PROMPT", "MLFLOW_ALLOW_FILE_STORE", "MLFLOW_TRACKING_URI"):
         env.pop(var, None)
-    result = subprocess.run(rlfarm_cmd("train", "--run-id", "tracked", "--logdir", str(root / "runs"), *SMALL,
-                                       "--capture-video", "--track", "--track-uri", str(root / "mlruns"),
-                                       "--track-experiment", "p7"),
-                            capture_output=True, text=True, cwd=root, env=env)
+    result = subprocess.run(
+        rlfarm_cmd(
+            "train",
+            "--run-id",
+            "tracked",
+            "--logdir",
+            str(root / "runs"),
+            *SMALL,
+            "--capture-video",
+            "--track",
+            "--track-uri",
+            str(root / "mlruns"),
+            "--track-experiment",
+            "p7",
+        ),
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result, root / "runs" / "tracked", (root / "mlruns").as_uri()
 
@@ -63,8 +97,9 @@ def test_capture_video_records_each_evaluation_to_an_mp4(tracked_run):
     result, run_dir, _ = tracked_run
     evals = read_csv(run_dir / "evals.csv")
     videos = sorted((run_dir / "videos").iterdir())
-    assert [v.name for v in videos] == [f"step-{int(e['global_step']):09d}-v{e['policy_version']}.mp4"
-                                        for e in evals], videos  # one per evaluation; no scratch left
+    assert [v.name for v in videos] == [
+        f"step-{int(e['global_step']):09d}-v{e['policy_version']}.mp4" for e in evals
+    ], videos  # one per evaluation; no scratch left
     for video in videos:
         head = video.read_bytes()[:12]
         assert video.stat().st_size > 1000 and head[4:8] == b"ftyp", (video, head)  # an MP4 container
@@ -158,7 +193,9 @@ def test_the_mlflow_sink_logs_rows_episodes_and_a_resumed_run_goes_on_in_its_mlf
     client = mlflow_client(sink.tracking.uri)
     assert client.get_run(sink.run_id).info.status == "KILLED"
     assert [(m.step, m.value) for m in client.get_metric_history(sink.run_id, "charts/episodic_return")] == [
-        (512, 10.0), (512, 20.0)]
+        (512, 10.0),
+        (512, 20.0),
+    ]
     assert client.get_metric_history(sink.run_id, "losses/value_loss") == []  # NaN: no update yet
     again = _sink(tmp_path, resume=True)
     assert again.run_id == sink.run_id and client.get_run(sink.run_id).info.status == "RUNNING"

@@ -49,22 +49,24 @@ def test_on_policy_with_unit_weights_is_the_n_step_return():
     vs, adv, ratios = run(target=MU, rho_bar=1.0, c_bar=1.0, lam=1.0)
     assert np.all(ratios == 1.0)
     # discounted rewards to the end of each piece, plus the bootstrap where it was cut
-    np.testing.assert_allclose(vs[:, 0], [1 + 0.9 * 2, 2, 3 + 0.9 * (4 + 0.9 * 5), 4 + 0.9 * 5, 5 + 0.9 * 7],
-                               rtol=1e-6)
+    np.testing.assert_allclose(vs[:, 0], [1 + 0.9 * 2, 2, 3 + 0.9 * (4 + 0.9 * 5), 4 + 0.9 * 5, 5 + 0.9 * 7], rtol=1e-6)
     # and the advantage is the one-step TD error towards those targets
-    np.testing.assert_allclose(adv[:, 0], [1 + 0.9 * 2 - 0.5, 2 - 1, 3 + 0.9 * 8.5 - 1.5, 4 + 4.5 - 2, 5 + 6.3 - 2.5],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        adv[:, 0], [1 + 0.9 * 2 - 0.5, 2 - 1, 3 + 0.9 * 8.5 - 1.5, 4 + 4.5 - 2, 5 + 6.3 - 2.5], rtol=1e-6
+    )
 
 
 def test_envs_are_independent_columns():
     two = lambda a: np.concatenate([a, a[::-1] * 0 + a], axis=1)  # noqa: E731 - the same env twice
-    vs, adv, _ = vtrace(two(MU), two(PI), two(REWARDS), two(VALUES), two(DONES), two(FINAL_VALUES),
-                        np.array([7.0, 7.0]), GAMMA)
+    vs, adv, _ = vtrace(
+        two(MU), two(PI), two(REWARDS), two(VALUES), two(DONES), two(FINAL_VALUES), np.array([7.0, 7.0]), GAMMA
+    )
     np.testing.assert_allclose(vs[:, 0], vs[:, 1])
     np.testing.assert_allclose(adv[:, 0], [1.85, 0.5, 9.15, 6.5, 2.2], rtol=1e-6)
 
 
 # ---- APPO's one pass (update_epochs = 1) -----------------------------------------------------------
+
 
 def _lagged_rollout(spec, T: int, N: int, seed: int):
     """A batch acted by an older policy: behaviour log-probabilities a little off the learner's."""
@@ -72,14 +74,25 @@ def _lagged_rollout(spec, T: int, N: int, seed: int):
 
     rng = np.random.default_rng(seed)
     shape = (T, N, *spec.obs_shape)
-    obs = (rng.integers(0, 256, shape, dtype=np.uint8) if spec.obs_dtype == "uint8"
-           else rng.standard_normal(shape).astype(np.float32))
+    obs = (
+        rng.integers(0, 256, shape, dtype=np.uint8)
+        if spec.obs_dtype == "uint8"
+        else rng.standard_normal(shape).astype(np.float32)
+    )
     z = np.zeros((T, N), np.float32)
-    return Rollout(obs=obs, actions=rng.integers(0, spec.action_dim, (T, N)),
-                   logprobs=(-np.log(spec.action_dim) + 0.1 * rng.standard_normal((T, N))).astype(np.float32),
-                   values=z.copy(), rewards=rng.choice([-1.0, 0.0, 1.0], (T, N)).astype(np.float32),
-                   dones=rng.random((T, N)) < 0.05, final_values=z.copy(), last_values=np.zeros(N, np.float32),
-                   episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64), last_obs=obs[-1].copy())
+    return Rollout(
+        obs=obs,
+        actions=rng.integers(0, spec.action_dim, (T, N)),
+        logprobs=(-np.log(spec.action_dim) + 0.1 * rng.standard_normal((T, N))).astype(np.float32),
+        values=z.copy(),
+        rewards=rng.choice([-1.0, 0.0, 1.0], (T, N)).astype(np.float32),
+        dones=rng.random((T, N)) < 0.05,
+        final_values=z.copy(),
+        last_values=np.zeros(N, np.float32),
+        episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0, np.int64),
+        last_obs=obs[-1].copy(),
+    )
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "tests.tiny_envs:image"])
@@ -125,8 +138,17 @@ def test_chunks_of_time_taken_from_the_last_give_the_targets_of_the_whole():
     boot, carry, parts = last, np.zeros(N), []
     for start in (8, 4, 0):
         rows = slice(start, start + 4)
-        vs, adv, _ = vtrace(behaviour[rows], target[rows], rewards[rows], values[rows], dones[rows], final[rows],
-                            boot, carry=carry, **args)
+        vs, adv, _ = vtrace(
+            behaviour[rows],
+            target[rows],
+            rewards[rows],
+            values[rows],
+            dones[rows],
+            final[rows],
+            boot,
+            carry=carry,
+            **args,
+        )
         parts.insert(0, (vs, adv))
         boot, carry = values[start], vs[0] - values[start]
     np.testing.assert_allclose(np.concatenate([p[0] for p in parts]), whole_vs, rtol=1e-5, atol=1e-5)
@@ -175,8 +197,11 @@ def test_clipped_around_the_proximal_policy_a_lagged_batch_starts_unclipped(path
     rollout = _lagged_rollout(spec, T=16, N=4, seed=4)
     rollout.logprobs += np.random.default_rng(5).normal(0.0, 0.5, rollout.logprobs.shape).astype(np.float32)
     results = {}
-    for name, overrides in {"proximal": ["ppo.clip_to=proximal"], "behaviour": ["ppo.clip_to=behaviour"],
-                            "impala": ["ppo.pg_loss=impala"]}.items():
+    for name, overrides in {
+        "proximal": ["ppo.clip_to=proximal"],
+        "behaviour": ["ppo.clip_to=behaviour"],
+        "impala": ["ppo.pg_loss=impala"],
+    }.items():
         cfg = C.build("cartpole-appo", ["ppo.update_epochs=1", "ppo.num_minibatches=1", *overrides])
         torch.manual_seed(0)
         learner = APPO(cfg, spec, torch.device("cpu"))

@@ -131,9 +131,20 @@ def test_the_run_state_lost_and_a_forged_key_take_one_path_to_the_owner(link, ca
 
 def _refusal(client: redis.Redis, run: str, task_id: str) -> None:
     """A worker's signed report that the task's policy did not verify, pushed as workers push results."""
-    client.rpush(keys.results(run), codec.pack(Result(
-        "rollout", 0, 0, task_id=task_id, worker="w:1", error="PolicyCorrupt: policy blob is not signed",
-        unverified="policy").to_message()))
+    client.rpush(
+        keys.results(run),
+        codec.pack(
+            Result(
+                "rollout",
+                0,
+                0,
+                task_id=task_id,
+                worker="w:1",
+                error="PolicyCorrupt: policy blob is not signed",
+                unverified="policy",
+            ).to_message()
+        ),
+    )
 
 
 def test_a_refused_input_is_written_back_by_the_owner_and_its_task_sent_again_uncounted(link):
@@ -145,7 +156,8 @@ def test_a_refused_input_is_written_back_by_the_owner_and_its_task_sent_again_un
     _refusal(farm.client, farm.run_id, first)
     assert channel.next_result(timeout=0.1) is None
     assert owner.asked[1] == "write_back policy" and owner.asked[2].endswith(
-        "wrote back policy v0 from the trainer's own copy; sending it again")
+        "wrote back policy v0 from the trainer's own copy; sending it again"
+    )
     pending = channel.pending[KEY]
     assert queued(farm) == 2 and pending.task_id != first  # a second copy sent, pending as that one
     assert channel.watchdog.queued_task_ids() == {first, pending.task_id}
@@ -159,8 +171,11 @@ def test_a_refused_input_fails_the_task_when_nobody_holds_a_copy(link):
         channel = open_channel(farm, owner)
         farm.client.set(keys.meta(farm.run_id), b"meta")
         _refusal(farm.client, farm.run_id, channel.pending[KEY].task_id)
-        with pytest.raises(RolloutError, match=r"task rollout \(iteration 0, index 0\) failed on w:1: "
-                                               "PolicyCorrupt"):
+        with pytest.raises(
+            RolloutError,
+            match=r"task rollout \(iteration 0, index 0\) failed on w:1: "
+            "PolicyCorrupt",
+        ):
             channel.next_result(timeout=0.1)
         assert queued(farm) == 1  # not sent again
         farm.client.delete(farm.app.conf.task_default_queue)  # the next owner's run counts from none

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import zstandard
 
-from rlfarm.core import codec
 from rlfarm import config as C
+from rlfarm.core import codec
 from rlfarm.core.protocol import Result
 
 RAW, COMPRESSED = 42, 43  # codec's msgpack extension codes, as they appear on the wire
@@ -25,8 +25,8 @@ def frame_stacks(steps: int, envs: int, seed: int = 0, noise: bool = False) -> n
         if noise:
             frames[:, i] = rng.integers(0, 256, (envs, 84, 84), dtype=np.uint8)
         else:
-            frames[:, i, 10 + i % 60:14 + i % 60, 20:22] = 236
-    obs = np.stack([frames[:, t:t + 4] for t in range(steps)])  # (T, N, 4, 84, 84)
+            frames[:, i, 10 + i % 60 : 14 + i % 60, 20:22] = 236
+    obs = np.stack([frames[:, t : t + 4] for t in range(steps)])  # (T, N, 4, 84, 84)
     assert obs.shape == (steps, envs, 4, 84, 84) and np.array_equal(obs[1, :, :3], obs[0, :, 1:])
     return obs
 
@@ -44,6 +44,7 @@ def ext_payload(header: list, body: bytes, code: int = COMPRESSED) -> bytes:
 
 # ---- round trips ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("compress", codec.COMPRESS_CHOICES)
 def test_arrays_round_trip_identical_with_every_choice(compress):
     rng = np.random.default_rng(1)
@@ -56,7 +57,8 @@ def test_arrays_round_trip_identical_with_every_choice(compress):
         "doubles": np.linspace(0, 1, 5000),  # float64
         "transposed": np.arange(40000, dtype=np.float32).reshape(200, 200).T,  # not C-contiguous
         "empty": np.zeros((0, 4, 84, 84), np.uint8),
-        "scalar": np.float32(2.5), "text": "ok",
+        "scalar": np.float32(2.5),
+        "text": "ok",
     }
     out = codec.unpack(codec.pack(message, compress=compress))
     for key, value in message.items():
@@ -76,6 +78,7 @@ def test_a_result_message_round_trips_compressed():
 
 
 # ---- what gets compressed, and how much ------------------------------------------------------------
+
 
 def test_frame_stacked_rollouts_compress_many_times():
     obs = frame_stacks(64, 8)
@@ -119,6 +122,7 @@ def test_pack_refuses_an_unknown_compression():
 
 # ---- tampered payloads -----------------------------------------------------------------------------
 
+
 def zstd_frame(data: bytes) -> bytes:
     return zstandard.ZstdCompressor(level=3).compress(data)
 
@@ -161,10 +165,18 @@ def test_a_decompression_bomb_is_refused_by_the_bound():
         codec.unpack(bomb, max_bytes=12 * 2**20)
 
 
-@pytest.mark.parametrize("header", [
-    ["lz4", "|u1", [10]], ["zstd", "|O", [10]], ["zstd", "not a dtype", [10]], ["zstd", "|u1", [-1]],
-    ["zstd", "|u1", "10"], ["zstd", "|u1"], "zstd",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        ["lz4", "|u1", [10]],
+        ["zstd", "|O", [10]],
+        ["zstd", "not a dtype", [10]],
+        ["zstd", "|u1", [-1]],
+        ["zstd", "|u1", "10"],
+        ["zstd", "|u1"],
+        "zstd",
+    ],
+)
 def test_a_malformed_header_is_a_codec_error(header):
     with pytest.raises(codec.CodecError):
         codec.unpack(ext_payload(header, zstd_frame(bytes(10))))
@@ -181,7 +193,7 @@ def test_any_byte_flipped_or_cut_is_a_codec_error_or_the_declared_array():
         if rng.random() < 0.5:
             bad[rng.integers(len(bad))] ^= 1 << int(rng.integers(8))
         else:
-            del bad[rng.integers(len(bad)):]
+            del bad[rng.integers(len(bad)) :]
         try:
             out = codec.unpack(bytes(bad), max_bytes=2**24)
         except codec.CodecError:
@@ -191,6 +203,7 @@ def test_any_byte_flipped_or_cut_is_a_codec_error_or_the_declared_array():
 
 
 # ---- farm.compress ---------------------------------------------------------------------------------
+
 
 def test_config_and_codec_agree_on_the_choices():
     assert C.COMPRESS == codec.COMPRESS_CHOICES
@@ -205,6 +218,7 @@ def test_a_bad_farm_compress_is_one_config_error_line():
 
 
 # ---- the worker's checks ---------------------------------------------------------------------------
+
 
 def big_result() -> Result:
     return Result("rollout", 0, 0, version=1, rollout={"obs": frame_stacks(64, 8)})  # 14.5 MB raw

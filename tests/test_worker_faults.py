@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from rlfarm.core.protocol import PROTOCOL
 from rlfarm.farm import keys
 from rlfarm.local.cluster import LocalCluster
-from rlfarm.core.protocol import PROTOCOL
 
 from .conftest import ROOT, WORKER_ENV, TaskEvents, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
 
@@ -28,23 +28,43 @@ pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
 RLFARM_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "WARNING"]
 LOGGING_WORKER = [sys.executable, str(ROOT / "cli.py"), "worker", "-l", "INFO"]  # logs each task it receives
-SLOW_PPO = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:slow", "--set", "env.num_envs=1",
-            "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=250", "--set", "ppo.num_minibatches=2",
-            "--set", "policy.hidden_sizes=[16]"]
+SLOW_PPO = [
+    "--preset",
+    "cartpole-ppo",
+    "--env",
+    "tests.tiny_envs:slow",
+    "--set",
+    "env.num_envs=1",
+    "--set",
+    "farm.num_tasks=2",
+    "--set",
+    "farm.steps_per_env=250",
+    "--set",
+    "ppo.num_minibatches=2",
+    "--set",
+    "policy.hidden_sizes=[16]",
+]
 
 
 def cluster(tmp_path: Path, name: str, **env: str) -> LocalCluster:
-    c = LocalCluster(workers=0, name=f"rlfarm-{name}-{os.getpid()}", log_dir=tmp_path,
-                     extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "300", **env})
+    c = LocalCluster(
+        workers=0,
+        name=f"rlfarm-{name}-{os.getpid()}",
+        log_dir=tmp_path,
+        extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "300", **env},
+    )
     c.start()
     return c
 
 
 def train(c: LocalCluster, tmp_path: Path, run_id: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(rlfarm_cmd("train", "--redis", c.redis_url, "--run-id", run_id,
-                                       "--logdir", str(tmp_path), *args),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **WORKER_ENV})
+    return subprocess.Popen(
+        rlfarm_cmd("train", "--redis", c.redis_url, "--run-id", run_id, "--logdir", str(tmp_path), *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+    )
 
 
 def worker_log(c: LocalCluster, proc: subprocess.Popen) -> str:
@@ -62,8 +82,9 @@ def test_a_worker_of_another_protocol_never_takes_a_task_and_the_run_goes_on_wit
     c = cluster(tmp_path, "protocol")
     try:
         current = c.add_worker(1, command=LOGGING_WORKER)
-        old = c.add_worker(1, command=[sys.executable, "-m", "tests.worker_of_protocol", str(other),
-                                       "worker", "-l", "INFO"])
+        old = c.add_worker(
+            1, command=[sys.executable, "-m", "tests.worker_of_protocol", str(other), "worker", "-l", "INFO"]
+        )
         old_node = c._nodes[1]
         status = run_cli("status", "--json", "--redis", c.redis_url)
         assert status.returncode == 0, status.stderr
@@ -139,13 +160,30 @@ def test_a_worker_without_the_farms_secret_says_so_stops_and_the_run_goes_on(tmp
     try:
         bad = c.add_worker(1, command=[*RLFARM_WORKER, "-E"])  # no RLFARM_SECRET in its environment
         with TaskEvents(c.redis_url) as events:
-            proc = subprocess.Popen(rlfarm_cmd("train", "--redis", c.redis_url, "--run-id", "nosecret", "--logdir",
-                                               str(tmp_path), *SLOW_PPO, "--total-steps", "2000"),
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": secret})
+            proc = subprocess.Popen(
+                rlfarm_cmd(
+                    "train",
+                    "--redis",
+                    c.redis_url,
+                    "--run-id",
+                    "nosecret",
+                    "--logdir",
+                    str(tmp_path),
+                    *SLOW_PPO,
+                    "--total-steps",
+                    "2000",
+                ),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": secret},
+            )
             poll(lambda: bad.poll() is not None, "the worker without the secret to stop", proc)
-            refused = poll(lambda: [e for e in events.of("task-failed") if "NoSecret:" in e.get("exception", "")],
-                           "the refused task's task-failed event", proc)
+            refused = poll(
+                lambda: [e for e in events.of("task-failed") if "NoSecret:" in e.get("exception", "")],
+                "the refused task's task-failed event",
+                proc,
+            )
         c.extra_env["RLFARM_SECRET"] = secret
         c.add_worker(1, command=RLFARM_WORKER)
         _, stderr = proc.communicate(timeout=900)
@@ -188,10 +226,29 @@ def test_sigterm_hands_running_tasks_back_at_once_and_the_worker_exits(tmp_path)
         victim = c.add_worker(1, command=[*RLFARM_WORKER, "--shutdown-grace", "5"])
         victim_node = c._nodes[0]
         c.add_worker(1)  # a plain `celery -A rlfarm.worker.app worker`, which takes the task handed back
-        proc = train(c, tmp_path, "spot", "--preset", "cartpole-ppo", "--env", "tests.tiny_envs:long_slow",
-                     "--set", "env.num_envs=1", "--set", "farm.num_tasks=2", "--set", "farm.steps_per_env=20000",
-                     "--set", "ppo.num_minibatches=2", "--set", "policy.hidden_sizes=[16]",
-                     "--set", "eval.interval=0", "--total-steps", "40000")
+        proc = train(
+            c,
+            tmp_path,
+            "spot",
+            "--preset",
+            "cartpole-ppo",
+            "--env",
+            "tests.tiny_envs:long_slow",
+            "--set",
+            "env.num_envs=1",
+            "--set",
+            "farm.num_tasks=2",
+            "--set",
+            "farm.steps_per_env=20000",
+            "--set",
+            "ppo.num_minibatches=2",
+            "--set",
+            "policy.hidden_sizes=[16]",
+            "--set",
+            "eval.interval=0",
+            "--total-steps",
+            "40000",
+        )
         [task_id] = poll(lambda: _active_on(c, victim_node, "spot"), "the worker runs a task", proc)
         client = redis.Redis.from_url(c.redis_url)
         poll(lambda: client.keys("rlfarm:spot:lease:*"), "its lease is held", proc)
@@ -202,8 +259,9 @@ def test_sigterm_hands_running_tasks_back_at_once_and_the_worker_exits(tmp_path)
         assert code == 0
         _, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 0, stderr[-3000:]
-        assert (f"was handed back by {victim_node}: worker {victim_node} is shutting down (SIGTERM); "
-                f"sending it again") in stderr
+        assert (
+            f"was handed back by {victim_node}: worker {victim_node} is shutting down (SIGTERM); sending it again"
+        ) in stderr
         s = read_summary(tmp_path / "spot")
         assert s["faults"]["handed_back"] == 1 and s["faults"]["leases_expired"] == 0
         assert task_id not in s["accepted_task_ids"]  # the stopped worker never finished it
@@ -224,9 +282,22 @@ def test_an_env_hung_holding_the_gil_keeps_its_lease_and_its_time_limit_names_it
     c = cluster(tmp_path, "hang-gil")
     try:
         c.add_worker(1, command=RLFARM_WORKER)
-        proc = train(c, tmp_path, "hang-gil", *SLOW_PPO, "--env", "tests.tiny_envs:hang_gil",
-                     "--set", "farm.num_tasks=1", "--set", "farm.task_time_limit=75",
-                     "--set", "farm.max_redispatch=0", "--total-steps", "250")
+        proc = train(
+            c,
+            tmp_path,
+            "hang-gil",
+            *SLOW_PPO,
+            "--env",
+            "tests.tiny_envs:hang_gil",
+            "--set",
+            "farm.num_tasks=1",
+            "--set",
+            "farm.task_time_limit=75",
+            "--set",
+            "farm.max_redispatch=0",
+            "--total-steps",
+            "250",
+        )
         _, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 1, stderr[-3000:]
         line = one_error_line(stderr)
@@ -245,11 +316,15 @@ def test_the_time_limit_a_task_gets_is_described_with_its_source(redis_only):
     from .conftest import task_channel
 
     d = task_channel(redis_only.redis_url, "limits")
-    assert "time limit of 600 s (farm.task_time_limit 0: 600 s until a rollout task has finished" in \
-        d.outbox.describe_time_limit("rollout")
+    assert (
+        "time limit of 600 s (farm.task_time_limit 0: 600 s until a rollout task has finished"
+        in d.outbox.describe_time_limit("rollout")
+    )
     d.outbox.longest["rollout"] = 2.0
-    assert "time limit of 60 s (farm.task_time_limit 0: 10x the longest rollout task, at least 60 s" in \
-        d.outbox.describe_time_limit("rollout")
+    assert (
+        "time limit of 60 s (farm.task_time_limit 0: 10x the longest rollout task, at least 60 s"
+        in d.outbox.describe_time_limit("rollout")
+    )
     d.outbox.time_limit = 30.0
     assert "time limit of 30 s (farm.task_time_limit;" in d.outbox.describe_time_limit("rollout")
 
@@ -263,8 +338,20 @@ def test_a_process_that_does_not_let_go_is_answered_for_and_killed_after_the_gra
     try:
         victim = c.add_worker(1, command=[*RLFARM_WORKER, "--shutdown-grace", "3"])
         victim_node = c._nodes[0]
-        proc = train(c, tmp_path, "deaf", *SLOW_PPO, "--env", "tests.tiny_envs:hang_deaf_once",
-                     "--set", "farm.num_tasks=1", "--set", "eval.interval=0", "--total-steps", "500")
+        proc = train(
+            c,
+            tmp_path,
+            "deaf",
+            *SLOW_PPO,
+            "--env",
+            "tests.tiny_envs:hang_deaf_once",
+            "--set",
+            "farm.num_tasks=1",
+            "--set",
+            "eval.interval=0",
+            "--total-steps",
+            "500",
+        )
         poll(marker.exists, "the first task hangs", proc)
         poll(lambda: _active_on(c, victim_node, "deaf"), "the worker reports it running", proc)
         c.add_worker(1)  # the other worker, free to take the task once it is handed back
@@ -272,8 +359,9 @@ def test_a_process_that_does_not_let_go_is_answered_for_and_killed_after_the_gra
         assert victim.wait(timeout=600) == 0  # a guard against a hang, not a measurement
         _, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 0, stderr[-3000:]
-        assert ("did not let go of the task within --shutdown-grace 3 s and was killed; sending it again"
-                in stderr), stderr[-3000:]
+        assert "did not let go of the task within --shutdown-grace 3 s and was killed; sending it again" in stderr, (
+            stderr[-3000:]
+        )
         s = read_summary(tmp_path / "deaf")
         assert s["faults"]["handed_back"] == 1 and s["faults"]["leases_expired"] == 0
         ids = s["accepted_task_ids"]

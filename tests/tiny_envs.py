@@ -250,7 +250,7 @@ class SideEnv(gym.Env):
 
     def _obs(self) -> np.ndarray:
         frame = np.zeros((2, 16, 16), np.uint8)
-        frame[0, :, self.side * 8:(self.side + 1) * 8] = 255
+        frame[0, :, self.side * 8 : (self.side + 1) * 8] = 255
         frame[1] = 7 * self.t  # a clock, so frames differ within an episode
         return frame.transpose(1, 2, 0).copy() if self.channels_last else frame
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rlfarm.envs import SpaceSpec
 
 
-def _sections() -> dict[str, type["AlgoSection"]]:
+def _sections() -> dict[str, type[AlgoSection]]:
     # Imported at first use: rlfarm.config imports this package's sections (config.py) while it loads.
     from rlfarm.config import ALGORITHMS
 
@@ -34,7 +34,7 @@ def names() -> list[str]:
     return sorted(_sections())
 
 
-def section(name: str) -> type["AlgoSection"]:
+def section(name: str) -> type[AlgoSection]:
     """The config section class of the algorithm `name` (ConfigError naming the known ones)."""
     sections = _sections()
     if name not in sections:
@@ -42,7 +42,7 @@ def section(name: str) -> type["AlgoSection"]:
     return sections[name]
 
 
-def learner(name: str, mode: str | None = None) -> type["Algorithm"]:
+def learner(name: str, mode: str | None = None) -> type[Algorithm]:
     """The Algorithm class that runs algorithm `name` in `mode` (None: any of its learners; they share
     their networks and actors, which is all workers and `rlfarm eval` ask of them)."""
     found = section(name)
@@ -60,5 +60,5 @@ def check_mode(algo: str, mode: str) -> None:
     section(algo).check_mode(mode)
 
 
-def check_env(algo: str, spec: "SpaceSpec") -> None:
+def check_env(algo: str, spec: SpaceSpec) -> None:
     section(algo).check_spaces(spec)

@@ -16,16 +16,17 @@ learner) and a preset; nothing else changes (rlfarm.algos). See docs/architectur
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from rlfarm.config import PolicyConfig, RunConfig
+    from rlfarm.core.rollout import Rollout
     from rlfarm.envs import SpaceSpec
     from rlfarm.nn.actors import Actor
-    from rlfarm.core.rollout import Rollout
 
 
 class Algorithm(ABC):
@@ -40,7 +41,7 @@ class Algorithm(ABC):
     # progress.csv has the same columns.
     loss_keys: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, config: "RunConfig", spec: "SpaceSpec", device: "torch.device"):
+    def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
         self.run_config = config
         self.config: Any = config.algo_config  # this run's section of the algorithm (a subclass reads its own)
         self.spec = spec
@@ -49,11 +50,11 @@ class Algorithm(ABC):
     # ---- class side: also used by workers and `rlfarm eval` --------------------------------------
     @classmethod
     @abstractmethod
-    def build_network(cls, spec: "SpaceSpec", config: "PolicyConfig") -> "nn.Module":
+    def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> nn.Module:
         """The network this algorithm trains and workers act with, chosen from the env's spec."""
 
     @classmethod
-    def actor_snapshot(cls, network: "nn.Module") -> "Actor":
+    def actor_snapshot(cls, network: nn.Module) -> Actor:
         """A frozen snapshot of `network` to act with on a worker (numpy where it pays, else torch)."""
         return network.actor_snapshot()
 
@@ -63,7 +64,7 @@ class Algorithm(ABC):
         return {}
 
     @abstractmethod
-    def observe(self, rollout: "Rollout", policy_lag: int) -> None:
+    def observe(self, rollout: Rollout, policy_lag: int) -> None:
         """Take in one result (SYNC: the whole group). `policy_lag`: trainer version minus the version
         the result was acted with (0 in SYNC)."""
 
@@ -95,19 +96,20 @@ class Algorithm(ABC):
         return {}
 
     @abstractmethod
-    def state(self) -> dict[str, "torch.Tensor"]:
+    def state(self) -> dict[str, torch.Tensor]:
         """The weights workers act with (CPU tensors): what a published version holds."""
 
     @abstractmethod
-    def checkpoint(self) -> tuple[dict[str, "torch.Tensor"], dict[str, Any]]:
+    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Everything needed to continue learning bit-identically: tensors and a JSON-able rest."""
 
     @abstractmethod
-    def restore(self, tensors: Mapping[str, "torch.Tensor"], state: Mapping[str, Any]) -> None:
+    def restore(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
         """The inverse of `checkpoint`."""
 
 
 # ---- pure state-dict helpers (checkpoints are written by rlfarm.trainer.resume) ------------------------
+
 
 def prefixed(prefix: str, tensors: Mapping[str, Any]) -> dict[str, Any]:
     return {f"{prefix}.{k}": v for k, v in tensors.items()}
@@ -115,11 +117,12 @@ def prefixed(prefix: str, tensors: Mapping[str, Any]) -> dict[str, Any]:
 
 def unprefixed(prefix: str, tensors: Mapping[str, Any]) -> dict[str, Any]:
     head = prefix + "."
-    return {k[len(head):]: v for k, v in tensors.items() if k.startswith(head)}
+    return {k[len(head) :]: v for k, v in tensors.items() if k.startswith(head)}
 
 
-def optimizer_state(optimizer: "torch.optim.Optimizer", prefix: str = "optim"
-                    ) -> tuple[dict[str, "torch.Tensor"], dict[str, Any]]:
+def optimizer_state(
+    optimizer: torch.optim.Optimizer, prefix: str = "optim"
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """An optimizer's state_dict split into tensors and a JSON-able rest."""
     import torch
 
@@ -135,8 +138,12 @@ def optimizer_state(optimizer: "torch.optim.Optimizer", prefix: str = "optim"
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
-def load_optimizer_state(optimizer: "torch.optim.Optimizer", tensors: Mapping[str, "torch.Tensor"],
-                         meta: Mapping[str, Any], prefix: str = "optim") -> None:
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    tensors: Mapping[str, torch.Tensor],
+    meta: Mapping[str, Any],
+    prefix: str = "optim",
+) -> None:
     state: dict[int, dict[str, Any]] = {}
     for key, value in unprefixed(prefix, tensors).items():
         index, name = key.split(".", 1)
@@ -148,8 +155,9 @@ def load_optimizer_state(optimizer: "torch.optim.Optimizer", tensors: Mapping[st
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
-def networks_state(networks: Mapping[str, Any], optimizers: Mapping[str, "torch.optim.Optimizer"]
-                   ) -> tuple[dict[str, "torch.Tensor"], dict[str, Any]]:
+def networks_state(
+    networks: Mapping[str, Any], optimizers: Mapping[str, torch.optim.Optimizer]
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Several networks' and optimizers' state for a checkpoint, each under its prefix: tensors, and the
     optimizers' JSON-able rest by prefix (restore_networks reads them back)."""
     tensors: dict[str, Any] = {}
@@ -162,15 +170,19 @@ def networks_state(networks: Mapping[str, Any], optimizers: Mapping[str, "torch.
     return tensors, meta
 
 
-def restore_networks(networks: Mapping[str, Any], optimizers: Mapping[str, "torch.optim.Optimizer"],
-                     tensors: Mapping[str, "torch.Tensor"], meta: Mapping[str, Any]) -> None:
+def restore_networks(
+    networks: Mapping[str, Any],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    tensors: Mapping[str, torch.Tensor],
+    meta: Mapping[str, Any],
+) -> None:
     for prefix, network in networks.items():
         network.load_state_dict(unprefixed(prefix, tensors))
     for prefix, optimizer in optimizers.items():
         load_optimizer_state(optimizer, tensors, meta[prefix], prefix)
 
 
-def to_device(array: Any, device: "torch.device") -> "torch.Tensor":
+def to_device(array: Any, device: torch.device) -> torch.Tensor:
     """A numpy batch as a tensor on `device`, dtype kept (uint8 images stay uint8 until the network
     scales them, a quarter of float32's bytes over PCIe). To CUDA through pinned host memory with a
     non-blocking copy, so the copy overlaps the work already queued on the GPU."""

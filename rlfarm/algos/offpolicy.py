@@ -18,16 +18,17 @@ ASYNC only: a replay learner never needs a whole group acted with one version.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from rlfarm.algos.base import Algorithm, prefixed, to_device, unprefixed
 from rlfarm.config import RunConfig
-from rlfarm.envs import SpaceSpec
 from rlfarm.core.replay import Batch, PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
 from rlfarm.core.rollout import Rollout
+from rlfarm.envs import SpaceSpec
 
 
 class CriticBatch(NamedTuple):
@@ -48,14 +49,22 @@ def critic_batch(batch: Batch, policy: Any, device: torch.device) -> CriticBatch
     """`batch` for SAC's and TD3's gradient step; `policy` an rlfarm.nn.layers.BoundedPolicy."""
     obs = to_device(batch.obs, device)
     next_obs = to_device(batch.next_obs, device)
-    return CriticBatch(obs, next_obs, policy.normalize(obs), policy.normalize(next_obs),
-                       policy.to_unit(to_device(batch.actions, device)), to_device(batch.rewards, device),
-                       1.0 - to_device(batch.dones, device).float(), to_device(batch.discounts, device),
-                       to_device(batch.weights, device))
+    return CriticBatch(
+        obs,
+        next_obs,
+        policy.normalize(obs),
+        policy.normalize(next_obs),
+        policy.to_unit(to_device(batch.actions, device)),
+        to_device(batch.rewards, device),
+        1.0 - to_device(batch.dones, device).float(),
+        to_device(batch.discounts, device),
+        to_device(batch.weights, device),
+    )
 
 
-def twin_critic_step(qf1: torch.nn.Module, qf2: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     b: CriticBatch, target: torch.Tensor) -> tuple[dict[str, float], np.ndarray]:
+def twin_critic_step(
+    qf1: torch.nn.Module, qf2: torch.nn.Module, optimizer: torch.optim.Optimizer, b: CriticBatch, target: torch.Tensor
+) -> tuple[dict[str, float], np.ndarray]:
     """One step of both critics towards `target` (PER-weighted squared error), as SAC and TD3 take it
     (Fujimoto et al. 2018's clipped double Q: `target` already holds the smaller target critic).
     Returns the critics' metrics and each sample's TD error for PER (the mean of both critics')."""
@@ -68,9 +77,13 @@ def twin_critic_step(qf1: torch.nn.Module, qf2: torch.nn.Module, optimizer: torc
     optimizer.zero_grad()
     qf_loss.backward()
     optimizer.step()
-    metrics = {"losses/qf1_values": qf1_values.mean().item(), "losses/qf2_values": qf2_values.mean().item(),
-               "losses/qf1_loss": qf1_loss.item(), "losses/qf2_loss": qf2_loss.item(),
-               "losses/qf_loss": qf_loss.item() / 2.0}  # the mean of the two, as CleanRL logs it
+    metrics = {
+        "losses/qf1_values": qf1_values.mean().item(),
+        "losses/qf2_values": qf2_values.mean().item(),
+        "losses/qf1_loss": qf1_loss.item(),
+        "losses/qf2_loss": qf2_loss.item(),
+        "losses/qf_loss": qf_loss.item() / 2.0,
+    }  # the mean of the two, as CleanRL logs it
     return metrics, (0.5 * (td1.detach().abs() + td2.detach().abs())).cpu().numpy()
 
 
@@ -85,8 +98,15 @@ class OffPolicy(Algorithm):
         buffer = PrioritizedReplayBuffer if cfg.prioritized else ReplayBuffer
         extra = {"alpha": cfg.per_alpha, "eps": cfg.per_eps} if cfg.prioritized else {}
         # Actions are stored as the env took them: int64 indices, or float32 vectors of the Box's shape.
-        self.replay = buffer(cfg.buffer_size, spec.obs_shape, action_shape=spec.action_shape,
-                             action_dtype=spec.action_dtype, obs_dtype=spec.obs_dtype, seed=config.seed, **extra)
+        self.replay = buffer(
+            cfg.buffer_size,
+            spec.obs_shape,
+            action_shape=spec.action_shape,
+            action_dtype=spec.action_dtype,
+            obs_dtype=spec.obs_dtype,
+            seed=config.seed,
+            **extra,
+        )
         self.gradient_steps = 0
         self.env_steps = 0  # transitions observed (heatup counts these)
         self.grad_budget = 0.0  # gradient steps owed by the replay ratio
@@ -157,10 +177,16 @@ class OffPolicy(Algorithm):
         replay_meta = None
         if self.run_config.checkpoint_replay:
             arrays, replay_meta = self.replay.state()
-            tensors.update(prefixed("replay", {k: torch.from_numpy(np.ascontiguousarray(v))
-                                               for k, v in arrays.items()}))
-        return tensors, {"gradient_steps": self.gradient_steps, **learner, "env_steps": self.env_steps,
-                         "grad_budget": self.grad_budget, "replay": replay_meta}
+            tensors.update(
+                prefixed("replay", {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
+            )
+        return tensors, {
+            "gradient_steps": self.gradient_steps,
+            **learner,
+            "env_steps": self.env_steps,
+            "grad_budget": self.grad_budget,
+            "replay": replay_meta,
+        }
 
     def restore(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
         self.restore_learner(tensors, state)

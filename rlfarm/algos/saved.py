@@ -9,7 +9,8 @@ tensors. Files written before `space` was saved are read by their tensors' shape
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,15 +48,20 @@ def _space_problems(saved: SpaceSpec, spec: SpaceSpec) -> list[str]:
     problems = []
     if saved.is_image != spec.is_image:
         kinds = ("images", "vectors")
-        problems.append(f"it takes {kinds[not saved.is_image]} as observations, the env gives "
-                        f"{kinds[not spec.is_image]}")
+        problems.append(
+            f"it takes {kinds[not saved.is_image]} as observations, the env gives {kinds[not spec.is_image]}"
+        )
     elif saved.obs_shape != spec.obs_shape:
-        problems.append(f"it takes observations of shape {list(saved.obs_shape)}, the env's have shape "
-                        f"{list(spec.obs_shape)}" if saved.is_image else
-                        f"it takes observations of size {saved.obs_dim}, the env's have size {spec.obs_dim}")
+        problems.append(
+            f"it takes observations of shape {list(saved.obs_shape)}, the env's have shape {list(spec.obs_shape)}"
+            if saved.is_image
+            else f"it takes observations of size {saved.obs_dim}, the env's have size {spec.obs_dim}"
+        )
     if saved.discrete != spec.discrete or saved.action_dim != spec.action_dim:
-        problems.append(f"it acts with {_actions(saved.discrete, saved.action_dim)}, the env takes "
-                        f"{_actions(spec.discrete, spec.action_dim)}")
+        problems.append(
+            f"it acts with {_actions(saved.discrete, saved.action_dim)}, the env takes "
+            f"{_actions(spec.discrete, spec.action_dim)}"
+        )
     return problems
 
 
@@ -84,13 +90,19 @@ def _inferred_problems(head: str, state: Mapping[str, torch.Tensor], spec: Space
         if not saved_image and not spec.is_image and obs_dim != spec.obs_dim:
             problems.append(f"it takes observations of size {obs_dim}, the env's have size {spec.obs_dim}")
         if discrete != spec.discrete or out != spec.action_dim:
-            problems.append(f"it acts with {_actions(discrete, out)}, the env takes "
-                            f"{_actions(spec.discrete, spec.action_dim)}")
+            problems.append(
+                f"it acts with {_actions(discrete, out)}, the env takes {_actions(spec.discrete, spec.action_dim)}"
+            )
     return problems
 
 
-def load_network(algo: str, spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, torch.Tensor],
-                 meta: Mapping[str, str] | None = None) -> nn.Module:
+def load_network(
+    algo: str,
+    spec: SpaceSpec,
+    config: PolicyConfig,
+    state: Mapping[str, torch.Tensor],
+    meta: Mapping[str, str] | None = None,
+) -> nn.Module:
     """The network `algo` acts with, built for an env's `spec` and loaded with a saved `state` (and the
     file's metadata `meta`, whose `space` says what it was trained on). Raises PolicyMismatch saying
     what does not fit (observation size, kind or number of actions) when the policy was trained on

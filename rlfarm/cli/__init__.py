@@ -26,10 +26,15 @@ __all__ = ["entry", "main"]
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="rlfarm")
-@click.option("-v", "--verbose", count=True,
-              help="More messages: debug lines too (on stderr; a run's are also in RUN_DIR/rlfarm.log).")
-@click.option("-q", "--quiet", count=True,
-              help="Warnings and errors only (a run's info lines still go to RUN_DIR/rlfarm.log).")
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="More messages: debug lines too (on stderr; a run's are also in RUN_DIR/rlfarm.log).",
+)
+@click.option(
+    "-q", "--quiet", count=True, help="Warnings and errors only (a run's info lines still go to RUN_DIR/rlfarm.log)."
+)
 def main(verbose: int, quiet: int) -> None:
     """rlfarm: RL rollout episodes as Celery tasks on any number of machines, Redis in the middle.
 

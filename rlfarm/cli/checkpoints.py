@@ -54,10 +54,10 @@ def checkpoints_list(redis_url: str | None, run_id: str | None) -> None:
 @checkpoints.command(name="export")
 @click.option("--redis", "redis_url", help=RUN_FARM_HELP)
 @click.option("--run", "run_id", required=True, help="Run to export from.")
-@click.option("--version", type=PolicyVersion(), default="latest", show_default=True,
-              help="Version number or 'latest'.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
-              help="File to write (safetensors).")
+@click.option(
+    "--version", type=PolicyVersion(), default="latest", show_default=True, help="Version number or 'latest'."
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="File to write (safetensors).")
 def checkpoints_export(redis_url: str | None, run_id: str, version: int | str, output: str) -> None:
     """Write a stored version to a safetensors file (checksum verified), usable with `rlfarm eval`."""
     from rlfarm.core.signing import SignatureError
@@ -76,8 +76,7 @@ def checkpoints_export(redis_url: str | None, run_id: str, version: int | str, o
 @checkpoints.command(name="delete", short_help="Remove a run and all its keys from Redis.")
 @click.argument("run_id", metavar="RUN")
 @click.option("--redis", "redis_url", help=RUN_FARM_HELP)
-@click.option("--force", is_flag=True,
-              help="Delete even while the run's trainer heartbeat says it is running.")
+@click.option("--force", is_flag=True, help="Delete even while the run's trainer heartbeat says it is running.")
 def checkpoints_delete(run_id: str, redis_url: str | None, force: bool) -> None:
     """Remove a run from Redis: every key under rlfarm:RUN: (policy versions, metadata, trainer
     status, pending results). Its run directory on disk is left alone, so `rlfarm train --resume`

@@ -11,13 +11,18 @@ from pathlib import Path
 
 import click
 
-REDIS_HELP = ("Redis URL of the farm (broker, results and policy store). Omitted: env RLFARM_REDIS_URL, "
-              "else the local farm of `rlfarm up` (with its secret). Through Redis Sentinel: "
-              "sentinel://h1:26379;sentinel://h2:26379/0?master_name=NAME.")
-RUN_FARM_HELP = REDIS_HELP + (" No farm found that way: the run's own embedded Redis "
-                              "(runs/RUN/cluster.json) while it trains.")
-METRICS_HELP = ("Serve Prometheus metrics at http://HOST:PORT/metrics: {what}. A bare PORT listens on "
-                "127.0.0.1; 0.0.0.0:PORT lets a Prometheus on another machine scrape it.")
+REDIS_HELP = (
+    "Redis URL of the farm (broker, results and policy store). Omitted: env RLFARM_REDIS_URL, "
+    "else the local farm of `rlfarm up` (with its secret). Through Redis Sentinel: "
+    "sentinel://h1:26379;sentinel://h2:26379/0?master_name=NAME."
+)
+RUN_FARM_HELP = REDIS_HELP + (
+    " No farm found that way: the run's own embedded Redis (runs/RUN/cluster.json) while it trains."
+)
+METRICS_HELP = (
+    "Serve Prometheus metrics at http://HOST:PORT/metrics: {what}. A bare PORT listens on "
+    "127.0.0.1; 0.0.0.0:PORT lets a Prometheus on another machine scrape it."
+)
 
 # The logger of the CLI's own notes and warnings (its name is in RUN_DIR/rlfarm.log's lines).
 log = logging.getLogger("rlfarm.cli")
@@ -36,7 +41,7 @@ def exit_now() -> None:
         os._exit(0)
 
 
-def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+def fail(message: str, code: int = 2) -> NoReturn:  # noqa: F821
     click.echo(f"rlfarm: error: {message}", err=True)
     sys.exit(code)
 
@@ -47,7 +52,8 @@ def find_farm(redis_url: str | None, run_id: str | None = None, needed: bool = T
     the worker processes it starts and the signed data it reads; a different RLFARM_SECRET of the user's
     is said in one warning line. `needed`: fail in one line (exit 1) when none is found."""
     from rlfarm.config import RunConfig
-    from rlfarm.farm.find import find_farm as find, not_found, use_secret
+    from rlfarm.farm.find import find_farm as find
+    from rlfarm.farm.find import not_found, use_secret
 
     run_dir = Path(RunConfig.logdir) / run_id if run_id else None
     farm = find(redis_url, run_dir)
@@ -66,8 +72,10 @@ def sigterm_to_interrupt() -> None:
 
     SIGINT explicitly too: a process started in the background by a non-interactive shell inherits
     SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all."""
+
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -98,7 +106,8 @@ def allowed_env_modules(modules: tuple[str, ...]) -> dict[str, str]:
     """--allow-env-module (of `rlfarm worker` and `rlfarm up`) checked, one usage line for a name that
     is not a module's; returns the environment of workers allowed to build those modules'
     'MODULE:callable' envs: RLFARM_ALLOWED_ENV_MODULES with them added (empty when none is given)."""
-    from rlfarm.envs import ALLOWED_MODULES_VAR, allowed_env_modules as allowed, valid_module_name
+    from rlfarm.envs import ALLOWED_MODULES_VAR, valid_module_name
+    from rlfarm.envs import allowed_env_modules as allowed
 
     bad = [m for m in modules if not valid_module_name(m)]
     if bad:

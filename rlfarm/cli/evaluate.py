@@ -14,26 +14,58 @@ from rlfarm.config import bounds as B  # pure and light: the upper bounds of the
 
 @click.command(name="eval")
 @click.argument("run_name", metavar="[RUN]", required=False)
-@click.option("--logdir", type=click.Path(file_okay=False),
-              help="Where RUN's directory is: RUN may be a run id under it, or a run directory [runs].")
-@click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
-              help="A saved policy (e.g. RUN_DIR/final_policy.safetensors).")
+@click.option(
+    "--logdir",
+    type=click.Path(file_okay=False),
+    help="Where RUN's directory is: RUN may be a run id under it, or a run directory [runs].",
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A saved policy (e.g. RUN_DIR/final_policy.safetensors).",
+)
 @click.option("--run", "run_id", help="A run in the farm's Redis (its newest or --version version).")
-@click.option("--version", "version", type=PolicyVersion(), default="latest", show_default=True,
-              help="Policy version of --run: a number or 'latest'.")
+@click.option(
+    "--version",
+    "version",
+    type=PolicyVersion(),
+    default="latest",
+    show_default=True,
+    help="Policy version of --run: a number or 'latest'.",
+)
 @click.option("--redis", "redis_url", help=RUN_FARM_HELP)
 @click.option("--env", "env_id", help="Env id [the one the policy was trained on].")
-@click.option("--episodes", type=click.IntRange(min=1, max=B.MAX_EPISODES), default=10, show_default=True,
-              help=f"Greedy episodes to play (at most {B.MAX_EPISODES:,}).")
+@click.option(
+    "--episodes",
+    type=click.IntRange(min=1, max=B.MAX_EPISODES),
+    default=10,
+    show_default=True,
+    help=f"Greedy episodes to play (at most {B.MAX_EPISODES:,}).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first episode.")
-@click.option("--video", "video_dir", type=click.Path(file_okay=False),
-              help='Record every episode to an .mp4 file in this directory (needs moviepy: '
-                   'pip install -e ".[video]").')
+@click.option(
+    "--video",
+    "video_dir",
+    type=click.Path(file_okay=False),
+    help='Record every episode to an .mp4 file in this directory (needs moviepy: pip install -e ".[video]").',
+)
 @click.option("--render", is_flag=True, help="Watch the episodes in a window (needs a display).")
 @click.pass_context
-def eval_(ctx: click.Context, run_name: str | None, logdir: str | None, policy_file: str | None,
-          run_id: str | None, version: int | str, redis_url: str | None, env_id: str | None, episodes: int,
-          seed: int, video_dir: str | None, render: bool) -> None:
+def eval_(
+    ctx: click.Context,
+    run_name: str | None,
+    logdir: str | None,
+    policy_file: str | None,
+    run_id: str | None,
+    version: int | str,
+    redis_url: str | None,
+    env_id: str | None,
+    episodes: int,
+    seed: int,
+    video_dir: str | None,
+    render: bool,
+) -> None:
     """Run greedy episodes with a run's best policy, a saved policy file or a stored version; print
     mean ± std.
 
@@ -47,8 +79,10 @@ def eval_(ctx: click.Context, run_name: str | None, logdir: str | None, policy_f
     if sum(map(bool, (run_name, policy_file, run_id))) != 1:
         fail("give exactly one of RUN (a run directory's best policy), --policy FILE or --run RUN (Redis)")
     if run_name and ctx.get_parameter_source("version") is not click.core.ParameterSource.DEFAULT:
-        fail("--version picks a version of --run RUN in Redis; RUN plays its run directory's best (else "
-             "final) policy file")
+        fail(
+            "--version picks a version of --run RUN in Redis; RUN plays its run directory's best (else "
+            "final) policy file"
+        )
     if logdir and not run_name:
         fail("--logdir is where RUN's directory is; give it with RUN")
     if video_dir and render:
@@ -58,10 +92,16 @@ def eval_(ctx: click.Context, run_name: str | None, logdir: str | None, policy_f
             import moviepy  # noqa: F401 - gymnasium's RecordVideo writes the .mp4 files with it
         except ImportError:
             fail('--video needs moviepy, which is not installed: pip install -e ".[video]"', 1)
-    if render and sys.platform.startswith("linux") and not any(
-            os.environ.get(var) for var in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER")):
-        fail("--render opens a window, but there is no display here (DISPLAY is not set); record the "
-             "episodes to files instead with --video DIR", 1)
+    if (
+        render
+        and sys.platform.startswith("linux")
+        and not any(os.environ.get(var) for var in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER"))
+    ):
+        fail(
+            "--render opens a window, but there is no display here (DISPLAY is not set); record the "
+            "episodes to files instead with --video DIR",
+            1,
+        )
     render_mode = "rgb_array" if video_dir else "human" if render else None
     if run_id:
         redis_url = find_farm(redis_url, run_id).url
@@ -82,9 +122,12 @@ def eval_(ctx: click.Context, run_name: str | None, logdir: str | None, policy_f
     except KeyboardInterrupt:  # stop watching
         click.echo("rlfarm: interrupted", err=True)
         sys.exit(130)
-    click.echo(f"{env_id}, policy v{policy.version}: mean return {returns.mean():.2f} ± "
-               f"{returns.std():.2f} over {episodes} greedy episodes")
+    click.echo(
+        f"{env_id}, policy v{policy.version}: mean return {returns.mean():.2f} ± "
+        f"{returns.std():.2f} over {episodes} greedy episodes"
+    )
     if video_dir:
         videos = sorted(Path(video_dir).glob("*.mp4"))
-        click.echo(f"recorded {episodes} episode{'s' if episodes > 1 else ''} to {video_dir}/ "
-                   f"({len(videos)} .mp4 files there)")
+        click.echo(
+            f"recorded {episodes} episode{'s' if episodes > 1 else ''} to {video_dir}/ ({len(videos)} .mp4 files there)"
+        )

@@ -14,11 +14,21 @@ from rlfarm.config import bounds as B  # pure and light: the upper bounds of the
 
 
 @click.command()
-@click.option("-w", "--workers", type=click.IntRange(min=1, max=B.MAX_WORKERS),
-              default=min(os.cpu_count() or 1, B.MAX_WORKERS), show_default=True,
-              help=f"Worker processes of the local farm (at most {B.MAX_WORKERS}).")
-@click.option("--allow-env-module", "modules", multiple=True, metavar="MODULE",
-              help="Let its workers build 'MODULE:callable' envs (repeatable).")
+@click.option(
+    "-w",
+    "--workers",
+    type=click.IntRange(min=1, max=B.MAX_WORKERS),
+    default=min(os.cpu_count() or 1, B.MAX_WORKERS),
+    show_default=True,
+    help=f"Worker processes of the local farm (at most {B.MAX_WORKERS}).",
+)
+@click.option(
+    "--allow-env-module",
+    "modules",
+    multiple=True,
+    metavar="MODULE",
+    help="Let its workers build 'MODULE:callable' envs (repeatable).",
+)
 def up(workers: int, modules: tuple[str, ...]) -> None:
     """Start a local farm that stays up: a Redis on 127.0.0.1 and WORKERS worker processes.
 
@@ -27,19 +37,23 @@ def up(workers: int, modules: tuple[str, ...]) -> None:
     workers to it, `rlfarm status` shows it. Its URL (with a random password), its RLFARM_SECRET and
     logs are under $RLFARM_HOME (default ~/.cache/rlfarm; local-farm.json, mode 0600).
     """
-    from rlfarm.local import farm as localfarm
     from rlfarm.farm.connection import redact
+    from rlfarm.local import farm as localfarm
 
     env = allowed_env_modules(modules)
     try:
         state = localfarm.up(workers, extra_env=env)
     except (localfarm.LocalFarmError, OSError) as exc:
         fail(str(exc), 1)
-    click.echo(f"local farm up: Redis {redact(state['redis_url'])}, {workers} worker processes, logs in "
-               f"{state['logs']}; `rlfarm train` uses it until `rlfarm down`")
-    click.echo(f"more workers on this machine: `rlfarm worker -c N` (it finds this farm and its secret by "
-               f"itself, as status, eval --run, checkpoints and sweep do); its URL and secret, e.g. for "
-               f"Flower (RLFARM_REDIS_URL): {localfarm.state_path()} (redis_url, secret)")
+    click.echo(
+        f"local farm up: Redis {redact(state['redis_url'])}, {workers} worker processes, logs in "
+        f"{state['logs']}; `rlfarm train` uses it until `rlfarm down`"
+    )
+    click.echo(
+        f"more workers on this machine: `rlfarm worker -c N` (it finds this farm and its secret by "
+        f"itself, as status, eval --run, checkpoints and sweep do); its URL and secret, e.g. for "
+        f"Flower (RLFARM_REDIS_URL): {localfarm.state_path()} (redis_url, secret)"
+    )
 
 
 @click.command()
@@ -54,10 +68,10 @@ def down() -> None:
 @click.command()
 @click.option("--redis", "redis_url", help=REDIS_HELP)
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
-@click.option("--interval", type=float, default=2.0, show_default=True,
-              help="Seconds between refreshes with --watch.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the snapshot as one JSON object (one per line with --watch).")
+@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the snapshot as one JSON object (one per line with --watch)."
+)
 def status(redis_url: str | None, watch: bool, interval: float, as_json: bool) -> None:
     """Runs, policy versions, trainer heartbeats, workers, queue depth and Redis memory of a farm.
 

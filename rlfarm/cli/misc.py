@@ -11,8 +11,12 @@ from rlfarm.cli.common import fail
 
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Image to write; the format follows the suffix (.png, .svg, .pdf) [RUN_DIR/curves.png].")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Image to write; the format follows the suffix (.png, .svg, .pdf) [RUN_DIR/curves.png].",
+)
 def plot(run_dir: Path, output: Path | None) -> None:
     """Plot a run's learning curves: training and evaluation return against env steps and wall time."""
     from rlfarm.commands.plot import PlotError, plot_run

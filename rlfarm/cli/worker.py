@@ -11,39 +11,93 @@ from rlfarm.config import bounds as B  # pure and light: the upper bounds of the
 
 
 @click.command()
-@click.option("--redis", "redis_url",
-              help=REDIS_HELP + " A farm's Redis needs a password, redis://:PASSWORD@host:6379/0 (a "
-                   "warning says so when a Redis on another address lets this worker in without one).")
-@click.option("-c", "--concurrency", type=click.IntRange(min=1, max=B.MAX_WORKERS),
-              default=min(os.cpu_count() or 1, B.MAX_WORKERS), show_default=True,
-              help=f"Rollout processes on this machine (one torch thread each; at most {B.MAX_WORKERS}).")
+@click.option(
+    "--redis",
+    "redis_url",
+    help=REDIS_HELP + " A farm's Redis needs a password, redis://:PASSWORD@host:6379/0 (a "
+    "warning says so when a Redis on another address lets this worker in without one).",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1, max=B.MAX_WORKERS),
+    default=min(os.cpu_count() or 1, B.MAX_WORKERS),
+    show_default=True,
+    help=f"Rollout processes on this machine (one torch thread each; at most {B.MAX_WORKERS}).",
+)
 @click.option("-n", "--hostname", default=None, help="Celery node name [rlfarm-<pid>@<host>].")
-@click.option("-l", "--loglevel", default="INFO", show_default=True,
-              help="Celery log level [WARNING with rlfarm -q, DEBUG with rlfarm -v].")
-@click.option("-E", "--events/--no-events", default=False, show_default=True,
-              help="Send task events, for Flower (about 1.5 ms per task).")
+@click.option(
+    "-l",
+    "--loglevel",
+    default="INFO",
+    show_default=True,
+    help="Celery log level [WARNING with rlfarm -q, DEBUG with rlfarm -v].",
+)
+@click.option(
+    "-E",
+    "--events/--no-events",
+    default=False,
+    show_default=True,
+    help="Send task events, for Flower (about 1.5 ms per task).",
+)
 # Into this process's environment before Celery starts, so the worker's pool processes inherit it
 # (rlfarm.envs reads it when it builds an env).
-@click.option("--allow-env-module", "allow_env_module", multiple=True, metavar="MODULE", expose_value=False,
-              callback=lambda ctx, param, value: os.environ.update(allowed_env_modules(value)),
-              help="Let this worker build 'MODULE:callable' envs (and MODULE's submodules') named by a "
-                   "run's metadata in Redis; repeatable; added to env RLFARM_ALLOWED_ENV_MODULES. "
-                   "Registered gymnasium ids need no permission.")
-@click.option("--time-limit", type=click.FloatRange(min=0), default=0, show_default=True,
-              help="Hard limit in seconds on any task's run time here, whatever the run asks (0: the "
-                   "run's own, farm.task_time_limit): a stuck process is killed and replaced.")
-@click.option("--redis-outage-timeout", type=click.FloatRange(min=0, min_open=True), default=300,
-              show_default=True, help="Seconds a task waits out a Redis outage before it gives up.")
-@click.option("--shutdown-grace", type=click.FloatRange(min=0), default=10, show_default=True,
-              help="On SIGTERM (a spot instance's notice, docker stop) running tasks are handed back at "
-                   "once, for their trainer to send again; a process that has not let go of its task "
-                   "after this many seconds (an env stuck in C code) is killed, and the worker exits.")
-@click.option("--metrics-port", "metrics_port", metavar="[HOST:]PORT", help=METRICS_HELP.format(
-                  what="this worker's slots, busy slots, tasks, policy fetches and their bytes, Redis outages"))
+@click.option(
+    "--allow-env-module",
+    "allow_env_module",
+    multiple=True,
+    metavar="MODULE",
+    expose_value=False,
+    callback=lambda ctx, param, value: os.environ.update(allowed_env_modules(value)),
+    help="Let this worker build 'MODULE:callable' envs (and MODULE's submodules') named by a "
+    "run's metadata in Redis; repeatable; added to env RLFARM_ALLOWED_ENV_MODULES. "
+    "Registered gymnasium ids need no permission.",
+)
+@click.option(
+    "--time-limit",
+    type=click.FloatRange(min=0),
+    default=0,
+    show_default=True,
+    help="Hard limit in seconds on any task's run time here, whatever the run asks (0: the "
+    "run's own, farm.task_time_limit): a stuck process is killed and replaced.",
+)
+@click.option(
+    "--redis-outage-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300,
+    show_default=True,
+    help="Seconds a task waits out a Redis outage before it gives up.",
+)
+@click.option(
+    "--shutdown-grace",
+    type=click.FloatRange(min=0),
+    default=10,
+    show_default=True,
+    help="On SIGTERM (a spot instance's notice, docker stop) running tasks are handed back at "
+    "once, for their trainer to send again; a process that has not let go of its task "
+    "after this many seconds (an env stuck in C code) is killed, and the worker exits.",
+)
+@click.option(
+    "--metrics-port",
+    "metrics_port",
+    metavar="[HOST:]PORT",
+    help=METRICS_HELP.format(
+        what="this worker's slots, busy slots, tasks, policy fetches and their bytes, Redis outages"
+    ),
+)
 @click.pass_context
-def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname: str | None, loglevel: str,
-           events: bool, time_limit: float, redis_outage_timeout: float, shutdown_grace: float,
-           metrics_port: str | None) -> None:
+def worker(
+    ctx: click.Context,
+    redis_url: str | None,
+    concurrency: int,
+    hostname: str | None,
+    loglevel: str,
+    events: bool,
+    time_limit: float,
+    redis_outage_timeout: float,
+    shutdown_grace: float,
+    metrics_port: str | None,
+) -> None:
     """Run a Celery worker with rlfarm's defaults: add this machine's cores to a farm.
 
     Tasks hold a lease in Redis while they run, so a trainer notices within seconds when this worker
@@ -53,10 +107,10 @@ def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname
     """
     import logging
 
-    from rlfarm.runio import logs
     from rlfarm.core.signing import secret_from_env
     from rlfarm.farm.connection import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
     from rlfarm.farm.find import describe
+    from rlfarm.runio import logs
 
     listen = metrics_listen(metrics_port)
     farm = find_farm(redis_url)  # with the up farm, its secret too: its trainers sign their tasks with it
@@ -70,8 +124,10 @@ def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname
     if evicts:
         fail(evicts, 1)
     logging.getLogger("rlfarm.worker").info("farm: %s", describe(farm))  # reached: a failure stays one line
-    for warning in (no_password_warning(redis_url),  # it let us in without one
-                    no_secret_warning(redis_url, secret_from_env())):
+    for warning in (
+        no_password_warning(redis_url),  # it let us in without one
+        no_secret_warning(redis_url, secret_from_env()),
+    ):
         if warning:
             logging.getLogger("rlfarm.worker").warning("%s", warning)
     if ctx.get_parameter_source("loglevel") is click.core.ParameterSource.DEFAULT and logs.verbosity():
@@ -90,7 +146,23 @@ def worker(ctx: click.Context, redis_url: str | None, concurrency: int, hostname
     app.conf.update(celery_settings(redis_url))
     # Without gossip and mingle: rlfarm needs neither, and kombu's gossip teardown during a Redis
     # restart can kill the worker's main process ('NoneType' object has no attribute 'hostname').
-    app.worker_main(["worker", "--pool", "prefork", "--concurrency", str(concurrency),
-                     "--prefetch-multiplier", "1", "-O", "fair", "--loglevel", loglevel,
-                     "--without-gossip", "--without-mingle",
-                     "--hostname", hostname or f"rlfarm-{os.getpid()}@%h", *(["-E"] if events else [])])
+    app.worker_main(
+        [
+            "worker",
+            "--pool",
+            "prefork",
+            "--concurrency",
+            str(concurrency),
+            "--prefetch-multiplier",
+            "1",
+            "-O",
+            "fair",
+            "--loglevel",
+            loglevel,
+            "--without-gossip",
+            "--without-mingle",
+            "--hostname",
+            hostname or f"rlfarm-{os.getpid()}@%h",
+            *(["-E"] if events else []),
+        ]
+    )

@@ -25,6 +25,7 @@ class PlotError(ValueError):
 @dataclass(frozen=True)
 class RunData:
     """What a run directory holds, as read from disk (CSV rows keep their string values)."""
+
     path: Path
     config: dict[str, Any]
     episodes: list[dict[str, str]]
@@ -34,6 +35,7 @@ class RunData:
 @dataclass(frozen=True)
 class Curves:
     """The series `render` draws. Arrays are float64; episodes are in logged order."""
+
     title: str
     episode_step: np.ndarray
     episode_wall: np.ndarray
@@ -148,27 +150,44 @@ def render(c: Curves, out: Path, dpi: int = 120) -> Path:
         from matplotlib.figure import Figure
         from matplotlib.ticker import EngFormatter
     except ImportError as exc:  # a worker-only install: `pip install rlfarm` without extras
-        raise PlotError(f"rlfarm plot needs matplotlib, which is not installed here ({exc}); install the "
-                        f"trainer's extras: pip install -e \".[train]\" in the rlfarm checkout (or pip "
-                        f"install 'rlfarm[train]')") from None
+        raise PlotError(
+            f"rlfarm plot needs matplotlib, which is not installed here ({exc}); install the "
+            f'trainer\'s extras: pip install -e ".[train]" in the rlfarm checkout (or pip '
+            f"install 'rlfarm[train]')"
+        ) from None
 
     fig = Figure(figsize=(12, 4.6), layout="constrained")
     FigureCanvasAgg(fig)
     ax_step, ax_wall = fig.subplots(1, 2, sharey=True)
     wall_div, wall_label = wall_unit(float(max(c.episode_wall.max(initial=0), c.eval_wall.max(initial=0))))
-    panels = ((ax_step, c.episode_step, c.rolling_step, c.eval_step, 1.0, "env steps"),
-              (ax_wall, c.episode_wall, c.rolling_wall, c.eval_wall, wall_div, wall_label))
+    panels = (
+        (ax_step, c.episode_step, c.rolling_step, c.eval_step, 1.0, "env steps"),
+        (ax_wall, c.episode_wall, c.rolling_wall, c.eval_wall, wall_div, wall_label),
+    )
     for ax, ep_x, roll_x, ev_x, div, label in panels:
         if len(ep_x):
-            ax.scatter(ep_x / div, c.episode_return, s=7, alpha=0.2, color="tab:blue", linewidths=0,
-                       label="training episode")
-            ax.plot(roll_x / div, c.rolling_return, color="tab:blue", lw=2,
-                    label=f"training, mean of last {c.window} episodes")
+            ax.scatter(
+                ep_x / div, c.episode_return, s=7, alpha=0.2, color="tab:blue", linewidths=0, label="training episode"
+            )
+            ax.plot(
+                roll_x / div,
+                c.rolling_return,
+                color="tab:blue",
+                lw=2,
+                label=f"training, mean of last {c.window} episodes",
+            )
         if len(ev_x):
-            ax.fill_between(ev_x / div, c.eval_mean - c.eval_std, c.eval_mean + c.eval_std,
-                            color="tab:orange", alpha=0.15, linewidth=0)
-            ax.plot(ev_x / div, c.eval_mean, "o-", color="tab:orange", lw=1.5, ms=4,
-                    label="greedy evaluation (mean ± std)")
+            ax.fill_between(
+                ev_x / div,
+                c.eval_mean - c.eval_std,
+                c.eval_mean + c.eval_std,
+                color="tab:orange",
+                alpha=0.15,
+                linewidth=0,
+            )
+            ax.plot(
+                ev_x / div, c.eval_mean, "o-", color="tab:orange", lw=1.5, ms=4, label="greedy evaluation (mean ± std)"
+            )
         ax.set_xlabel(label)
         ax.set_xlim(left=0)  # the run's start, so start-up time and early steps are visible
         ax.grid(alpha=0.3)

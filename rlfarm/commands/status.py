@@ -9,18 +9,19 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from rlfarm.core import codec
+from rlfarm.farm import keys
 from rlfarm.farm.app import queue_depth
 from rlfarm.farm.connection import redact
 from rlfarm.farm.runs import list_runs, read_status
-from rlfarm.farm.store import PolicyStore, RunNotFound
-from rlfarm.farm import keys
 from rlfarm.farm.shares import live_nodes, read_runs
+from rlfarm.farm.store import PolicyStore, RunNotFound
 from rlfarm.runio import narrow
 
 # Seconds Celery waits for workers to answer a broadcast. It waits that long only for workers it does
@@ -35,6 +36,7 @@ SCHEMA_FILE = Path(__file__).with_name("status.schema.json")
 @dataclass(frozen=True)
 class Heartbeat:
     """The trainer's `rlfarm:<run>:status` hash, typed. None where a field is absent or unparsable."""
+
     state: str
     mode: str | None = None
     algo: str | None = None
@@ -57,6 +59,7 @@ class Heartbeat:
 @dataclass(frozen=True)
 class Share:
     """A run's registration for the farm's fair shares (rlfarm.farm.shares), while its trainer lives."""
+
     weight: float
     demand: int
     cap: int | None  # None: no limit (alone on the farm, or no rlfarm worker registered)
@@ -67,9 +70,13 @@ class Share:
 def parse_share(raw: Mapping[str, str] | None) -> Share | None:
     if not raw:
         return None
-    return Share(weight=_num(raw, "weight", float) or 1.0, demand=_num(raw, "demand", int) or 0,
-                 cap=_num(raw, "cap", int), used=_num(raw, "used", float) or 0.0,
-                 slots=_num(raw, "slots", int) or 0)
+    return Share(
+        weight=_num(raw, "weight", float) or 1.0,
+        demand=_num(raw, "demand", int) or 0,
+        cap=_num(raw, "cap", int),
+        used=_num(raw, "used", float) or 0.0,
+        slots=_num(raw, "slots", int) or 0,
+    )
 
 
 @dataclass(frozen=True)
@@ -133,14 +140,23 @@ def parse_heartbeat(raw: Mapping[str, str], now: float) -> Heartbeat | None:
         return None
     updated = _num(raw, "updated", float)
     return Heartbeat(
-        state=raw.get("state", "?"), mode=raw.get("mode"), algo=raw.get("algo"), env=raw.get("env"),
-        env_steps=_num(raw, "env_steps", int), total_steps=_num(raw, "total_steps", int),
-        version=_num(raw, "version", int), sps=_num(raw, "sps", float),
+        state=raw.get("state", "?"),
+        mode=raw.get("mode"),
+        algo=raw.get("algo"),
+        env=raw.get("env"),
+        env_steps=_num(raw, "env_steps", int),
+        total_steps=_num(raw, "total_steps", int),
+        version=_num(raw, "version", int),
+        sps=_num(raw, "sps", float),
         tasks_in_flight=_num(raw, "tasks_in_flight", int),
         eval_mean_return=_num(raw, "eval_mean_return", float),
-        slots_waiting=_num(raw, "slots_waiting", float), host=raw.get("host"),
-        pid=_num(raw, "pid", int), started=_num(raw, "started", float), updated=updated,
-        age_s=None if updated is None else max(0.0, now - updated))
+        slots_waiting=_num(raw, "slots_waiting", float),
+        host=raw.get("host"),
+        pid=_num(raw, "pid", int),
+        started=_num(raw, "started", float),
+        updated=updated,
+        age_s=None if updated is None else max(0.0, now - updated),
+    )
 
 
 def parse_workers(stats: Mapping[str, Any] | None) -> list[WorkerStatus]:
@@ -150,19 +166,28 @@ def parse_workers(stats: Mapping[str, Any] | None) -> list[WorkerStatus]:
         pool = s.get("pool") or {}
         pids = [int(p) for p in pool.get("processes") or []]
         rlfarm = s.get("rlfarm") or {}
-        workers.append(WorkerStatus(name=name, processes=len(pids) or int(pool.get("max-concurrency", 0)),
-                                    pids=pids, tasks_done=sum(int(n) for n in (s.get("total") or {}).values()),
-                                    protocol=rlfarm.get("protocol"), version=rlfarm.get("version")))
+        workers.append(
+            WorkerStatus(
+                name=name,
+                processes=len(pids) or int(pool.get("max-concurrency", 0)),
+                pids=pids,
+                tasks_done=sum(int(n) for n in (s.get("total") or {}).values()),
+                protocol=rlfarm.get("protocol"),
+                version=rlfarm.get("version"),
+            )
+        )
     return workers
 
 
 def parse_memory(info: Mapping[str, Any]) -> MemoryStatus:
     """Redis `INFO memory` -> the few fields that matter for a farm."""
-    return MemoryStatus(used_bytes=int(info.get("used_memory", 0)),
-                        used_human=str(info.get("used_memory_human", "?")),
-                        max_bytes=int(info.get("maxmemory", 0)),
-                        max_human=str(info.get("maxmemory_human", "0B")),
-                        policy=str(info.get("maxmemory_policy", "?")))
+    return MemoryStatus(
+        used_bytes=int(info.get("used_memory", 0)),
+        used_human=str(info.get("used_memory_human", "?")),
+        max_bytes=int(info.get("maxmemory", 0)),
+        max_human=str(info.get("maxmemory_human", "0B")),
+        policy=str(info.get("maxmemory_policy", "?")),
+    )
 
 
 # ---- gathering (I/O) -----------------------------------------------------------------------------
@@ -194,24 +219,29 @@ def gather_run(client: Any, run_id: str, now: float, share: Mapping[str, str] | 
         algo=config.get("algo") or (heartbeat.algo if heartbeat else None),
         mode=config.get("mode") or (heartbeat.mode if heartbeat else None),
         env=(config.get("env") or {}).get("id") or (heartbeat.env if heartbeat else None),
-        latest_version=latest, policy_created=created,
-        policy_age_s=None if created is None else max(0.0, now - created), heartbeat=heartbeat,
-        share=parse_share(share))
+        latest_version=latest,
+        policy_created=created,
+        policy_age_s=None if created is None else max(0.0, now - created),
+        heartbeat=heartbeat,
+        share=parse_share(share),
+    )
 
 
 def most_recent_first(runs: list[RunStatus]) -> list[RunStatus]:
     """Runs with a live trainer first, then by their newest policy: a Redis that has kept many runs
     still shows the ones that matter at the top of a terminal-sized `--watch`."""
+
     def key(run: RunStatus) -> tuple[int, float, str]:
         live = run.heartbeat is not None and run.heartbeat.state == "running"
-        latest = max(filter(None, [run.policy_created, run.heartbeat.updated if run.heartbeat else None]),
-                     default=0.0)
+        latest = max(filter(None, [run.policy_created, run.heartbeat.updated if run.heartbeat else None]), default=0.0)
         return (0 if live else 1, -latest, run.run_id)
+
     return sorted(runs, key=key)
 
 
-def gather(client: Any, app: Any, redis_url: str, inspect_timeout: float = INSPECT_TIMEOUT,
-           source: str | None = None) -> Snapshot:
+def gather(
+    client: Any, app: Any, redis_url: str, inspect_timeout: float = INSPECT_TIMEOUT, source: str | None = None
+) -> Snapshot:
     """One look at the farm: runs, heartbeats, queue, workers (a Celery broadcast) and Redis memory.
     `source`: how the farm was found, in words (shown first)."""
     # A broadcast waits its whole timeout unless told how many answers to expect: the registered
@@ -221,10 +251,15 @@ def gather(client: Any, app: Any, redis_url: str, inspect_timeout: float = INSPE
     stats = app.control.inspect(timeout=inspect_timeout, limit=expected or None).stats()
     now = time.time()
     shares = read_runs(client)
-    return Snapshot(redis=redact(redis_url), taken=now, queue_depth=queue_depth(client),
-                    memory=parse_memory(client.info("memory")), workers=parse_workers(stats),
-                    runs=most_recent_first([gather_run(client, run, now, shares.get(run))
-                                            for run in list_runs(client)]), source=source)
+    return Snapshot(
+        redis=redact(redis_url),
+        taken=now,
+        queue_depth=queue_depth(client),
+        memory=parse_memory(client.info("memory")),
+        workers=parse_workers(stats),
+        runs=most_recent_first([gather_run(client, run, now, shares.get(run)) for run in list_runs(client)]),
+        source=source,
+    )
 
 
 # ---- output (pure) -------------------------------------------------------------------------------
@@ -232,9 +267,12 @@ def farm_totals(s: Snapshot) -> dict[str, int]:
     """What an autoscaler sizes the workers by: the farm's slots (pool processes online) and what the
     runs training now ask of them (their tasks queued, running or held back by their shares)."""
     training = [r for r in s.runs if r.share is not None]
-    return {"slots": s.processes, "tasks_queued": s.queue_depth,
-            "tasks_wanted": sum(r.share.demand for r in training if r.share is not None),
-            "runs_training": len(training)}
+    return {
+        "slots": s.processes,
+        "tasks_queued": s.queue_depth,
+        "tasks_wanted": sum(r.share.demand for r in training if r.share is not None),
+        "runs_training": len(training),
+    }
 
 
 def to_json(snapshot: Snapshot) -> str:
@@ -255,8 +293,7 @@ def _progress(hb: Heartbeat) -> str:
 
 def _memory_line(m: MemoryStatus) -> str:
     if m.max_bytes:
-        return (f"{m.used_human} of {m.max_human} ({100 * m.used_bytes / m.max_bytes:.1f} %), "
-                f"eviction policy {m.policy}")
+        return f"{m.used_human} of {m.max_human} ({100 * m.used_bytes / m.max_bytes:.1f} %), eviction policy {m.policy}"
     return f"{m.used_human}, no maxmemory limit (policy {m.policy})"
 
 
@@ -294,8 +331,9 @@ def _table(columns: list[str], rows: list[dict[str, Any]], title: str, **options
     from rich import box
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-                  collapse_padding=True, **options)
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, **options
+    )
     for name in columns:
         # Ids (run, worker) are what a user copies: never cut; no column cuts a value, it wraps.
         table.add_column(name, no_wrap=name in ("run", "worker"), overflow="fold")
@@ -321,10 +359,16 @@ def _run_row(r: RunStatus) -> dict[str, Any]:
     tasks = "-" if hb.tasks_in_flight is None else str(hb.tasks_in_flight)
     if hb.slots_waiting is not None:  # ASYNC: how much of the farm's slot time waits for the learner
         tasks += f"\n{100 * hb.slots_waiting:.0f}% idle"
-    return {"run": run, "trainer": trainer, "host": f"{hb.host or '?'}\npid {hb.pid or '?'}",
-            "steps": _progress(hb), "policy": policy, "in flight": tasks,
-            "share": _share_cell(r.share),
-            "eval": "-" if hb.eval_mean_return is None else f"{hb.eval_mean_return:.1f}"}
+    return {
+        "run": run,
+        "trainer": trainer,
+        "host": f"{hb.host or '?'}\npid {hb.pid or '?'}",
+        "steps": _progress(hb),
+        "policy": policy,
+        "in flight": tasks,
+        "share": _share_cell(r.share),
+        "eval": "-" if hb.eval_mean_return is None else f"{hb.eval_mean_return:.1f}",
+    }
 
 
 def render(s: Snapshot) -> Any:
@@ -334,18 +378,34 @@ def render(s: Snapshot) -> Any:
     from rich.text import Text
 
     taken = datetime.fromtimestamp(s.taken).strftime("%Y-%m-%d %H:%M:%S")
-    header = Text.assemble("farm: ", (f"{s.source or 'given'}, {s.redis}", "bold"), "\n",
-                           ("rlfarm status", "bold"), f"  {taken}\n",
-                           "broker queue: ", (f"{s.queue_depth}", "bold"), " task messages waiting\n",
-                           "Redis memory: ", _memory_line(s.memory))
+    header = Text.assemble(
+        "farm: ",
+        (f"{s.source or 'given'}, {s.redis}", "bold"),
+        "\n",
+        ("rlfarm status", "bold"),
+        f"  {taken}\n",
+        "broker queue: ",
+        (f"{s.queue_depth}", "bold"),
+        " task messages waiting\n",
+        "Redis memory: ",
+        _memory_line(s.memory),
+    )
 
     if s.workers:
-        node_rows = [{"worker": w.name, "rlfarm": _worker_version(w), "procs": str(w.processes),
-                      "pids": " ".join(map(str, w.pids)) or "-", "received": str(w.tasks_done)}
-                     for w in s.workers]
+        node_rows = [
+            {
+                "worker": w.name,
+                "rlfarm": _worker_version(w),
+                "procs": str(w.processes),
+                "pids": " ".join(map(str, w.pids)) or "-",
+                "received": str(w.tasks_done),
+            }
+            for w in s.workers
+        ]
         node_title = f"{len(s.workers)} worker(s) online, {s.processes} process(es)"
-        workers: Any = narrow.FitTable(lambda columns: _table(columns, node_rows, node_title), WORKER_COLUMNS,
-                                       WORKER_DROP)
+        workers: Any = narrow.FitTable(
+            lambda columns: _table(columns, node_rows, node_title), WORKER_COLUMNS, WORKER_DROP
+        )
     else:
         workers = Text(f"no worker answered within {INSPECT_TIMEOUT:g} s", style="yellow")
 
@@ -353,6 +413,5 @@ def render(s: Snapshot) -> Any:
         return Group(header, workers, Text("no runs in this Redis", style="yellow"))
     run_rows = [_run_row(r) for r in s.runs]
     run_title = f"{len(s.runs)} run(s)"
-    runs = narrow.FitTable(lambda columns: _table(columns, run_rows, run_title, show_lines=True), RUN_COLUMNS,
-                           RUN_DROP)
+    runs = narrow.FitTable(lambda columns: _table(columns, run_rows, run_title, show_lines=True), RUN_COLUMNS, RUN_DROP)
     return Group(header, workers, runs)

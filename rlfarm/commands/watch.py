@@ -32,8 +32,7 @@ def show(console: Any, renderable: Any) -> None:
     sys.stdout.flush()  # piped output is block-buffered; a reader wants each frame now
 
 
-def watch(client: Any, app: Any, redis_url: str, source: str, as_json: bool, interval: float,
-          console: Any) -> None:
+def watch(client: Any, app: Any, redis_url: str, source: str, as_json: bool, interval: float, console: Any) -> None:
     """Frames every `interval` seconds until KeyboardInterrupt (Ctrl-C, or SIGTERM turned into it by
     the caller), which ends it normally."""
     from rich.text import Text
@@ -44,8 +43,7 @@ def watch(client: Any, app: Any, redis_url: str, source: str, as_json: bool, int
         try:
             return frame(client, app, redis_url, source, as_json)
         except LOST:
-            return Text(f"cannot reach Redis at {redact(redis_url)}; retrying every {interval:g} s",
-                        style="red")
+            return Text(f"cannot reach Redis at {redact(redis_url)}; retrying every {interval:g} s", style="red")
 
     try:
         if console.is_terminal and not as_json:

@@ -7,18 +7,67 @@ This module is the layer's face: import from it.
 
 from rlfarm.config.bounds import check_replay_memory
 from rlfarm.config.checks import check_results_per_update, validate
-from rlfarm.config.cores import (ACTING_FORWARDS, acting_share, local_workers, machine_cores, machine_memory,
-                                 trainer_threads)
+from rlfarm.config.cores import (
+    ACTING_FORWARDS,
+    acting_share,
+    local_workers,
+    machine_cores,
+    machine_memory,
+    trainer_threads,
+)
 from rlfarm.config.errors import ConfigError
-from rlfarm.config.keys import (AUTO_KEYS, flatten, from_dict, from_flat, json_safe, policy_config, to_dict,
-                                valid_keys)
+from rlfarm.config.keys import AUTO_KEYS, flatten, from_dict, from_flat, json_safe, policy_config, to_dict, valid_keys
 from rlfarm.config.load import build, load_preset, parse_override, preset_description, preset_names
-from rlfarm.config.run import (ALGORITHMS, COMPRESS, DEVICES, MODES, AsyncConfig, EnvConfig, EvalConfig, FarmConfig,
-                               PolicyConfig, RunConfig)
+from rlfarm.config.run import (
+    ALGORITHMS,
+    COMPRESS,
+    DEVICES,
+    MODES,
+    AsyncConfig,
+    EnvConfig,
+    EvalConfig,
+    FarmConfig,
+    PolicyConfig,
+    RunConfig,
+)
 from rlfarm.config.section import AlgoSection, at_least_1, check_replay, get
 
-__all__ = ["ACTING_FORWARDS", "ALGORITHMS", "AUTO_KEYS", "COMPRESS", "DEVICES", "MODES", "AlgoSection", "AsyncConfig",
-           "ConfigError", "EnvConfig", "EvalConfig", "FarmConfig", "PolicyConfig", "RunConfig", "acting_share",
-           "at_least_1", "build", "check_replay", "check_replay_memory", "check_results_per_update", "flatten", "from_dict", "from_flat",
-           "get", "json_safe", "load_preset", "local_workers", "machine_cores", "machine_memory", "parse_override", "policy_config",
-           "preset_description", "preset_names", "to_dict", "trainer_threads", "valid_keys", "validate"]
+__all__ = [
+    "ACTING_FORWARDS",
+    "ALGORITHMS",
+    "AUTO_KEYS",
+    "COMPRESS",
+    "DEVICES",
+    "MODES",
+    "AlgoSection",
+    "AsyncConfig",
+    "ConfigError",
+    "EnvConfig",
+    "EvalConfig",
+    "FarmConfig",
+    "PolicyConfig",
+    "RunConfig",
+    "acting_share",
+    "at_least_1",
+    "build",
+    "check_replay",
+    "check_replay_memory",
+    "check_results_per_update",
+    "flatten",
+    "from_dict",
+    "from_flat",
+    "get",
+    "json_safe",
+    "load_preset",
+    "local_workers",
+    "machine_cores",
+    "machine_memory",
+    "parse_override",
+    "policy_config",
+    "preset_description",
+    "preset_names",
+    "to_dict",
+    "trainer_threads",
+    "valid_keys",
+    "validate",
+]

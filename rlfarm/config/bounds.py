@@ -9,7 +9,7 @@ published setting) and refused in one line that names the key, the value and the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import get
@@ -84,7 +84,7 @@ CONFIG_BOUNDS: dict[str, int] = {
 }
 
 
-def at_most(config: "RunConfig", key: str, bound: int | float) -> None:
+def at_most(config: RunConfig, key: str, bound: int | float) -> None:
     """Refuse `key` above `bound`, in one line naming both (a list of layer sizes: its largest)."""
     value = get(config, key)
     if isinstance(value, tuple):
@@ -93,7 +93,7 @@ def at_most(config: "RunConfig", key: str, bound: int | float) -> None:
         raise ConfigError(f"{key} = {value:,} is above its bound of {bound:,} (rlfarm/config/bounds.py says why)")
 
 
-def check_config_bounds(config: "RunConfig") -> None:
+def check_config_bounds(config: RunConfig) -> None:
     """Every run-wide key's upper bound, and the batch a task and a SYNC iteration hold."""
     for key, bound in CONFIG_BOUNDS.items():
         at_most(config, key, bound)
@@ -103,31 +103,38 @@ def check_config_bounds(config: "RunConfig") -> None:
             raise ConfigError(f"{key} has {len(get(config, key)):,} layers, above its bound of {MAX_LAYERS}")
     task = config.env.num_envs * config.farm.steps_per_env
     if task > MAX_BATCH_STEPS:
-        raise ConfigError(f"a task of env.num_envs x farm.steps_per_env = {config.env.num_envs:,} x "
-                          f"{config.farm.steps_per_env:,} = {task:,} env steps is above its bound of "
-                          f"{MAX_BATCH_STEPS:,} (a worker holds them in memory at once)")
+        raise ConfigError(
+            f"a task of env.num_envs x farm.steps_per_env = {config.env.num_envs:,} x "
+            f"{config.farm.steps_per_env:,} = {task:,} env steps is above its bound of "
+            f"{MAX_BATCH_STEPS:,} (a worker holds them in memory at once)"
+        )
     if config.mode == "sync" and config.steps_per_iteration > MAX_BATCH_STEPS:
-        raise ConfigError(f"a SYNC iteration of farm.num_tasks x env.num_envs x farm.steps_per_env = "
-                          f"{config.steps_per_iteration:,} env steps is above its bound of {MAX_BATCH_STEPS:,} "
-                          f"(the trainer holds them in memory at once)")
+        raise ConfigError(
+            f"a SYNC iteration of farm.num_tasks x env.num_envs x farm.steps_per_env = "
+            f"{config.steps_per_iteration:,} env steps is above its bound of {MAX_BATCH_STEPS:,} "
+            f"(the trainer holds them in memory at once)"
+        )
 
 
-def check_learning_rate(config: "RunConfig", key: str) -> None:
+def check_learning_rate(config: RunConfig, key: str) -> None:
     """A learning rate in (0, MAX_LEARNING_RATE]."""
     value = get(config, key)
     if not 0 < value <= MAX_LEARNING_RATE:  # NaN fails too
-        raise ConfigError(f"{key} = {value:g} is outside (0, {MAX_LEARNING_RATE:g}]: a learning rate must be "
-                          f"positive, and above {MAX_LEARNING_RATE:g} every step rewrites the network")
+        raise ConfigError(
+            f"{key} = {value:g} is outside (0, {MAX_LEARNING_RATE:g}]: a learning rate must be "
+            f"positive, and above {MAX_LEARNING_RATE:g} every step rewrites the network"
+        )
 
 
-def check_replay_bounds(config: "RunConfig", section: str) -> None:
+def check_replay_bounds(config: RunConfig, section: str) -> None:
     """An off-policy section's replay buffer and minibatch."""
     at_most(config, f"{section}.buffer_size", MAX_BUFFER_SIZE)
     at_most(config, f"{section}.batch_size", MAX_BATCH_SIZE)
 
 
-def check_replay_memory(config: "RunConfig", obs_shape: tuple[int, ...], uint8: bool, action_values: int,
-                        memory: int) -> None:
+def check_replay_memory(
+    config: RunConfig, obs_shape: tuple[int, ...], uint8: bool, action_values: int, memory: int
+) -> None:
     """An off-policy run's replay buffer, allocated whole when the learner starts, must fit in the
     `memory` bytes of the trainer's machine: obs and next_obs (uint8 or float32), actions (8
     bytes a value at most), a float32 reward and a done flag per transition (rlfarm.core.replay)."""
@@ -138,6 +145,8 @@ def check_replay_memory(config: "RunConfig", obs_shape: tuple[int, ...], uint8: 
     need = size * (2 * obs * (1 if uint8 else 4) + 8 * action_values + 5)
     if memory and need > memory:
         key = f"{config.algo}.buffer_size"
-        raise ConfigError(f"{key} = {size:,} transitions of {'x'.join(map(str, obs_shape))} observations need "
-                          f"about {need / 2**30:,.1f} GiB, more than this machine's {memory / 2**30:,.1f} GiB "
-                          f"of memory; lower {key}")
+        raise ConfigError(
+            f"{key} = {size:,} transitions of {'x'.join(map(str, obs_shape))} observations need "
+            f"about {need / 2**30:,.1f} GiB, more than this machine's {memory / 2**30:,.1f} GiB "
+            f"of memory; lower {key}"
+        )

@@ -24,22 +24,38 @@ def validate(config: RunConfig) -> None:
     if config.mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {config.mode!r}")
     if config.reference not in REFERENCES:
-        raise ConfigError(f"reference must be sb3, cleanrl or \"\" (none), got {config.reference!r}")
+        raise ConfigError(f'reference must be sb3, cleanrl or "" (none), got {config.reference!r}')
     if config.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {config.device!r}")
-    at_least_1(config, "env.num_envs", "env.frame_stack", "env.screen_size", "farm.num_tasks", "farm.steps_per_env",
-                "farm.keep_versions", "total_steps", "async.publish_interval", "eval.episodes", "eval.tasks")
+    at_least_1(
+        config,
+        "env.num_envs",
+        "env.frame_stack",
+        "env.screen_size",
+        "farm.num_tasks",
+        "farm.steps_per_env",
+        "farm.keep_versions",
+        "total_steps",
+        "async.publish_interval",
+        "eval.episodes",
+        "eval.tasks",
+    )
     for key in ("farm.workers", "torch_threads"):
         if get(config, key) < 0:
-            raise ConfigError(f"{key} must be at least 1, or 0 (\"auto\"), got {get(config, key)}")
+            raise ConfigError(f'{key} must be at least 1, or 0 ("auto"), got {get(config, key)}')
     if config.farm.keep_versions < 2:
         raise ConfigError("farm.keep_versions must be at least 2 (the acting and the newest version)")
     if config.seed < 0:  # numpy seeds must be >= 0: a negative one would fail only on the workers
         raise ConfigError(f"seed must be a non-negative integer, got {config.seed}")
     if config.checkpoint_interval < 0:
         raise ConfigError("checkpoint_interval cannot be negative")
-    for key in ("farm.task_timeout", "farm.lease_seconds", "farm.redis_outage_timeout", "farm.max_result_bytes",
-                "farm.share"):
+    for key in (
+        "farm.task_timeout",
+        "farm.lease_seconds",
+        "farm.redis_outage_timeout",
+        "farm.max_result_bytes",
+        "farm.share",
+    ):
         if not get(config, key) > 0:
             raise ConfigError(f"{key} must be positive, got {get(config, key)}")
     if config.farm.task_time_limit < 0:
@@ -55,8 +71,9 @@ def validate(config: RunConfig) -> None:
     if config.farm.compress not in COMPRESS:
         raise ConfigError(f"farm.compress must be one of {', '.join(COMPRESS)}, got {config.farm.compress!r}")
     if config.farm.policy_dtype not in POLICY_DTYPES:
-        raise ConfigError(f"farm.policy_dtype must be one of {', '.join(POLICY_DTYPES)}, got "
-                          f"{config.farm.policy_dtype!r}")
+        raise ConfigError(
+            f"farm.policy_dtype must be one of {', '.join(POLICY_DTYPES)}, got {config.farm.policy_dtype!r}"
+        )
     policy = config.policy
     if policy.activation not in ("tanh", "relu"):
         raise ConfigError(f"policy.activation must be tanh or relu, got {policy.activation!r}")
@@ -64,8 +81,10 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("policy.hidden_sizes must be a non-empty list of positive sizes")
     cnn = (policy.cnn_channels, policy.cnn_kernels, policy.cnn_strides)
     if not policy.cnn_channels or len({len(x) for x in cnn}) != 1 or min(min(x) for x in cnn) < 1:
-        raise ConfigError("policy.cnn_channels, policy.cnn_kernels and policy.cnn_strides must be lists of "
-                          "positive integers of the same length (one entry per convolution)")
+        raise ConfigError(
+            "policy.cnn_channels, policy.cnn_kernels and policy.cnn_strides must be lists of "
+            "positive integers of the same length (one entry per convolution)"
+        )
     at_least_1(config, "policy.cnn_features")
     if not config.policy.normalize_clip > 0:
         raise ConfigError(f"policy.normalize_clip must be positive, got {config.policy.normalize_clip}")
@@ -88,6 +107,8 @@ def check_results_per_update(config: RunConfig, tasks_in_flight: int) -> None:
     if k < 0 or config.async_.tasks_in_flight < 0:
         raise ConfigError("async.results_per_update and async.tasks_in_flight cannot be negative")
     if k and tasks_in_flight and k > tasks_in_flight:
-        raise ConfigError(f"async.results_per_update ({k}) is more than the tasks ever in flight "
-                          f"({tasks_in_flight}): an update would never start; lower it, or raise "
-                          f"async.tasks_in_flight")
+        raise ConfigError(
+            f"async.results_per_update ({k}) is more than the tasks ever in flight "
+            f"({tasks_in_flight}): an update would never start; lower it, or raise "
+            f"async.tasks_in_flight"
+        )

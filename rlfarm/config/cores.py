@@ -31,14 +31,14 @@ def machine_memory() -> int:
 ACTING_FORWARDS = 1.4
 
 
-def acting_share(config: "RunConfig") -> float:
+def acting_share(config: RunConfig) -> float:
     """The workers' share of the CPU a CNN run's env step costs (actors and learner together), from
     the algorithm's cost model (AlgoSection.learner_forwards); 0.5 where it has none."""
     learner = config.algo_config.learner_forwards(config)
     return 0.5 if learner is None else ACTING_FORWARDS / (ACTING_FORWARDS + learner)
 
 
-def local_workers(config: "RunConfig", cores: int | None = None) -> int:
+def local_workers(config: RunConfig, cores: int | None = None) -> int:
     """Worker processes the embedded default starts: `farm.workers`, or for 0 ("auto"):
     - SYNC: one per task of a group, up to the cores. A group is acted, then learned from, never
       both at once, so the group's tasks may take every core while they act (pong on 2 cores: 2
@@ -54,7 +54,7 @@ def local_workers(config: "RunConfig", cores: int | None = None) -> int:
     return max(1, round(cores * acting_share(config)))
 
 
-def trainer_threads(config: "RunConfig", image: bool, local: int, cores: int | None = None) -> int:
+def trainer_threads(config: RunConfig, image: bool, local: int, cores: int | None = None) -> int:
     """The trainer's torch threads: `torch_threads`, or for 0 ("auto") one for MLPs (per-op overhead
     dominates at their sizes, and one thread keeps SYNC bit-reproducible) and, for CNNs, the cores
     the `local` worker processes of this run on this machine leave: each uses at most the actors'

@@ -38,8 +38,9 @@ def valid_keys() -> list[str]:
 
 
 # Integer keys whose 0 means "chosen for you"; "auto" may be written for it.
-AUTO_KEYS = frozenset({"torch_threads", "farm.workers", "async.tasks_in_flight", "async.results_per_update",
-                       "async.max_policy_lag"})
+AUTO_KEYS = frozenset(
+    {"torch_threads", "farm.workers", "async.tasks_in_flight", "async.results_per_update", "async.max_policy_lag"}
+)
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
@@ -127,10 +128,15 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
     """Plain nested dict (tuples as lists): JSON- and msgpack-safe. Of the algorithms' sections only
     the run's own: the run metadata workers read then does not change when an algorithm is added, so
     a worker of an older release still reads the runs of the algorithms it knows."""
+
     def plain(v: Any) -> Any:
         return list(v) if isinstance(v, tuple) else v
-    return {_USER.get(k, k): ({sk: plain(sv) for sk, sv in v.items()} if isinstance(v, dict) else plain(v))
-            for k, v in dataclasses.asdict(config).items() if k not in ALGORITHMS or k == config.algo}
+
+    return {
+        _USER.get(k, k): ({sk: plain(sv) for sk, sv in v.items()} if isinstance(v, dict) else plain(v))
+        for k, v in dataclasses.asdict(config).items()
+        if k not in ALGORITHMS or k == config.algo
+    }
 
 
 def from_dict(tree: dict[str, Any]) -> RunConfig:

@@ -39,8 +39,10 @@ def rounding_note(cfg: Any) -> str | None:
         shown = f"{exact:.6g}"
     steps = task_steps(cfg, (n - 1) * per)
     last = steps * cfg.farm.num_tasks * cfg.env.num_envs
-    note = (f"--total-steps {cfg.total_steps} is {shown} iterations of {per} steps: the last one runs "
-            f"{steps} step{'s' if steps > 1 else ''} per env ({last:,} env steps)")
+    note = (
+        f"--total-steps {cfg.total_steps} is {shown} iterations of {per} steps: the last one runs "
+        f"{steps} step{'s' if steps > 1 else ''} per env ({last:,} env steps)"
+    )
     end = (n - 1) * per + last
     if end != cfg.total_steps:
         note += f", {end:,} env steps in all"

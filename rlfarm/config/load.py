@@ -55,8 +55,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def build(preset: str | None = None, overrides: list[str] | tuple[str, ...] = (),
-          **explicit: Any) -> RunConfig:
+def build(preset: str | None = None, overrides: list[str] | tuple[str, ...] = (), **explicit: Any) -> RunConfig:
     """Preset, then `--set` overrides, then explicit CLI options (None values are skipped)."""
     values: dict[str, Any] = load_preset(preset) if preset else {}
     for text in overrides:

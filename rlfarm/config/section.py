@@ -26,7 +26,7 @@ def get(config: Any, key: str) -> Any:
     return obj
 
 
-def at_least_1(run: "RunConfig", *keys: str) -> None:
+def at_least_1(run: RunConfig, *keys: str) -> None:
     for key in keys:
         if get(run, key) < 1:
             raise ConfigError(f"{key} must be at least 1, got {get(run, key)}")
@@ -36,16 +36,20 @@ def check_bounded_box(algo: str, spec: Any, maps: str) -> None:
     """An algorithm whose tanh actions are mapped to the action space's bounds (SAC, TD3) needs a Box
     with finite bounds; `maps` says what it maps, for the message."""
     if spec.discrete:
-        raise ConfigError(f"algo '{algo}' needs a Box (continuous) action space, the env has "
-                          f"{spec.action_dim} discrete actions; use ppo or dqn for discrete actions")
+        raise ConfigError(
+            f"algo '{algo}' needs a Box (continuous) action space, the env has "
+            f"{spec.action_dim} discrete actions; use ppo or dqn for discrete actions"
+        )
     bounds = (*spec.action_low, *spec.action_high)
     if not all(math.isfinite(x) for x in bounds):
-        raise ConfigError(f"algo '{algo}' {maps} to the action space's bounds and needs finite ones, the "
-                          f"env's are low={list(spec.action_low)} high={list(spec.action_high)}; wrap the "
-                          f"env in gymnasium's RescaleAction with finite bounds, or use ppo")
+        raise ConfigError(
+            f"algo '{algo}' {maps} to the action space's bounds and needs finite ones, the "
+            f"env's are low={list(spec.action_low)} high={list(spec.action_high)}; wrap the "
+            f"env in gymnasium's RescaleAction with finite bounds, or use ppo"
+        )
 
 
-def check_replay(run: "RunConfig", section: str) -> None:
+def check_replay(run: RunConfig, section: str) -> None:
     """The replay fields every off-policy section has (rlfarm.algos.offpolicy reads them)."""
     at_least_1(run, f"{section}.batch_size", f"{section}.buffer_size", f"{section}.n_step")
     if get(run, f"{section}.replay_ratio") < 0:
@@ -64,21 +68,23 @@ class AlgoSection:
     learners: ClassVar[dict[str, str]]
     mode_hint: ClassVar[str] = ""  # why the other modes are not supported
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         """Raise ConfigError for values that cannot make a run (the section's own and how they fit
         the rest of the run)."""
 
     @classmethod
     def check_mode(cls, mode: str) -> None:
         if mode not in cls.modes:
-            raise ConfigError(f"algo {cls.algo!r} cannot run in --mode {mode} (supported: "
-                              f"{', '.join(cls.modes)})" + (f": {cls.mode_hint}" if cls.mode_hint else ""))
+            raise ConfigError(
+                f"algo {cls.algo!r} cannot run in --mode {mode} (supported: "
+                f"{', '.join(cls.modes)})" + (f": {cls.mode_hint}" if cls.mode_hint else "")
+            )
 
     @classmethod
-    def check_spaces(cls, spec: "SpaceSpec") -> None:
+    def check_spaces(cls, spec: SpaceSpec) -> None:
         """Raise ConfigError when the algorithm cannot act in an env with these spaces."""
 
-    def learner_forwards(self, run: "RunConfig") -> float | None:
+    def learner_forwards(self, run: RunConfig) -> float | None:
         """What the learner spends per env step it consumes, in forwards of the network per observation
         (a forward-backward counts 3), for splitting a machine's cores between learner and workers
         (rlfarm.config.cores); None: not modelled, the cores are split evenly."""

@@ -23,8 +23,10 @@ def parse_seeds(text: str) -> list[int]:
         if last < first:
             raise ConfigError(f"the range {part} runs backwards (write {last}-{first})")
         if last - first + 1 > MAX_SEEDS:  # before the range is expanded
-            raise ConfigError(f"the range {part} is {last - first + 1:,} seeds, more than the "
-                              f"{MAX_SEEDS:,} one command may train ({WHY})")
+            raise ConfigError(
+                f"the range {part} is {last - first + 1:,} seeds, more than the "
+                f"{MAX_SEEDS:,} one command may train ({WHY})"
+            )
         for s in range(first, last + 1):
             if s not in seen:
                 seen.add(s)

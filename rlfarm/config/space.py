@@ -70,8 +70,11 @@ class Param:
         if self.choices:
             return f"one of {list(self.choices)}"
         kind = "int" if self.is_int else "float"
-        return f"{kind} in [{self.low}, {self.high}]" + (" log" if self.log else "") + (
-            f" step {self.step}" if self.step else "")
+        return (
+            f"{kind} in [{self.low}, {self.high}]"
+            + (" log" if self.log else "")
+            + (f" step {self.step}" if self.step else "")
+        )
 
 
 def _number(value: Any) -> bool:
@@ -97,8 +100,9 @@ def parse_param(key: str, spec: Any) -> Param:
     """One `[space]` entry, its shape checked (not yet against a config): ConfigError names the key."""
     where = f"space key {key!r}"
     if not isinstance(spec, dict):
-        raise ConfigError(f"{where}: expected a table like {{ low = 1e-4, high = 1e-2 }} or "
-                          f"{{ choices = [4, 10] }}, got {spec!r}")
+        raise ConfigError(
+            f"{where}: expected a table like {{ low = 1e-4, high = 1e-2 }} or {{ choices = [4, 10] }}, got {spec!r}"
+        )
     unknown = sorted(set(spec) - _FIELDS)
     if unknown:
         raise ConfigError(f"{where}: unknown field {unknown[0]!r} (fields: low, high, log, step, choices)")
@@ -138,8 +142,10 @@ def parse_space(tree: dict[str, Any], base: dict[str, Any]) -> list[Param]:
     valid config with it, so an unknown key or a value out of the key's range fails here."""
     space = tree.get("space")
     if not isinstance(space, dict) or not space:
-        raise ConfigError("the space file needs a non-empty [space] table, e.g. "
-                          "\"ppo.learning_rate\" = { low = 1e-4, high = 1e-2, log = true }")
+        raise ConfigError(
+            "the space file needs a non-empty [space] table, e.g. "
+            '"ppo.learning_rate" = { low = 1e-4, high = 1e-2, log = true }'
+        )
     extra = sorted(set(tree) - {"space"})
     if extra:
         raise ConfigError(f"unknown table or key {extra[0]!r} in the space file (only [space])")

@@ -16,7 +16,8 @@ import hashlib
 import json
 import math
 import struct
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
@@ -152,8 +153,7 @@ def _decoder(max_bytes: int) -> Callable[[int, bytes], Any]:
             raise CodecError(f"unknown array compression {name!r:.40}")
         size = dt.itemsize * math.prod(shape)  # Python ints: no overflow however large the shape
         if size > left:
-            raise CodecError(f"compressed arrays declare more than the {max_bytes} bytes a message may "
-                             f"decode to")
+            raise CodecError(f"compressed arrays declare more than the {max_bytes} bytes a message may decode to")
         left -= size
         return np.frombuffer(_zstd_decompress(data[offset:], size), dtype=dt).reshape(shape)
 
@@ -194,6 +194,7 @@ def array_bytes(obj: Any) -> int:
 
 # ---- policies ------------------------------------------------------------------------------------
 
+
 def tensor_digest(state: Mapping[str, torch.Tensor]) -> str:
     """sha256 over names, dtypes, shapes and bytes, in name order: identical weights, identical digest."""
     import torch  # here, not at the top: reading a policy's metadata (`rlfarm status`) needs no torch
@@ -221,8 +222,9 @@ def wire_state(state: Mapping[str, torch.Tensor], dtype: str = "float32") -> dic
     return {k: v.half() if v.dtype == torch.float32 else v for k, v in state.items()}
 
 
-def encode_policy(state: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
-                  secret: bytes | str | None = None) -> bytes:
+def encode_policy(
+    state: Mapping[str, torch.Tensor], metadata: Mapping[str, str], secret: bytes | str | None = None
+) -> bytes:
     """Safetensors bytes with `metadata` plus the tensors' sha256; with `secret` (rlfarm.core.signing),
     also `hmac` over the signed fields, the sha256 among them (any `hmac` given is replaced)."""
     from safetensors.torch import save as st_save
@@ -239,14 +241,13 @@ def policy_metadata(blob: bytes) -> dict[str, str]:
     """The metadata of a safetensors blob, read from its JSON header without touching the tensors."""
     try:
         (n,) = struct.unpack("<Q", blob[:8])
-        header = json.loads(blob[8:8 + n])
+        header = json.loads(blob[8 : 8 + n])
     except (struct.error, ValueError) as exc:
         raise CodecError(f"not a safetensors blob: {exc}") from None
     return dict(header.get("__metadata__", {}))
 
 
-def decode_policy(blob: bytes, secret: bytes | str | None = None
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def decode_policy(blob: bytes, secret: bytes | str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors and metadata; raises CodecError when the checksum does not match the tensors, and,
     given a `secret`, when the blob's `hmac` is missing or does not verify (checked before the
     tensors are even parsed: a forged blob with a recomputed sha256 fails here)."""

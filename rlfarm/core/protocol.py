@@ -57,18 +57,22 @@ def protocol_mismatch(task_protocol: Any, worker: str) -> str | None:
     if task_protocol == PROTOCOL:
         return None
     newer = isinstance(task_protocol, int) and task_protocol > PROTOCOL
-    fix = ("upgrade this worker to the trainer's rlfarm" if newer else
-           "this trainer is older than this worker: upgrade it, or run a worker of its version")
-    return (f"ProtocolMismatch: worker {worker} speaks rlfarm protocol {PROTOCOL}, the task protocol "
-            f"{task_protocol}{' (sent before protocol versions)' if task_protocol == 0 else ''}; "
-            f"refused without running it ({fix})")
+    fix = (
+        "upgrade this worker to the trainer's rlfarm"
+        if newer
+        else "this trainer is older than this worker: upgrade it, or run a worker of its version"
+    )
+    return (
+        f"ProtocolMismatch: worker {worker} speaks rlfarm protocol {PROTOCOL}, the task protocol "
+        f"{task_protocol}{' (sent before protocol versions)' if task_protocol == 0 else ''}; "
+        f"refused without running it ({fix})"
+    )
 
 
 def legacy_refusal(error: str | None) -> bool:
     """A worker older than protocol versions fails a task carrying the field (its TaskSpec does not
     know it) in this one way: the trainer takes it for a refusal by a protocol-0 worker."""
-    return bool(error) and error.startswith("ProtocolError: task spec has unknown fields") and \
-        "'protocol'" in error
+    return bool(error) and error.startswith("ProtocolError: task spec has unknown fields") and "'protocol'" in error
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,9 @@ class TaskSpec:
     steps: int = 0
     episodes: int = 0
     act: dict[str, Any] = field(default_factory=dict)  # the algorithm's acting and collect options
-    incarnation: str | None = None  # the sending trainer's nonce (rlfarm.farm.claim): workers run the task only while it lives
+    incarnation: str | None = (
+        None  # the sending trainer's nonce (rlfarm.farm.claim): workers run the task only while it lives
+    )
     env: str | None = None  # the run's env id, a label for Flower only: workers take it from the run
     protocol: int = PROTOCOL  # the trainer's; on the wire a spec without it is of protocol 0
     # farm.episodes = "continue": the env stream the task continues (rlfarm.core.streams):
@@ -108,8 +114,15 @@ class TaskSpec:
 
     def to_kwargs(self) -> dict[str, Any]:
         """The Celery kwargs: every field that is set (unset: None, 0 steps or episodes, empty act)."""
-        kwargs = {"run": self.run, "kind": self.kind, "iteration": self.iteration, "index": self.index,
-                  "version": self.version, "seed": self.seed, "protocol": self.protocol}
+        kwargs = {
+            "run": self.run,
+            "kind": self.kind,
+            "iteration": self.iteration,
+            "index": self.index,
+            "version": self.version,
+            "seed": self.seed,
+            "protocol": self.protocol,
+        }
         for name in ("steps", "episodes"):
             if getattr(self, name):
                 kwargs[name] = getattr(self, name)
@@ -125,7 +138,7 @@ class TaskSpec:
         return kwargs
 
     @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Any]) -> "TaskSpec":
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> TaskSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
@@ -209,6 +222,6 @@ class Result:
         return out
 
     @classmethod
-    def from_message(cls, message: dict[str, Any]) -> "Result":
+    def from_message(cls, message: dict[str, Any]) -> Result:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in message.items() if k in known})

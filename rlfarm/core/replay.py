@@ -52,8 +52,14 @@ def nstep_transitions(rollout: Rollout, n: int, gamma: float) -> Transitions:
     cols = np.arange(N)[None, :]
     next_obs = rollout.next_obs[last, cols]
     flat = lambda a: a.reshape(T * N, *a.shape[2:])  # noqa: E731
-    return Transitions(flat(rollout.obs), flat(rollout.actions), flat(rewards).astype(np.float32),
-                       flat(next_obs), flat(dones), flat(discount).astype(np.float32))
+    return Transitions(
+        flat(rollout.obs),
+        flat(rollout.actions),
+        flat(rewards).astype(np.float32),
+        flat(next_obs),
+        flat(dones),
+        flat(discount).astype(np.float32),
+    )
 
 
 @dataclass
@@ -71,9 +77,16 @@ class Batch:
 class ReplayBuffer:
     """Observations are stored with their shape and dtype (uint8 images stay uint8: 4x less memory)."""
 
-    def __init__(self, capacity: int, obs_shape: int | tuple[int, ...] | None = None,
-                 action_shape: tuple[int, ...] = (), action_dtype: type = np.int64, seed: int = 0,
-                 obs_dtype: type | str = np.float32, obs_dim: int | None = None):
+    def __init__(
+        self,
+        capacity: int,
+        obs_shape: int | tuple[int, ...] | None = None,
+        action_shape: tuple[int, ...] = (),
+        action_dtype: type = np.int64,
+        seed: int = 0,
+        obs_dtype: type | str = np.float32,
+        obs_dim: int | None = None,
+    ):
         shape = obs_shape if obs_shape is not None else obs_dim  # obs_dim: the older name, for vectors
         if shape is None:
             raise TypeError("ReplayBuffer needs obs_shape")
@@ -96,7 +109,7 @@ class ReplayBuffer:
         """Store a batch of transitions, overwriting the oldest; returns their slots."""
         n = len(t)
         if n > self.capacity:  # keep the newest
-            t = Transitions(*(getattr(t, f)[-self.capacity:] for f in t.__dataclass_fields__))
+            t = Transitions(*(getattr(t, f)[-self.capacity :] for f in t.__dataclass_fields__))
             n = self.capacity
         slots = (self.pos + np.arange(n)) % self.capacity
         self.obs[slots], self.next_obs[slots] = t.obs, t.next_obs
@@ -107,8 +120,16 @@ class ReplayBuffer:
         return slots
 
     def _batch(self, idx: np.ndarray, weights: np.ndarray) -> Batch:
-        return Batch(self.obs[idx], self.actions[idx], self.rewards[idx], self.next_obs[idx],
-                     self.dones[idx], self.discounts[idx], weights.astype(np.float32), idx)
+        return Batch(
+            self.obs[idx],
+            self.actions[idx],
+            self.rewards[idx],
+            self.next_obs[idx],
+            self.dones[idx],
+            self.discounts[idx],
+            weights.astype(np.float32),
+            idx,
+        )
 
     def sample(self, batch_size: int, beta: float = 0.0) -> Batch:
         idx = self.rng.integers(0, self.size, batch_size)
@@ -121,7 +142,7 @@ class ReplayBuffer:
 
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         """The stored part of the buffer and its position and sampler state (for resuming a run)."""
-        arrays = {f: getattr(self, f)[:self.size] for f in self._FIELDS}
+        arrays = {f: getattr(self, f)[: self.size] for f in self._FIELDS}
         return arrays, {"pos": self.pos, "size": self.size, "rng": self.rng.bit_generator.state}
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
@@ -171,10 +192,18 @@ class SumTree:
 class PrioritizedReplayBuffer(ReplayBuffer):
     """P(i) = p_i^alpha / sum_k p_k^alpha; weight w_i = (N P(i))^-beta / max_j w_j (over the batch)."""
 
-    def __init__(self, capacity: int, obs_shape: int | tuple[int, ...] | None = None,
-                 action_shape: tuple[int, ...] = (), action_dtype: type = np.int64, seed: int = 0,
-                 alpha: float = 0.6, eps: float = 1e-6, obs_dtype: type | str = np.float32,
-                 obs_dim: int | None = None):
+    def __init__(
+        self,
+        capacity: int,
+        obs_shape: int | tuple[int, ...] | None = None,
+        action_shape: tuple[int, ...] = (),
+        action_dtype: type = np.int64,
+        seed: int = 0,
+        alpha: float = 0.6,
+        eps: float = 1e-6,
+        obs_dtype: type | str = np.float32,
+        obs_dim: int | None = None,
+    ):
         super().__init__(capacity, obs_shape, action_shape, action_dtype, seed, obs_dtype, obs_dim)
         self.alpha = alpha
         self.eps = eps
@@ -183,7 +212,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def add(self, t: Transitions) -> np.ndarray:
         slots = super().add(t)
-        self.tree.set(slots, np.full(len(slots), self.max_priority ** self.alpha))
+        self.tree.set(slots, np.full(len(slots), self.max_priority**self.alpha))
         return slots
 
     def sample(self, batch_size: int, beta: float = 0.4) -> Batch:
@@ -209,4 +238,4 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
         priorities = np.abs(td_errors) + self.eps
         self.max_priority = max(self.max_priority, float(priorities.max()))
-        self.tree.set(indices, priorities ** self.alpha)
+        self.tree.set(indices, priorities**self.alpha)

@@ -12,8 +12,9 @@ Two ways a task meets its episodes (`farm.episodes`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class Rollout:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Rollout":
+    def from_dict(cls, d: dict[str, Any]) -> Rollout:
         return cls(**{f.name: d.get(f.name) for f in fields(cls)})
 
 
@@ -72,16 +73,24 @@ def task_seeds(run_seed: int, iteration: int, index: int, num_envs: int) -> tupl
 EPISODE_MODES = ("fresh", "continue")
 
 
-def as_obs(spec: "SpaceSpec", obs: Any, n: int) -> np.ndarray:
+def as_obs(spec: SpaceSpec, obs: Any, n: int) -> np.ndarray:
     """A batch of n observations as the spec keeps them: its shape, uint8 or float32 (float64 envs
     are cast here, once)."""
     return np.asarray(obs).reshape(n, *spec.obs_shape).astype(spec.obs_dtype, copy=False)
 
 
-def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[int],
-            action_seed: int, deterministic: bool = False, keep_next_obs: bool = False,
-            stream: "EnvStream | None" = None, refresh: Callable[[], "Actor | None"] | None = None,
-            refresh_steps: int = 0) -> Rollout:
+def collect(
+    policy: Actor,
+    envs: VectorEnv,
+    n_steps: int,
+    env_seeds: list[int],
+    action_seed: int,
+    deterministic: bool = False,
+    keep_next_obs: bool = False,
+    stream: EnvStream | None = None,
+    refresh: Callable[[], Actor | None] | None = None,
+    refresh_steps: int = 0,
+) -> Rollout:
     """Step `envs` (SAME_STEP autoreset, see envs.make_vector_env) for n_steps with `policy`.
     `keep_next_obs`: also keep every step's real next observation (off-policy learners).
     `stream` ("continue"): go on from where the stream's last task left its envs (`envs` and
@@ -157,9 +166,21 @@ def collect(policy: "Actor", envs: "VectorEnv", n_steps: int, env_seeds: list[in
     last_values = policy.value(obs)
     if stream is not None:
         stream.obs, stream.episode_return, stream.episode_length = obs, running_return, running_length
-    return Rollout(obs_buf, act_buf, logp_buf, val_buf, rew_buf, done_buf, final_val_buf, last_values,
-                   np.asarray(ep_returns, np.float64), np.asarray(ep_lengths, np.int64),
-                   next_obs_buf, term_buf, obs)
+    return Rollout(
+        obs_buf,
+        act_buf,
+        logp_buf,
+        val_buf,
+        rew_buf,
+        done_buf,
+        final_val_buf,
+        last_values,
+        np.asarray(ep_returns, np.float64),
+        np.asarray(ep_lengths, np.int64),
+        next_obs_buf,
+        term_buf,
+        obs,
+    )
 
 
 def _info_values(info: dict[str, Any], key: str, done: np.ndarray, default: np.ndarray) -> np.ndarray:
@@ -198,8 +219,9 @@ def concat(rollouts: list[Rollout]) -> Rollout:
 MAX_EPISODE_STEPS = 108_000
 
 
-def run_episodes(policy: "Actor", env: Any, episodes: int, seed: int,
-                 deterministic: bool = True, max_steps: int = MAX_EPISODE_STEPS) -> np.ndarray:
+def run_episodes(
+    policy: Actor, env: Any, episodes: int, seed: int, deterministic: bool = True, max_steps: int = MAX_EPISODE_STEPS
+) -> np.ndarray:
     """Returns of `episodes` whole episodes (at most `max_steps` steps each) on a single (non-vector)
     env, greedy by default."""
     rng = np.random.default_rng(seed)

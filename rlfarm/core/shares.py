@@ -22,8 +22,8 @@ run starves; a run ahead of its share may be held to none while others are owed.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 GAIN = 4.0  # how strongly a shortfall in slot time raises a run's weight
 MAX_FACTOR = 8.0  # and the most it may raise or lower it

@@ -35,7 +35,8 @@ import hashlib
 import hmac
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 SECRET_ENV = "RLFARM_SECRET"
 POLICY_SIGNED_FIELDS = ("run", "version", "sha256", "algo", "env", "policy")
@@ -61,8 +62,7 @@ def _key(secret: bytes | str) -> bytes:
 
 def canonical(obj: Any) -> bytes:
     """Deterministic bytes of a JSON-able value: sorted keys, no whitespace, ASCII."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode()
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
 def sign(data: bytes, secret: bytes | str) -> str:
@@ -73,12 +73,14 @@ def sign(data: bytes, secret: bytes | str) -> str:
 def verify(data: bytes, signature: str | None, secret: bytes | str, what: str = "data") -> None:
     """Raise SignatureError unless `signature` is the HMAC of `data` (constant-time comparison)."""
     if not signature:
-        raise SignatureError(f"{what} is not signed, but this farm signs its data ({SECRET_ENV}, or the "
-                             f"secret the embedded farm made): refusing it")
-    if not isinstance(signature, str) or not hmac.compare_digest(sign(data, secret).encode(),
-                                                                 signature.encode("ascii", "replace")):
-        raise SignatureError(f"{what} has a bad signature (forged, or signed with another "
-                             f"{SECRET_ENV}): refusing it")
+        raise SignatureError(
+            f"{what} is not signed, but this farm signs its data ({SECRET_ENV}, or the "
+            f"secret the embedded farm made): refusing it"
+        )
+    if not isinstance(signature, str) or not hmac.compare_digest(
+        sign(data, secret).encode(), signature.encode("ascii", "replace")
+    ):
+        raise SignatureError(f"{what} has a bad signature (forged, or signed with another {SECRET_ENV}): refusing it")
 
 
 # ---- a run's claim (rlfarm.farm.claim) -------------------------------------------------------------
@@ -107,6 +109,7 @@ def claim_signed(run_id: str, holder: Mapping[str, Any], secret: bytes | str | N
 
 # ---- run metadata --------------------------------------------------------------------------------
 
+
 def _meta_message(run_id: str, text: str) -> bytes:
     return _META_TAG + canonical({"run": run_id, "meta": text})
 
@@ -129,8 +132,10 @@ def open_run_meta(run_id: str, raw: bytes | str, secret: bytes | str | None) -> 
     what = f"run {run_id!r}: metadata in Redis"
     if not _is_wrapper(obj):
         if secret is not None:
-            raise SignatureError(f"{what} is not signed, but this farm signs its data ({SECRET_ENV}, or the "
-                             f"secret the embedded farm made): refusing it")
+            raise SignatureError(
+                f"{what} is not signed, but this farm signs its data ({SECRET_ENV}, or the "
+                f"secret the embedded farm made): refusing it"
+            )
         return obj
     if secret is not None:
         verify(_meta_message(run_id, obj["signed"]), obj["hmac"], secret, what)
@@ -138,6 +143,7 @@ def open_run_meta(run_id: str, raw: bytes | str, secret: bytes | str | None) -> 
 
 
 # ---- policies ------------------------------------------------------------------------------------
+
 
 def _policy_message(meta: Mapping[str, str]) -> bytes:
     return _POLICY_TAG + canonical({k: str(meta[k]) for k in POLICY_SIGNED_FIELDS if k in meta})
@@ -154,6 +160,7 @@ def verify_policy(meta: Mapping[str, str], secret: bytes | str, what: str = "pol
 
 
 # ---- task specs ----------------------------------------------------------------------------------
+
 
 def _spec_message(spec: Mapping[str, Any]) -> bytes:
     return _SPEC_TAG + canonical({k: v for k, v in spec.items() if k != "sig"})
@@ -187,8 +194,7 @@ def trial_signature(study: str, number: int, params: Mapping[str, Any], secret: 
     return sign(_trial_message(study, number, params), secret)
 
 
-def verify_trial(study: str, number: int, params: Mapping[str, Any], signature: Any,
-                 secret: bytes | str) -> None:
+def verify_trial(study: str, number: int, params: Mapping[str, Any], signature: Any, secret: bytes | str) -> None:
     """Raise SignatureError unless `signature` is this trial's (its params as read back)."""
     try:
         message = _trial_message(study, number, params)
@@ -217,8 +223,8 @@ def open_result(run_id: str, data: bytes, secret: bytes | str | None) -> bytes:
     """The payload of a pushed result; with a secret, only if it is signed for this run and verifies."""
     signed = data.startswith(_RESULT_MAGIC)
     n = len(_RESULT_MAGIC)
-    payload = data[n + 64:] if signed else data
+    payload = data[n + 64 :] if signed else data
     if secret is not None:
-        mac = data[n:n + 64].decode("ascii", "replace") if signed else None
+        mac = data[n : n + 64].decode("ascii", "replace") if signed else None
         verify(_RESULT_TAG + run_id.encode() + b"\0" + payload, mac, secret, f"a result of run {run_id!r}")
     return payload

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zstandard
@@ -49,7 +50,7 @@ class EnvStream:
     until its first task resets the envs (with `first_seeds`); `digest` names the snapshot the stream
     is at (None until a task has run on it here)."""
 
-    envs: "VectorEnv"
+    envs: VectorEnv
     first_seeds: list[int]
     obs: np.ndarray | None = None
     episode_return: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -62,12 +63,17 @@ class EnvStream:
 
 # ---- snapshots -----------------------------------------------------------------------------------
 
+
 def encode(stream: EnvStream, env_state: dict[str, Any]) -> tuple[bytes, str]:
     """A stream's snapshot blob and its digest (sha256, hex). `env_state`: rlfarm.envs.snapshot.capture
     of its envs. msgpack, then zstd over the whole (frame stacks and emulator states are mostly
     repeats)."""
-    message = {"env": env_state, "obs": stream.obs, "episode_return": stream.episode_return,
-               "episode_length": stream.episode_length}
+    message = {
+        "env": env_state,
+        "obs": stream.obs,
+        "episode_return": stream.episode_return,
+        "episode_length": stream.episode_length,
+    }
     blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(codec.pack(message))
     return blob, hashlib.sha256(blob).hexdigest()
 
@@ -101,6 +107,7 @@ def resume(stream: EnvStream, message: dict[str, Any], restore_envs: Callable[[A
 
 
 # ---- a worker process's streams ------------------------------------------------------------------
+
 
 class StreamCache:
     """The streams a worker process holds, by (run, index), least recently used closed beyond `size`:
@@ -141,6 +148,7 @@ class StreamCache:
 
 # ---- the trainer's book --------------------------------------------------------------------------
 
+
 @dataclass
 class StreamStats:
     tasks: int = 0  # results that reported a stream
@@ -177,8 +185,10 @@ class StreamBook:
         if int(report.get("restarts", 0)) > self.restarts[index]:
             self.restarts[index] = int(report["restarts"])
             self.stats.restarted += 1
-            notice = (f"env stream {index} restarted from new seeds (restart {self.restarts[index]}): "
-                      f"{report.get('restart') or 'its snapshot was lost'}; its unfinished episodes are gone")
+            notice = (
+                f"env stream {index} restarted from new seeds (restart {self.restarts[index]}): "
+                f"{report.get('restart') or 'its snapshot was lost'}; its unfinished episodes are gone"
+            )
         self.stats.tasks += 1
         self.stats.moved += bool(report.get("restored"))
         self.stats.snapshot_bytes += int(report.get("bytes", 0))
@@ -187,9 +197,14 @@ class StreamBook:
 
     def summary(self) -> dict[str, Any]:
         s = self.stats
-        return {"count": len(self), "tasks": s.tasks, "moved": s.moved, "restarted": s.restarted,
-                "snapshot_bytes_mean": round(s.snapshot_bytes / s.tasks) if s.tasks else 0,
-                "snapshot_ms_mean": round(1000 * s.snapshot_seconds / s.tasks, 3) if s.tasks else 0.0}
+        return {
+            "count": len(self),
+            "tasks": s.tasks,
+            "moved": s.moved,
+            "restarted": s.restarted,
+            "snapshot_bytes_mean": round(s.snapshot_bytes / s.tasks) if s.tasks else 0,
+            "snapshot_ms_mean": round(1000 * s.snapshot_seconds / s.tasks, 3) if s.tasks else 0.0,
+        }
 
     def state(self) -> dict[str, Any]:
         """For the trainer's checkpoint: a resumed run goes on with the same streams."""

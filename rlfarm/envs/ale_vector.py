@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -74,13 +75,19 @@ class AleVector(gym.vector.VectorEnv):
         max_frames = registered.get("max_num_frames_per_episode")  # None: ALE's default, as AtariEnv
         # What the state means: a snapshot restores only into an AleVector with the same (restore).
         self._config: dict[str, Any] = {
-            "game": str(registered["game"]), "mode": registered.get("mode"),
+            "game": str(registered["game"]),
+            "mode": registered.get("mode"),
             "difficulty": registered.get("difficulty"),
             "repeat_action_probability": float(registered.get("repeat_action_probability", 0.25)),
             "full_action_space": bool(registered.get("full_action_space", False)),
             "max_num_frames_per_episode": None if max_frames is None else int(max_frames),
-            "num_envs": num_envs, "noop_max": self.noop_max, "frame_stack": self.frame_stack,
-            "clip_rewards": self.clip, "terminal_on_life_loss": self.signal_life_loss, "screen_size": size}
+            "num_envs": num_envs,
+            "noop_max": self.noop_max,
+            "frame_stack": self.frame_stack,
+            "clip_rewards": self.clip,
+            "terminal_on_life_loss": self.signal_life_loss,
+            "screen_size": size,
+        }
         self._rom = roms.get_rom_path(self._config["game"])
 
         ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
@@ -107,7 +114,7 @@ class AleVector(gym.vector.VectorEnv):
         # Sticky actions: ALE keeps the frame's action with probability 1 - p, drawing u32/2^32 >= p
         # from its mt19937 twice a frame (players A and B). p as ALE holds it (a C float).
         p = first.getFloat("repeat_action_probability")
-        self._sticky_threshold = math.ceil(p * 2 ** 32)  # u32 >= this: the new action is taken
+        self._sticky_threshold = math.ceil(p * 2**32)  # u32 >= this: the new action is taken
         self._sticky_draws = 0 < p < 1  # otherwise the outcome needs no draw: always, or never
         self._sticky = np.full(num_envs, self._noop.value, np.int64)  # the action a repeat replays
         # ALE's generators as AleVector follows them (made once: a new MT19937 seeds itself, slowly).
@@ -137,7 +144,7 @@ class AleVector(gym.vector.VectorEnv):
         np_seed, ale_seed = np.random.SeedSequence(seed).generate_state(2)
         self._np_random[i], _ = seeding.np_random(int(np_seed))
         ale_seed = int(ale_seed)  # AtariEnv passes np.int32(ale_seed): the same bits, signed
-        self._ales[i].setInt("random_seed", ale_seed - 2 ** 32 if ale_seed >= 2 ** 31 else ale_seed)
+        self._ales[i].setInt("random_seed", ale_seed - 2**32 if ale_seed >= 2**31 else ale_seed)
 
     def _load_game(self, i: int) -> None:
         ale = self._ales[i]
@@ -273,8 +280,10 @@ class AleVector(gym.vector.VectorEnv):
         if self._sticky_draws:
             for i, state in enumerate(states):
                 if not self._same_stream(self._replicas[i].state, _ale_rng(state)):
-                    raise EnvError(f"{self._config['game']}: sticky actions drew numbers AleVector did not "
-                                   "follow (the game draws from ALE's generator itself): no exact snapshot")
+                    raise EnvError(
+                        f"{self._config['game']}: sticky actions drew numbers AleVector did not "
+                        "follow (the game draws from ALE's generator itself): no exact snapshot"
+                    )
         return {
             "format": SNAPSHOT_FORMAT,
             "config": dict(self._config),
@@ -299,8 +308,11 @@ class AleVector(gym.vector.VectorEnv):
         config = state.get("config")
         if not isinstance(config, Mapping) or dict(config) != self._config:
             theirs = dict(config) if isinstance(config, Mapping) else {}
-            differ = [f"{k}: snapshot {theirs.get(k)!r}, here {self._config.get(k)!r}"
-                      for k in sorted(set(theirs) | set(self._config)) if theirs.get(k) != self._config.get(k)]
+            differ = [
+                f"{k}: snapshot {theirs.get(k)!r}, here {self._config.get(k)!r}"
+                for k in sorted(set(theirs) | set(self._config))
+                if theirs.get(k) != self._config.get(k)
+            ]
             raise ValueError(f"snapshot of another env: {'; '.join(differ) or config!r:.300}")
         n = self.num_envs
         sizes = _checked_array(state, "ale_state_sizes", np.int64, (n,))
@@ -333,8 +345,10 @@ class AleVector(gym.vector.VectorEnv):
                 if self._sticky_draws:
                     self._replicas[i].state = rngs[i]
             except Exception as exc:  # noqa: BLE001 - as above; the sub-envs before it are restored
-                raise ValueError(f"snapshot: ALE could not restore sub-env {i} ({type(exc).__name__}); "
-                                 "this AleVector is now half restored: reset it or drop it") from None
+                raise ValueError(
+                    f"snapshot: ALE could not restore sub-env {i} ({type(exc).__name__}); "
+                    "this AleVector is now half restored: reset it or drop it"
+                ) from None
         self._sticky[:] = sticky
         self._np_random = np_random
         self._pool[:] = pool
@@ -357,7 +371,7 @@ class AleVector(gym.vector.VectorEnv):
         does not hold it, but act() sets it when its draw says so: act it on the restored state
         (whose draws `rng` foretells) until a draw takes it, then restore the state again."""
         ale.restoreState(state)
-        if self._sticky_threshold <= 2 ** 32 - 1:  # p = 1 (never taken): it is NOOP, as ALE left it
+        if self._sticky_threshold <= 2**32 - 1:  # p = 1 (never taken): it is NOOP, as ALE left it
             probe = self._probe
             probe.state = rng
             while True:
@@ -387,7 +401,7 @@ def _ale_rng(serialized: bytes) -> dict[str, Any]:
     (length,) = struct.unpack_from("<i", serialized, 24)
     if length < 8 or 24 + 4 + length + 8 != len(serialized):
         raise ValueError("not a serialized ALE state: its lengths do not add up")
-    inner = serialized[28:28 + length]
+    inner = serialized[28 : 28 + length]
     start = len(inner.rstrip(b"0123456789 "))  # the text's first byte (its length's last is 0)
     flag, text_length = struct.unpack_from("<Ii", inner, start - 8) if start >= 8 else (0, -1)
     if flag != _TRUE or text_length != len(inner) - start:
@@ -399,7 +413,7 @@ def _ale_rng(serialized: bytes) -> dict[str, Any]:
         words, position = numbers, _MT_WORDS
     else:
         raise ValueError(f"serialized ALE state: a generator of {len(numbers)} numbers is no mt19937")
-    if max(words) >= 2 ** 32:
+    if max(words) >= 2**32:
         raise ValueError("serialized ALE state: mt19937 words must be 32-bit")
     return {"bit_generator": "MT19937", "state": {"key": np.array(words, np.uint32), "pos": position}}
 
@@ -409,8 +423,13 @@ def _generator_state(generator: np.random.Generator) -> dict[str, Any]:
     state = generator.bit_generator.state
     if state["bit_generator"] != "PCG64":  # gymnasium.utils.seeding.np_random makes PCG64
         raise EnvError(f"cannot save a {state['bit_generator']} generator")
-    return {"bit_generator": "PCG64", "state": str(state["state"]["state"]), "inc": str(state["state"]["inc"]),
-            "has_uint32": int(state["has_uint32"]), "uinteger": int(state["uinteger"])}
+    return {
+        "bit_generator": "PCG64",
+        "state": str(state["state"]["state"]),
+        "inc": str(state["state"]["inc"]),
+        "has_uint32": int(state["has_uint32"]),
+        "uinteger": int(state["uinteger"]),
+    }
 
 
 def _generator(saved: Any) -> np.random.Generator:
@@ -419,11 +438,15 @@ def _generator(saved: Any) -> np.random.Generator:
         if saved["bit_generator"] != "PCG64":
             raise ValueError(saved["bit_generator"])
         state, inc = int(saved["state"]), int(saved["inc"])
-        if not (0 <= state < 2 ** 128 and 0 <= inc < 2 ** 128) or saved["has_uint32"] not in (0, 1):
+        if not (0 <= state < 2**128 and 0 <= inc < 2**128) or saved["has_uint32"] not in (0, 1):
             raise ValueError("out of range")
         bit_generator = np.random.PCG64()
-        bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
-                               "has_uint32": int(saved["has_uint32"]), "uinteger": int(saved["uinteger"])}
+        bit_generator.state = {
+            "bit_generator": "PCG64",
+            "state": {"state": state, "inc": inc},
+            "has_uint32": int(saved["has_uint32"]),
+            "uinteger": int(saved["uinteger"]),
+        }
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"snapshot: not a saved PCG64 generator state: {exc!r:.80}") from None
     return np.random.Generator(bit_generator)

@@ -45,7 +45,8 @@ def allowed_modules_env(env_id: str, environ: Any = None) -> dict[str, str]:
 def module_allowed(module_name: str, allowed: tuple[str, ...] | None = None) -> bool:
     allowed = allowed_env_modules() if allowed is None else allowed
     return valid_module_name(module_name) and any(
-        module_name == name or module_name.startswith(name + ".") for name in allowed)
+        module_name == name or module_name.startswith(name + ".") for name in allowed
+    )
 
 
 def check_env_allowed(env_id: str, where: str = "on this worker", hint: str | None = None) -> None:
@@ -58,5 +59,7 @@ def check_env_allowed(env_id: str, where: str = "on this worker", hint: str | No
     if module is None or module_allowed(module):
         return
     hint = hint or f"start the worker with --allow-env-module {module}"
-    raise EnvError(f"env {env_id!r} is not allowed {where}: not a registered gymnasium id, and module "
-                   f"{module!r} is not in {ALLOWED_MODULES_VAR} ({hint})")
+    raise EnvError(
+        f"env {env_id!r} is not allowed {where}: not a registered gymnasium id, and module "
+        f"{module!r} is not in {ALLOWED_MODULES_VAR} ({hint})"
+    )

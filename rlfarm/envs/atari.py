@@ -18,7 +18,8 @@ ale-py's emulators with a state that can be saved and restored.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -72,8 +73,14 @@ def wrap(env: gym.Env, options: Mapping[str, Any]) -> gym.Env:
         import cv2  # noqa: F401 - AtariPreprocessing resizes with OpenCV
     except ImportError:
         raise EnvError(f"Atari preprocessing needs OpenCV: {INSTALL_HINT}") from None
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=int(options.get("noop_max", 30)), frame_skip=4,
-                                          screen_size=screen_size(options), grayscale_obs=True, scale_obs=False)
+    env = gym.wrappers.AtariPreprocessing(
+        env,
+        noop_max=int(options.get("noop_max", 30)),
+        frame_skip=4,
+        screen_size=screen_size(options),
+        grayscale_obs=True,
+        scale_obs=False,
+    )
     if options.get("terminal_on_life_loss", False):
         env = LifeLossSignal(env)
     env = RawScore(env, clip=bool(options.get("clip_rewards", True)))

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from rlfarm.envs.allowlist import ALLOWED_MODULES_VAR, check_env_allowed, module_allowed
 from rlfarm.envs.errors import EnvError
+
 
 def _factory(env_id: str, trusted: bool = True) -> Callable[..., gym.Env]:
     """A constructor for `env_id`. `trusted=False` (an id read from Redis or a file): allowlist first
@@ -49,8 +51,10 @@ def _factory(env_id: str, trusted: bool = True) -> Callable[..., gym.Env]:
             if attr.startswith("_"):
                 raise EnvError(f"env {env_id!r} is not allowed on this worker: {attr!r} is private")
             if not module_allowed(str(origin)):
-                raise EnvError(f"env {env_id!r} is not allowed on this worker: {attr!r} comes from "
-                               f"module {origin!r}, which is not in {ALLOWED_MODULES_VAR}")
+                raise EnvError(
+                    f"env {env_id!r} is not allowed on this worker: {attr!r} comes from "
+                    f"module {origin!r}, which is not in {ALLOWED_MODULES_VAR}"
+                )
         if callable(target):  # an Env class or a factory function
             return target
         raise EnvError(f"env {env_id!r}: {attr!r} is not callable")
@@ -73,8 +77,9 @@ def preprocessing(env_id: str, options: Mapping[str, Any] | None) -> str:
     return ("atari" if _is_atari_id(env_id) else "none") if chosen == "auto" else chosen
 
 
-def make_env(env_id: str, trusted: bool = True, render_mode: str | None = None,
-             options: Mapping[str, Any] | None = None) -> gym.Env:
+def make_env(
+    env_id: str, trusted: bool = True, render_mode: str | None = None, options: Mapping[str, Any] | None = None
+) -> gym.Env:
     """One env; a constructor that raises is an EnvError naming the env and what it raised.
     `trusted=False` for an id read from Redis or a file (see _factory). `render_mode` ("rgb_array",
     "human") is passed to gym.make, or to a "module:callable" constructor as a keyword. `options`:
@@ -99,8 +104,9 @@ def make_env(env_id: str, trusted: bool = True, render_mode: str | None = None,
         extra = _EXTRAS.get(_entry_package(env_id))
         if extra is None:
             raise EnvError(f"env {env_id!r} needs a package that is not installed: {exc}") from exc
-        raise EnvError(f"env {env_id!r} needs the {extra} extra, which is not installed: "
-                       f'pip install -e ".[{extra}]" ({exc})') from exc
+        raise EnvError(
+            f'env {env_id!r} needs the {extra} extra, which is not installed: pip install -e ".[{extra}]" ({exc})'
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - any user constructor: gym.make, a class, a factory function
         raise EnvError(f"env {env_id!r} could not be constructed: {type(exc).__name__}: {exc}") from exc
 
@@ -115,8 +121,9 @@ def _entry_package(env_id: str) -> str:
     return next((package for package in _EXTRAS if module == package or module.startswith(package + ".")), "")
 
 
-def make_vector_env(env_id: str, num_envs: int, trusted: bool = True,
-                    options: Mapping[str, Any] | None = None) -> "gym.vector.VectorEnv":
+def make_vector_env(
+    env_id: str, num_envs: int, trusted: bool = True, options: Mapping[str, Any] | None = None
+) -> gym.vector.VectorEnv:
     """Sub-envs in this process, with SAME_STEP autoreset (ALE ids with Atari preprocessing:
     rlfarm.envs.ale_vector.AleVector, the wrapper chain's arithmetic with a state that can be saved).
 
@@ -131,8 +138,9 @@ def make_vector_env(env_id: str, num_envs: int, trusted: bool = True,
         # The wrapper chain's frames bit for bit, without its wrappers' calls per frame, and snapshots.
         if "game" in gym.registry[env_id].kwargs:
             return AleVector(env_id, num_envs, options or {})
-    return SyncVectorEnv([lambda: make_env(env_id, trusted, options=options)] * num_envs,
-                         autoreset_mode=AutoresetMode.SAME_STEP)
+    return SyncVectorEnv(
+        [lambda: make_env(env_id, trusted, options=options)] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
+    )
 
 
 def episode_limit(env_id: str) -> int | None:

@@ -42,8 +42,21 @@ class Unsnapshotable(EnvError):
 
 
 # Attribute names that are configuration or rendering, never state, whatever their value.
-_SKIP_NAMES = frozenset({"env", "metadata", "spec", "_cached_spec", "render_mode", "_np_random_seed",
-                         "mujoco_renderer", "model", "data", "_ezpickle_args", "_ezpickle_kwargs"})
+_SKIP_NAMES = frozenset(
+    {
+        "env",
+        "metadata",
+        "spec",
+        "_cached_spec",
+        "render_mode",
+        "_np_random_seed",
+        "mujoco_renderer",
+        "model",
+        "data",
+        "_ezpickle_args",
+        "_ezpickle_kwargs",
+    }
+)
 
 
 def capture(envs: Any) -> dict[str, Any]:
@@ -85,8 +98,10 @@ def _capture_env(env: Any) -> list[dict[str, Any]]:
 def _restore_env(env: Any, states: list[dict[str, Any]]) -> None:
     layers = _layers(env)
     if len(layers) != len(states) or any(type(l).__name__ != s["class"] for l, s in zip(layers, states)):
-        raise ValueError("env snapshot of another wrapper chain: "
-                         f"{[s['class'] for s in states]} vs {[type(l).__name__ for l in layers]}")
+        raise ValueError(
+            "env snapshot of another wrapper chain: "
+            f"{[s['class'] for s in states]} vs {[type(l).__name__ for l in layers]}"
+        )
     for layer, state in zip(layers, states):
         _restore_layer(layer, state)
 
@@ -107,9 +122,11 @@ def _capture_layer(layer: Any) -> dict[str, Any]:
         try:
             out["attrs"][attr] = _plain(value)
         except Unsnapshotable as exc:
-            raise Unsnapshotable(f"{name}.{attr} holds {exc}, whose state rlfarm cannot save; give "
-                                 f"{name} rlfarm_snapshot() and rlfarm_restore(state) methods, or use "
-                                 f"farm.episodes = \"fresh\"") from None
+            raise Unsnapshotable(
+                f"{name}.{attr} holds {exc}, whose state rlfarm cannot save; give "
+                f"{name} rlfarm_snapshot() and rlfarm_restore(state) methods, or use "
+                f'farm.episodes = "fresh"'
+            ) from None
     if _is_mujoco(layer):
         out["mjdata"] = _capture_mjdata(layer.data)
     return out
@@ -131,19 +148,23 @@ def _restore_layer(layer: Any, state: dict[str, Any]) -> None:
 
 
 def _is_configuration(value: Any) -> bool:
-    return isinstance(value, (gym.spaces.Space, gym.envs.registration.EnvSpec)) or callable(value) and \
-        not isinstance(value, np.random.Generator)
+    return (
+        isinstance(value, (gym.spaces.Space, gym.envs.registration.EnvSpec))
+        or callable(value)
+        and not isinstance(value, np.random.Generator)
+    )
 
 
 # ---- plain values --------------------------------------------------------------------------------
 # Tagged where msgpack would lose the type: tuples and deques would come back as lists, numpy scalars
 # as Python numbers (which promote differently), generators are objects.
 
+
 def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (bool, str, bytes)):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, np.generic):
-        if isinstance(value, int) and not -2**63 <= value < 2**64:
+        if isinstance(value, int) and not -(2**63) <= value < 2**64:
             return {"~": "bigint", "v": str(value)}
         return value
     if isinstance(value, np.ndarray):
@@ -172,8 +193,12 @@ def _unplain(value: Any, current: Any = None) -> Any:
     """The value `_plain` made `value` from; written into `current` where that keeps references
     valid (arrays of the same shape and dtype, generators, deques), then `current` is returned."""
     if isinstance(value, np.ndarray):
-        if isinstance(current, np.ndarray) and current.shape == value.shape and current.dtype == value.dtype \
-                and current.flags.writeable:
+        if (
+            isinstance(current, np.ndarray)
+            and current.shape == value.shape
+            and current.dtype == value.dtype
+            and current.flags.writeable
+        ):
             np.copyto(current, value)
             return current
         return np.array(value, copy=True)
@@ -220,9 +245,11 @@ def _unplain(value: Any, current: Any = None) -> Any:
 # the step's contacts and constraints (efc_*, contact) are recomputed by the next mj_step before
 # anything reads them; where their size differs from the snapshot's they are left as they are.
 
+
 def _mjdata_fields(data: Any) -> list[str]:
-    return sorted(name for name in dir(data)
-                  if not name.startswith("_") and isinstance(getattr(data, name, None), np.ndarray))
+    return sorted(
+        name for name in dir(data) if not name.startswith("_") and isinstance(getattr(data, name, None), np.ndarray)
+    )
 
 
 def _capture_mjdata(data: Any) -> dict[str, Any]:
@@ -259,7 +286,9 @@ def check(env_id: str, options: dict[str, Any] | None = None) -> None:
         envs.step(envs.action_space.sample())
         capture(envs)
     except Unsnapshotable as exc:
-        raise Unsnapshotable(f'farm.episodes = "continue" needs env state rlfarm can save and restore, '
-                             f"so that any worker process can go on with a run's env stream: {exc}") from None
+        raise Unsnapshotable(
+            f'farm.episodes = "continue" needs env state rlfarm can save and restore, '
+            f"so that any worker process can go on with a run's env stream: {exc}"
+        ) from None
     finally:
         envs.close()

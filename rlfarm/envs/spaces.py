@@ -3,8 +3,9 @@ made env (`describe`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -46,7 +47,7 @@ class SpaceSpec:
 
     @property
     def image_layout(self) -> str:
-        """"CHW" when the first axis looks like channels (at most 4 and smaller than the last), else "HWC"."""
+        """ "CHW" when the first axis looks like channels (at most 4 and smaller than the last), else "HWC"."""
         first, last = self.obs_shape[0], self.obs_shape[-1]
         return "CHW" if first <= 4 and first < last else "HWC"
 
@@ -60,24 +61,37 @@ class SpaceSpec:
         return "int64" if self.discrete else "float32"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"obs_dim": self.obs_dim, "obs_shape": list(self.obs_shape), "obs_dtype": self.obs_dtype,
-                "discrete": self.discrete, "action_dim": self.action_dim,
-                "action_low": list(self.action_low), "action_high": list(self.action_high)}
+        return {
+            "obs_dim": self.obs_dim,
+            "obs_shape": list(self.obs_shape),
+            "obs_dtype": self.obs_dtype,
+            "discrete": self.discrete,
+            "action_dim": self.action_dim,
+            "action_low": list(self.action_low),
+            "action_high": list(self.action_high),
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SpaceSpec":
-        return cls(int(d["obs_dim"]), bool(d["discrete"]), int(d["action_dim"]),
-                   tuple(d["action_low"]), tuple(d["action_high"]),
-                   tuple(int(x) for x in d.get("obs_shape", ())), str(d.get("obs_dtype", "float32")))
-
+    def from_dict(cls, d: dict[str, Any]) -> SpaceSpec:
+        return cls(
+            int(d["obs_dim"]),
+            bool(d["discrete"]),
+            int(d["action_dim"]),
+            tuple(d["action_low"]),
+            tuple(d["action_high"]),
+            tuple(int(x) for x in d.get("obs_shape", ())),
+            str(d.get("obs_dtype", "float32")),
+        )
 
 
 def space_spec(env: gym.Env) -> SpaceSpec:
     obs_space, act_space = env.observation_space, env.action_space
     if not isinstance(obs_space, gym.spaces.Box):
-        raise EnvError(f"observation space {obs_space} is not supported: rlfarm acts on Box observations "
-                       f"(vectors, or HxWxC / CxHxW uint8 images); wrap the env to flatten "
-                       f"{type(obs_space).__name__} observations into a Box")
+        raise EnvError(
+            f"observation space {obs_space} is not supported: rlfarm acts on Box observations "
+            f"(vectors, or HxWxC / CxHxW uint8 images); wrap the env to flatten "
+            f"{type(obs_space).__name__} observations into a Box"
+        )
     shape = tuple(int(x) for x in obs_space.shape)
     if not shape or 0 in shape:
         raise EnvError(f"observation space {obs_space} is not supported: it holds no values")
@@ -89,8 +103,14 @@ def space_spec(env: gym.Env) -> SpaceSpec:
     if isinstance(act_space, gym.spaces.Discrete):
         return SpaceSpec(obs_dim, True, int(act_space.n), **obs)
     if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
-        return SpaceSpec(obs_dim, False, int(act_space.shape[0]),
-                         tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high), **obs)
+        return SpaceSpec(
+            obs_dim,
+            False,
+            int(act_space.shape[0]),
+            tuple(float(x) for x in act_space.low),
+            tuple(float(x) for x in act_space.high),
+            **obs,
+        )
     raise EnvError(f"action space {act_space} is not supported (Discrete or 1-D Box)")
 
 

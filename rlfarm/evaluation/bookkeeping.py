@@ -95,8 +95,13 @@ class Evaluations:
             self.last_version = version
         per_task = math.ceil(episodes / cfg.tasks)
         seed = self.config.seed + (CONFIRM_SEED if confirm else EVAL_SEED)
-        return Send(version, tuple(TaskSpec(self.config.run_id, "eval", number, index, version, seed=seed,
-                                            episodes=per_task) for index in range(cfg.tasks)))
+        return Send(
+            version,
+            tuple(
+                TaskSpec(self.config.run_id, "eval", number, index, version, seed=seed, episodes=per_task)
+                for index in range(cfg.tasks)
+            ),
+        )
 
     def due(self, env_steps: int, version: int) -> list[Decision]:
         """The scheduled evaluation, every `eval.interval` env steps (one, however many were passed)."""
@@ -132,14 +137,20 @@ class Evaluations:
             first = self.awaiting.pop(ev.version)
             if mean >= target:
                 self.target_reached = True
-            return [Record(ev.env_steps, ev.returns, ev.version, confirmation=True),
-                    *self._settle(ev.version, float(np.mean(first + ev.returns)))]
+            return [
+                Record(ev.env_steps, ev.returns, ev.version, confirmation=True),
+                *self._settle(ev.version, float(np.mean(first + ev.returns))),
+            ]
         self.mean_return = mean
         record = Record(ev.env_steps, ev.returns, ev.version)
         # Without scheduled evaluations the target is the rolling training return's (Trainer.target_reached):
         # a confirmation of the final evaluation would decide nothing.
-        if (mean >= target and self.config.eval.confirm_episodes and self.config.eval.interval
-                and ev.version not in self.awaiting):
+        if (
+            mean >= target
+            and self.config.eval.confirm_episodes
+            and self.config.eval.interval
+            and ev.version not in self.awaiting
+        ):
             self.awaiting[ev.version] = ev.returns
             return [record, self.start(ev.version, env_steps, confirm=True)]
         if mean >= target:
@@ -166,9 +177,14 @@ class Evaluations:
 
     # ---- the trainer checkpoint's keys (rlfarm.trainer.resume) --------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"next_eval": self.next_eval, "eval_counter": self.counter,
-                "eval_mean_return": self.mean_return, "best_eval_mean_return": self.best_mean_return,
-                "best_version": self.best_version, "target_reached": self.target_reached}
+        return {
+            "next_eval": self.next_eval,
+            "eval_counter": self.counter,
+            "eval_mean_return": self.mean_return,
+            "best_eval_mean_return": self.best_mean_return,
+            "best_version": self.best_version,
+            "target_reached": self.target_reached,
+        }
 
     def restore(self, state: dict[str, Any], task_offset: int = 0) -> None:
         """`task_offset`: added to the evaluation numbers, past those of tasks a dead trainer sent.

@@ -77,11 +77,14 @@ class LoadedPolicy:
         elif array.size == spec.obs_dim:
             return array.reshape(1, spec.obs_dim).astype(np.float32, copy=False), True
         want = list(spec.obs_shape) if spec.is_image else [spec.obs_dim]
-        raise ValueError(f"observation of shape {list(array.shape)} does not fit this policy: it takes one "
-                         f"observation of shape {want}, or a batch of them (shape [N, {', '.join(map(str, want))}])")
+        raise ValueError(
+            f"observation of shape {list(array.shape)} does not fit this policy: it takes one "
+            f"observation of shape {want}, or a batch of them (shape [N, {', '.join(map(str, want))}])"
+        )
 
-    def predict(self, obs: Any, state: Any = None, episode_start: Any = None,
-                deterministic: bool = True) -> tuple[np.ndarray, None]:
+    def predict(
+        self, obs: Any, state: Any = None, episode_start: Any = None, deterministic: bool = True
+    ) -> tuple[np.ndarray, None]:
         """Actions for `obs`: greedy with `deterministic=True`, else sampled from the policy (PPO's
         distribution, SAC's Gaussian; DQN and TD3 explore only with the `epsilon` or `noise` given to
         `load`). Continuous actions are clipped to the env's bounds, as the farm's episodes clip them.
@@ -89,8 +92,9 @@ class LoadedPolicy:
         batch, single = self._batch(obs)
         actions, _, _ = self.actor.act(batch, self.rng, deterministic)
         if not self.spec.discrete:
-            actions = np.clip(actions, np.asarray(self.spec.action_low, np.float32),
-                              np.asarray(self.spec.action_high, np.float32))
+            actions = np.clip(
+                actions, np.asarray(self.spec.action_low, np.float32), np.asarray(self.spec.action_high, np.float32)
+            )
         return (actions[0] if single else actions), None
 
     def __repr__(self) -> str:

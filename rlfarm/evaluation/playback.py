@@ -57,8 +57,14 @@ def from_file(path: str | Path) -> StoredPolicy:
         raise PlaybackError(f"{exc} (file {path})") from None
     except OSError as exc:
         raise PlaybackError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return StoredPolicy(state, meta, json.loads(meta.get("policy", "{}")), json.loads(meta.get("env_options", "{}")),
-                        algo_of(meta, state), str(path))
+    return StoredPolicy(
+        state,
+        meta,
+        json.loads(meta.get("policy", "{}")),
+        json.loads(meta.get("env_options", "{}")),
+        algo_of(meta, state),
+        str(path),
+    )
 
 
 # What `rlfarm eval RUN` plays of a run directory, the first that exists (zoo's enjoy: the best model).
@@ -82,8 +88,10 @@ def from_run_dir(run: str, logdir: str | None = None) -> StoredPolicy:
     run_dir = run_dir_of(run, logdir)
     found = [run_dir / name for name in RUN_POLICY_FILES if (run_dir / name).is_file()]
     if not found:
-        raise PlaybackError(f"run {run_dir.name} has no policy file yet (no {' or '.join(RUN_POLICY_FILES)} in "
-                            f"{run_dir}/); while it trains, play its newest version with --run {run_dir.name}")
+        raise PlaybackError(
+            f"run {run_dir.name} has no policy file yet (no {' or '.join(RUN_POLICY_FILES)} in "
+            f"{run_dir}/); while it trains, play its newest version with --run {run_dir.name}"
+        )
     policy = from_file(found[0])
     try:
         config = json.loads((run_dir / "config.json").read_text())
@@ -111,8 +119,14 @@ def from_run(redis_url: str, run_id: str, version: int | str) -> StoredPolicy:
         raise PlaybackError(str(exc)) from None
     meta["env"] = run_cfg["env"]["id"]
     meta.setdefault("algo", run_cfg.get("algo"))
-    return StoredPolicy(state, meta, run_cfg["policy"], run_cfg["env"], algo_of(meta, state),
-                        f"{run_id} v{meta.get('version', version)}")
+    return StoredPolicy(
+        state,
+        meta,
+        run_cfg["policy"],
+        run_cfg["env"],
+        algo_of(meta, state),
+        f"{run_id} v{meta.get('version', version)}",
+    )
 
 
 def offscreen_rendering() -> None:
@@ -136,8 +150,11 @@ def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str |
         offscreen_rendering()
     try:
         if not typed:  # named by a file or by Redis: the allowlist, as on a worker
-            check_env_allowed(env_id, where="here", hint=f"pass --env {env_id} if you trust it, or set "
-                                                         f"RLFARM_ALLOWED_ENV_MODULES={env_module(env_id)}")
+            check_env_allowed(
+                env_id,
+                where="here",
+                hint=f"pass --env {env_id} if you trust it, or set RLFARM_ALLOWED_ENV_MODULES={env_module(env_id)}",
+            )
         env = make_env(env_id, trusted=typed, render_mode=render_mode, options=policy.env_options)
     except EnvError as exc:
         raise PlaybackError(str(exc)) from None
@@ -154,16 +171,26 @@ def network_for(policy: StoredPolicy, env: Any, env_id: str) -> Any:
     from rlfarm.envs import space_spec
 
     try:
-        return load_network(policy.algo, space_spec(env), policy_config(policy.policy_config), policy.state,
-                            policy.meta)
+        return load_network(
+            policy.algo, space_spec(env), policy_config(policy.policy_config), policy.state, policy.meta
+        )
     except PolicyMismatch as exc:
         raise PlaybackError(f"policy {policy.source} does not fit env {env_id}: {exc}") from None
     except ConfigError as exc:
         raise PlaybackError(str(exc)) from None
 
 
-def play(network: Any, algo: str, env: Any, env_id: str, episodes: int, seed: int, render_mode: str | None = None,
-         video_dir: str | None = None, name: str = "policy") -> np.ndarray:
+def play(
+    network: Any,
+    algo: str,
+    env: Any,
+    env_id: str,
+    episodes: int,
+    seed: int,
+    render_mode: str | None = None,
+    video_dir: str | None = None,
+    name: str = "policy",
+) -> np.ndarray:
     """Greedy episodes' returns, recorded (RecordVideo) or shown in a window as asked; a renderer that
     cannot work here (a missing package, no display) is a PlaybackError."""
     import gymnasium as gym
@@ -178,20 +205,23 @@ def play(network: Any, algo: str, env: Any, env_id: str, episodes: int, seed: in
             replaced = list(Path(video_dir).glob(f"{name}-episode-*.mp4"))
             if replaced:  # gymnasium warns of any folder that exists, an empty one too: only this is true
                 logging.getLogger("rlfarm.eval").warning(
-                    "replacing %d video(s) of the same name in %s/ (%s-episode-*.mp4)", len(replaced),
-                    video_dir, name)
+                    "replacing %d video(s) of the same name in %s/ (%s-episode-*.mp4)", len(replaced), video_dir, name
+                )
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-                env = RecordVideo(env, video_folder=video_dir, episode_trigger=lambda _: True,
-                                  name_prefix=name, disable_logger=True)
+                env = RecordVideo(
+                    env, video_folder=video_dir, episode_trigger=lambda _: True, name_prefix=name, disable_logger=True
+                )
         if render_mode == "human":
             env.reset(seed=seed)  # opens the window (episodes reset again with the same seeds)
             pygame = sys.modules.get("pygame")  # classic-control and box2d envs draw with pygame
             driver = pygame.display.get_driver() if pygame and pygame.display.get_init() else None
             if driver in ("offscreen", "dummy") and not os.environ.get("SDL_VIDEODRIVER"):
-                raise PlaybackError(f"--render could not open a window on DISPLAY={os.environ.get('DISPLAY', '')!r} "
-                                    f"(SDL fell back to its {driver} driver); record the episodes to files "
-                                    f"instead with --video DIR")
+                raise PlaybackError(
+                    f"--render could not open a window on DISPLAY={os.environ.get('DISPLAY', '')!r} "
+                    f"(SDL fell back to its {driver} driver); record the episodes to files "
+                    f"instead with --video DIR"
+                )
         returns = run_episodes(learner(algo).actor_snapshot(network), env, episodes, seed)
         env.close()  # RecordVideo writes the last episode's file on close
         return returns
@@ -203,5 +233,7 @@ def play(network: Any, algo: str, env: Any, env_id: str, episodes: int, seed: in
         if not render_mode:
             raise
         what = "record" if video_dir else "show"
-        raise PlaybackError(f"cannot {what} {env_id}'s episodes ({render_mode} rendering failed): "
-                            f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        raise PlaybackError(
+            f"cannot {what} {env_id}'s episodes ({render_mode} rendering failed): "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        ) from None

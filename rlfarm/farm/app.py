@@ -8,7 +8,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 from celery import Celery
 
-from rlfarm.core.protocol import EVAL_TASK, ROLLOUT_TASK, TASK_QUEUE  # noqa: F401 - the task names live with the protocol
+from rlfarm.core.protocol import (  # noqa: F401 - the task names live with the protocol
+    EVAL_TASK,
+    ROLLOUT_TASK,
+    TASK_QUEUE,
+)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

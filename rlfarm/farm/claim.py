@@ -26,16 +26,16 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import redis
 
 from rlfarm.core import signing
-from rlfarm.runio.rundir import RunDirError
 from rlfarm.farm import keys
-
 from rlfarm.farm.keys import CLAIM_SECONDS  # noqa: F401 - part of this module's contract (tests, docs)
+from rlfarm.runio.rundir import RunDirError
 
 
 class RunInUse(RuntimeError):
@@ -106,9 +106,14 @@ def describe_holder(holder: dict[str, Any] | None) -> str:
 class Claim:
     """A trainer's claim of its run id; `acquire` before anything of the run is touched."""
 
-    def __init__(self, client: redis.Redis, run_id: str, seconds: float = CLAIM_SECONDS,
-                 secret: bytes | str | None = None,
-                 on_forged: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        client: redis.Redis,
+        run_id: str,
+        seconds: float = CLAIM_SECONDS,
+        secret: bytes | str | None = None,
+        on_forged: Callable[[str], None] | None = None,
+    ):
         """`secret`: signs the claim; with one, a claim that does not verify was written by someone
         without it and is refused and overwritten (`on_forged(text)` is told), never obeyed."""
         self.client = client
@@ -118,9 +123,18 @@ class Claim:
         self.secret = secret
         self.on_forged = on_forged or (lambda text: None)
         self.incarnation = secrets.token_hex(8)
-        self.value = json.dumps(signing.sign_claim(run_id, {
-            "incarnation": self.incarnation, "host": socket.gethostname(), "pid": os.getpid(),
-            "since": round(time.time(), 3)}, secret))
+        self.value = json.dumps(
+            signing.sign_claim(
+                run_id,
+                {
+                    "incarnation": self.incarnation,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "since": round(time.time(), 3),
+                },
+                secret,
+            )
+        )
         self.held = False
         self.lost: str | None = None  # who took it, once another trainer did
         self._stop = threading.Event()
@@ -146,7 +160,8 @@ class Claim:
                 break
             raise RunInUse(
                 f"run {self.run_id!r} is in use by {describe_holder(holder)}: wait for it to end or stop it, "
-                f"or choose another --run-id (a trainer that died frees its run {self.seconds:g} s later)")
+                f"or choose another --run-id (a trainer that died frees its run {self.seconds:g} s later)"
+            )
         else:
             raise RunInUse(f"run {self.run_id!r}: could not claim it in Redis")
         self.held = True
@@ -172,8 +187,7 @@ class Claim:
             return True
         raw = self.client.get(self.key)
         holder = _parse(raw)
-        if self._forged(holder or {}, raw) and int(self.client.eval(_REPLACE, 1, self.key, raw, self.value,
-                                                                    self._ms)):
+        if self._forged(holder or {}, raw) and int(self.client.eval(_REPLACE, 1, self.key, raw, self.value, self._ms)):
             return True
         if raw is None:  # expired between the two commands: ours to write again
             return self.renew()
@@ -186,8 +200,10 @@ class Claim:
         if not self.secret or raw is None or signing.claim_signed(self.run_id, holder, self.secret):
             return False
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-        self.on_forged(f"refused {self.key}: a claim of run {self.run_id!r} that is not signed by this "
-                       f"farm ({text[:80]!r}); wrote this trainer's back")
+        self.on_forged(
+            f"refused {self.key}: a claim of run {self.run_id!r} that is not signed by this "
+            f"farm ({text[:80]!r}); wrote this trainer's back"
+        )
         return True
 
     def _renew_loop(self) -> None:
@@ -202,9 +218,11 @@ class Claim:
     def check(self) -> None:
         """ClaimLost if another trainer took the run id (this one was stopped past the claim's expiry)."""
         if self.lost is not None:
-            raise ClaimLost(f"run {self.run_id!r} was taken over by {self.lost} while this trainer was not "
-                            f"renewing its claim (stopped for more than {self.seconds:g} s?); this trainer "
-                            f"stops and leaves the run to it")
+            raise ClaimLost(
+                f"run {self.run_id!r} was taken over by {self.lost} while this trainer was not "
+                f"renewing its claim (stopped for more than {self.seconds:g} s?); this trainer "
+                f"stops and leaves the run to it"
+            )
 
     def release(self) -> None:
         """Stop renewing and delete the claim if it is still this trainer's: queued tasks of the run
@@ -247,8 +265,10 @@ class RunDirLock:
                 holder = _parse(os.pread(fd, 4096, 0))
                 os.close(fd)
                 self._forget_made()
-                raise RunInUse(f"run directory {self.path.parent} is in use by {describe_holder(holder)}: "
-                               f"wait for it to end or stop it, or choose another --run-id or --logdir") from None
+                raise RunInUse(
+                    f"run directory {self.path.parent} is in use by {describe_holder(holder)}: "
+                    f"wait for it to end or stop it, or choose another --run-id or --logdir"
+                ) from None
             if self._same_file(fd):
                 break
             os.close(fd)
@@ -256,8 +276,11 @@ class RunDirLock:
             raise RunDirError(self.path, OSError(f"{self.path} keeps being replaced"))
         try:  # who holds it, for the message of the next one to try
             os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                      "since": round(time.time(), 3)}).encode(), 0)
+            os.pwrite(
+                fd,
+                json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": round(time.time(), 3)}).encode(),
+                0,
+            )
         except OSError:
             pass  # a full disk: the lock holds all the same
         self._fd = fd
@@ -315,7 +338,7 @@ class RunDirLock:
         if untouched:
             self._forget_made()
 
-    def __enter__(self) -> "RunDirLock":
+    def __enter__(self) -> RunDirLock:
         self.acquire()
         return self
 

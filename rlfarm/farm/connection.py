@@ -5,7 +5,6 @@ password, and the warnings for a Redis off this machine without a password or a 
 
 from __future__ import annotations
 
-
 import redis
 from redis.sentinel import MasterNotFoundError
 
@@ -19,8 +18,7 @@ class RedisAuthError(ConnectionError):
 def connect(url: str, timeout: float = 5.0) -> redis.Redis:
     """A client that fails fast and clearly when Redis is not there."""
     try:
-        client = redis_url.client(url, socket_connect_timeout=timeout, socket_keepalive=True,
-                                  health_check_interval=30)
+        client = redis_url.client(url, socket_connect_timeout=timeout, socket_keepalive=True, health_check_interval=30)
         client.ping()
     except redis.AuthenticationError as exc:
         raise RedisAuthError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
@@ -28,16 +26,19 @@ def connect(url: str, timeout: float = 5.0) -> redis.Redis:
         raise RedisAuthError(f"Redis at {redact(url)} refused the connection: {exc}") from None
     except MasterNotFoundError:
         target = redis_url.parse_sentinel(url)
-        raise ConnectionError(f"cannot reach Redis at {redact(url)}: no sentinel there names a master "
-                              f"{target.master_name!r} (none answered, or they monitor it under another "
-                              f"name: `redis-cli -p 26379 SENTINEL MASTERS` lists theirs)") from None
+        raise ConnectionError(
+            f"cannot reach Redis at {redact(url)}: no sentinel there names a master "
+            f"{target.master_name!r} (none answered, or they monitor it under another "
+            f"name: `redis-cli -p 26379 SENTINEL MASTERS` lists theirs)"
+        ) from None
     except ValueError as exc:
         raise ConnectionError(f"bad Redis URL {redact(url)}: {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         raise ConnectionError(f"cannot reach Redis at {redact(url)}: {exc}{_tls_hint(url, exc)}") from None
     except redis.RedisError as exc:  # e.g. InvalidResponse: something else listens on that port
-        raise ConnectionError(f"Redis at {redact(url)} did not answer like a Redis server: "
-                              f"{type(exc).__name__}: {exc}") from None
+        raise ConnectionError(
+            f"Redis at {redact(url)} did not answer like a Redis server: {type(exc).__name__}: {exc}"
+        ) from None
     return client
 
 
@@ -58,10 +59,12 @@ def eviction_error(client: redis.Redis, url: str) -> str | None:
     policy = eviction_policy(client)
     if policy is None:
         return None
-    return (f"Redis at {redact(url)} evicts keys when memory runs short (maxmemory-policy {policy}): it "
-            f"would drop a run's policies, metadata and queued tasks; set it to keep them with "
-            f"`redis-cli CONFIG SET maxmemory-policy noeviction` (and `maxmemory-policy noeviction` in its "
-            f"redis.conf)")
+    return (
+        f"Redis at {redact(url)} evicts keys when memory runs short (maxmemory-policy {policy}): it "
+        f"would drop a run's policies, metadata and queued tasks; set it to keep them with "
+        f"`redis-cli CONFIG SET maxmemory-policy noeviction` (and `maxmemory-policy noeviction` in its "
+        f"redis.conf)"
+    )
 
 
 def refuse_eviction(client: redis.Redis, url: str) -> None:
@@ -127,8 +130,10 @@ def no_password_warning(url: str) -> str | None:
     scheme = redis_url.scheme(url)
     if scheme == "unix" or redis_url.has_password(url) or _all_loopback(url):
         return None
-    return (f"Redis at {redact(url)} accepts this worker without a password: anyone who can reach it can "
-            f"queue work on every worker; give it one (requirepass) and use {scheme}://:PASSWORD@host:port/db")
+    return (
+        f"Redis at {redact(url)} accepts this worker without a password: anyone who can reach it can "
+        f"queue work on every worker; give it one (requirepass) and use {scheme}://:PASSWORD@host:port/db"
+    )
 
 
 def no_secret_warning(url: str, secret: bytes | str | None) -> str | None:
@@ -136,6 +141,8 @@ def no_secret_warning(url: str, secret: bytes | str | None) -> str | None:
     are then taken as they come: whoever can write to it can forge them unnoticed), or None."""
     if secret or redis_url.scheme(url) == "unix" or _all_loopback(url):
         return None
-    return (f"Redis at {redact(url)} is not on this machine and RLFARM_SECRET is not set: whoever can write "
-            f"to it can forge results, policies and tasks unnoticed; give the trainer and every worker the "
-            f"same secret in RLFARM_SECRET (e.g. `openssl rand -hex 32`)")
+    return (
+        f"Redis at {redact(url)} is not on this machine and RLFARM_SECRET is not set: whoever can write "
+        f"to it can forge results, policies and tasks unnoticed; give the trainer and every worker the "
+        f"same secret in RLFARM_SECRET (e.g. `openssl rand -hex 32`)"
+    )

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from rlfarm.core.signing import SECRET_ENV
@@ -71,6 +72,7 @@ def running() -> dict[str, Any] | None:
 class Farm:
     """A farm's Redis URL, the secret its workers hold (None: not known here) and where it was found,
     in words (`source`: None when no farm was found: `rlfarm train` then starts the embedded default)."""
+
     url: str | None
     secret: str | None = None
     source: str | None = None
@@ -141,8 +143,7 @@ def embedded_farm(run_dir: Path) -> Farm | None:
     return Farm(url, state.get("secret") or None, f"run {Path(run_dir).name}'s embedded Redis")
 
 
-def find_farm(redis_url: str | None, run_dir: Path | None = None,
-              environ: Mapping[str, str] | None = None) -> Farm:
+def find_farm(redis_url: str | None, run_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> Farm:
     """The farm a command works on: `redis_url` (--redis), else RLFARM_REDIS_URL of `environ` (default
     os.environ), else the `rlfarm up` farm, else the live embedded Redis of the run in `run_dir`, else
     `Farm(None)` (none: `rlfarm train` starts the embedded default, other commands fail with
@@ -175,8 +176,10 @@ def secret_mismatch(farm: Farm, environ: Mapping[str, str] | None = None) -> str
     environ = os.environ if environ is None else environ
     own = environ.get(SECRET_ENV, "")
     if farm.secret and own and own != farm.secret:
-        return (f"your {SECRET_ENV} is not the secret of {farm.source}, which its workers sign and check "
-                f"with: using the farm's")
+        return (
+            f"your {SECRET_ENV} is not the secret of {farm.source}, which its workers sign and check "
+            f"with: using the farm's"
+        )
     return None
 
 

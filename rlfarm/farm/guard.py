@@ -11,7 +11,8 @@ GET, LPOP of a list that did not exist), so running one again after a repair is 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -50,12 +51,16 @@ class KeyGuard:
     def repair(self) -> bool:
         """Delete the keys of the wrong type; True if there were any (the failed command may run again)."""
         assert self.client is not None
-        names = [k.decode() if isinstance(k, bytes) else k
-                 for k in self.client.scan_iter(match=keys.run_pattern(self.run_id), count=1000)]
+        names = [
+            k.decode() if isinstance(k, bytes) else k
+            for k in self.client.scan_iter(match=keys.run_pattern(self.run_id), count=1000)
+        ]
         found = delete_wrong_types(self.client, names + list(keys.FARM_TYPES))
         for name, kind, expected in found:
-            self.notify(f"refused {name}: a {kind} where the run keeps a {expected} (written by someone "
-                        f"else, e.g. without RLFARM_SECRET); deleted it, the trainer writes its own back")
+            self.notify(
+                f"refused {name}: a {kind} where the run keeps a {expected} (written by someone "
+                f"else, e.g. without RLFARM_SECRET); deleted it, the trainer writes its own back"
+            )
         return bool(found)
 
 

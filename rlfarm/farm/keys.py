@@ -51,9 +51,20 @@ NODES = f"{NAMESPACE}:@farm:nodes"  # rlfarm workers alive now and their slots
 # expects to find when it reads or writes one. A key of another type was written by someone else (a
 # run's keys are written only by its trainer and workers): rlfarm.farm.guard deletes it and the
 # trainer writes its own again.
-TYPES = {"meta": "string", "policy": "string", "versions": "zset", "pinned": "set", "trainer": "string",
-         "status": "hash", "share": "hash", "wanted": "set", "results": "list", "lease": "string",
-         "attempts": "string", "stream": "string"}
+TYPES = {
+    "meta": "string",
+    "policy": "string",
+    "versions": "zset",
+    "pinned": "set",
+    "trainer": "string",
+    "status": "hash",
+    "share": "hash",
+    "wanted": "set",
+    "results": "list",
+    "lease": "string",
+    "attempts": "string",
+    "stream": "string",
+}
 FARM_TYPES = {RUNS: "zset", NODES: "zset"}
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -31,8 +32,12 @@ T = TypeVar("T")
 
 # What an outage looks like to a client: refused or reset connections, timeouts, a Redis still
 # loading its append-only file (BusyLoadingError is a ConnectionError).
-OUTAGE_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, socket.timeout,
-                                                  ConnectionError)
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    socket.timeout,
+    ConnectionError,
+)
 # Answers, not outages: a wrong password stays wrong however long we wait.
 NOT_OUTAGES: tuple[type[BaseException], ...] = (redis.AuthenticationError,)
 # No answer within a timeout: either Redis is busy with the connection open (a slow command, a fork
@@ -45,7 +50,7 @@ DEFAULT_LIMIT = 120.0  # seconds; `farm.redis_outage_timeout` for trainers, RLFA
 
 
 def outage_kind(error: BaseException, reachable: bool | None) -> str:
-    """"stalled" or "unreachable": what an outage that began with `error` is. `reachable`: whether a
+    """ "stalled" or "unreachable": what an outage that began with `error` is. `reachable`: whether a
     fresh TCP connection to Redis's address succeeded right after (None: no probe could be made).
 
     A failed connection is unreachable. A timeout means the connection stayed open and no answer
@@ -90,10 +95,14 @@ class OutageRetry(Retry):
     property of the server, not of one connection.
     """
 
-    def __init__(self, limit: float = DEFAULT_LIMIT, where: str = "Redis",
-                 notify: Callable[[str], None] | None = None, max_backoff: float = 2.0):
-        super().__init__(ExponentialBackoff(cap=max_backoff, base=0.05), retries=-1,
-                         supported_errors=OUTAGE_ERRORS)
+    def __init__(
+        self,
+        limit: float = DEFAULT_LIMIT,
+        where: str = "Redis",
+        notify: Callable[[str], None] | None = None,
+        max_backoff: float = 2.0,
+    ):
+        super().__init__(ExponentialBackoff(cap=max_backoff, base=0.05), retries=-1, supported_errors=OUTAGE_ERRORS)
         self.limit = limit
         self.where = where
         self.notify = notify or (lambda text: None)
@@ -110,7 +119,7 @@ class OutageRetry(Retry):
         # address): tells a partition from a stall when a command times out.
         self.probe: Callable[[], bool] | None = None
 
-    def __deepcopy__(self, memo: dict) -> "OutageRetry":
+    def __deepcopy__(self, memo: dict) -> OutageRetry:
         return self
 
     def __eq__(self, other: object) -> bool:
@@ -129,31 +138,36 @@ class OutageRetry(Retry):
             self._last_notice = now
             if self._stall:  # Redis has not answered since the attempt was sent
                 self.outage_started = attempt_started
-                self.notify(f"{self.where} did not answer for {now - attempt_started:.0f} s "
-                            f"({type(error).__name__}: {error}): it is stalled (a slow command, a save, "
-                            f"a paused or overloaded server), not gone; waiting for up to {self.limit:g} s")
+                self.notify(
+                    f"{self.where} did not answer for {now - attempt_started:.0f} s "
+                    f"({type(error).__name__}: {error}): it is stalled (a slow command, a save, "
+                    f"a paused or overloaded server), not gone; waiting for up to {self.limit:g} s"
+                )
             elif timed_out:  # no answer, and no new connection either: cut off since the attempt was sent
                 self.outage_started = attempt_started
-                self.notify(f"lost {self.where}: no answer for {now - attempt_started:.0f} s "
-                            f"({type(error).__name__}: {error}) and a new connection failed within "
-                            f"{PROBE_SECONDS:g} s: it is unreachable (a network partition, a link or host "
-                            f"down); retrying for up to {self.limit:g} s")
+                self.notify(
+                    f"lost {self.where}: no answer for {now - attempt_started:.0f} s "
+                    f"({type(error).__name__}: {error}) and a new connection failed within "
+                    f"{PROBE_SECONDS:g} s: it is unreachable (a network partition, a link or host "
+                    f"down); retrying for up to {self.limit:g} s"
+                )
             else:
                 self.outage_started = now
-                self.notify(f"lost {self.where} ({type(error).__name__}: {error}): it is unreachable; "
-                            f"retrying for up to {self.limit:g} s")
+                self.notify(
+                    f"lost {self.where} ({type(error).__name__}: {error}): it is unreachable; "
+                    f"retrying for up to {self.limit:g} s"
+                )
         elif now - self._last_notice >= NOTICE_SECONDS and now - self.outage_started <= self.limit:
             self._last_notice = now
-            self.notify(f"still waiting for {self.where}: {now - self.outage_started:.0f} s of "
-                        f"{self.limit:g} s")
+            self.notify(f"still waiting for {self.where}: {now - self.outage_started:.0f} s of {self.limit:g} s")
         if now - self.outage_started > self.limit:
             # The clock keeps running until Redis answers (`_recovered`): the trainer's claim and share
             # threads share this object, and one of them giving up must not restart the main thread's
             # clock, which then never reached the limit and retried forever.
             what = "did not answer" if self._stall else "unreachable"
             raise RedisUnavailable(
-                f"{self.where} {what} for more than {self.limit:g} s (last error: "
-                f"{type(error).__name__}: {error})") from None
+                f"{self.where} {what} for more than {self.limit:g} s (last error: {type(error).__name__}: {error})"
+            ) from None
         time.sleep(self._backoff.compute(failures))
 
     def _recovered(self) -> None:
@@ -167,9 +181,13 @@ class OutageRetry(Retry):
             else:
                 self.notify(f"{self.where} is back after {seconds:.1f} s")
 
-    def _attempts(self, fn: Callable[[], T], errors: tuple[type[BaseException], ...],
-                  retryable: Callable[[BaseException], bool] | None = None,
-                  fail: Callable[[BaseException, int], None] | None = None) -> T:
+    def _attempts(
+        self,
+        fn: Callable[[], T],
+        errors: tuple[type[BaseException], ...],
+        retryable: Callable[[BaseException], bool] | None = None,
+        fail: Callable[[BaseException, int], None] | None = None,
+    ) -> T:
         depth = getattr(self._depth, "value", 0)
         self._depth.value = depth + 1
         try:
@@ -208,12 +226,16 @@ class OutageRetry(Retry):
 def is_oom(exc: BaseException) -> bool:
     """Redis refused a write because it is at `maxmemory` (with noeviction: it never drops data)."""
     text = str(exc)
-    return (isinstance(exc, redis.OutOfMemoryError) or "OOM command not allowed" in text
-            or "used memory > 'maxmemory'" in text)
+    return (
+        isinstance(exc, redis.OutOfMemoryError)
+        or "OOM command not allowed" in text
+        or "used memory > 'maxmemory'" in text
+    )
 
 
-def resilient_client(url: str, retry: OutageRetry, connect_timeout: float = 5.0,
-                     stall_timeout: float = 10.0) -> redis.Redis:
+def resilient_client(
+    url: str, retry: OutageRetry, connect_timeout: float = 5.0, stall_timeout: float = 10.0
+) -> redis.Redis:
     """A client whose commands and pipelines wait out outages under `retry`'s clock.
 
     `stall_timeout`: seconds without a byte of an answer before a command counts as stalled (set
@@ -222,8 +244,14 @@ def resilient_client(url: str, retry: OutageRetry, connect_timeout: float = 5.0,
     """
     from rlfarm.farm.redis_url import client
 
-    made = client(url, retry=retry, socket_connect_timeout=connect_timeout, socket_timeout=stall_timeout,
-                  socket_keepalive=True, health_check_interval=30)
+    made = client(
+        url,
+        retry=retry,
+        socket_connect_timeout=connect_timeout,
+        socket_timeout=stall_timeout,
+        socket_keepalive=True,
+        health_check_interval=30,
+    )
     retry.probe = _prober(made.connection_pool)
     return made
 
@@ -236,8 +264,11 @@ def _prober(pool: redis.ConnectionPool) -> Callable[[], bool]:
 
     def probe() -> bool:
         try:
-            address = (master() if master is not None else settings.get("path")
-                       or (settings.get("host", "localhost"), int(settings.get("port", 6379))))
+            address = (
+                master()
+                if master is not None
+                else settings.get("path") or (settings.get("host", "localhost"), int(settings.get("port", 6379)))
+            )
         except (redis.RedisError, OSError):  # no sentinel names a master: that is unreachable too
             return False
         return can_connect(address)

@@ -68,16 +68,18 @@ def parse_sentinel(url: str) -> SentinelURL:
             db = int(path) if db is None else db
         for key, value in parse_qsl(parts.query):
             if key not in ("master_name", "sentinel_password"):
-                raise ValueError(f"unknown Sentinel URL parameter {key!r} (known: master_name, "
-                                 f"sentinel_password)")
+                raise ValueError(f"unknown Sentinel URL parameter {key!r} (known: master_name, sentinel_password)")
             found.setdefault(key, value)
     if not sentinels:
         raise ValueError("a Sentinel URL names at least one sentinel://host:port")
     if not found.get("master_name"):
-        raise ValueError("a Sentinel URL needs ?master_name=NAME (the name the sentinels monitor the "
-                         "master under), e.g. sentinel://h1:26379;sentinel://h2:26379/0?master_name=rlfarm")
-    return SentinelURL(tuple(sentinels), found["master_name"], db or 0, username, password,
-                       found.get("sentinel_password"))
+        raise ValueError(
+            "a Sentinel URL needs ?master_name=NAME (the name the sentinels monitor the "
+            "master under), e.g. sentinel://h1:26379;sentinel://h2:26379/0?master_name=rlfarm"
+        )
+    return SentinelURL(
+        tuple(sentinels), found["master_name"], db or 0, username, password, found.get("sentinel_password")
+    )
 
 
 def hosts(url: str) -> list[str | None]:
@@ -117,18 +119,24 @@ def client(url: str, **kwargs: Any) -> redis.Redis:
     the master connection's outage clock."""
     if not is_sentinel(url):
         if scheme(url) not in ("redis", "rediss", "unix"):
-            raise ValueError(f"a Redis URL starts with redis://, rediss://, unix:// or sentinel:// (got "
-                             f"{scheme(url) or 'none'}://)")
+            raise ValueError(
+                f"a Redis URL starts with redis://, rediss://, unix:// or sentinel:// (got {scheme(url) or 'none'}://)"
+            )
         return redis.Redis.from_url(url, **kwargs)
     target = parse_sentinel(url)
     timeout = kwargs.get("socket_connect_timeout") or 5.0
-    sentinel_kwargs = {"socket_connect_timeout": timeout, "socket_timeout": timeout,
-                       "retry": Retry(NoBackoff(), 0)}
+    sentinel_kwargs = {"socket_connect_timeout": timeout, "socket_timeout": timeout, "retry": Retry(NoBackoff(), 0)}
     if target.sentinel_password:
         sentinel_kwargs["password"] = target.sentinel_password
     manager = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
-    return manager.master_for(target.master_name, db=target.db, username=target.username,
-                              password=target.password, connection_class=FollowingConnection, **kwargs)
+    return manager.master_for(
+        target.master_name,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        connection_class=FollowingConnection,
+        **kwargs,
+    )
 
 
 def celery_transport(url: str) -> tuple[str, dict[str, Any]]:

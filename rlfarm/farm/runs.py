@@ -3,7 +3,8 @@ trainer's heartbeat (`rlfarm:<run>:status`, read by `rlfarm status`)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import redis
 

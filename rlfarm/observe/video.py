@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.observe.metrics import Sink
@@ -59,15 +60,19 @@ def check(config: RunConfig) -> None:
         try:
             if getattr(env, "render_mode", None) != "rgb_array":
                 modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
-                raise VideoError(f"--capture-video records frames, but env {env_id} cannot render in mode "
-                                 f"'rgb_array' (its render modes: {modes})")
+                raise VideoError(
+                    f"--capture-video records frames, but env {env_id} cannot render in mode "
+                    f"'rgb_array' (its render modes: {modes})"
+                )
             env.reset(seed=config.seed)
             frame = env.render()
         finally:
             env.close()
     except gym.error.DependencyNotInstalled as exc:
-        raise VideoError(f"--capture-video renders {env_id}, which needs a package that is not installed: "
-                         f"{exc} (the video extra has classic control's: {VIDEO_EXTRA})") from None
+        raise VideoError(
+            f"--capture-video renders {env_id}, which needs a package that is not installed: "
+            f"{exc} (the video extra has classic control's: {VIDEO_EXTRA})"
+        ) from None
     if not isinstance(frame, np.ndarray) or frame.ndim != 3:
         raise VideoError(f"--capture-video records frames, but env {env_id}'s render() gave no RGB image")
 
@@ -75,8 +80,9 @@ def check(config: RunConfig) -> None:
 class EvalVideos(Sink):
     """Records one greedy episode of each evaluated version (confirmations are the same version)."""
 
-    def __init__(self, run_dir: Path, config: RunConfig, space: Any, blob_of: Callable[[int], bytes | None],
-                 secret: Any = None):
+    def __init__(
+        self, run_dir: Path, config: RunConfig, space: Any, blob_of: Callable[[int], bytes | None], secret: Any = None
+    ):
         """`blob_of(version)`: the version's blob as the trainer pinned it (None: not pinned any more);
         `secret`: what it was signed with."""
         render_offscreen()
@@ -94,8 +100,12 @@ class EvalVideos(Sink):
             self.record(blob, version, global_step)
         except Exception as exc:  # noqa: BLE001 - a renderer or a full disk must not end the run
             self.stopped = True
-            log.warning("--capture-video: recording policy v%d failed, no more videos in this run: %s: %s",
-                        version, type(exc).__name__, " ".join(str(exc).split())[:300])
+            log.warning(
+                "--capture-video: recording policy v%d failed, no more videos in this run: %s: %s",
+                version,
+                type(exc).__name__,
+                " ".join(str(exc).split())[:300],
+            )
 
     def record(self, blob: bytes, version: int, global_step: int) -> Path:
         from rlfarm.algos.saved import load_network

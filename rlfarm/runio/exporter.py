@@ -11,8 +11,9 @@ only asks for names listed here.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 METRICS_EXTRA = 'pip install -e ".[metrics]"'
 DEFAULT_HOST = "127.0.0.1"  # what a bare port binds: say 0.0.0.0:PORT to be scraped from elsewhere
@@ -35,44 +36,69 @@ TRAINER_METRICS = (
     Metric("rlfarm_run_env_steps", "counter", "Env steps consumed by the learner.", "env_steps"),
     Metric("rlfarm_run_env_steps_per_second", "gauge", "Env steps per second since the run started.", "sps"),
     Metric("rlfarm_run_policy_version", "gauge", "Newest published policy version.", "policy_version"),
-    Metric("rlfarm_run_tasks_wanted", "gauge",
-           "Tasks the run asks of the farm's slots now: queued or running, and held back by its share "
-           "(what an autoscaler sizes the workers by).", "tasks_wanted"),
+    Metric(
+        "rlfarm_run_tasks_wanted",
+        "gauge",
+        "Tasks the run asks of the farm's slots now: queued or running, and held back by its share "
+        "(what an autoscaler sizes the workers by).",
+        "tasks_wanted",
+    ),
     Metric("rlfarm_run_tasks_in_flight", "gauge", "Tasks sent and not yet answered.", "tasks_in_flight"),
-    Metric("rlfarm_run_tasks_held", "gauge", "Tasks held back in the trainer by the run's fair share.",
-           "tasks_held"),
-    Metric("rlfarm_run_slots_waiting", "gauge",
-           "ASYNC: fraction of the farm's slot time waiting for the learner (last log step).",
-           "slots_waiting"),
-    Metric("rlfarm_run_policy_lag", "gauge",
-           "Policy lag of the results consumed at the last log step (versions), by statistic.",
-           "policy_lag", ("stat",)),
+    Metric("rlfarm_run_tasks_held", "gauge", "Tasks held back in the trainer by the run's fair share.", "tasks_held"),
+    Metric(
+        "rlfarm_run_slots_waiting",
+        "gauge",
+        "ASYNC: fraction of the farm's slot time waiting for the learner (last log step).",
+        "slots_waiting",
+    ),
+    Metric(
+        "rlfarm_run_policy_lag",
+        "gauge",
+        "Policy lag of the results consumed at the last log step (versions), by statistic.",
+        "policy_lag",
+        ("stat",),
+    ),
     Metric("rlfarm_run_results", "counter", "Results taken in, by outcome.", "results", ("outcome",)),
     Metric("rlfarm_run_tasks_resent", "counter", "Tasks sent again, by reason.", "resent", ("reason",)),
-    Metric("rlfarm_run_policy_fetches", "counter",
-           "Policy versions fetched from Redis by the run's tasks (not from a worker's cache).",
-           "policy_fetches"),
-    Metric("rlfarm_run_policy_fetch_bytes", "counter",
-           "Bytes of those fetches (fetches times the size of a version).", "policy_fetch_bytes"),
+    Metric(
+        "rlfarm_run_policy_fetches",
+        "counter",
+        "Policy versions fetched from Redis by the run's tasks (not from a worker's cache).",
+        "policy_fetches",
+    ),
+    Metric(
+        "rlfarm_run_policy_fetch_bytes",
+        "counter",
+        "Bytes of those fetches (fetches times the size of a version).",
+        "policy_fetch_bytes",
+    ),
     Metric("rlfarm_run_redis_outages", "counter", "Redis outages the trainer rode out.", "redis_outages"),
-    Metric("rlfarm_farm_tasks_queued", "gauge",
-           "Task messages waiting in the broker queue, all runs (last log step).", "tasks_queued"),
+    Metric(
+        "rlfarm_farm_tasks_queued",
+        "gauge",
+        "Task messages waiting in the broker queue, all runs (last log step).",
+        "tasks_queued",
+    ),
 )
 
 WORKER_METRICS = (
     Metric("rlfarm_worker_slots", "gauge", "Pool processes of this worker (tasks it runs at once).", "slots"),
     Metric("rlfarm_worker_slots_busy", "gauge", "Pool processes running an rlfarm task now.", "slots_busy"),
     Metric("rlfarm_worker_tasks", "counter", "Tasks its pool processes ran.", "tasks"),
-    Metric("rlfarm_worker_policy_fetches", "counter", "Policy versions its pool processes fetched from Redis.",
-           "policy_fetches"),
+    Metric(
+        "rlfarm_worker_policy_fetches",
+        "counter",
+        "Policy versions its pool processes fetched from Redis.",
+        "policy_fetches",
+    ),
     Metric("rlfarm_worker_policy_fetch_bytes", "counter", "Bytes of those fetches.", "policy_fetch_bytes"),
-    Metric("rlfarm_worker_redis_outages", "counter", "Redis outages its pool processes rode out.",
-           "redis_outages"),
+    Metric("rlfarm_worker_redis_outages", "counter", "Redis outages its pool processes rode out.", "redis_outages"),
 )
 
-INFO = {"trainer": ("rlfarm_run_info", "The run: its algorithm, mode and env (value 1).", ("algo", "mode", "env")),
-        "worker": ("rlfarm_worker_info", "This worker's rlfarm and protocol versions (value 1).",
-                   ("version", "protocol"))}
+INFO = {
+    "trainer": ("rlfarm_run_info", "The run: its algorithm, mode and env (value 1).", ("algo", "mode", "env")),
+    "worker": ("rlfarm_worker_info", "This worker's rlfarm and protocol versions (value 1).", ("version", "protocol")),
+}
 
 
 def exposed_names(metrics: tuple[Metric, ...], side: str) -> set[str]:
@@ -90,8 +116,10 @@ def parse_listen(text: str) -> tuple[str, int]:
             raise ValueError
         ipaddress.ip_address(host)
     except ValueError:
-        raise MetricsError(f"--metrics-port {text!r} is not PORT or HOST:PORT with a port from 1 to 65535 "
-                           f"and a numeric address (like 9101 or 0.0.0.0:9101)") from None
+        raise MetricsError(
+            f"--metrics-port {text!r} is not PORT or HOST:PORT with a port from 1 to 65535 "
+            f"and a numeric address (like 9101 or 0.0.0.0:9101)"
+        ) from None
     return host, number
 
 
@@ -99,16 +127,24 @@ def check_available() -> None:
     try:
         import prometheus_client  # noqa: F401
     except ImportError:
-        raise MetricsError(f"--metrics-port needs prometheus_client, which is not installed here: "
-                           f"{METRICS_EXTRA} in the rlfarm checkout (or pip install 'rlfarm[metrics]')") from None
+        raise MetricsError(
+            f"--metrics-port needs prometheus_client, which is not installed here: "
+            f"{METRICS_EXTRA} in the rlfarm checkout (or pip install 'rlfarm[metrics]')"
+        ) from None
 
 
 class LiveCollector:
     """Yields `metrics` from `values()` at each scrape; `labels()` gives the process's own labels
     (run, or worker) and the info metric's."""
 
-    def __init__(self, side: str, metrics: tuple[Metric, ...], own_label: str,
-                 labels: Callable[[], Mapping[str, str]], values: Callable[[], Mapping[str, Any]]):
+    def __init__(
+        self,
+        side: str,
+        metrics: tuple[Metric, ...],
+        own_label: str,
+        labels: Callable[[], Mapping[str, str]],
+        values: Callable[[], Mapping[str, Any]],
+    ):
         self.side, self.metrics, self.own_label = side, metrics, own_label
         self.labels, self.values = labels, values
 
@@ -126,7 +162,8 @@ class LiveCollector:
             if value is None:
                 continue  # not known (yet): absent rather than a made-up 0
             family = (CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily)(
-                m.name, m.help, labels=[self.own_label, *m.labels])
+                m.name, m.help, labels=[self.own_label, *m.labels]
+            )
             if m.labels:  # a mapping from the extra label's value to the number
                 for label, number in value.items():
                     family.add_metric([own, str(label)], float(number))

@@ -30,8 +30,12 @@ LOGGER = "rlfarm"
 LOG_FILE = "rlfarm.log"
 FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-_PREFIXES = {logging.DEBUG: ("rlfarm: debug: ", "dim"), logging.INFO: ("rlfarm: ", ""),
-             logging.WARNING: ("rlfarm: warning: ", "yellow"), logging.ERROR: ("rlfarm: error: ", "red")}
+_PREFIXES = {
+    logging.DEBUG: ("rlfarm: debug: ", "dim"),
+    logging.INFO: ("rlfarm: ", ""),
+    logging.WARNING: ("rlfarm: warning: ", "yellow"),
+    logging.ERROR: ("rlfarm: error: ", "red"),
+}
 
 EARLY_RECORDS = 200  # records kept for the next run log (a long-lived process keeps its last ones)
 
@@ -57,12 +61,21 @@ class ConsoleHandler(RichHandler):
 
     def __init__(self, level: int = logging.INFO):
         stderr = Console(stderr=True, soft_wrap=True)
-        super().__init__(level=level, console=stderr, show_time=False, show_level=False, show_path=False,
-                         markup=False, keywords=[], rich_tracebacks=False)
+        super().__init__(
+            level=level,
+            console=stderr,
+            show_time=False,
+            show_level=False,
+            show_path=False,
+            markup=False,
+            keywords=[],
+            rich_tracebacks=False,
+        )
         self._stderr = stderr
 
-    def render(self, *, record: logging.LogRecord, traceback: object,
-               message_renderable: ConsoleRenderable) -> ConsoleRenderable:
+    def render(
+        self, *, record: logging.LogRecord, traceback: object, message_renderable: ConsoleRenderable
+    ) -> ConsoleRenderable:
         level = max((lv for lv in _PREFIXES if lv <= record.levelno), default=logging.DEBUG)
         prefix, style = _PREFIXES[level]
         return Text.assemble((prefix, style), message_renderable)  # type: ignore[arg-type]
@@ -72,8 +85,9 @@ class ConsoleHandler(RichHandler):
         on_bar = live is not None and live.is_terminal and self._stderr.is_terminal
         console = live if on_bar else self._stderr
         try:
-            line = self.render(record=record, traceback=None,
-                               message_renderable=self.render_message(record, self.format(record)))
+            line = self.render(
+                record=record, traceback=None, message_renderable=self.render_message(record, self.format(record))
+            )
             # soft_wrap: one line at any width, the bar's console too (lines are grepped and copied)
             console.print(line, soft_wrap=True)
         except Exception:  # noqa: BLE001 - logging's contract: a handler never raises
@@ -142,8 +156,9 @@ class _RunFileHandler(logging.FileHandler):
         self.failed = True
         exc = sys.exc_info()[1]
         reason = getattr(exc, "strerror", None) or exc
-        logging.getLogger(LOGGER).warning("cannot write %s (%s): the run's messages go to the console only",
-                                          self.baseFilename, reason)
+        logging.getLogger(LOGGER).warning(
+            "cannot write %s (%s): the run's messages go to the console only", self.baseFilename, reason
+        )
 
     def close(self) -> None:
         try:

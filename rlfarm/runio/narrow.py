@@ -7,7 +7,8 @@ another value, so here whole cells or columns go instead, in the order the calle
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
@@ -55,8 +56,12 @@ class Line:
     (index, rank, min_width, max_width, make(width)): a flexible cell at `index` that takes the width
     left, between its bounds."""
 
-    def __init__(self, cells: Sequence[tuple[int, Text]],
-                 bar: tuple[int, int, int, int, Callable[[int], Any]] | None = None, gap: int = 1):
+    def __init__(
+        self,
+        cells: Sequence[tuple[int, Text]],
+        bar: tuple[int, int, int, int, Callable[[int], Any]] | None = None,
+        gap: int = 1,
+    ):
         self.cells = list(cells)
         self.bar = bar
         self.gap = gap

@@ -11,8 +11,8 @@ from __future__ import annotations
 import csv
 import io
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 
 class RunDirError(RuntimeError):

@@ -18,10 +18,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "make_trainer": "factory", "resolve_device": "factory",
-    "Trainer": "base", "LogStep": "base",
+    "make_trainer": "factory",
+    "resolve_device": "factory",
+    "Trainer": "base",
+    "LogStep": "base",
     "SyncTrainer": "sync",
-    "AsyncTrainer": "asynchronous", "auto_policy_lag": "asynchronous",
+    "AsyncTrainer": "asynchronous",
+    "auto_policy_lag": "asynchronous",
     "TrainResult": "summary",
 }
 

@@ -44,8 +44,9 @@ class AsyncTrainer(Trainer):
         self.tasks_in_flight = cfg.async_.tasks_in_flight or tasks_in_flight or 2
         check_results_per_update(cfg, self.tasks_in_flight)
         self.algo.on_farm(self.tasks_in_flight)
-        self.max_policy_lag = (cfg.async_.max_policy_lag
-                               or auto_policy_lag(self.tasks_in_flight, self.algo.versions_per_result()))
+        self.max_policy_lag = cfg.async_.max_policy_lag or auto_policy_lag(
+            self.tasks_in_flight, self.algo.versions_per_result()
+        )
         # Results received but not yet taken in by the learner. Bounded: while it is full, finished
         # tasks are not replaced, so a slow learner slows the farm down instead of piling results up.
         self.max_backlog = self.tasks_in_flight
@@ -80,9 +81,19 @@ class AsyncTrainer(Trainer):
         if self.streams is not None:
             stream = self._free_streams.popleft()
             self._task_streams[self._task_counter] = stream
-        self.channel.submit(TaskSpec(cfg.run_id, "rollout", self._task_counter, 0, "latest", cfg.seed,
-                                     steps=cfg.farm.steps_per_env, act=self.task_options(self.progress),
-                                     stream=self.stream_ref(stream) if stream is not None else None))
+        self.channel.submit(
+            TaskSpec(
+                cfg.run_id,
+                "rollout",
+                self._task_counter,
+                0,
+                "latest",
+                cfg.seed,
+                steps=cfg.farm.steps_per_env,
+                act=self.task_options(self.progress),
+                stream=self.stream_ref(stream) if stream is not None else None,
+            )
+        )
         self._task_counter += 1
         if self._owed:  # this task takes the slot a finished one left: it waited this long
             waited = max(0.0, time.time() - self._owed.popleft())
@@ -173,8 +184,7 @@ class AsyncTrainer(Trainer):
             return
         rollout = Rollout.from_dict(message.rollout)
         self.env_steps += rollout.num_steps
-        self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,
-                             message.version)
+        self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths, message.version)
         self.algo.observe(rollout, policy_lag=lag)
         while self.algo.ready():
             self._losses = self.algo.update(self.progress, between=self.pump)
@@ -194,9 +204,14 @@ class AsyncTrainer(Trainer):
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors, state = super().checkpoint_state()
-        return tensors, {**state, "task_counter": self._task_counter, "updates": self.updates,
-                         "dropped_stale": self.dropped_stale, "results_refreshed": self.results_refreshed,
-                         "lag_counts": {str(k): v for k, v in self.lag_counts.items()}}
+        return tensors, {
+            **state,
+            "task_counter": self._task_counter,
+            "updates": self.updates,
+            "dropped_stale": self.dropped_stale,
+            "results_refreshed": self.results_refreshed,
+            "lag_counts": {str(k): v for k, v in self.lag_counts.items()},
+        }
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         super().restore(tensors, state)
@@ -207,29 +222,33 @@ class AsyncTrainer(Trainer):
 
     def summary_extras(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.start
-        return {"policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
-                "results_refreshed": self.results_refreshed, "results_unused": self.results_unused,
-                "max_policy_lag": self.max_policy_lag,
-                "slots_waiting": round(self._slot_wait_total / (self.tasks_in_flight * elapsed), 4)
-                if elapsed > 0 else 0.0}
+        return {
+            "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
+            "results_refreshed": self.results_refreshed,
+            "results_unused": self.results_unused,
+            "max_policy_lag": self.max_policy_lag,
+            "slots_waiting": round(self._slot_wait_total / (self.tasks_in_flight * elapsed), 4) if elapsed > 0 else 0.0,
+        }
 
     def log(self) -> None:
         self._last_log = time.perf_counter()
         lags = np.asarray(self._lags or [0])
         farm = {**self.farm_scalars(), "farm/slots_waiting": self.slots_waiting(), "farm/backlog": len(self._backlog)}
-        self.log_step({
-            "policy_version": self.version,
-            "charts/SPS": self._sps,
-            **self.algo.scalars(self.progress),
-            "farm/policy_lag": float(lags.mean()),
-            "farm/policy_lag_min": int(lags.min()),
-            "farm/policy_lag_max": int(lags.max()),
-            "farm/policy_lag_end": float(np.mean(self._end_lags or [0])),
-            "farm/results_dropped_stale": self.dropped_stale,
-            **farm,
-            "eval/mean_return": self.eval_mean_return,
-            **self._losses,
-        })
+        self.log_step(
+            {
+                "policy_version": self.version,
+                "charts/SPS": self._sps,
+                **self.algo.scalars(self.progress),
+                "farm/policy_lag": float(lags.mean()),
+                "farm/policy_lag_min": int(lags.min()),
+                "farm/policy_lag_max": int(lags.max()),
+                "farm/policy_lag_end": float(np.mean(self._end_lags or [0])),
+                "farm/results_dropped_stale": self.dropped_stale,
+                **farm,
+                "eval/mean_return": self.eval_mean_return,
+                **self._losses,
+            }
+        )
         self._slot_wait, self._interval_start = 0.0, time.perf_counter()
         if self._lags:
             self.logger.histogram("farm/policy_lag_distribution", lags, self.env_steps)

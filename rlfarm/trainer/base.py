@@ -15,9 +15,10 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,12 +27,12 @@ from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.core import codec
 from rlfarm.core.protocol import Result
 from rlfarm.core.streams import StreamBook
+from rlfarm.evaluation.bookkeeping import Decision, Evaluations, Record, Send, Unpin, WriteBest
 from rlfarm.farm import keys
 from rlfarm.farm.store import PolicyCorrupt
 from rlfarm.runio import logs
 from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
-from rlfarm.evaluation.bookkeeping import Decision, Evaluations, Record, Send, Unpin, WriteBest
 from rlfarm.trainer.keeper import RunKeeper, log
 from rlfarm.trainer.summary import TrainResult
 from rlfarm.trainer.summary import build as build_summary
@@ -56,7 +57,7 @@ class LogStep:
     env_steps: int
     version: int
     metrics: dict[str, float]  # the row just logged: charts/..., losses/..., farm/...
-    trainer: "Trainer"
+    trainer: Trainer
     extra: dict[str, float] = field(default_factory=dict)  # yours to fill: logged as custom/<key>
 
 
@@ -68,12 +69,27 @@ class Trainer(RunKeeper):
     # checkpoint's; a resumed trainer numbers its ASYNC and evaluation tasks from far beyond them.
     RESUME_TASK_OFFSET = 1_000_000
 
-    def __init__(self, config: RunConfig, run_dir: Path, *, space: SpaceSpec, device: torch.device,
-                 threads: int, algo: Algorithm, client: redis.Redis, retry: OutageRetry, store: PolicyStore,
-                 claim: Claim, farm: FarmLink, evaluations: Evaluations,
-                 open_logger: Callable[[dict[str, Any] | None], RunLogger], file_secret: Any = None,
-                 secret_warning: str | None = None, resume: bool = False,
-                 callback: Callable[[LogStep], bool | None] | None = None):
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        *,
+        space: SpaceSpec,
+        device: torch.device,
+        threads: int,
+        algo: Algorithm,
+        client: redis.Redis,
+        retry: OutageRetry,
+        store: PolicyStore,
+        claim: Claim,
+        farm: FarmLink,
+        evaluations: Evaluations,
+        open_logger: Callable[[dict[str, Any] | None], RunLogger],
+        file_secret: Any = None,
+        secret_warning: str | None = None,
+        resume: bool = False,
+        callback: Callable[[LogStep], bool | None] | None = None,
+    ):
         """`farm`: what the trainer's task channel and watchdog are made of; the trainer opens them as
         their owner. `open_logger(resume_state)`: the run's RunLogger, opened by train() once the run
         is claimed (it writes the run directory). `file_secret`: what signs the policy files
@@ -145,9 +161,12 @@ class Trainer(RunKeeper):
 
     def publish(self) -> None:
         # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.
-        self.store.publish(self.version, codec.wire_state(self.algo.state(), self.config.farm.policy_dtype),
-                           self.config.algo,
-                           {"env_steps": str(self.env_steps), **describe_policy(self.config.algo, self.space)})
+        self.store.publish(
+            self.version,
+            codec.wire_state(self.algo.state(), self.config.farm.policy_dtype),
+            self.config.algo,
+            {"env_steps": str(self.env_steps), **describe_policy(self.config.algo, self.space)},
+        )
 
     def task_options(self, progress: float) -> dict[str, Any]:
         """The `act` field of the next rollout task: the algorithm's acting options, and what it
@@ -190,8 +209,9 @@ class Trainer(RunKeeper):
                 for spec in decision.tasks:
                     self.channel.submit(spec)
             elif isinstance(decision, Record):
-                self.logger.evaluation(decision.env_steps, decision.returns, decision.version,
-                                       confirmation=decision.confirmation)
+                self.logger.evaluation(
+                    decision.env_steps, decision.returns, decision.version, confirmation=decision.confirmation
+                )
             elif isinstance(decision, WriteBest):
                 self._write_best(decision.version, decision.score)
             elif isinstance(decision, Unpin):
@@ -203,9 +223,14 @@ class Trainer(RunKeeper):
         # The pinned blob is the trainer's own copy or one that passed the store's checks; verified
         # again here, since it is re-signed below (rlfarm.farm.store.PolicyStore.pin).
         state, meta = codec.decode_policy(self.store.pin(version), self.store.secret)
-        meta.update({"env": self.config.env.id, "policy": json.dumps(to_dict(self.config)["policy"]),
-                     "env_options": json.dumps(to_dict(self.config)["env"]),
-                     "eval_mean_return": f"{score:.3f}"})
+        meta.update(
+            {
+                "env": self.config.env.id,
+                "policy": json.dumps(to_dict(self.config)["policy"]),
+                "env_options": json.dumps(to_dict(self.config)["env"]),
+                "eval_mean_return": f"{score:.3f}",
+            }
+        )
         meta.pop("hmac", None)
         blob = codec.encode_policy(state, meta, self.file_secret)
         write_atomic(self.run_dir / "best_policy.safetensors", blob)
@@ -235,8 +260,10 @@ class Trainer(RunKeeper):
         else:
             reached = self.logger.rolling_return >= self.config.target_return
         if reached and self._target_reached_at is None:
-            self._target_reached_at = {"env_steps": self.env_steps,
-                                       "wall_seconds": round(time.perf_counter() - self.start, 3)}
+            self._target_reached_at = {
+                "env_steps": self.env_steps,
+                "wall_seconds": round(time.perf_counter() - self.start, 3),
+            }
         return reached
 
     # ---- checkpoints (rlfarm train --resume) ------------------------------------------------------
@@ -246,12 +273,20 @@ class Trainer(RunKeeper):
         tensors["rng.torch"] = torch.get_rng_state()
         stats = self.channel.stats
         return tensors, {
-            "run_id": self.config.run_id, "env_steps": self.env_steps, "version": self.version,
+            "run_id": self.config.run_id,
+            "env_steps": self.env_steps,
+            "version": self.version,
             **self.evals.state(),
-            "dispatch": {"dispatched": stats.dispatched, "redispatched": stats.redispatched,
-                         "duplicates": stats.duplicates, "accepted": stats.accepted},
-            "algo": algo_state, "logger": self.logger.state(self.env_steps),
-            **({"streams": self.streams.state()} if self.streams is not None else {})}
+            "dispatch": {
+                "dispatched": stats.dispatched,
+                "redispatched": stats.redispatched,
+                "duplicates": stats.duplicates,
+                "accepted": stats.accepted,
+            },
+            "algo": algo_state,
+            "logger": self.logger.state(self.env_steps),
+            **({"streams": self.streams.state()} if self.streams is not None else {}),
+        }
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         self.algo.restore(tensors, state["algo"])
@@ -290,8 +325,12 @@ class Trainer(RunKeeper):
                 self.store.pin(self.best_version)
             except PolicyCorrupt as exc:  # replaced in Redis meanwhile: not ours to keep or re-sign
                 self.warn(f"not keeping the best version v{self.best_version}: {exc}")
-        log.info("resuming run %s from its checkpoint: %d env steps, policy v%d", self.config.run_id,
-                 self.env_steps, self.version)
+        log.info(
+            "resuming run %s from its checkpoint: %d env steps, policy v%d",
+            self.config.run_id,
+            self.env_steps,
+            self.version,
+        )
         return state
 
     # ---- the run ----------------------------------------------------------------------------------
@@ -313,9 +352,11 @@ class Trainer(RunKeeper):
             self.warn(self._secret_warning)
         resume_state = self._resume() if self.resume else None
         if resume_state is None and self.store.latest() is not None:
-            raise ConfigError(f"run {cfg.run_id!r} already has policies in this Redis (latest "
-                              f"v{self.store.latest()}); choose another --run-id, or --resume it from "
-                              f"its run directory")
+            raise ConfigError(
+                f"run {cfg.run_id!r} already has policies in this Redis (latest "
+                f"v{self.store.latest()}); choose another --run-id, or --resume it from "
+                f"its run directory"
+            )
         self.store.set_run_meta(self.run_meta())
         self.logger = self.open_logger(resume_state["logger"] if resume_state else None)
         elapsed = resume_state["logger"]["elapsed"] if resume_state else 0.0
@@ -379,29 +420,52 @@ class Trainer(RunKeeper):
     def _finish(self, wall: float) -> TrainResult:
         """The final save: final_policy.safetensors, the run's result and summary.json."""
         state = self.algo.state()
-        blob = codec.encode_policy(state, {"version": str(self.version), "algo": self.config.algo,
-                                           "run": self.config.run_id, "env": self.config.env.id,
-                                           "policy": json.dumps(to_dict(self.config)["policy"])},
-                                   self.file_secret)
+        blob = codec.encode_policy(
+            state,
+            {
+                "version": str(self.version),
+                "algo": self.config.algo,
+                "run": self.config.run_id,
+                "env": self.config.env.id,
+                "policy": json.dumps(to_dict(self.config)["policy"]),
+            },
+            self.file_secret,
+        )
         write_atomic(self.run_dir / "final_policy.safetensors", blob)
         best = self.run_dir / "best_policy.safetensors"
         stats = self.channel.stats
         result = TrainResult(
-            run_id=self.config.run_id, run_dir=self.run_dir, env_steps=self.env_steps,
-            final_version=self.version, policy_sha256=codec.tensor_digest(state),
-            rolling_return=self.logger.rolling_return, best_rolling_return=self.logger.best_rolling,
-            eval_mean_return=self.eval_mean_return, best_eval_mean_return=self.best_eval_mean_return,
+            run_id=self.config.run_id,
+            run_dir=self.run_dir,
+            env_steps=self.env_steps,
+            final_version=self.version,
+            policy_sha256=codec.tensor_digest(state),
+            rolling_return=self.logger.rolling_return,
+            best_rolling_return=self.logger.best_rolling,
+            eval_mean_return=self.eval_mean_return,
+            best_eval_mean_return=self.best_eval_mean_return,
             wall_seconds=wall,
-            redispatched=stats.redispatched, duplicates=stats.duplicates,
+            redispatched=stats.redispatched,
+            duplicates=stats.duplicates,
             dropped_stale=self.dropped_stale,
             task_ids_accepted=len(stats.accepted_task_ids),
-            best_version=self.best_version, target_reached=self.target_reached(),
+            best_version=self.best_version,
+            target_reached=self.target_reached(),
             final_policy=self.run_dir / "final_policy.safetensors",
-            best_policy=best if self.best_version is not None and best.exists() else None)
-        write_summary(self.run_dir, build_summary(result, stats, self.retry,
-                                                  target_reached_at=self._target_reached_at,
-                                                  threads=self.threads, extras={
-                                                      **self.summary_extras(),
-                                                      **({"streams": self.streams.summary()}
-                                                         if self.streams is not None else {})}))
+            best_policy=best if self.best_version is not None and best.exists() else None,
+        )
+        write_summary(
+            self.run_dir,
+            build_summary(
+                result,
+                stats,
+                self.retry,
+                target_reached_at=self._target_reached_at,
+                threads=self.threads,
+                extras={
+                    **self.summary_extras(),
+                    **({"streams": self.streams.summary()} if self.streams is not None else {}),
+                },
+            ),
+        )
         return result

@@ -48,8 +48,9 @@ class ShareTerms:
 class TaskChannel:
     """Submit tasks, admit them by the run's share, take the next result, gather a SYNC group."""
 
-    def __init__(self, outbox: Outbox, watchdog: Watchdog, *, owner: RunOwner | None = None,
-                 share: ShareTerms | None = None):
+    def __init__(
+        self, outbox: Outbox, watchdog: Watchdog, *, owner: RunOwner | None = None, share: ShareTerms | None = None
+    ):
         """`share`: the run's fair share of the farm: tasks past its cap are held here and sent as the
         run's tasks finish (a SYNC group larger than the share goes in waves); without one every task
         is sent at once."""
@@ -63,8 +64,14 @@ class TaskChannel:
         self.busy_seconds = 0.0  # worker seconds of the run's accepted tasks (its used share)
         self.share: FarmShare | None = None
         if share is not None:
-            self.share = FarmShare(share.url, self.run_id, share.weight, share.mode,
-                                   demand=self.wants_slots, busy=lambda: self.busy_seconds)
+            self.share = FarmShare(
+                share.url,
+                self.run_id,
+                share.weight,
+                share.mode,
+                demand=self.wants_slots,
+                busy=lambda: self.busy_seconds,
+            )
 
     @property
     def pending(self) -> dict[Key, Pending]:
@@ -92,8 +99,7 @@ class TaskChannel:
         """Tasks sent and not yet answered, and those held back for the run's share."""
         if kind is None:
             return len(self.pending) + len(self.held)
-        return (sum(1 for key in self.pending if key[0] == kind)
-                + sum(1 for spec in self.held if spec.kind == kind))
+        return sum(1 for key in self.pending if key[0] == kind) + sum(1 for spec in self.held if spec.kind == kind)
 
     # ---- sending ---------------------------------------------------------------------------------
     def submit(self, spec: TaskSpec | dict[str, Any]) -> Key:
@@ -104,8 +110,7 @@ class TaskChannel:
         """Send tasks, all listed as wanted by one SADD before the first is sent (a worker skips a
         task not yet listed): a SYNC group of W tasks costs W + 1 round trips to Redis, not 2 W,
         and its last task starts sooner (benchmarks/scale.py)."""
-        specs = [s if isinstance(s, TaskSpec) else TaskSpec.from_kwargs({"run": self.run_id, **s})
-                 for s in specs]
+        specs = [s if isinstance(s, TaskSpec) else TaskSpec.from_kwargs({"run": self.run_id, **s}) for s in specs]
         task_keys = [s.key for s in specs]
         seen: set[Key] = {spec.key for spec in self.held}
         for key in task_keys:
@@ -205,8 +210,7 @@ class TaskChannel:
         if p is None:
             self.stats.duplicates += 1  # a late copy of a task that already counted
             return None
-        if (message.handed_back or message.refused or legacy_refusal(message.error)
-                or message.error is not None):
+        if message.handed_back or message.refused or legacy_refusal(message.error) or message.error is not None:
             self.watchdog.failed(key, p, message)
             return None
         del self.pending[key]
@@ -293,9 +297,19 @@ class FarmLink:
         """The channel, its watchdog and the outbox they share, wired to `owner` (the trainer that
         owns the run; none: nothing is said or written back)."""
         refused = self.refused if self.refused is not None else RefusedKeys(DispatchStats())
-        outbox = Outbox(self.app, self.client, self.run_id, max_redispatch=self.max_redispatch, env=self.env,
-                        time_limit=self.time_limit, retry=self.retry, claim=self.claim, secret=self.secret,
-                        stats=refused.stats)
-        watchdog = Watchdog(outbox, task_timeout=self.task_timeout, lease_seconds=self.lease_seconds,
-                            owner=owner, refused=refused)
+        outbox = Outbox(
+            self.app,
+            self.client,
+            self.run_id,
+            max_redispatch=self.max_redispatch,
+            env=self.env,
+            time_limit=self.time_limit,
+            retry=self.retry,
+            claim=self.claim,
+            secret=self.secret,
+            stats=refused.stats,
+        )
+        watchdog = Watchdog(
+            outbox, task_timeout=self.task_timeout, lease_seconds=self.lease_seconds, owner=owner, refused=refused
+        )
         return TaskChannel(outbox, watchdog, owner=owner, share=self.share)

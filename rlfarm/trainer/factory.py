@@ -12,8 +12,9 @@ constructors do no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -22,17 +23,17 @@ from rlfarm.algos import check_mode, learner
 from rlfarm.config import ConfigError, RunConfig, to_dict, trainer_threads
 from rlfarm.core import signing
 from rlfarm.envs import describe
+from rlfarm.evaluation.bookkeeping import Evaluations
 from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
+from rlfarm.farm.connection import connect, no_secret_warning, redact, refuse_eviction
 from rlfarm.farm.guard import GuardedRetry, KeyGuard
 from rlfarm.farm.outage import resilient_client
-from rlfarm.farm.connection import connect, no_secret_warning, redact, refuse_eviction
 from rlfarm.farm.store import FROM_ENV, PolicyStore
 from rlfarm.observe.metrics import RunLogger
 from rlfarm.trainer.asynchronous import AsyncTrainer
 from rlfarm.trainer.base import LogStep, Trainer
 from rlfarm.trainer.channel import FarmLink, ShareTerms
-from rlfarm.evaluation.bookkeeping import Evaluations
 from rlfarm.trainer.keeper import warn
 from rlfarm.trainer.outbox import DispatchStats, RefusedKeys
 from rlfarm.trainer.sync import SyncTrainer
@@ -46,10 +47,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Console | None = None,
-                 resume: bool = False, callback: Callable[[LogStep], bool | None] | None = None,
-                 local_workers: int = 0, secret: Any = FROM_ENV, capture_video: bool = False,
-                 tracking: Any = None, **mode_options: Any) -> Trainer:
+def make_trainer(
+    config: RunConfig,
+    redis_url: str,
+    run_dir: Path,
+    console: Console | None = None,
+    resume: bool = False,
+    callback: Callable[[LogStep], bool | None] | None = None,
+    local_workers: int = 0,
+    secret: Any = FROM_ENV,
+    capture_video: bool = False,
+    tracking: Any = None,
+    **mode_options: Any,
+) -> Trainer:
     """The trainer of the run's mode (the algorithm is the config's; rlfarm.algos checks it can run so).
 
     `resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.trainer.resume).
@@ -81,8 +91,9 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
     # the guard, the store and the claim tell `refused`, and the watchdog has the trainer write back.
     refused = RefusedKeys(DispatchStats())
     guard = KeyGuard(config.run_id, notify=refused.report)
-    retry = GuardedRetry(config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}", notify=warn,
-                         guard=guard)
+    retry = GuardedRetry(
+        config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}", notify=warn, guard=guard
+    )
     client = resilient_client(redis_url, retry)
     guard.client = client
     store = PolicyStore(client, config.run_id, keep=config.farm.keep_versions, secret=secret)
@@ -96,11 +107,21 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
     algo = learner(config.algo, config.mode)(config, space, device)
     farm = config.farm
     # The trainer opens its task channel and watchdog from this link, as their owner (FarmLink.open).
-    link = FarmLink(app, client, config.run_id, farm.task_timeout, farm.max_redispatch,
-                    env=config.env.id,  # shown in Flower's task labels
-                    lease_seconds=farm.lease_seconds, time_limit=farm.task_time_limit, retry=retry,
-                    claim=claim, secret=store.secret, share=ShareTerms(redis_url, farm.share, config.mode),
-                    refused=refused)
+    link = FarmLink(
+        app,
+        client,
+        config.run_id,
+        farm.task_timeout,
+        farm.max_redispatch,
+        env=config.env.id,  # shown in Flower's task labels
+        lease_seconds=farm.lease_seconds,
+        time_limit=farm.task_time_limit,
+        retry=retry,
+        claim=claim,
+        secret=store.secret,
+        share=ShareTerms(redis_url, farm.share, config.mode),
+        refused=refused,
+    )
 
     sinks: list[Callable[[], Any]] = []
     if capture_video:
@@ -114,12 +135,25 @@ def make_trainer(config: RunConfig, redis_url: str, run_dir: Path, console: Cons
         sinks.append(lambda: MlflowRun(tracking, run_dir, to_dict(config), resume=resume))
 
     def open_logger(resume_state: dict[str, Any] | None) -> RunLogger:
-        return RunLogger(run_dir, to_dict(config), config.total_steps, console, resume=resume_state,
-                         sinks=sinks)
+        return RunLogger(run_dir, to_dict(config), config.total_steps, console, resume=resume_state, sinks=sinks)
 
-    return cls(config, run_dir, space=space, device=device, threads=threads, algo=algo, client=client,
-               retry=retry, store=store, claim=claim, farm=link,
-               evaluations=Evaluations(config), open_logger=open_logger,
-               file_secret=signing.secret_from_env(),
-               secret_warning=no_secret_warning(redis_url, store.secret),
-               resume=resume, callback=callback, **mode_options)
+    return cls(
+        config,
+        run_dir,
+        space=space,
+        device=device,
+        threads=threads,
+        algo=algo,
+        client=client,
+        retry=retry,
+        store=store,
+        claim=claim,
+        farm=link,
+        evaluations=Evaluations(config),
+        open_logger=open_logger,
+        file_secret=signing.secret_from_env(),
+        secret_warning=no_secret_warning(redis_url, store.secret),
+        resume=resume,
+        callback=callback,
+        **mode_options,
+    )

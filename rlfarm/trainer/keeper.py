@@ -75,8 +75,10 @@ class RunKeeper:
     def restore_run_state(self) -> None:
         """The run's metadata vanished from Redis (FLUSHALL, a restart without its data): write back
         what the trainer owns, so workers can go on building the env and fetching the policy."""
-        self.warn(f"run {self.config.run_id}'s state is gone from Redis (flushed, or restarted without "
-                  f"its data): writing back its metadata and policy v{self.version}, re-sending lost tasks")
+        self.warn(
+            f"run {self.config.run_id}'s state is gone from Redis (flushed, or restarted without "
+            f"its data): writing back its metadata and policy v{self.version}, re-sending lost tasks"
+        )
         self.store.set_run_meta(self.run_meta())
         self.store.restore_pinned()  # the best version and those being evaluated
         if self.store.own is not None and self.store.own[0] >= self.version:
@@ -93,14 +95,20 @@ class RunKeeper:
         restored = self.store.restore_newest()
         self.store.restore_pinned()
         if restored is not None:
-            self.warn(f"Redis came back without policy v{restored} of run {self.config.run_id} (a replica "
-                      f"promoted before it had copied it): wrote it back")
+            self.warn(
+                f"Redis came back without policy v{restored} of run {self.config.run_id} (a replica "
+                f"promoted before it had copied it): wrote it back"
+            )
 
     def run_meta(self) -> dict[str, Any]:
         """What workers read of the run; `incarnation` tells this trainer's run from an earlier one of
         the same id, whose cached metadata and policies a worker must not use."""
-        return {"config": to_dict(self.config), "space": self.space.to_dict(),
-                "incarnation": self.claim.incarnation, "protocol": PROTOCOL}
+        return {
+            "config": to_dict(self.config),
+            "space": self.space.to_dict(),
+            "incarnation": self.claim.incarnation,
+            "protocol": PROTOCOL,
+        }
 
     def rewrite_owned(self) -> None:
         """A key of the run was found as the trainer did not write it (rlfarm.farm.guard): put back
@@ -127,14 +135,16 @@ class RunKeeper:
     def farm_scalars(self) -> dict[str, float]:
         """What the farm looks like from here, logged in both modes (and read by `rlfarm status`)."""
         stats = self.channel.stats
-        return {"farm/tasks_in_flight": self.channel.in_flight,
-                "farm/queue_depth": queue_depth(self.client),
-                "farm/results_dropped": stats.duplicates,
-                "farm/redispatched": stats.redispatched,
-                "farm/leases_expired": stats.leases_expired,
-                "farm/time_limits": stats.time_limits,
-                "farm/redis_outages": self.retry.outages,
-                **stats.security()}
+        return {
+            "farm/tasks_in_flight": self.channel.in_flight,
+            "farm/queue_depth": queue_depth(self.client),
+            "farm/results_dropped": stats.duplicates,
+            "farm/redispatched": stats.redispatched,
+            "farm/leases_expired": stats.leases_expired,
+            "farm/time_limits": stats.time_limits,
+            "farm/redis_outages": self.retry.outages,
+            **stats.security(),
+        }
 
     def metrics_labels(self) -> dict[str, str]:
         cfg = self.config
@@ -146,20 +156,43 @@ class RunKeeper:
         what needs Redis (a command from that thread would race the training thread's outage handling)."""
         d, stats, last = self.channel, self.channel.stats, self._last_logged
         version_bytes = len(self.store.own[1]) if self.store.own else 0
-        lag = {stat: last[key] for stat, key in (("mean", "farm/policy_lag"), ("min", "farm/policy_lag_min"),
-                                                 ("max", "farm/policy_lag_max")) if key in last}
+        lag = {
+            stat: last[key]
+            for stat, key in (
+                ("mean", "farm/policy_lag"),
+                ("min", "farm/policy_lag_min"),
+                ("max", "farm/policy_lag_max"),
+            )
+            if key in last
+        }
         return {
-            "env_steps": self.env_steps, "sps": self._sps, "policy_version": self.version,
-            "tasks_wanted": d.wants_slots(), "tasks_in_flight": d.in_flight, "tasks_held": len(d.held),
-            "slots_waiting": last.get("farm/slots_waiting"), "policy_lag": lag or None,
-            "results": {"accepted": stats.accepted, "duplicate": stats.duplicates,
-                        "stale": self.dropped_stale, "forged": stats.forged},
-            "resent": {"lease_expired": stats.leases_expired, "time_limit": stats.time_limits,
-                       "message_lost": stats.messages_lost, "straggler": stats.stragglers,
-                       "handed_back": stats.handed_back, "refused": stats.refused},
+            "env_steps": self.env_steps,
+            "sps": self._sps,
+            "policy_version": self.version,
+            "tasks_wanted": d.wants_slots(),
+            "tasks_in_flight": d.in_flight,
+            "tasks_held": len(d.held),
+            "slots_waiting": last.get("farm/slots_waiting"),
+            "policy_lag": lag or None,
+            "results": {
+                "accepted": stats.accepted,
+                "duplicate": stats.duplicates,
+                "stale": self.dropped_stale,
+                "forged": stats.forged,
+            },
+            "resent": {
+                "lease_expired": stats.leases_expired,
+                "time_limit": stats.time_limits,
+                "message_lost": stats.messages_lost,
+                "straggler": stats.stragglers,
+                "handed_back": stats.handed_back,
+                "refused": stats.refused,
+            },
             "policy_fetches": stats.policy_fetches,
             "policy_fetch_bytes": stats.policy_fetches * version_bytes,
-            "redis_outages": self.retry.outages, "tasks_queued": last.get("farm/queue_depth")}
+            "redis_outages": self.retry.outages,
+            "tasks_queued": last.get("farm/queue_depth"),
+        }
 
     def heartbeat(self, state: str = "running", farm: dict[str, float] | None = None) -> None:
         """Refresh `rlfarm:<run>:status` (expires by itself when the trainer is gone; the last word,
@@ -167,14 +200,28 @@ class RunKeeper:
         self._check_eviction()
         cfg = self.config
         farm = farm if farm is not None else self.farm_scalars()
-        write_status(self.client, cfg.run_id, {
-            "state": state, "mode": cfg.mode, "algo": cfg.algo, "env": cfg.env.id,
-            "env_steps": self.env_steps, "total_steps": cfg.total_steps, "version": self.version,
-            "sps": f"{self._sps:.1f}", "tasks_in_flight": int(farm["farm/tasks_in_flight"]),
-            "eval_mean_return": f"{self.eval_mean_return:.2f}", "host": socket.gethostname(),
-            **({"slots_waiting": f"{farm['farm/slots_waiting']:.3f}"} if "farm/slots_waiting" in farm else {}),
-            "pid": os.getpid(), "started": f"{self.wall_start:.3f}", "updated": f"{time.time():.3f}"},
-            final=state != "running")
+        write_status(
+            self.client,
+            cfg.run_id,
+            {
+                "state": state,
+                "mode": cfg.mode,
+                "algo": cfg.algo,
+                "env": cfg.env.id,
+                "env_steps": self.env_steps,
+                "total_steps": cfg.total_steps,
+                "version": self.version,
+                "sps": f"{self._sps:.1f}",
+                "tasks_in_flight": int(farm["farm/tasks_in_flight"]),
+                "eval_mean_return": f"{self.eval_mean_return:.2f}",
+                "host": socket.gethostname(),
+                **({"slots_waiting": f"{farm['farm/slots_waiting']:.3f}"} if "farm/slots_waiting" in farm else {}),
+                "pid": os.getpid(),
+                "started": f"{self.wall_start:.3f}",
+                "updated": f"{time.time():.3f}",
+            },
+            final=state != "running",
+        )
 
     def _check_eviction(self) -> None:
         """Redis switched to evicting keys mid-run (`CONFIG SET maxmemory-policy allkeys-lru`): the run
@@ -185,7 +232,9 @@ class RunKeeper:
         self._eviction_checked = now
         policy = eviction_policy(self.client)
         if policy is not None and policy != self._eviction_seen:
-            self.warn(f"Redis now evicts keys when memory runs short (maxmemory-policy {policy}, set since "
-                      f"this run started): it may drop run {self.config.run_id}'s policies, metadata and "
-                      f"queued tasks; set it back with `redis-cli CONFIG SET maxmemory-policy noeviction`")
+            self.warn(
+                f"Redis now evicts keys when memory runs short (maxmemory-policy {policy}, set since "
+                f"this run started): it may drop run {self.config.run_id}'s policies, metadata and "
+                f"queued tasks; set it back with `redis-cli CONFIG SET maxmemory-policy noeviction`"
+            )
         self._eviction_seen = policy

@@ -92,8 +92,11 @@ class DispatchStats:
 
     def security(self) -> dict[str, int]:
         """What was refused for want of a valid signature (RLFARM_SECRET), by what it was."""
-        return {"security/refused_result": self.forged, "security/refused_key": self.forged_keys,
-                **{f"security/refused_{kind}": n for kind, n in self.unverified.items()}}
+        return {
+            "security/refused_result": self.forged,
+            "security/refused_key": self.forged_keys,
+            **{f"security/refused_{kind}": n for kind, n in self.unverified.items()},
+        }
 
 
 class RunOwner(Protocol):
@@ -173,9 +176,20 @@ class Outbox:
     """The run's pending tasks, and how a copy of one is sent: signed, labelled, with its hard time
     limit, through a Redis outage, and never before the run's claim is renewed after one."""
 
-    def __init__(self, app: Celery, client: redis.Redis, run_id: str, *, max_redispatch: int,
-                 env: str | None = None, time_limit: float = 0.0, retry: OutageRetry | None = None,
-                 claim: Claim | None = None, secret: Any = FROM_ENV, stats: DispatchStats | None = None):
+    def __init__(
+        self,
+        app: Celery,
+        client: redis.Redis,
+        run_id: str,
+        *,
+        max_redispatch: int,
+        env: str | None = None,
+        time_limit: float = 0.0,
+        retry: OutageRetry | None = None,
+        claim: Claim | None = None,
+        secret: Any = FROM_ENV,
+        stats: DispatchStats | None = None,
+    ):
         """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
         durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
         `claim`: the trainer's claim of the run (rlfarm.farm.claim), whose incarnation every task
@@ -214,10 +228,13 @@ class Outbox:
         elif kind not in self.longest:
             source = f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FIRST:g} s until a {kind} task has finished"
         else:
-            source = (f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FACTOR:g}x the longest {kind} task, "
-                      f"at least {AUTO_TIME_LIMIT_MIN:g} s")
-        return (f"a {kind} task is killed at its time limit of {limit:g} s ({source}; a worker's "
-                f"--time-limit may lower it)")
+            source = (
+                f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FACTOR:g}x the longest {kind} task, "
+                f"at least {AUTO_TIME_LIMIT_MIN:g} s"
+            )
+        return (
+            f"a {kind} task is killed at its time limit of {limit:g} s ({source}; a worker's --time-limit may lower it)"
+        )
 
     # ---- sending ---------------------------------------------------------------------------------
     def list_wanted(self, task_keys: list[Key]) -> None:
@@ -249,8 +266,7 @@ class Outbox:
         not end the run), a worker of another protocol version refused it unrun, or a worker shutting
         down handed it back."""
         if counted and not backup and p.copies > self.max_redispatch:
-            raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; "
-                                f"last: {reason}")
+            raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; last: {reason}")
         self.list_wanted([key])  # a timed-out copy may have left it
         p.task_id = self.send(p.spec)
         p.copies += counted
@@ -280,7 +296,9 @@ class Outbox:
         """(Re)create the broker's routing of task messages to the task queue. kombu keeps that
         binding in Redis and declares it once per connection: after a FLUSHALL every task sent would
         otherwise be routed nowhere, silently."""
+
         def declare() -> None:
             with self.app.connection_for_write() as conn:
                 self.app.amqp.queues[self.queue](conn.default_channel).declare()
+
         self.retry.run(declare, errors=(OperationalError,))

@@ -10,8 +10,9 @@ mid-write, or a disk that fills up, leaves the previous checkpoint whole.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
@@ -45,10 +46,9 @@ def load(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     blob = path.read_bytes()
     try:
         header_len = int.from_bytes(blob[:8], "little")
-        metadata = json.loads(blob[8:8 + header_len]).get("__metadata__", {})
+        metadata = json.loads(blob[8 : 8 + header_len]).get("__metadata__", {})
         if metadata.get("format") != FORMAT:
             raise CheckpointError(f"{path} is not an rlfarm trainer checkpoint ({metadata.get('format')})")
         return st_load(blob), json.loads(metadata["state"])
     except (ValueError, KeyError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path} is unreadable: {exc}") from None
-

@@ -36,8 +36,15 @@ class TrainResult:
     best_policy: Path | None = None  # RUN_DIR/best_policy.safetensors, when evaluations ran
 
 
-def build(result: TrainResult, stats: Any, retry: Any, *, target_reached_at: dict[str, float] | None,
-          threads: int, extras: dict[str, Any]) -> dict[str, Any]:
+def build(
+    result: TrainResult,
+    stats: Any,
+    retry: Any,
+    *,
+    target_reached_at: dict[str, float] | None,
+    threads: int,
+    extras: dict[str, Any],
+) -> dict[str, Any]:
     """summary.json's content. `stats`: the task channel's DispatchStats (rlfarm.trainer.outbox);
     `retry`: the trainer's Redis OutageRetry; `extras`: what the mode adds (Trainer.summary_extras)."""
     summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()}
@@ -47,12 +54,18 @@ def build(result: TrainResult, stats: Any, retry: Any, *, target_reached_at: dic
     summary["dispatched"] = stats.dispatched
     summary["tasks_held"] = stats.held  # held back a while: the run had its share of a shared farm
     summary["unique_task_ids_accepted"] = len(set(stats.accepted_task_ids))
-    summary["faults"] = {"leases_expired": stats.leases_expired, "messages_lost": stats.messages_lost,
-                         "time_limits": stats.time_limits, "stragglers": stats.stragglers,
-                         "skipped_copies": stats.skipped, "state_restored": stats.state_restored,
-                         "refused": stats.refused, "handed_back": stats.handed_back,
-                         "redis_outages": retry.outages,
-                         "redis_outage_seconds": round(retry.outage_seconds, 3)}
+    summary["faults"] = {
+        "leases_expired": stats.leases_expired,
+        "messages_lost": stats.messages_lost,
+        "time_limits": stats.time_limits,
+        "stragglers": stats.stragglers,
+        "skipped_copies": stats.skipped,
+        "state_restored": stats.state_restored,
+        "refused": stats.refused,
+        "handed_back": stats.handed_back,
+        "redis_outages": retry.outages,
+        "redis_outage_seconds": round(retry.outage_seconds, 3),
+    }
     summary["security"] = {k.split("/", 1)[1]: v for k, v in stats.security().items()}
     summary["accepted_task_ids"] = stats.accepted_task_ids
     summary.update(extras)

@@ -37,9 +37,20 @@ class SyncTrainer(Trainer):
         """The iteration's group of tasks, `steps` per env each (default farm.steps_per_env)."""
         cfg = self.config
         act = self.task_options(progress)
-        specs = [TaskSpec(cfg.run_id, "rollout", iteration, i, self.version, cfg.seed,
-                          steps=steps or cfg.farm.steps_per_env, act=act, stream=self.stream_ref(i))
-                 for i in range(cfg.farm.num_tasks)]
+        specs = [
+            TaskSpec(
+                cfg.run_id,
+                "rollout",
+                iteration,
+                i,
+                self.version,
+                cfg.seed,
+                steps=steps or cfg.farm.steps_per_env,
+                act=act,
+                stream=self.stream_ref(i),
+            )
+            for i in range(cfg.farm.num_tasks)
+        ]
         results = self.channel.gather_group(specs)  # evaluations arriving meanwhile: handle_eval
         for i, result in enumerate(results):
             self.advance_stream(result, i)
@@ -56,8 +67,7 @@ class SyncTrainer(Trainer):
             rollout = self.collect_rollouts(iteration, progress, cfg.task_steps(self.env_steps))
             collect_seconds = time.perf_counter() - t0
             self.env_steps += rollout.num_steps
-            self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths,
-                                 self.version)
+            self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths, self.version)
             t1 = time.perf_counter()
             self.algo.observe(rollout, policy_lag=0)
             losses = dict.fromkeys(self.algo.loss_keys, math.nan)
@@ -70,19 +80,21 @@ class SyncTrainer(Trainer):
             self._sps = self.env_steps / (time.perf_counter() - self.start)
             farm = self.farm_scalars()
             ep = rollout.episode_returns
-            self.log_step({
-                "policy_version": self.version,
-                "charts/SPS": self._sps,
-                "charts/episodic_return": float(ep.mean()) if len(ep) else float("nan"),
-                "charts/episodic_length": float(rollout.episode_lengths.mean()) if len(ep) else float("nan"),
-                "charts/episodes": len(ep),
-                "farm/collect_seconds": collect_seconds,
-                "farm/update_seconds": time.perf_counter() - t1,
-                "farm/policy_lag": 0,  # SYNC: every task acts with the version being trained
-                **farm,
-                **self.algo.scalars(progress),
-                **losses,
-            })
+            self.log_step(
+                {
+                    "policy_version": self.version,
+                    "charts/SPS": self._sps,
+                    "charts/episodic_return": float(ep.mean()) if len(ep) else float("nan"),
+                    "charts/episodic_length": float(rollout.episode_lengths.mean()) if len(ep) else float("nan"),
+                    "charts/episodes": len(ep),
+                    "farm/collect_seconds": collect_seconds,
+                    "farm/update_seconds": time.perf_counter() - t1,
+                    "farm/policy_lag": 0,  # SYNC: every task acts with the version being trained
+                    **farm,
+                    **self.algo.scalars(progress),
+                    **losses,
+                }
+            )
             self.heartbeat(farm=farm)
             self.on_event()
             if self._stop_requested:

@@ -28,8 +28,17 @@ from typing import Any
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import PROTOCOL, Key, Result, legacy_refusal
 from rlfarm.farm import keys
-from rlfarm.trainer.outbox import (DispatchStats, Outbox, Pending, RefusedKeys, RolloutError, RunOwner,
-                                   TaskLostError, Unowned, describe_key)
+from rlfarm.trainer.outbox import (
+    DispatchStats,
+    Outbox,
+    Pending,
+    RefusedKeys,
+    RolloutError,
+    RunOwner,
+    TaskLostError,
+    Unowned,
+    describe_key,
+)
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
 IDLE_WARNING_SECONDS = 60.0  # pending tasks, none running: say so on the console this often
@@ -40,8 +49,15 @@ MAX_REFUSALS = 20  # copies of one task refused by workers before the run fails 
 class Watchdog:
     """Leases, lost messages, stragglers, refusals and outages of one run's pending tasks."""
 
-    def __init__(self, outbox: Outbox, *, task_timeout: float, lease_seconds: float = 10.0,
-                 owner: RunOwner | None = None, refused: RefusedKeys | None = None):
+    def __init__(
+        self,
+        outbox: Outbox,
+        *,
+        task_timeout: float,
+        lease_seconds: float = 10.0,
+        owner: RunOwner | None = None,
+        refused: RefusedKeys | None = None,
+    ):
         """`owner`: the trainer, told when the run's state is to be written back (after an outage, a
         FLUSHALL, a forged key, a worker's refusal) and given what to say. `refused`: where keys found
         forged are told, by the watchdog and by those made before it."""
@@ -126,18 +142,25 @@ class Watchdog:
                     p.unwanted_since = now
                 elif now - p.unwanted_since > self.lease_seconds:
                     p.unwanted_since = None
-                    self.refused_key(f"refused {self.outbox.wanted}: {describe_key(key)} was taken out of it, "
-                                     f"but no result of it came (written by someone else); sending it again")
+                    self.refused_key(
+                        f"refused {self.outbox.wanted}: {describe_key(key)} was taken out of it, "
+                        f"but no result of it came (written by someone else); sending it again"
+                    )
                     self.outbox.resend(key, p, "its entry in the run's wanted set was removed", counted=False)
                 continue
             if leased:
                 p.last_seen, p.lease_gone = now, None
                 if p.started is None:
                     p.started = now
-                elif (now - p.started > self.task_timeout and p.backups < self.outbox.max_redispatch):
+                elif now - p.started > self.task_timeout and p.backups < self.outbox.max_redispatch:
                     self.stats.stragglers += 1
-                    self.outbox.resend(key, p, f"still running {now - p.started:.0f} s after it started "
-                                               f"(farm.task_timeout {self.task_timeout:g} s)", backup=True)
+                    self.outbox.resend(
+                        key,
+                        p,
+                        f"still running {now - p.started:.0f} s after it started "
+                        f"(farm.task_timeout {self.task_timeout:g} s)",
+                        backup=True,
+                    )
             elif p.started is not None:
                 # A worker's last word (a time-limit report, an error) deletes the lease as it lands in
                 # the results list: while results wait to be read, give the lease one more look.
@@ -145,8 +168,10 @@ class Watchdog:
                     p.lease_gone = p.lease_gone or now
                     continue
                 self.stats.leases_expired += 1
-                reason = (f"the worker running {describe_key(key)} was lost (its lease expired "
-                          f"{self.lease_seconds:g} s after its last renewal)")
+                reason = (
+                    f"the worker running {describe_key(key)} was lost (its lease expired "
+                    f"{self.lease_seconds:g} s after its last renewal)"
+                )
                 self.owner.warn(f"{reason}; sending it again")
                 self.outbox.resend(key, p, reason)
             elif now - p.last_seen > self.lease_seconds:
@@ -175,20 +200,26 @@ class Watchdog:
             return
         self._last_progress = now  # again in another IDLE_WARNING_SECONDS if nothing changes
         if self.unsigned_workers:
-            self.owner.warn(f"{len(self.pending)} tasks waiting and no result accepted for "
-                            f"{IDLE_WARNING_SECONDS:.0f} s: {self.stats.forged} results were dropped as not "
-                            f"signed by this farm (workers {', '.join(sorted(self.unsigned_workers)[:4])}): "
-                            f"start workers with the farm's RLFARM_SECRET")
+            self.owner.warn(
+                f"{len(self.pending)} tasks waiting and no result accepted for "
+                f"{IDLE_WARNING_SECONDS:.0f} s: {self.stats.forged} results were dropped as not "
+                f"signed by this farm (workers {', '.join(sorted(self.unsigned_workers)[:4])}): "
+                f"start workers with the farm's RLFARM_SECRET"
+            )
         elif self.refusing:
-            self.owner.warn(f"{len(self.pending)} tasks waiting and none started for "
-                            f"{IDLE_WARNING_SECONDS:.0f} s: only workers of another protocol version took "
-                            f"them ({', '.join(f'{w}: protocol {v}' for w, v in self.refusing.items())}; "
-                            f"this trainer's is {PROTOCOL}): start workers of this trainer's rlfarm")
+            self.owner.warn(
+                f"{len(self.pending)} tasks waiting and none started for "
+                f"{IDLE_WARNING_SECONDS:.0f} s: only workers of another protocol version took "
+                f"them ({', '.join(f'{w}: protocol {v}' for w, v in self.refusing.items())}; "
+                f"this trainer's is {PROTOCOL}): start workers of this trainer's rlfarm"
+            )
         else:
-            self.owner.warn(f"{len(self.pending)} tasks waiting and none started for "
-                            f"{IDLE_WARNING_SECONDS:.0f} s: are workers of this rlfarm (protocol {PROTOCOL}, "
-                            f"queue {self.outbox.queue}) running, connected to the same Redis (`rlfarm worker "
-                            f"--redis URL`)? Workers of another rlfarm version consume another queue")
+            self.owner.warn(
+                f"{len(self.pending)} tasks waiting and none started for "
+                f"{IDLE_WARNING_SECONDS:.0f} s: are workers of this rlfarm (protocol {PROTOCOL}, "
+                f"queue {self.outbox.queue}) running, connected to the same Redis (`rlfarm worker "
+                f"--redis URL`)? Workers of another rlfarm version consume another queue"
+            )
 
     def _notice_stall(self, now: float, task_keys: list[Key], leases: list[Any]) -> None:
         """Tasks run but none has finished for a minute: say what runs, where, for how long and what
@@ -197,19 +228,26 @@ class Watchdog:
         last_finish = self.outbox.last_finish
         if now - last_finish < STALL_NOTICE_SECONDS or now - self._stall_noticed < STALL_NOTICE_SECONDS:
             return
-        running = [(key, self.pending[key], holder) for key, holder in zip(task_keys, leases)
-                   if holder and self.pending[key].started is not None]
+        running = [
+            (key, self.pending[key], holder)
+            for key, holder in zip(task_keys, leases)
+            if holder and self.pending[key].started is not None
+        ]
         if not running:
             return
         self._stall_noticed = now
-        shown = ", ".join(f"{describe_key(key)} for {now - p.started:.0f} s on "
-                          f"{holder.decode(errors='replace') if isinstance(holder, bytes) else holder}"
-                          for key, p, holder in running[:4])
+        shown = ", ".join(
+            f"{describe_key(key)} for {now - p.started:.0f} s on "
+            f"{holder.decode(errors='replace') if isinstance(holder, bytes) else holder}"
+            for key, p, holder in running[:4]
+        )
         more = f" and {len(running) - 4} more" if len(running) > 4 else ""
         kinds = sorted({key[0] for key, _, _ in running})
-        self.owner.warn(f"no task has finished for {now - last_finish:.0f} s; running: {shown}{more}; "
-                        + "; ".join(self.outbox.describe_time_limit(kind) for kind in kinds)
-                        + ": an env that hangs looks like this")
+        self.owner.warn(
+            f"no task has finished for {now - last_finish:.0f} s; running: {shown}{more}; "
+            + "; ".join(self.outbox.describe_time_limit(kind) for kind in kinds)
+            + ": an env that hangs looks like this"
+        )
 
     def queued_task_ids(self) -> set[str]:
         """Ids of the task messages waiting in the broker queue (kombu keeps them as JSON in a list)."""
@@ -291,15 +329,19 @@ class Watchdog:
         resend = p is not None and claimed.task_id == p.task_id
         if worker not in self.unsigned_workers:
             self.unsigned_workers.add(worker)
-            why = ("it has no RLFARM_SECRET" if str(claimed.error or "").startswith("NoSecret:") else
-                   "one without this farm's RLFARM_SECRET, or with another one, or a forgery")
-            self.owner.warn(f"dropped {exc}; it names worker {worker} ({why}): give every worker the farm's "
-                            f"secret" + ("; sending its task again to the others" if resend else ""))
+            why = (
+                "it has no RLFARM_SECRET"
+                if str(claimed.error or "").startswith("NoSecret:")
+                else "one without this farm's RLFARM_SECRET, or with another one, or a forgery"
+            )
+            self.owner.warn(
+                f"dropped {exc}; it names worker {worker} ({why}): give every worker the farm's "
+                f"secret" + ("; sending its task again to the others" if resend else "")
+            )
         if resend:
             p.refusals += 1
             if p.refusals > MAX_REFUSALS:
-                raise TaskLostError(f"{describe_key(claimed.key)} came back unsigned {p.refusals} times; "
-                                    f"last: {exc}")
+                raise TaskLostError(f"{describe_key(claimed.key)} came back unsigned {p.refusals} times; last: {exc}")
             self.outbox.resend(claimed.key, p, f"its result was dropped: {exc}", counted=False)
 
     def failed(self, key: Key, p: Pending, message: Result) -> None:
@@ -309,8 +351,10 @@ class Watchdog:
         if message.handed_back:  # its worker is shutting down (SIGTERM): not the task's fault
             if message.task_id == p.task_id:
                 self.stats.handed_back += 1
-                reason = (f"{describe_key(key)} was handed back by {message.worker}: "
-                          f"{(message.error or '').removeprefix('HandedBack: ')}")
+                reason = (
+                    f"{describe_key(key)} was handed back by {message.worker}: "
+                    f"{(message.error or '').removeprefix('HandedBack: ')}"
+                )
                 self.owner.warn(f"{reason}; sending it again")
                 self.outbox.resend(key, p, reason, counted=False)
             return
@@ -337,9 +381,11 @@ class Watchdog:
         theirs = message.protocol if message.refused else 0  # 0: a worker from before versions
         if message.worker not in self.refusing:
             self.refusing[message.worker] = theirs
-            self.owner.warn(f"worker {message.worker} speaks rlfarm protocol {theirs}, this trainer "
-                            f"{PROTOCOL}: it refuses this run's tasks, which go to the other workers; "
-                            f"upgrade it to this trainer's rlfarm")
+            self.owner.warn(
+                f"worker {message.worker} speaks rlfarm protocol {theirs}, this trainer "
+                f"{PROTOCOL}: it refuses this run's tasks, which go to the other workers; "
+                f"upgrade it to this trainer's rlfarm"
+            )
 
     def unverified(self, key: Key, p: Pending | None, message: Result) -> None:
         """A worker refused the task's policy, run metadata or spec: written by someone without the

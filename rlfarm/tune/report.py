@@ -36,8 +36,13 @@ def trials_table(runs: list[TrialRun], title: str = ""):
     table = Table("trial", *keys, "value", "at step", "state", title=title)
     for run in runs:
         state = run.state + (f": {run.reason[:60]}" if run.reason else "")
-        table.add_row(str(run.number), *[_param(run.params.get(k)) for k in keys], _value(run.value),
-                      "-" if run.step is None else str(run.step), state)
+        table.add_row(
+            str(run.number),
+            *[_param(run.params.get(k)) for k in keys],
+            _value(run.value),
+            "-" if run.step is None else str(run.step),
+            state,
+        )
     return table
 
 
@@ -72,9 +77,18 @@ def write_trials_csv(study: Any, path: Path, space: list[Param], secret: bytes |
         out.writerow(["number", "state", "value", *keys, "run_id", "seconds", "fail_reason", "refused"])
         for t in trials:
             refused = trial_problem(t, space, study.study_name, secret) if t.state.is_finished() else None
-            out.writerow([t.number, t.state.name, "" if t.value is None else t.value,
-                          *[t.params.get(k, "") for k in keys], t.user_attrs.get("run_id", ""),
-                          t.user_attrs.get("seconds", ""), t.user_attrs.get("fail_reason", ""), refused or ""])
+            out.writerow(
+                [
+                    t.number,
+                    t.state.name,
+                    "" if t.value is None else t.value,
+                    *[t.params.get(k, "") for k in keys],
+                    t.user_attrs.get("run_id", ""),
+                    t.user_attrs.get("seconds", ""),
+                    t.user_attrs.get("fail_reason", ""),
+                    refused or "",
+                ]
+            )
     return path
 
 
@@ -99,8 +113,9 @@ def skipped_line(trial: Any, problem: str) -> str:
     return f"trial {trial.number} left out of best.toml: {problem}"
 
 
-def write_best(study: Any, base: dict[str, Any], metric: str, path: Path, space: list[Param],
-               secret: bytes | None = None) -> tuple[Any, list[tuple[Any, str]]]:
+def write_best(
+    study: Any, base: dict[str, Any], metric: str, path: Path, space: list[Param], secret: bytes | None = None
+) -> tuple[Any, list[tuple[Any, str]]]:
     """best.toml from best_trial (nothing written when there is none): the flat config the trials
     started from (`base`), with the trial's params. Returns (that trial or None, the trials left out)."""
     best, skipped = best_trial(study, space, secret)
@@ -108,10 +123,11 @@ def write_best(study: Any, base: dict[str, Any], metric: str, path: Path, space:
         return None, skipped
     flat = {k: v for k, v in base.items() if k not in ("run_id", "logdir")}
     flat.update(best.params)
-    flat["description"] = (f"best trial {best.number} of sweep {study.study_name}: {metric} "
-                           f"{best.value:.2f}")
+    flat["description"] = f"best trial {best.number} of sweep {study.study_name}: {metric} {best.value:.2f}"
     # the run id as the sweep names it, not the trial's user attr: anything read back is data
-    header = (f"rlfarm sweep {study.study_name}: trial {best.number} ({study.study_name}-t{best.number}), "
-              f"{metric} {best.value:.4g}\nrlfarm train --preset {path}")
+    header = (
+        f"rlfarm sweep {study.study_name}: trial {best.number} ({study.study_name}-t{best.number}), "
+        f"{metric} {best.value:.4g}\nrlfarm train --preset {path}"
+    )
     path.write_text(preset_toml(flat, header))
     return best, skipped

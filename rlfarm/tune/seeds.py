@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -21,8 +22,12 @@ from rlfarm.local import shared
 from rlfarm.tune.trainers import Trainer, stop_all
 
 # summary.json key of a run -> column of the table
-SCORES = {"best_eval_mean_return": "best eval", "eval_mean_return": "final eval",
-          "best_rolling_return": "best return", "rolling_return": "final return"}
+SCORES = {
+    "best_eval_mean_return": "best eval",
+    "eval_mean_return": "final eval",
+    "best_rolling_return": "best return",
+    "rolling_return": "final return",
+}
 
 
 @dataclass
@@ -45,8 +50,10 @@ class StartFailed(Exception):
     stopped. `seed`: the one that failed, `stopped`: how many were running."""
 
     def __init__(self, seed: int, error: OSError, stopped: int):
-        super().__init__(f"could not start the trainer of seed {seed} ({error.strerror or error}); "
-                         f"the {stopped} running were stopped")
+        super().__init__(
+            f"could not start the trainer of seed {seed} ({error.strerror or error}); "
+            f"the {stopped} running were stopped"
+        )
         self.seed, self.error, self.stopped = seed, error, stopped
 
 
@@ -66,13 +73,22 @@ def trainers_at_once(seeds: int, parallel: int | None) -> int:
     """--parallel, or by default: trainers run on this machine whatever the farm, one per core (each
     learner needs one while it learns), at least 2 so seeds share the farm as they always did on small
     machines."""
-    from rlfarm.config import bounds as B, machine_cores
+    from rlfarm.config import bounds as B
+    from rlfarm.config import machine_cores
 
     return min(seeds, parallel or min(max(2, machine_cores()), B.MAX_PARALLEL_TRAINERS))
 
 
-def train_seeds(args: list[str], seeds: list[int], cfg: Any, base: str, seeds_dir: Path, farm: Any,
-                parallel: int, notify: Callable[[str], None]) -> tuple[dict[str, Any], Path]:
+def train_seeds(
+    args: list[str],
+    seeds: list[int],
+    cfg: Any,
+    base: str,
+    seeds_dir: Path,
+    farm: Any,
+    parallel: int,
+    notify: Callable[[str], None],
+) -> tuple[dict[str, Any], Path]:
     """`rlfarm train --seeds`, its config `cfg` checked: the farm found (rlfarm.farm.find.Farm), or
     one embedded for all the seeds (rlfarm.local.shared), a trainer per seed on it (run_seeds with
     `args`), then summary.json in `seeds_dir`. Returns the summary and its path. StartFailed and
@@ -82,18 +98,22 @@ def train_seeds(args: list[str], seeds: list[int], cfg: Any, base: str, seeds_di
     from rlfarm.envs import allowed_modules_env
 
     logdir = Path(cfg.logdir)
-    with shared.farm_for_trainers(farm, local_workers(cfg), seeds_dir / "farm", f"rlfarm-{base}",
-                                  allowed_modules_env(cfg.env.id), notify=notify) as env:
+    with shared.farm_for_trainers(
+        farm, local_workers(cfg), seeds_dir / "farm", f"rlfarm-{base}", allowed_modules_env(cfg.env.id), notify=notify
+    ) as env:
         at_once = "all at once" if parallel == len(seeds) else f"{parallel} at a time"
-        notify(f"training {len(seeds)} seeds ({compact_seeds(seeds)}) {at_once}: runs {base}-s<seed> in "
-               f"{logdir}/, trainer output in {seeds_dir}/s<seed>.log")
+        notify(
+            f"training {len(seeds)} seeds ({compact_seeds(seeds)}) {at_once}: runs {base}-s<seed> in "
+            f"{logdir}/, trainer output in {seeds_dir}/s<seed>.log"
+        )
         runs = run_seeds(args, seeds, base, logdir, env, seeds_dir, parallel)
     summary = aggregate(runs)
     return summary, write_summary(seeds_dir, summary)
 
 
-def run_seeds(args: list[str], seeds: list[int], base: str, logdir: Path, env: dict[str, str],
-              seeds_dir: Path, parallel: int) -> list[SeedRun]:
+def run_seeds(
+    args: list[str], seeds: list[int], base: str, logdir: Path, env: dict[str, str], seeds_dir: Path, parallel: int
+) -> list[SeedRun]:
     """`rlfarm train ARGS --seed S --run-id BASE-sS --logdir LOGDIR` for every seed, at most `parallel` at
     once: the next seed starts when a trainer exits (a farm-sized number of processes, however many
     seeds). Ctrl-C / SIGTERM (KeyboardInterrupt) stops every child before it propagates; so does a
@@ -105,8 +125,11 @@ def run_seeds(args: list[str], seeds: list[int], base: str, logdir: Path, env: d
             while waiting and len(running) < parallel:
                 run = waiting.pop(0)
                 try:
-                    trainer = Trainer([*args, "--seed", str(run.seed), "--run-id", run.run_id, "--logdir",
-                                       str(logdir)], seeds_dir / f"s{run.seed}.log", env)
+                    trainer = Trainer(
+                        [*args, "--seed", str(run.seed), "--run-id", run.run_id, "--logdir", str(logdir)],
+                        seeds_dir / f"s{run.seed}.log",
+                        env,
+                    )
                 except OSError as exc:  # EAGAIN from fork under a pids limit, ENOMEM, ...
                     run.state, run.reason = "failed", f"not started: {exc.strerror or exc}"
                     raise StartFailed(run.seed, exc, len(running)) from None
@@ -149,9 +172,14 @@ def aggregate(runs: list[SeedRun]) -> dict[str, Any]:
         values = [r.scores[key] for r in done if r.scores.get(key) is not None]
         mean[key] = float(np.mean(values)) if values else None
         std[key] = float(np.std(values)) if values else None
-    return {"seeds": [r.seed for r in runs], "runs": [asdict(r) for r in runs],
-            "finished": len(done), "failed": [r.seed for r in runs if r.state != "finished"],
-            "mean": mean, "std": std}
+    return {
+        "seeds": [r.seed for r in runs],
+        "runs": [asdict(r) for r in runs],
+        "finished": len(done),
+        "failed": [r.seed for r in runs if r.state != "finished"],
+        "mean": mean,
+        "std": std,
+    }
 
 
 def table(summary: dict[str, Any]):
@@ -163,13 +191,22 @@ def table(summary: dict[str, Any]):
 
     out = Table("seed", "run", "state", *SCORES.values(), title="seeds")
     for run in summary["runs"]:
-        cells = [show(run["scores"].get(k)) for k in SCORES] if run["state"] == "finished" else \
-            [run["reason"][:60], *[""] * (len(SCORES) - 1)]
+        cells = (
+            [show(run["scores"].get(k)) for k in SCORES]
+            if run["state"] == "finished"
+            else [run["reason"][:60], *[""] * (len(SCORES) - 1)]
+        )
         out.add_row(str(run["seed"]), run["run_id"], run["state"], *cells)
     out.add_section()
-    out.add_row("mean ± std", f"{summary['finished']} of {len(summary['runs'])}", "",
-                *[("-" if summary["mean"][k] is None else f"{summary['mean'][k]:.1f} ± {summary['std'][k]:.1f}")
-                  for k in SCORES])
+    out.add_row(
+        "mean ± std",
+        f"{summary['finished']} of {len(summary['runs'])}",
+        "",
+        *[
+            ("-" if summary["mean"][k] is None else f"{summary['mean'][k]:.1f} ± {summary['std'][k]:.1f}")
+            for k in SCORES
+        ],
+    )
     return out
 
 

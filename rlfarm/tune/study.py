@@ -33,8 +33,10 @@ def storage(redis_url: str) -> Any:
     from rlfarm.farm.redis_url import is_sentinel
 
     if is_sentinel(redis_url):  # Optuna's journal opens its own redis-py client from a plain URL
-        raise SweepError("rlfarm sweep keeps its Optuna study in Redis through a plain redis:// URL; it "
-                         "does not follow a Sentinel failover: give --redis the master's redis:// URL")
+        raise SweepError(
+            "rlfarm sweep keeps its Optuna study in Redis through a plain redis:// URL; it "
+            "does not follow a Sentinel failover: give --redis the master's redis:// URL"
+        )
     optuna()
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalRedisBackend
@@ -50,8 +52,9 @@ def make_pruner(name: str, warmup_steps: int, total_steps: int, below: float | N
     if name == "median":
         return pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=warmup_steps)
     if name == "hyperband":
-        return pruners.HyperbandPruner(min_resource=max(1, warmup_steps), max_resource=max(total_steps, 2),
-                                       reduction_factor=3)
+        return pruners.HyperbandPruner(
+            min_resource=max(1, warmup_steps), max_resource=max(total_steps, 2), reduction_factor=3
+        )
     if name == "threshold":
         return pruners.ThresholdPruner(lower=below, n_warmup_steps=warmup_steps)
     return pruners.NopPruner()
@@ -63,15 +66,16 @@ def open_study(redis_url: str, name: str, resume: bool, pruner: Any, seed: int |
     sampler = module.samplers.TPESampler(seed=seed)
     try:
         if resume:
-            return module.load_study(study_name=name, storage=storage(redis_url), sampler=sampler,
-                                     pruner=pruner)
-        return module.create_study(study_name=name, storage=storage(redis_url), sampler=sampler,
-                                   pruner=pruner, direction="maximize")
+            return module.load_study(study_name=name, storage=storage(redis_url), sampler=sampler, pruner=pruner)
+        return module.create_study(
+            study_name=name, storage=storage(redis_url), sampler=sampler, pruner=pruner, direction="maximize"
+        )
     except KeyError:
         raise SweepError(f"no study {name!r} in this Redis to resume") from None
     except module.exceptions.DuplicatedStudyError:
-        raise SweepError(f"study {name!r} already exists in this Redis: continue it with --resume {name}, "
-                         f"or choose another --study") from None
+        raise SweepError(
+            f"study {name!r} already exists in this Redis: continue it with --resume {name}, or choose another --study"
+        ) from None
 
 
 def study_place(farm: Any, name: str) -> str:
@@ -83,7 +87,11 @@ def study_place(farm: Any, name: str) -> str:
     from rlfarm.farm.connection import redact
 
     if farm.up:  # this machine's loopback farm, however its URL was given
-        return (f"in the Redis of the rlfarm up farm ({redact(farm.url)}): --resume {name} continues it "
-                f"while the farm is up")
-    return (f"in Redis at {redact(farm.url)} (from {farm.source}): more machines can join with the same "
-            f"command and --resume {name}")
+        return (
+            f"in the Redis of the rlfarm up farm ({redact(farm.url)}): --resume {name} continues it "
+            f"while the farm is up"
+        )
+    return (
+        f"in Redis at {redact(farm.url)} (from {farm.source}): more machines can join with the same "
+        f"command and --resume {name}"
+    )

@@ -26,9 +26,10 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rlfarm.config.space import Param, check_params, to_overrides
 from rlfarm.core.signing import secret_from_env, trial_signature
@@ -61,10 +62,20 @@ class Sweep:
     `on_end(run)` once per finished or refused trial (for the live table and its lines); `total_steps`:
     the runs' total steps unless the space sets them (a point there is the run's end)."""
 
-    def __init__(self, study: Any, params: list[Param], args: list[str], metric: str, sweep_dir: Path,
-                 env: dict[str, str], trials: int, parallel: int,
-                 on_change: Callable[[list[TrialRun]], None] = lambda runs: None,
-                 on_end: Callable[[TrialRun], None] = lambda run: None, total_steps: int | None = None):
+    def __init__(
+        self,
+        study: Any,
+        params: list[Param],
+        args: list[str],
+        metric: str,
+        sweep_dir: Path,
+        env: dict[str, str],
+        trials: int,
+        parallel: int,
+        on_change: Callable[[list[TrialRun]], None] = lambda runs: None,
+        on_end: Callable[[TrialRun], None] = lambda run: None,
+        total_steps: int | None = None,
+    ):
         self.study, self.params, self.args, self.metric = study, params, args, metric
         self.sweep_dir, self.env, self.trials, self.parallel = Path(sweep_dir), env, trials, parallel
         self.on_change, self.on_end, self.total_steps = on_change, on_end, total_steps
@@ -112,14 +123,28 @@ class Sweep:
             self._refuse(TrialRun(trial.number, values, run_id, trial, None, None), problem)
             return
         if self.secret is not None:
-            trial.set_user_attr("signature", trial_signature(self.study.study_name, trial.number, values,
-                                                             self.secret))
-        args = [*self.args, *(a for o in to_overrides(values) for a in ("--set", o)),
-                "--run-id", run_id, "--logdir", str(self.sweep_dir)]
+            trial.set_user_attr("signature", trial_signature(self.study.study_name, trial.number, values, self.secret))
+        args = [
+            *self.args,
+            *(a for o in to_overrides(values) for a in ("--set", o)),
+            "--run-id",
+            run_id,
+            "--logdir",
+            str(self.sweep_dir),
+        ]
         trainer = Trainer(args, self.sweep_dir / "logs" / f"{run_id}.log", self.env)
         final = values.get("total_steps", self.total_steps)
-        self.runs.append(TrialRun(trial.number, values, run_id, trial, trainer,
-                                  Curve(self.sweep_dir / run_id, self.metric), final_step=final))
+        self.runs.append(
+            TrialRun(
+                trial.number,
+                values,
+                run_id,
+                trial,
+                trainer,
+                Curve(self.sweep_dir / run_id, self.metric),
+                final_step=final,
+            )
+        )
 
     def _refuse(self, run: TrialRun, problem: str) -> None:
         from optuna.trial import TrialState
@@ -139,7 +164,8 @@ class Sweep:
             run.step, run.value = step, value
             run.trial.report(value, step)
             at_end = (run.final_step is not None and step >= run.final_step) or (
-                code == 0 and all(later <= step for later, _ in points[i + 1:]))  # an exited run's last
+                code == 0 and all(later <= step for later, _ in points[i + 1 :])
+            )  # an exited run's last
             if not at_end and run.trial.should_prune():
                 run.trainer.stop()
                 self._stopping.append(run.trainer)

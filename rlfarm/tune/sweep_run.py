@@ -6,9 +6,10 @@ shows while it runs is the caller's (a SweepView)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rlfarm.config.space import Param
 from rlfarm.tune.sweep import TrialRun
@@ -46,9 +47,23 @@ class SweepOutcome:
         return [run.number for run in self.runs if run.state == "REFUSED"]
 
 
-def run_sweep(name: str, sweep_dir: Path, farm: Any, cfg: Any, base: dict[str, Any], params: list[Param],
-              child_args: list[str], metric: str, trials: int, parallel: int, pruner: Any, resume: bool,
-              seed: int | None, notify: Callable[[str], None], view: SweepView | None = None) -> SweepOutcome:
+def run_sweep(
+    name: str,
+    sweep_dir: Path,
+    farm: Any,
+    cfg: Any,
+    base: dict[str, Any],
+    params: list[Param],
+    child_args: list[str],
+    metric: str,
+    trials: int,
+    parallel: int,
+    pruner: Any,
+    resume: bool,
+    seed: int | None,
+    notify: Callable[[str], None],
+    view: SweepView | None = None,
+) -> SweepOutcome:
     """Sweep `name` on `farm` (rlfarm.farm.find.Farm; url None: an embedded one for the sweep), its
     trials `rlfarm train CHILD_ARGS` runs of `cfg` (made from the flat `base`) in `sweep_dir`,
     `parallel` at once. `resume`: continue the study `name` (SweepError if it is not there; a new one
@@ -64,19 +79,33 @@ def run_sweep(name: str, sweep_dir: Path, farm: Any, cfg: Any, base: dict[str, A
 
     view = view or SweepView()
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with farm_for_trainers(farm, local_workers(cfg), sweep_dir / "farm", f"rlfarm-{name}",
-                           allowed_modules_env(cfg.env.id), notify=notify) as env:
+    with farm_for_trainers(
+        farm, local_workers(cfg), sweep_dir / "farm", f"rlfarm-{name}", allowed_modules_env(cfg.env.id), notify=notify
+    ) as env:
         study = open_study(env[REDIS_ENV], name, resume, pruner, seed)
         secret = secret_from_env({**os.environ, **env})  # the trainers' secret, as the sweep signs with it
-        notify(f"study {name} {'resumed' if resume else 'created'} {study_place(farm, name)}; {trials} trials, "
-               f"{parallel} at once, scored by {metric}; runs and logs in {sweep_dir}/")
+        notify(
+            f"study {name} {'resumed' if resume else 'created'} {study_place(farm, name)}; {trials} trials, "
+            f"{parallel} at once, scored by {metric}; runs and logs in {sweep_dir}/"
+        )
 
         def on_end(run: TrialRun) -> None:
             write_trials_csv(study, sweep_dir / "trials.csv", params, secret)
             view.ended(run)
 
-        sweep = Sweep(study, params, child_args, metric, sweep_dir, env, trials, parallel, view.update, on_end,
-                      total_steps=cfg.total_steps)
+        sweep = Sweep(
+            study,
+            params,
+            child_args,
+            metric,
+            sweep_dir,
+            env,
+            trials,
+            parallel,
+            view.update,
+            on_end,
+            total_steps=cfg.total_steps,
+        )
         view.start()
         try:
             sweep.run()

@@ -35,9 +35,14 @@ class Trainer:
         self.started = time.monotonic()
         self.stop_sent: float | None = None
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(train_command(args), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env={**os.environ, **env},
-                                         preexec_fn=die_with_parent)
+            self.proc = subprocess.Popen(
+                train_command(args),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env},
+                preexec_fn=die_with_parent,
+            )
 
     @property
     def pid(self) -> int:

@@ -38,16 +38,30 @@ hooks.install(app)
 # never make it build a different env than the run's.
 # A task whose answer to the trainer is an error (a refusal, a failure) raises hooks.TaskFailed
 # after that answer is in Redis, so Celery and Flower show it as FAILURE; the trainer reads only Redis.
-@app.task(name=ROLLOUT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-          Request=hooks.RolloutRequest, throws=(hooks.TaskFailed,))
+@app.task(
+    name=ROLLOUT_TASK,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    Request=hooks.RolloutRequest,
+    throws=(hooks.TaskFailed,),
+)
 def rollout(self, **spec) -> None:
     """Collect `steps` env steps per sub-env with policy `version` ("latest": the newest when the
     task starts) of `run`, acting with the algorithm's options in `act`; result to Redis."""
     hooks.run(self.request)
 
 
-@app.task(name=EVAL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-          Request=hooks.RolloutRequest, throws=(hooks.TaskFailed,))
+@app.task(
+    name=EVAL_TASK,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    Request=hooks.RolloutRequest,
+    throws=(hooks.TaskFailed,),
+)
 def evaluate(self, **spec) -> None:
     """Play `episodes` greedy episodes with policy `version` of `run`; returns to Redis."""
     hooks.run(self.request)

@@ -90,12 +90,18 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     from rlfarm.core.protocol import Result
 
     limit = exception.args[0] if exception.args else "?"
-    message = Result(kwargs.get("kind", "rollout"), kwargs.get("iteration"), kwargs.get("index"),
-                     task_id=task_id, retryable=True, incarnation=kwargs.get("incarnation"),
-                     worker=f"{socket.gethostname()} (worker main process {os.getpid()})",
-                     error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s "
-                           f"({_limit_source(limit)}) in env {kwargs.get('env') or '?'}, and its process was "
-                           f"killed and replaced (a hung env?)").to_message()
+    message = Result(
+        kwargs.get("kind", "rollout"),
+        kwargs.get("iteration"),
+        kwargs.get("index"),
+        task_id=task_id,
+        retryable=True,
+        incarnation=kwargs.get("incarnation"),
+        worker=f"{socket.gethostname()} (worker main process {os.getpid()})",
+        error=f"TimeLimitExceeded: the task ran past its time limit of {limit} s "
+        f"({_limit_source(limit)}) in env {kwargs.get('env') or '?'}, and its process was "
+        f"killed and replaced (a hung env?)",
+    ).to_message()
     key = keys.results(kwargs["run"])
     pipe = _main_client.pipeline(transaction=True)
     pipe.rpush(key, signing.seal_result(kwargs["run"], codec.pack(message), signing.secret_from_env()))
@@ -189,8 +195,9 @@ def _serve_metrics(node: str, slots: int, listen: str) -> None:
     labels = {"worker": node, "version": RELEASE, "protocol": str(PROTOCOL)}
     try:
         host, port = exporter.parse_listen(listen)
-        served = exporter.serve(exporter.LiveCollector("worker", exporter.WORKER_METRICS, "worker",
-                                                       lambda: labels, values), host, port)
+        served = exporter.serve(
+            exporter.LiveCollector("worker", exporter.WORKER_METRICS, "worker", lambda: labels, values), host, port
+        )
     except exporter.MetricsError as exc:  # `rlfarm worker` checked it; a plain celery worker may not have
         logging.getLogger("rlfarm.worker").error("no metrics: %s", exc)
         return
@@ -266,7 +273,8 @@ def _hand_back(node: str) -> None:
         return
     grace = settings().shutdown_grace
     logging.getLogger("rlfarm.worker").warning(
-        "shutting down: handing back %d running task(s) to their trainers", len(tasks))
+        "shutting down: handing back %d running task(s) to their trainers", len(tasks)
+    )
     N.ask_to_hand_back(tasks)
     deadline = time.monotonic() + grace
     ids = {t.task_id for t in tasks}

@@ -24,16 +24,16 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import redis
 
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
+from rlfarm.farm import keys, redis_url
 from rlfarm.farm.shares import register_node
 from rlfarm.farm.store import PolicyStore
-from rlfarm.farm import keys, redis_url
 
 HAND_BACK_SIGNAL = signal.SIGUSR2  # main -> pool process: hand your task back now
 
@@ -59,8 +59,15 @@ def task_of(task_id: str, kwargs: dict | None, pid: int | None) -> NodeTask | No
     """A NodeTask from a Celery request's kwargs (None: not an rlfarm task)."""
     if not kwargs or "run" not in kwargs:
         return None
-    return NodeTask(task_id, kwargs["run"], kwargs.get("kind", "rollout"), kwargs.get("iteration"),
-                    kwargs.get("index"), pid, kwargs.get("env"))
+    return NodeTask(
+        task_id,
+        kwargs["run"],
+        kwargs.get("kind", "rollout"),
+        kwargs.get("iteration"),
+        kwargs.get("index"),
+        pid,
+        kwargs.get("env"),
+    )
 
 
 def client_for(url: str) -> redis.Redis:
@@ -75,8 +82,16 @@ def hand_back_reason(node: str, detail: str = "") -> str:
 
 def push_handed_back(client: redis.Redis, task: NodeTask, worker: str, reason: str) -> None:
     """The task's `handed_back` answer and its lease's deletion, in one transaction."""
-    message = Result(task.kind, task.iteration, task.index, task_id=task.task_id, worker=worker,
-                     error=reason, retryable=True, handed_back=True).to_message()
+    message = Result(
+        task.kind,
+        task.iteration,
+        task.index,
+        task_id=task.task_id,
+        worker=worker,
+        error=reason,
+        retryable=True,
+        handed_back=True,
+    ).to_message()
     pipe = client.pipeline(transaction=True)
     pipe.rpush(keys.results(task.run), signing.seal_result(task.run, codec.pack(message), signing.secret_from_env()))
     pipe.expire(keys.results(task.run), keys.RESULTS_TTL)
@@ -100,9 +115,16 @@ def force_hand_back(client: redis.Redis, tasks: list[NodeTask], node: str, grace
     worker = f"{node} (worker main process {os.getpid()} on {socket.gethostname()})"
     for task in tasks:
         try:
-            push_handed_back(client, task, worker, hand_back_reason(
-                node, f"; its pool process {task.pid} did not let go of the task within --shutdown-grace "
-                      f"{grace:g} s and was killed"))
+            push_handed_back(
+                client,
+                task,
+                worker,
+                hand_back_reason(
+                    node,
+                    f"; its pool process {task.pid} did not let go of the task within --shutdown-grace "
+                    f"{grace:g} s and was killed",
+                ),
+            )
         except redis.RedisError:
             pass  # the lease expires by itself and the trainer re-sends the task then
         if task.pid:
@@ -117,8 +139,7 @@ class LeaseKeeper(threading.Thread):
     `farm.lease_seconds`, from the worker's main process (see the module docstring). With `node`, it
     also keeps the node's `slots` registered for the farm's fair shares (rlfarm.farm.shares)."""
 
-    def __init__(self, url: str, running: Callable[[], list[NodeTask]], node: str | None = None,
-                 slots: int = 0):
+    def __init__(self, url: str, running: Callable[[], list[NodeTask]], node: str | None = None, slots: int = 0):
         super().__init__(name="rlfarm-lease-keeper", daemon=True)
         self.client = client_for(url)
         self.running = running

@@ -5,7 +5,8 @@ kept as actors (rlfarm.worker.cache)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import redis
 
@@ -24,8 +25,14 @@ class PolicyVersions:
     `incarnations` the trainer incarnation of each run the caches are of (no entry: not a task's,
     nothing to key a shared copy by). Fetches and their bytes are counted into `counts`."""
 
-    def __init__(self, client: redis.Redis, shared: SharedPolicies | None, run_meta: Callable[[str], dict[str, Any]],
-                 incarnations: Mapping[str, str], counts: dict[str, int]):
+    def __init__(
+        self,
+        client: redis.Redis,
+        shared: SharedPolicies | None,
+        run_meta: Callable[[str], dict[str, Any]],
+        incarnations: Mapping[str, str],
+        counts: dict[str, int],
+    ):
         self.client = client
         self.shared = shared
         self.run_meta = run_meta
@@ -101,7 +108,8 @@ class PolicyVersions:
             return self.networks[run]
         run_meta = self.run_meta(run)
         network = learner(run_meta["config"]["algo"]).build_network(
-            SpaceSpec.from_dict(run_meta["space"]), policy_config(run_meta["config"]["policy"]))
+            SpaceSpec.from_dict(run_meta["space"]), policy_config(run_meta["config"]["policy"])
+        )
         self.networks[run] = network
         while len(self.networks) > MAX_NETWORKS:
             self.networks.popitem(last=False)

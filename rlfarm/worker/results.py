@@ -31,7 +31,8 @@ def encode_result(result: Result, farm: dict[str, Any]) -> bytes:
     if decoded > codec.MAX_DECODED_BYTES:  # the trainer would refuse to decompress it
         raise ResultTooLarge(
             f"the result's arrays hold {_mib(decoded)}, over the {_mib(codec.MAX_DECODED_BYTES)} a trainer "
-            f"decodes from one result; make tasks smaller (fewer env.num_envs or farm.steps_per_env)")
+            f"decodes from one result; make tasks smaller (fewer env.num_envs or farm.steps_per_env)"
+        )
     # A run meta without the key was written by a trainer older than compression, which could not
     # decode a compressed array (an unknown msgpack extension): such runs get raw arrays.
     payload = codec.pack(message, compress=farm.get("compress", "none"))
@@ -39,7 +40,8 @@ def encode_result(result: Result, farm: dict[str, Any]) -> bytes:
     if limit and len(payload) > limit:  # what goes into Redis: the compressed size
         raise ResultTooLarge(
             f"the result is {_mib(len(payload))}, over farm.max_result_bytes ({_mib(limit)}); "
-            f"make tasks smaller (fewer env.num_envs or farm.steps_per_env) or raise the limit")
+            f"make tasks smaller (fewer env.num_envs or farm.steps_per_env) or raise the limit"
+        )
     return payload
 
 
@@ -57,9 +59,16 @@ def refused_input(exc: BaseException) -> str | None:
     return None
 
 
-def push(client: redis.Redis, secret: bytes | None, run: str, message: dict[str, Any] | bytes,
-         attempts_key: str, lease: str | None = None, done: str | None = None,
-         stream_snapshot: tuple[str, bytes] | None = None) -> None:
+def push(
+    client: redis.Redis,
+    secret: bytes | None,
+    run: str,
+    message: dict[str, Any] | bytes,
+    attempts_key: str,
+    lease: str | None = None,
+    done: str | None = None,
+    stream_snapshot: tuple[str, bytes] | None = None,
+) -> None:
     """Result, attempts counter, lease and `wanted` entry in one transaction: the trainer never
     sees a lease gone before its result is there, and from now on every other copy of the
     task (`done`) is skipped unrun. An env stream's snapshot goes in the same transaction, so
@@ -81,5 +90,9 @@ def push(client: redis.Redis, secret: bytes | None, run: str, message: dict[str,
             raise
         # Nothing smaller would fit either (noeviction refuses every write past maxmemory); the
         # trainer's own writes fail the same way and it says so in one line.
-        log.error("cannot push the result of %s to run %s: Redis is out of memory (%s); free memory "
-                  "or raise its maxmemory", attempts_key.rsplit(":", 1)[-1], run, exc)
+        log.error(
+            "cannot push the result of %s to run %s: Redis is out of memory (%s); free memory or raise its maxmemory",
+            attempts_key.rsplit(":", 1)[-1],
+            run,
+            exc,
+        )

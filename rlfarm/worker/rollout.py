@@ -14,7 +14,8 @@ import os
 import socket
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rlfarm.core import codec, protocol, signing
 from rlfarm.core.protocol import Result, TaskSpec
@@ -62,8 +63,9 @@ class RolloutWorker:
         settings = settings if settings is not None else WorkerSettings.from_env()
         # Commands wait out a Redis restart (back-off, up to RLFARM_REDIS_OUTAGE_TIMEOUT seconds) instead of
         # failing the task whose result is being pushed.
-        self.retry = OutageRetry(settings.redis_outage_timeout, where=f"Redis at {redact(redis_url)}",
-                                 notify=log.warning)
+        self.retry = OutageRetry(
+            settings.redis_outage_timeout, where=f"Redis at {redact(redis_url)}", notify=log.warning
+        )
         self.client = resilient_client(redis_url, self.retry, connect_timeout=10)
         self.secret = signing.secret_from_env()  # RLFARM_SECRET: task specs must carry its signature
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
@@ -73,8 +75,13 @@ class RolloutWorker:
         self.counts = dict.fromkeys(FIELDS, 0)
         # Versions fetched once per machine, shared through files (RLFARM_POLICY_SHARE=off: per process).
         root = default_root(redis_url, settings.policy_share)
-        self.versions = PolicyVersions(self.client, SharedPolicies(root) if root is not None else None,
-                                       self._run_meta, self.incarnations, self.counts)
+        self.versions = PolicyVersions(
+            self.client,
+            SharedPolicies(root) if root is not None else None,
+            self._run_meta,
+            self.incarnations,
+            self.counts,
+        )
         self.streams = EnvStreams(self.client)  # farm.episodes = "continue"
         self.lease = Lease(self.client)
         self.running = False  # a task is between its lease and its result: a hand-back may interrupt it
@@ -143,8 +150,9 @@ class RolloutWorker:
         env_cfg = run_meta["config"]["env"]
         actor, version, fetched = self._actor_of(spec.run, spec.version)
         acting = time.perf_counter()
-        result = Result(spec.kind, spec.iteration, spec.index, version=version, worker=self.identity,
-                        policy_fetched=fetched)
+        result = Result(
+            spec.kind, spec.iteration, spec.index, version=version, worker=self.identity, policy_fetched=fetched
+        )
         if spec.kind == "eval":
             env = self._single_env(env_cfg)
             seed = task_seeds(spec.seed, spec.iteration, spec.index, 1)[0][0]
@@ -208,8 +216,14 @@ class RolloutWorker:
         attempts, _, (live, wanted), claim = pipe.execute()
         incarnation = spec.get("incarnation")
         live = live and incarnation is not None and claim_incarnation(claim) == incarnation
-        base = Result(spec.get("kind", "rollout"), spec.get("iteration"), spec.get("index"),
-                      worker=self.identity, task_id=task_id, incarnation=incarnation)
+        base = Result(
+            spec.get("kind", "rollout"),
+            spec.get("iteration"),
+            spec.get("index"),
+            worker=self.identity,
+            task_id=task_id,
+            incarnation=incarnation,
+        )
         if not live:  # its trainer is gone (its claim expired or was released) or was replaced
             log.info("skipped task %s of run %s: the run has no live trainer", key_text, run)
             self.client.delete(attempts_key)
@@ -230,14 +244,16 @@ class RolloutWorker:
             task = TaskSpec.from_kwargs(signing.verify_spec(spec, self.secret))
             self._enter(run, incarnation)
             if attempts > MAX_ATTEMPTS:
-                raise RuntimeError(f"task {task_id} was delivered {attempts} times; each delivery "
-                                   f"lost its worker, so it is refused")
+                raise RuntimeError(
+                    f"task {task_id} was delivered {attempts} times; each delivery lost its worker, so it is refused"
+                )
             run_meta = self._run_meta(run)
             # Metadata without a version was written by a trainer before versions (or by hand).
             refusal = protocol.protocol_mismatch(run_meta.get("protocol", protocol.PROTOCOL), node or self.identity)
             if refusal is not None:
-                return self._refuse(run, base, refusal.replace("the task protocol", "the run's metadata protocol"),
-                                    node, attempts_key)
+                return self._refuse(
+                    run, base, refusal.replace("the task protocol", "the run's metadata protocol"), node, attempts_key
+                )
             farm = run_meta["config"]["farm"]
             lease = keys.lease(run, key_text)
             self.running = True
@@ -277,10 +293,12 @@ class RolloutWorker:
         """The farm signs its tasks (RLFARM_SECRET) and this worker has no secret: every result it
         pushed would be dropped as unsigned. Say so in one line, hand the task back (the trainer sends
         it again to the others) and stop this worker."""
-        line = (f"NoSecret: worker {node or self.identity} has no RLFARM_SECRET, but run {run!r} signs its "
-                f"tasks: its results would be dropped. Start it with the farm's secret in RLFARM_SECRET "
-                f"(`rlfarm up` keeps it in $RLFARM_HOME/local-farm.json, an embedded run in "
-                f"RUN_DIR/cluster.json, docker compose in .env); this worker stops")
+        line = (
+            f"NoSecret: worker {node or self.identity} has no RLFARM_SECRET, but run {run!r} signs its "
+            f"tasks: its results would be dropped. Start it with the farm's secret in RLFARM_SECRET "
+            f"(`rlfarm up` keeps it in $RLFARM_HOME/local-farm.json, an embedded run in "
+            f"RUN_DIR/cluster.json, docker compose in .env); this worker stops"
+        )
         log.error("%s", line)
         base.error, base.retryable, base.handed_back = line, True, True
         base.worker = node or self.identity
@@ -301,9 +319,15 @@ class RolloutWorker:
         self._push(run, base.to_message(), attempts_key)
         return refusal
 
-    def _push(self, run: str, message: dict[str, Any] | bytes, attempts_key: str,
-              lease: str | None = None, done: str | None = None,
-              stream_snapshot: tuple[str, bytes] | None = None) -> None:
+    def _push(
+        self,
+        run: str,
+        message: dict[str, Any] | bytes,
+        attempts_key: str,
+        lease: str | None = None,
+        done: str | None = None,
+        stream_snapshot: tuple[str, bytes] | None = None,
+    ) -> None:
         push(self.client, self.secret, run, message, attempts_key, lease, done, stream_snapshot)
 
 

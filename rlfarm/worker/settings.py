@@ -5,8 +5,8 @@ before Celery starts, a plain `celery -A tasks worker` takes them as they are. E
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from rlfarm.farm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
 

@@ -38,8 +38,15 @@ class EnvStreams:
         item, self.snapshot = self.snapshot, None
         return item
 
-    def collect(self, spec: TaskSpec, env_cfg: dict[str, Any], actor: Any, action_seed: int,
-                result: Result, collect_kw: dict[str, Any]) -> Rollout:
+    def collect(
+        self,
+        spec: TaskSpec,
+        env_cfg: dict[str, Any],
+        actor: Any,
+        action_seed: int,
+        result: Result,
+        collect_kw: dict[str, Any],
+    ) -> Rollout:
         """The task's steps of its stream; start it from its seeds when the spec names no snapshot (or
         the snapshot is lost). The result says how (`result.stream`)."""
         ref = spec.stream
@@ -50,16 +57,20 @@ class EnvStreams:
         started = time.perf_counter()
         stream = self.cache.get(spec.run, index)
         if stream is None or after is None or stream.digest != after:
-            envs = stream.envs if stream is not None else make_vector_env(
-                env_cfg["id"], env_cfg["num_envs"], trusted=False, options=env_cfg)
+            envs = (
+                stream.envs
+                if stream is not None
+                else make_vector_env(env_cfg["id"], env_cfg["num_envs"], trusted=False, options=env_cfg)
+            )
             stream = EnvStream(envs, stream_seeds(spec.seed, index, restarts, env_cfg["num_envs"]))
             self.cache.put(spec.run, index, stream)
             if after is not None:
                 try:
                     blob = self.client.get(keys.stream(spec.run, after))
                     if blob is None:
-                        raise streams.SnapshotError(f"snapshot {after[:12]} is not in Redis (expired, or "
-                                                    f"Redis lost its data)")
+                        raise streams.SnapshotError(
+                            f"snapshot {after[:12]} is not in Redis (expired, or Redis lost its data)"
+                        )
                     streams.resume(stream, streams.decode(blob, after), snapshot.restore)
                     report["restored"] = True
                 except (streams.SnapshotError, ValueError) as exc:  # lost or not ours: start it anew
@@ -78,6 +89,11 @@ class EnvStreams:
             raise
         stream.digest = digest
         self.snapshot = (keys.stream(spec.run, digest), blob)
-        result.stream = {**report, "digest": digest, "restarts": restarts, "bytes": len(blob),
-                         "seconds": restored + time.perf_counter() - saving}
+        result.stream = {
+            **report,
+            "digest": digest,
+            "restarts": restarts,
+            "bytes": len(blob),
+            "seconds": restored + time.perf_counter() - saving,
+        }
         return rollout

@@ -20,7 +20,8 @@ class DQNConfig(AlgoSection):
 
     algo: ClassVar[str] = "dqn"
     modes: ClassVar[dict[str, str]] = {
-        "async": "tasks act with the newest version when they start; results feed a replay buffer"}
+        "async": "tasks act with the newest version when they start; results feed a replay buffer"
+    }
     learners: ClassVar[dict[str, str]] = {"async": "dqn:DQN"}
     mode_hint: ClassVar[str] = "it learns from a replay buffer and never waits for whole groups"
 
@@ -43,7 +44,7 @@ class DQNConfig(AlgoSection):
     per_beta: float = 0.4  # importance-sampling exponent, annealed to 1 over the run
     per_eps: float = 1e-6
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         check_replay(run, "dqn")
         check_replay_bounds(run, "dqn")
         check_learning_rate(run, "dqn.learning_rate")
@@ -52,6 +53,6 @@ class DQNConfig(AlgoSection):
             raise ConfigError(f"dqn.tau must be in (0, 1], got {self.tau}")
 
     @classmethod
-    def check_spaces(cls, spec: "SpaceSpec") -> None:
+    def check_spaces(cls, spec: SpaceSpec) -> None:
         if not spec.discrete:
             raise ConfigError("algo 'dqn' needs a discrete action space; use ppo for continuous actions")

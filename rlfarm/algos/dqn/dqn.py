@@ -10,19 +10,20 @@ is the Q-network, the epsilon schedule and the gradient step.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
 from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
+from rlfarm.algos.dqn.policies import QNetwork
 from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
-from rlfarm.envs import SpaceSpec
-from rlfarm.algos.dqn.policies import QNetwork
-from rlfarm.nn.layers import place
 from rlfarm.core.replay import Batch
+from rlfarm.envs import SpaceSpec
+from rlfarm.nn.layers import place
 
 
 def linear_schedule(start: float, end: float, fraction: float, progress: float) -> float:
@@ -67,8 +68,7 @@ class DQN(OffPolicy):
         if self.heatup:
             return 1.0  # uniform random actions
         c = self.config
-        return linear_schedule(c.exploration_initial_eps, c.exploration_final_eps, c.exploration_fraction,
-                               progress)
+        return linear_schedule(c.exploration_initial_eps, c.exploration_final_eps, c.exploration_fraction, progress)
 
     def random_acting(self) -> dict[str, Any]:
         return {"epsilon": 1.0}
@@ -108,9 +108,12 @@ class DQN(OffPolicy):
         grad_norm = clip_grad_norm(self._params, self.config.max_grad_norm)
         self.optimizer.step()
         self._update_target()
-        metrics = {"losses/td_loss": loss.item(), "losses/q_values": q.mean().item(),
-                   "losses/grad_norm": float(grad_norm),
-                   "charts/learning_rate": self.optimizer.param_groups[0]["lr"]}
+        metrics = {
+            "losses/td_loss": loss.item(),
+            "losses/q_values": q.mean().item(),
+            "losses/grad_norm": float(grad_norm),
+            "charts/learning_rate": self.optimizer.param_groups[0]["lr"],
+        }
         return metrics, td.detach().abs().cpu().numpy()
 
     def _update_target(self) -> None:
@@ -128,8 +131,11 @@ class DQN(OffPolicy):
 
     def learner_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         optim_tensors, optim_meta = optimizer_state(self.optimizer)
-        tensors = {**prefixed("policy", self.q_network.state_dict()),
-                   **prefixed("target", self.target_network.state_dict()), **optim_tensors}
+        tensors = {
+            **prefixed("policy", self.q_network.state_dict()),
+            **prefixed("target", self.target_network.state_dict()),
+            **optim_tensors,
+        }
         return tensors, {"optimizer": optim_meta}
 
     def restore_learner(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:

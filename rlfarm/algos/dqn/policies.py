@@ -33,7 +33,7 @@ class QNetwork(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.q(self.encoder(obs) if self.encoder is not None else obs)
 
-    def actor_snapshot(self) -> "QActor":
+    def actor_snapshot(self) -> QActor:
         return TorchQActor(self) if self.encoder is not None else NumpyQActor(self)
 
 
@@ -45,7 +45,7 @@ class QActor(Actor):
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def with_options(self, epsilon: float | None = None, **options: Any) -> "QActor":
+    def with_options(self, epsilon: float | None = None, **options: Any) -> QActor:
         """The same weights acting with another exploration rate (no copy of the weights)."""
         super().with_options(**options)
         return self if epsilon is None else self._with(epsilon=float(epsilon))
@@ -53,8 +53,9 @@ class QActor(Actor):
     def value(self, obs: np.ndarray) -> np.ndarray:
         return self.q_values(obs).max(-1).astype(np.float32)
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         q = self.q_values(obs)
         action = q.argmax(-1)
         if not deterministic and self.epsilon > 0:

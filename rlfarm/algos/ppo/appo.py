@@ -20,7 +20,8 @@ does): the ablation that shows what the correction buys at high lag.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,15 +29,25 @@ import torch
 from rlfarm.algos.base import to_device
 from rlfarm.algos.ppo.ppo import PPO, compute_gae
 from rlfarm.config import RunConfig
-from rlfarm.envs import SpaceSpec
 from rlfarm.core.rollout import Rollout, concat
+from rlfarm.envs import SpaceSpec
 from rlfarm.nn.layers import pixel_layout
 
 
-def vtrace(behaviour_logprobs: np.ndarray, target_logprobs: np.ndarray, rewards: np.ndarray,
-           values: np.ndarray, dones: np.ndarray, final_values: np.ndarray, last_values: np.ndarray,
-           gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0, lam: float = 1.0,
-           carry: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def vtrace(
+    behaviour_logprobs: np.ndarray,
+    target_logprobs: np.ndarray,
+    rewards: np.ndarray,
+    values: np.ndarray,
+    dones: np.ndarray,
+    final_values: np.ndarray,
+    last_values: np.ndarray,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    lam: float = 1.0,
+    carry: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """V-trace targets and policy-gradient advantages for (T, N) arrays; also the raw ratios pi/mu.
 
         rho_t = min(rho_bar, pi/mu),  c_t = lam * min(c_bar, pi/mu)
@@ -116,7 +127,7 @@ class APPO(PPO):
         slot = self._cursor
         fresh = self._passes_left[slot] == 0
         if fresh:  # the slot is spent: a new batch of results takes it
-            taken, self._results = self._results[:self.results_per_update], self._results[self.results_per_update:]
+            taken, self._results = self._results[: self.results_per_update], self._results[self.results_per_update :]
             self._slots[slot] = (concat([r for r, _ in taken]), [lag for _, lag in taken])
             self._passes_left[slot] = cfg.batch_passes
         rollout, lags = self._slots[slot]  # type: ignore[misc]
@@ -147,10 +158,17 @@ class APPO(PPO):
                 continue
             rollout, lags = slot
             fields = [name for name, value in rollout.to_dict().items() if value is not None]
-            tensors.update({f"appo.slot{i}.{name}": torch.from_numpy(np.ascontiguousarray(getattr(rollout, name)))
-                            for name in fields})
+            tensors.update(
+                {
+                    f"appo.slot{i}.{name}": torch.from_numpy(np.ascontiguousarray(getattr(rollout, name)))
+                    for name in fields
+                }
+            )
             slots.append({"fields": fields, "lags": list(lags)})
-        return tensors, {**state, "buffer": {"slots": slots, "passes_left": list(self._passes_left), "cursor": self._cursor}}
+        return tensors, {
+            **state,
+            "buffer": {"slots": slots, "passes_left": list(self._passes_left), "cursor": self._cursor},
+        }
 
     def restore(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
         super().restore(tensors, state)
@@ -158,9 +176,14 @@ class APPO(PPO):
         if not buffer or len(buffer["slots"]) != len(self._slots):  # (another buffer size: start it empty)
             return
         for i, slot in enumerate(buffer["slots"]):
-            self._slots[i] = None if slot is None else (
-                Rollout.from_dict({name: tensors[f"appo.slot{i}.{name}"].numpy() for name in slot["fields"]}),
-                list(slot["lags"]))
+            self._slots[i] = (
+                None
+                if slot is None
+                else (
+                    Rollout.from_dict({name: tensors[f"appo.slot{i}.{name}"].numpy() for name in slot["fields"]}),
+                    list(slot["lags"]),
+                )
+            )
         self._passes_left = [int(n) for n in buffer["passes_left"]]
         self._cursor = int(buffer["cursor"])
 
@@ -169,11 +192,13 @@ class APPO(PPO):
         computed inside each minibatch from the same forward as its loss."""
         cfg = self.config
         steps = rollout.rewards.shape[0]
-        return (cfg.update_epochs == 1 and cfg.vtrace and rollout.last_obs is not None
-                and steps % cfg.num_minibatches == 0)
+        return (
+            cfg.update_epochs == 1 and cfg.vtrace and rollout.last_obs is not None and steps % cfg.num_minibatches == 0
+        )
 
-    def _learn_in_one_pass(self, rollout: Rollout, between: Callable[[], None] | None
-                           ) -> tuple[dict[str, float], np.ndarray]:
+    def _learn_in_one_pass(
+        self, rollout: Rollout, between: Callable[[], None] | None
+    ) -> tuple[dict[str, float], np.ndarray]:
         """update_epochs = 1: the batch's T steps are cut into num_minibatches chunks of time, each
         holding every trajectory (so a minibatch's advantages are normalised across all the batch's
         envs, not one env's stretch without a point scored), learned from the last chunk backwards.
@@ -198,22 +223,41 @@ class APPO(PPO):
             if boot is None:  # the last chunk: its bootstrap values come from this forward too
                 obs = np.concatenate([obs, rollout.last_obs])
                 actions = np.concatenate([actions, np.zeros((N, *act.shape[2:]), actions.dtype)])
-            logprob, entropy, value = self.policy.evaluate(pixel_layout(to_device(obs, dev), self.spec),
-                                                           to_device(actions, dev))
+            logprob, entropy, value = self.policy.evaluate(
+                pixel_layout(to_device(obs, dev), self.spec), to_device(actions, dev)
+            )
             newlogprob, entropy, newvalue = logprob[:steps], entropy[:steps], value[:steps]
             if boot is None:
                 boot = value[steps:].detach().cpu().numpy().astype(np.float64)
             target = newlogprob.detach().cpu().numpy().reshape(chunk, N)
             values = newvalue.detach().cpu().numpy().reshape(chunk, N)
             behaviour = rollout.logprobs[rows]
-            vs, advantages, raw = vtrace(behaviour, target, rollout.rewards[rows], values, rollout.dones[rows],
-                                         rollout.final_values[rows], boot, cfg.gamma, cfg.rho_bar, cfg.c_bar,
-                                         cfg.gae_lambda, carry=carry)
+            vs, advantages, raw = vtrace(
+                behaviour,
+                target,
+                rollout.rewards[rows],
+                values,
+                rollout.dones[rows],
+                rollout.final_values[rows],
+                boot,
+                cfg.gamma,
+                cfg.rho_bar,
+                cfg.c_bar,
+                cfg.gae_lambda,
+                carry=carry,
+            )
             boot, carry = values[0].astype(np.float64), vs[0].astype(np.float64) - values[0]
             clip_around = target if cfg.clip_to == "proximal" else behaviour
-            last = self._step(newlogprob, entropy, newvalue, to_device(clip_around.reshape(-1), dev),
-                              to_device(values.reshape(-1), dev), to_device(advantages.reshape(-1), dev),
-                              to_device(vs.reshape(-1), dev), impala_loss=cfg.pg_loss == "impala")
+            last = self._step(
+                newlogprob,
+                entropy,
+                newvalue,
+                to_device(clip_around.reshape(-1), dev),
+                to_device(values.reshape(-1), dev),
+                to_device(advantages.reshape(-1), dev),
+                to_device(vs.reshape(-1), dev),
+                impala_loss=cfg.pg_loss == "impala",
+            )
             clipfracs.append(last[-1])
             ratios.append(raw.reshape(-1))
             values_seen.append(values.reshape(-1))
@@ -223,15 +267,26 @@ class APPO(PPO):
         metrics = self._metrics(last[:4], clipfracs, False, np.concatenate(values_seen), np.concatenate(returns_seen))
         return metrics, np.concatenate(ratios)
 
-    def _learn_after_targets(self, rollout: Rollout, between: Callable[[], None] | None
-                             ) -> tuple[dict[str, float], np.ndarray]:
+    def _learn_after_targets(
+        self, rollout: Rollout, between: Callable[[], None] | None
+    ) -> tuple[dict[str, float], np.ndarray]:
         """Targets for the whole batch from the network as the update begins, then PPO's epochs."""
         cfg = self.config
         target_logprobs, values, last_values = self._evaluate(rollout)
         if cfg.vtrace:
             returns, advantages, ratios = vtrace(
-                rollout.logprobs, target_logprobs, rollout.rewards, values, rollout.dones,
-                rollout.final_values, last_values, cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.gae_lambda)
+                rollout.logprobs,
+                target_logprobs,
+                rollout.rewards,
+                values,
+                rollout.dones,
+                rollout.final_values,
+                last_values,
+                cfg.gamma,
+                cfg.rho_bar,
+                cfg.c_bar,
+                cfg.gae_lambda,
+            )
         else:  # the ablation: lagged data taken as on-policy
             values = rollout.values
             advantages, returns = compute_gae(rollout, cfg.gamma, cfg.gae_lambda)
@@ -242,8 +297,9 @@ class APPO(PPO):
         # and V-trace's advantages already carry the truncated weight min(rho_bar, pi/mu). On CartPole it
         # solved faster at low lag but collapsed in one of five runs at a lag of 10 (benchmarks/appo.py).
         clip_around = target_logprobs if cfg.clip_to == "proximal" else rollout.logprobs
-        metrics = self._optimize(rollout, clip_around, values, advantages, returns,
-                                 impala_loss=cfg.pg_loss == "impala", between=between)
+        metrics = self._optimize(
+            rollout, clip_around, values, advantages, returns, impala_loss=cfg.pg_loss == "impala", between=between
+        )
         return metrics, ratios
 
     @torch.no_grad()
@@ -259,5 +315,8 @@ class APPO(PPO):
             last_values = rollout.last_values
         else:
             last_values = self.policy.get_value(to_device(rollout.last_obs, self.device)).cpu().numpy()
-        return (logprobs.cpu().numpy().reshape(T, N), values.cpu().numpy().reshape(T, N),
-                np.asarray(last_values, np.float64))
+        return (
+            logprobs.cpu().numpy().reshape(T, N),
+            values.cpu().numpy().reshape(T, N),
+            np.asarray(last_values, np.float64),
+        )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from rlfarm.config.errors import ConfigError
 from rlfarm.config.bounds import MAX_BUFFER_BATCHES, at_most, check_learning_rate
+from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import AlgoSection, at_least_1, check_replay  # noqa: F401
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ class PPOConfig(AlgoSection):
     algo: ClassVar[str] = "ppo"
     modes: ClassVar[dict[str, str]] = {
         "sync": "each iteration waits for all its tasks, acted with one version",
-        "async": "APPO: results are used as they come, corrected for policy lag with V-trace"}
+        "async": "APPO: results are used as they come, corrected for policy lag with V-trace",
+    }
     learners: ClassVar[dict[str, str]] = {"sync": "ppo:PPO", "async": "appo:APPO"}
 
     learning_rate: float = 3e-4
@@ -62,37 +63,43 @@ class PPOConfig(AlgoSection):
     buffer_batches: int = 1
     batch_passes: int = 1
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches", "ppo.buffer_batches", "ppo.batch_passes")
         check_learning_rate(run, "ppo.learning_rate")
         at_most(run, "ppo.buffer_batches", MAX_BUFFER_BATCHES)
         if run.mode == "sync" and (self.buffer_batches, self.batch_passes) != (1, 1):
-            raise ConfigError("ppo.buffer_batches and ppo.batch_passes are ASYNC (APPO) settings: SYNC PPO "
-                              "learns each iteration's batch in ppo.update_epochs epochs")
+            raise ConfigError(
+                "ppo.buffer_batches and ppo.batch_passes are ASYNC (APPO) settings: SYNC PPO "
+                "learns each iteration's batch in ppo.update_epochs epochs"
+            )
         if run.mode == "async":  # an update is a batch of whole results
             per_task = run.env.num_envs * run.farm.steps_per_env
             if per_task % self.num_minibatches:
                 raise ConfigError(
                     f"ppo.num_minibatches ({self.num_minibatches}) must divide the steps of one task "
-                    f"({per_task} = env.num_envs x farm.steps_per_env)")
+                    f"({per_task} = env.num_envs x farm.steps_per_env)"
+                )
         else:
             batch = run.steps_per_iteration
             if batch % self.num_minibatches:
                 raise ConfigError(
                     f"ppo.num_minibatches ({self.num_minibatches}) must divide the steps per iteration "
-                    f"({batch} = farm.num_tasks x env.num_envs x farm.steps_per_env)")
+                    f"({batch} = farm.num_tasks x env.num_envs x farm.steps_per_env)"
+                )
         for key in ("rho_bar", "c_bar"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"ppo.{key} must be positive, got {getattr(self, key)}")
         if self.pg_loss not in ("clip", "impala"):
             raise ConfigError(f"ppo.pg_loss must be clip or impala, got {self.pg_loss!r}")
         if self.vf_loss not in VF_LOSSES:
-            raise ConfigError(f"ppo.vf_loss must be half_mse (CleanRL: 0.5 * mean((V - R)^2)) or mse "
-                              f"(Stable-Baselines3: mean((V - R)^2)), got {self.vf_loss!r}")
+            raise ConfigError(
+                f"ppo.vf_loss must be half_mse (CleanRL: 0.5 * mean((V - R)^2)) or mse "
+                f"(Stable-Baselines3: mean((V - R)^2)), got {self.vf_loss!r}"
+            )
         if self.clip_to not in ("behaviour", "proximal"):
             raise ConfigError(f"ppo.clip_to must be behaviour or proximal, got {self.clip_to!r}")
 
-    def learner_forwards(self, run: "RunConfig") -> float | None:
+    def learner_forwards(self, run: RunConfig) -> float | None:
         # Each epoch is a forward-backward per sample; in ASYNC, V-trace's targets take one more forward
         # over the batch first, except in APPO's one pass (rlfarm.algos.ppo.appo), where the loss's
         # forward gives them (SYNC learns from the values the workers computed).

@@ -61,8 +61,7 @@ class ActorCritic(nn.Module):
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
         return self._distribution(self.actor(self._features(obs)))
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probability and entropy of `actions`, and the state value."""
         out, value = self._heads(obs)
         dist = self._distribution(out)
@@ -72,7 +71,7 @@ class ActorCritic(nn.Module):
             logprob, entropy = dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
         return logprob, entropy, value
 
-    def actor_snapshot(self) -> "PolicyActor":
+    def actor_snapshot(self) -> PolicyActor:
         """A frozen copy for acting: numpy for MLPs; for a CNN, ONNX Runtime where it is installed
         (the `atari` extra), else torch on the CPU."""
         if self.encoder is None:
@@ -91,8 +90,9 @@ class PolicyActor(Actor):
     def value(self, obs: np.ndarray) -> np.ndarray:
         return self._outputs(obs)[1]
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions (as stored: unclipped), their log-probabilities and state values, for a batch."""
         out, value = self._outputs(obs)
         out = out.astype(np.float64)
@@ -163,7 +163,7 @@ class OnnxPolicyActor(PolicyActor):
     weights (one thread, as torch on a worker): faster than torch eager at a task's batch of 8
     Atari frames on one core (benchmarks/cnn_cpu.py)."""
 
-    def __init__(self, policy: ActorCritic, graph: "OnnxGraph"):
+    def __init__(self, policy: ActorCritic, graph: OnnxGraph):
         self.spec = policy.spec
         self.session = graph.session(policy.state_dict())
         self._gaussian(policy)

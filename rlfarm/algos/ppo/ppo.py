@@ -7,20 +7,20 @@ tests/test_reference.py checks each PPO preset's update against the implementati
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from rlfarm.algos.base import (Algorithm, to_device, load_optimizer_state, optimizer_state, prefixed,
-                               unprefixed)
-from rlfarm.config import PolicyConfig, RunConfig
-from rlfarm.envs import SpaceSpec
+from rlfarm.algos.base import Algorithm, load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
 from rlfarm.algos.ppo.config import VF_LOSSES
 from rlfarm.algos.ppo.policies import ActorCritic
-from rlfarm.nn.layers import pixel_layout, place
+from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.rollout import Rollout
+from rlfarm.envs import SpaceSpec
+from rlfarm.nn.layers import pixel_layout, place
 
 
 def compute_gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
@@ -52,9 +52,17 @@ class PPO(Algorithm):
 
     name = "ppo"
     head = "actor"  # the output MLP of a saved policy (rlfarm.algos.saved.load_network)
-    loss_keys = ("charts/learning_rate", "charts/clip_coef", "losses/value_loss", "losses/policy_loss",
-                 "losses/entropy", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
-                 "losses/early_stopped")
+    loss_keys = (
+        "charts/learning_rate",
+        "charts/clip_coef",
+        "losses/value_loss",
+        "losses/policy_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "losses/clipfrac",
+        "losses/explained_variance",
+        "losses/early_stopped",
+    )
 
     @classmethod
     def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> ActorCritic:
@@ -64,8 +72,7 @@ class PPO(Algorithm):
         super().__init__(config, spec, device)
         self.policy = place(self.build_network(spec, config.policy), device)
         # fused: one kernel for all parameters; per-op overhead dominates for networks this small.
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.learning_rate, eps=1e-5,
-                                          fused=True)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.learning_rate, eps=1e-5, fused=True)
         # Minibatch order from a private generator: reproducible, untouched by anything else.
         self.generator = torch.Generator().manual_seed(config.seed)
         # The surrogate's clip range in force (ppo.anneal_clip), set with the learning rate by `_anneal`.
@@ -102,8 +109,7 @@ class PPO(Algorithm):
         """The (T, N, ...) observations as one (T x N, ...) batch on the device, shape and dtype kept,
         images in the layout the network computes in."""
         obs = rollout.obs
-        return pixel_layout(to_device(obs.reshape(obs.shape[0] * obs.shape[1], *obs.shape[2:]), self.device),
-                            self.spec)
+        return pixel_layout(to_device(obs.reshape(obs.shape[0] * obs.shape[1], *obs.shape[2:]), self.device), self.spec)
 
     def _anneal(self, progress_remaining: float) -> None:
         """Learning rate and surrogate clip range for this update, linear in the progress remaining
@@ -116,9 +122,16 @@ class PPO(Algorithm):
         if self.config.anneal_ent:
             self.ent_coef = progress_remaining * self.config.ent_coef
 
-    def _optimize(self, rollout: Rollout, logprobs: np.ndarray, values: np.ndarray, advantages: np.ndarray,
-                  returns: np.ndarray, impala_loss: bool = False,
-                  between: Callable[[], None] | None = None) -> dict[str, float]:
+    def _optimize(
+        self,
+        rollout: Rollout,
+        logprobs: np.ndarray,
+        values: np.ndarray,
+        advantages: np.ndarray,
+        returns: np.ndarray,
+        impala_loss: bool = False,
+        between: Callable[[], None] | None = None,
+    ) -> dict[str, float]:
         """Minibatch epochs on (T, N) arrays, a `_step` per minibatch of samples drawn across the batch.
         `between()` runs after each minibatch (the ASYNC trainer keeps the farm fed there)."""
         cfg = self.config
@@ -139,10 +152,11 @@ class PPO(Algorithm):
         for _epoch in range(cfg.update_epochs):
             order = torch.randperm(batch_size, generator=self.generator).to(dev)
             for start in range(0, batch_size, minibatch_size):
-                mb = order[start:start + minibatch_size]
+                mb = order[start : start + minibatch_size]
                 newlogprob, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_actions[mb])
                 pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
-                    newlogprob, entropy, newvalue, b_logprobs[mb], b_values[mb], b_adv[mb], b_returns[mb], impala_loss)
+                    newlogprob, entropy, newvalue, b_logprobs[mb], b_values[mb], b_adv[mb], b_returns[mb], impala_loss
+                )
                 clipfracs.append(clipfrac)
                 if between is not None:
                     between()
@@ -150,11 +164,22 @@ class PPO(Algorithm):
                 stopped = True
                 break
 
-        return self._metrics((pg_loss, v_loss, entropy_loss, approx_kl), clipfracs, stopped,
-                             b_values.cpu().numpy(), b_returns.cpu().numpy())
+        return self._metrics(
+            (pg_loss, v_loss, entropy_loss, approx_kl),
+            clipfracs,
+            stopped,
+            b_values.cpu().numpy(),
+            b_returns.cpu().numpy(),
+        )
 
-    def _metrics(self, last: tuple[torch.Tensor, ...], clipfracs: list[float], stopped: bool,
-                 y_pred: np.ndarray, y_true: np.ndarray) -> dict[str, float]:
+    def _metrics(
+        self,
+        last: tuple[torch.Tensor, ...],
+        clipfracs: list[float],
+        stopped: bool,
+        y_pred: np.ndarray,
+        y_true: np.ndarray,
+    ) -> dict[str, float]:
         """An update's metrics: the last minibatch's loss terms, the mean clip fraction, and how much
         of the returns' variance the values the advantages were computed with explain."""
         pg_loss, v_loss, entropy_loss, approx_kl = last
@@ -172,9 +197,17 @@ class PPO(Algorithm):
             "losses/early_stopped": float(stopped),
         }
 
-    def _step(self, newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: torch.Tensor,
-              logprobs: torch.Tensor, values: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-              impala_loss: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    def _step(
+        self,
+        newlogprob: torch.Tensor,
+        entropy: torch.Tensor,
+        newvalue: torch.Tensor,
+        logprobs: torch.Tensor,
+        values: torch.Tensor,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+        impala_loss: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
         """One gradient step on a minibatch's loss: the clipped surrogate against `logprobs` (or, with
         `impala_loss`, the IMPALA policy gradient -log pi(a) * advantage), the value loss towards
         `returns` (clipped around `values` with clip_vloss; its factor by vf_loss) and the entropy
@@ -220,8 +253,11 @@ class PPO(Algorithm):
     def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Policy, optimizer and minibatch generator, for resuming (see rlfarm.trainer.resume)."""
         optim_tensors, optim_meta = optimizer_state(self.optimizer)
-        tensors = {**prefixed("policy", self.policy.state_dict()), **optim_tensors,
-                   "rng.minibatch": self.generator.get_state()}
+        tensors = {
+            **prefixed("policy", self.policy.state_dict()),
+            **optim_tensors,
+            "rng.minibatch": self.generator.get_state(),
+        }
         return tensors, {"optimizer": optim_meta}
 
     def restore(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:

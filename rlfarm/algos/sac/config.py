@@ -21,10 +21,13 @@ class SACConfig(AlgoSection):
 
     algo: ClassVar[str] = "sac"
     modes: ClassVar[dict[str, str]] = {
-        "async": "tasks act with the newest version when they start; results feed a replay buffer"}
+        "async": "tasks act with the newest version when they start; results feed a replay buffer"
+    }
     learners: ClassVar[dict[str, str]] = {"async": "sac:SAC"}
-    mode_hint: ClassVar[str] = ("SAC learns off-policy from a replay buffer, so it never waits for whole "
-                                "groups acted with one version; use --mode async")
+    mode_hint: ClassVar[str] = (
+        "SAC learns off-policy from a replay buffer, so it never waits for whole "
+        "groups acted with one version; use --mode async"
+    )
 
     learning_rate: float = 3e-4  # actor, both critics and the entropy coefficient (one, as SB3)
     gamma: float = 0.99
@@ -46,7 +49,7 @@ class SACConfig(AlgoSection):
     per_beta: float = 0.4  # importance-sampling exponent, annealed to 1 over the run
     per_eps: float = 1e-6
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         check_replay(run, "sac")
         check_replay_bounds(run, "sac")
         check_learning_rate(run, "sac.learning_rate")
@@ -59,5 +62,5 @@ class SACConfig(AlgoSection):
             raise ConfigError(f"sac.alpha cannot be negative, got {self.alpha}")
 
     @classmethod
-    def check_spaces(cls, spec: "SpaceSpec") -> None:
+    def check_spaces(cls, spec: SpaceSpec) -> None:
         check_bounded_box("sac", spec, "scales its tanh-squashed actions")

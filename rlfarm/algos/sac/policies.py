@@ -18,8 +18,6 @@ from rlfarm.envs import SpaceSpec
 from rlfarm.nn.actors import Actor, numpy_mlp, run_numpy_mlp
 from rlfarm.nn.layers import BoundedPolicy, NatureCNN, action_scale_bias, layer_init, mlp
 
-
-
 # The Gaussian's log-std is squashed into this range by a tanh (as CleanRL does): smooth, where a clamp
 # would cut the gradient off at the edges.
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -72,8 +70,7 @@ class SquashedGaussianPolicy(BoundedPolicy):
         h = self.actor[:-1](h)  # the shared hidden layers (none for images: the encoder's features)
         return self.actor[-1](h), log_std_from_tanh(torch.tanh(self.actor_logstd(h)))
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised unit actions tanh(u) and their log-probabilities
         log N(u; mean, std) - sum log(1 - tanh(u)^2). Noise from `generator`: a learner's private
         stream, so a checkpoint can hold it."""
@@ -88,7 +85,7 @@ class SquashedGaussianPolicy(BoundedPolicy):
         """The mean action in unit scale, tanh(mean)."""
         return torch.tanh(self(obs)[0])
 
-    def actor_snapshot(self) -> "SACActor":
+    def actor_snapshot(self) -> SACActor:
         return TorchSACActor(self) if self.encoder is not None else NumpySACActor(self)
 
 
@@ -112,7 +109,7 @@ class SACActor(Actor):
         """The mean and log-std of u for a batch (float64)."""
         raise NotImplementedError
 
-    def with_options(self, random: bool | None = None, **options: Any) -> "SACActor":
+    def with_options(self, random: bool | None = None, **options: Any) -> SACActor:
         """The same weights acting uniformly at random (heatup) or from the policy (no copy of the weights)."""
         super().with_options(**options)
         return self if random is None else self._with(random=bool(random))
@@ -120,8 +117,9 @@ class SACActor(Actor):
     def value(self, obs: np.ndarray) -> np.ndarray:
         return np.zeros(len(obs), np.float32)
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n, dim = len(obs), self.spec.action_dim
         if self.random and not deterministic:
             action = rng.uniform(self.low, self.high, (n, dim))

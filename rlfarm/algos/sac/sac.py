@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 from rlfarm.algos.base import networks_state, restore_networks
 from rlfarm.algos.offpolicy import OffPolicy, critic_batch, twin_critic_step
-from rlfarm.config import PolicyConfig, RunConfig
-from rlfarm.envs import SpaceSpec
 from rlfarm.algos.sac.policies import SquashedGaussianPolicy
-from rlfarm.nn.critics import ActionValueNetwork
-from rlfarm.nn.layers import place
+from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.replay import Batch
 from rlfarm.core.rollout import Rollout
+from rlfarm.envs import SpaceSpec
+from rlfarm.nn.critics import ActionValueNetwork
+from rlfarm.nn.layers import place
 
 # The networks in a checkpoint: tensor prefix -> attribute (the policy's prefix is "actor", as written
 # before the attribute was named policy).
@@ -52,8 +53,15 @@ def frozen(params: list[torch.Tensor]) -> Iterator[None]:
 class SAC(OffPolicy):
     name = "sac"
     head = "actor"  # the mean's MLP of a saved policy (rlfarm.algos.saved)
-    loss_keys = ("losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss",
-                 "losses/qf_loss", *_ACTOR_KEYS, "losses/alpha")
+    loss_keys = (
+        "losses/qf1_values",
+        "losses/qf2_values",
+        "losses/qf1_loss",
+        "losses/qf2_loss",
+        "losses/qf_loss",
+        *_ACTOR_KEYS,
+        "losses/alpha",
+    )
 
     @classmethod
     def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> SquashedGaussianPolicy:
@@ -109,8 +117,7 @@ class SAC(OffPolicy):
             # The soft target: the smaller target critic of a fresh action from the current policy,
             # minus its log-probability times alpha.
             next_actions, next_logprob = self.policy.sample(b.next_obs, self.generator)
-            next_q = torch.min(self.qf1_target(b.q_next_obs, next_actions),
-                               self.qf2_target(b.q_next_obs, next_actions))
+            next_q = torch.min(self.qf1_target(b.q_next_obs, next_actions), self.qf2_target(b.q_next_obs, next_actions))
             target = b.rewards + b.discounts * b.not_done * (next_q - self.alpha * next_logprob)
         metrics, td_errors = twin_critic_step(self.qf1, self.qf2, self.q_optimizer, b, target)
 
@@ -141,8 +148,11 @@ class SAC(OffPolicy):
             self.a_optimizer.zero_grad()
             alpha_loss.backward()
             self.a_optimizer.step()
-        return {"losses/actor_loss": actor_loss.item(), "losses/alpha_loss": alpha_loss.item(),
-                "losses/entropy": -log_pi.detach().mean().item()}
+        return {
+            "losses/actor_loss": actor_loss.item(),
+            "losses/alpha_loss": alpha_loss.item(),
+            "losses/entropy": -log_pi.detach().mean().item(),
+        }
 
     def state(self) -> dict[str, torch.Tensor]:
         """The policy alone: workers never run the critics."""

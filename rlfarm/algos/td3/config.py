@@ -23,10 +23,13 @@ class TD3Config(AlgoSection):
 
     algo: ClassVar[str] = "td3"
     modes: ClassVar[dict[str, str]] = {
-        "async": "tasks act with the newest version when they start; results feed a replay buffer"}
+        "async": "tasks act with the newest version when they start; results feed a replay buffer"
+    }
     learners: ClassVar[dict[str, str]] = {"async": "td3:TD3"}
-    mode_hint: ClassVar[str] = ("TD3 learns off-policy from a replay buffer, so it never waits for whole "
-                                "groups acted with one version; use --mode async")
+    mode_hint: ClassVar[str] = (
+        "TD3 learns off-policy from a replay buffer, so it never waits for whole "
+        "groups acted with one version; use --mode async"
+    )
 
     learning_rate: float = 1e-3  # actor and both critics (SB3)
     gamma: float = 0.99
@@ -50,7 +53,7 @@ class TD3Config(AlgoSection):
     per_beta: float = 0.4  # importance-sampling exponent, annealed to 1 over the run
     per_eps: float = 1e-6
 
-    def check(self, run: "RunConfig") -> None:
+    def check(self, run: RunConfig) -> None:
         check_replay(run, "td3")
         check_replay_bounds(run, "td3")
         check_learning_rate(run, "td3.learning_rate")
@@ -63,5 +66,5 @@ class TD3Config(AlgoSection):
                 raise ConfigError(f"td3.{key} must be a finite number, 0 or more, got {value}")
 
     @classmethod
-    def check_spaces(cls, spec: "SpaceSpec") -> None:
+    def check_spaces(cls, spec: SpaceSpec) -> None:
         check_bounded_box("td3", spec, "maps its tanh actions")

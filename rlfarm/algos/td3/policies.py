@@ -47,7 +47,7 @@ class DeterministicPolicy(BoundedPolicy):
         h = self.encoder(obs) if self.encoder is not None else self.normalize(obs)
         return torch.tanh(self.actor(h))
 
-    def actor_snapshot(self) -> "TD3Actor":
+    def actor_snapshot(self) -> TD3Actor:
         return TorchTD3Actor(self) if self.encoder is not None else NumpyTD3Actor(self)
 
 
@@ -73,7 +73,7 @@ class TD3Actor(Actor):
         """mu(s) in [-1, 1] for a batch (float64)."""
         raise NotImplementedError
 
-    def with_options(self, random: bool | None = None, noise: float | None = None, **options: Any) -> "TD3Actor":
+    def with_options(self, random: bool | None = None, noise: float | None = None, **options: Any) -> TD3Actor:
         """The same weights acting uniformly at random (heatup) or with another exploration noise (no
         copy of the weights)."""
         super().with_options(**options)
@@ -89,8 +89,9 @@ class TD3Actor(Actor):
     def value(self, obs: np.ndarray) -> np.ndarray:
         return np.zeros(len(obs), np.float32)
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n, dim = len(obs), self.spec.action_dim
         if self.random and not deterministic:
             action = rng.uniform(self.low, self.high, (n, dim))

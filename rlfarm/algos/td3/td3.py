@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,16 +36,28 @@ from rlfarm.nn.critics import ActionValueNetwork
 from rlfarm.nn.layers import place
 
 # The networks in a checkpoint: tensor prefix -> attribute.
-_NETWORKS = {"actor": "policy", "actor_target": "policy_target", "qf1": "qf1", "qf2": "qf2",
-             "qf1_target": "qf1_target", "qf2_target": "qf2_target"}
+_NETWORKS = {
+    "actor": "policy",
+    "actor_target": "policy_target",
+    "qf1": "qf1",
+    "qf2": "qf2",
+    "qf1_target": "qf1_target",
+    "qf2_target": "qf2_target",
+}
 _ACTOR_KEYS = ("losses/actor_loss",)
 
 
 class TD3(OffPolicy):
     name = "td3"
     head = "actor"  # the actor's MLP of a saved policy (rlfarm.algos.saved)
-    loss_keys = ("losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss",
-                 "losses/qf_loss", *_ACTOR_KEYS)
+    loss_keys = (
+        "losses/qf1_values",
+        "losses/qf2_values",
+        "losses/qf1_loss",
+        "losses/qf2_loss",
+        "losses/qf_loss",
+        *_ACTOR_KEYS,
+    )
 
     @classmethod
     def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> DeterministicPolicy:
@@ -66,8 +79,7 @@ class TD3(OffPolicy):
         self._q_params = [*self.qf1.parameters(), *self.qf2.parameters()]
         self._actor_params = list(self.policy.parameters())
         self._online = [*self._q_params, *self._actor_params]
-        self._targets = [*self.qf1_target.parameters(), *self.qf2_target.parameters(),
-                         *self.policy_target.parameters()]
+        self._targets = [*self.qf1_target.parameters(), *self.qf2_target.parameters(), *self.policy_target.parameters()]
         # fused Adam: one kernel for all parameters (per-op dispatch dominates at these sizes).
         self.q_optimizer = torch.optim.Adam(self._q_params, lr=cfg.learning_rate, fused=True)
         self.actor_optimizer = torch.optim.Adam(self._actor_params, lr=cfg.learning_rate, fused=True)
@@ -103,8 +115,7 @@ class TD3(OffPolicy):
         b = critic_batch(batch, self.policy, self.device)
         with torch.no_grad():
             next_actions = self.smoothed_target_actions(b.next_obs)
-            next_q = torch.min(self.qf1_target(b.q_next_obs, next_actions),
-                               self.qf2_target(b.q_next_obs, next_actions))
+            next_q = torch.min(self.qf1_target(b.q_next_obs, next_actions), self.qf2_target(b.q_next_obs, next_actions))
             target = b.rewards + b.discounts * b.not_done * next_q
         metrics, td_errors = twin_critic_step(self.qf1, self.qf2, self.q_optimizer, b, target)
 
