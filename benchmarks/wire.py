@@ -220,8 +220,8 @@ def codec_table(title: str, message: dict, repeats: int) -> None:
     )
     print(HEADER)
     for cand in candidates():
-        payload, enc = timed(lambda: encode_with(message, cand), repeats)
-        decoded, dec = timed(lambda: decode_with(payload, cand), repeats)
+        payload, enc = timed(lambda cand=cand: encode_with(message, cand), repeats)
+        decoded, dec = timed(lambda payload=payload, cand=cand: decode_with(payload, cand), repeats)
         check_equal(message, decoded)
         print(row(cand.name, payload, base, steps, raw_mb, enc, dec))
     payload, enc = timed(lambda: codec.pack(message, compress="auto"), repeats)
@@ -238,8 +238,8 @@ def threshold_table(title: str, message: dict, repeats: int) -> None:
     print(f"\n{title}: codec.pack(compress='auto', threshold=...); arrays (bytes): {', '.join(sizes)}")
     print(HEADER.replace("codec           ", "threshold       "))
     for threshold in (0, 2**10, 4 * 2**10, 16 * 2**10, 64 * 2**10, 2**20):
-        payload, enc = timed(lambda: codec.pack(message, compress="auto", threshold=threshold), repeats)
-        _, dec = timed(lambda: codec.unpack(payload), repeats)
+        payload, enc = timed(lambda t=threshold: codec.pack(message, compress="auto", threshold=t), repeats)
+        _, dec = timed(lambda payload=payload: codec.unpack(payload), repeats)
         print(row(f"{threshold // 2**10} KiB", payload, base, steps, raw_mb, enc, dec))
 
 

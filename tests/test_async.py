@@ -165,7 +165,7 @@ def test_redis_memory_stays_bounded_in_a_1_minute_async_run(tmp_path):
     try:
         for mark in (10, 60):
             poll(
-                lambda: run_seconds() >= mark,
+                lambda mark=mark: run_seconds() >= mark,
                 f"{mark} s of training by the trainer's clock",
                 proc,
                 deadline_s=10 * mark,

@@ -210,7 +210,7 @@ def test_ale_vector_signals_lost_lives_and_hands_over_final_observations():
     try:
         short = AleVector("rlfarm-test/PongShort-v5", 2, {"noop_max": 0})
         short.reset(seed=[1, 2])
-        for step in range(1, 200):
+        for step in range(1, 200):  # noqa: B007 - read after the loop: the step the game was cut at
             obs, _, terminated, truncated, info = short.step(np.zeros(2, np.int64))
             if truncated.any():
                 break

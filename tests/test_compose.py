@@ -614,7 +614,7 @@ def test_compose_services_run_as_local_processes(tmp_path):
         assert password not in output
     finally:
         # As `docker compose stop` does: SIGTERM, then a grace period (warm shutdown for the worker).
-        for name, proc, _ in reversed(procs):
+        for _name, proc, _ in reversed(procs):
             stop_process_group(proc, grace=60.0)
 
     for name, proc, log in procs:

@@ -134,7 +134,7 @@ def test_loading_versions_into_the_onnx_graph_does_not_grow_the_process():
     net = ActorCritic(spec, PolicyConfig())
     kept = []  # as the worker's PolicyCache: the newest 4 versions' actors
     rss = []
-    for version in range(50):
+    for _version in range(50):
         with torch.no_grad():
             for parameter in net.parameters():
                 parameter.add_(0.01)

@@ -22,8 +22,8 @@ from .conftest import WORKER_ENV, pid_alive, poll, read_csv, read_summary, rlfar
 TINY = ["--set", "farm.steps_per_env=64", "--set", "eval.interval=1024", "--set", "eval.episodes=4"]
 SHORT, LONG = 2048, 40960  # a short trial ends before the pruner's warmup; a long one is pruned past it
 SPACE = (
-    '[space]\n"total_steps" = { choices = [%d, %d] }\n'
-    '"ppo.learning_rate" = { low = 1e-3, high = 1e-2, log = true }\n' % (SHORT, LONG)
+    f'[space]\n"total_steps" = {{ choices = [{SHORT}, {LONG}] }}\n'
+    '"ppo.learning_rate" = { low = 1e-3, high = 1e-2, log = true }\n'
 )
 
 

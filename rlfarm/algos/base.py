@@ -78,7 +78,7 @@ class Algorithm(ABC):
         A long update calls `between()` now and then (after each minibatch): the ASYNC trainer keeps
         receiving results and sending tasks there, so the farm never waits on the learner."""
 
-    def on_farm(self, tasks_in_flight: int) -> None:
+    def on_farm(self, tasks_in_flight: int) -> None:  # noqa: B027 - a hook most algorithms ignore
         """Told, in ASYNC mode, how many tasks the trainer keeps in flight (APPO sizes its batch by it)."""
 
     @property

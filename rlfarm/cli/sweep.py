@@ -200,8 +200,9 @@ def sweep(
         fail(str(exc), 1)
     except KeyboardInterrupt:
         click.echo(
-            f"rlfarm: interrupted; every trial's trainer stopped{'' if farm.url else ', and the embedded workers and Redis'}"
-            f" (running trials marked FAIL); trials so far in {sweep_dir / 'trials.csv'}",
+            "rlfarm: interrupted; every trial's trainer stopped"
+            + ("" if farm.url else ", and the embedded workers and Redis")
+            + f" (running trials marked FAIL); trials so far in {sweep_dir / 'trials.csv'}",
             err=True,
         )
         sys.exit(130)

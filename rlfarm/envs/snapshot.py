@@ -97,10 +97,10 @@ def _capture_env(env: Any) -> list[dict[str, Any]]:
 
 def _restore_env(env: Any, states: list[dict[str, Any]]) -> None:
     layers = _layers(env)
-    if len(layers) != len(states) or any(type(l).__name__ != s["class"] for l, s in zip(layers, states)):
+    if len(layers) != len(states) or any(type(layer).__name__ != s["class"] for layer, s in zip(layers, states)):
         raise ValueError(
             "env snapshot of another wrapper chain: "
-            f"{[s['class'] for s in states]} vs {[type(l).__name__ for l in layers]}"
+            f"{[s['class'] for s in states]} vs {[type(layer).__name__ for layer in layers]}"
         )
     for layer, state in zip(layers, states):
         _restore_layer(layer, state)

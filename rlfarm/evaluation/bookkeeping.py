@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class Unpin:
     version: int
 
 
-Decision = Union[Send, Record, WriteBest, Unpin]
+Decision = Send | Record | WriteBest | Unpin
 
 
 @dataclass

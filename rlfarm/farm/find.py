@@ -2,10 +2,11 @@
 `rlfarm up`, else (when a run is named) the embedded Redis of that run if it still lives.
 
 A farm is found with the secret that goes with it: the `rlfarm up` farm keeps its RLFARM_SECRET in its
-state file (written by rlfarm.local.farm, read here), and its workers sign and check with it, so a trainer or worker that
-joins it without that secret is refused by them ("task spec is not signed"). The secret comes with
-the up farm's URL however the URL was given (by itself, or in --redis / RLFARM_REDIS_URL, as a user
-who exported it for Flower gives it), and with an embedded run's `cluster.json` if it carries one.
+state file (written by rlfarm.local.farm, read here), and its workers sign and check with it, so a
+trainer or worker that joins it without that secret is refused by them ("task spec is not signed").
+The secret comes with the up farm's URL however the URL was given (by itself, or in --redis /
+RLFARM_REDIS_URL, as a user who exported it for Flower gives it), and with an embedded run's
+`cluster.json` if it carries one.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ the trainer with a traceback: one `SET rlfarm:<run>:wanted x` by anyone who can 
 `GuardedRetry` is the trainer's outage clock (rlfarm.farm.outage) that also answers WRONGTYPE: it
 deletes the run's keys of the wrong type (`KeyGuard.repair`), counts and reports them, and runs the
 command again, which writes the key anew; the trainer then writes back the rest of what it owns
-(`notify` reaches the trainer's `RefusedKeys`, and its watchdog has it write back). Commands the trainer sends are idempotent (SET, SADD, ZADD, HSET, DEL,
-GET, LPOP of a list that did not exist), so running one again after a repair is safe.
+(`notify` reaches the trainer's `RefusedKeys`, and its watchdog has it write back). Commands the
+trainer sends are idempotent (SET, SADD, ZADD, HSET, DEL, GET, LPOP of a list that did not exist), so
+running one again after a repair is safe.
 """
 
 from __future__ import annotations

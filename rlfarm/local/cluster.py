@@ -241,9 +241,9 @@ class LocalCluster:
                         said = f.read().decode(errors="replace")
                     if "Address already in use" in said:
                         raise PortTaken() from None
-                    raise ClusterError(f"redis-server exited at start; see {self.log_dir / 'redis.log'}")
+                    raise ClusterError(f"redis-server exited at start; see {self.log_dir / 'redis.log'}") from None
                 if time.monotonic() > deadline:
-                    raise ClusterError(f"redis-server did not answer within {timeout:.0f} s")
+                    raise ClusterError(f"redis-server did not answer within {timeout:.0f} s") from None
                 time.sleep(0.05)
             finally:
                 client.close()

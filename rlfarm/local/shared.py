@@ -4,7 +4,8 @@ Redis and local workers for the whole command, stopped after it whatever happens
 default of a single run is, rlfarm.api.run).
 
 What the trainers need is returned as environment variables (RLFARM_REDIS_URL and, for a farm made
-here or by `rlfarm up`, however its URL was given, RLFARM_SECRET): never on a command line, where `ps` shows it to every user.
+here or by `rlfarm up`, however its URL was given, RLFARM_SECRET): never on a command line, where
+`ps` shows it to every user.
 """
 
 from __future__ import annotations

@@ -232,8 +232,8 @@ def _term_once() -> None:
 def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
     """SIGTERM (or SIGINT) to the worker's main process: Celery's warm shutdown would wait for the
     running tasks, minutes for an Atari or MuJoCo task, past a spot instance's notice. Hand them back
-    at once instead (the trainer re-sends them immediately) and exit within the shutdown grace (RLFARM_SHUTDOWN_GRACE s).
-    Runs in a signal handler: the work is done on a thread."""
+    at once instead (the trainer re-sends them immediately) and exit within the shutdown grace
+    (RLFARM_SHUTDOWN_GRACE s). Runs in a signal handler: the work is done on a thread."""
     if how != "Warm":
         return
     import threading
