@@ -301,3 +301,11 @@ def test_only_the_keys_module_names_redis_keys():
             if text and id(node) not in docstrings and text.startswith("rlfarm:") and not text.startswith("rlfarm: "):
                 offenders.append(f"{path.name}:{node.lineno}: {text[:40]!r}")
     assert not offenders, offenders
+
+
+MAX_LINES = 450  # a module a newcomer reads in one sitting (issue 34)
+
+
+def test_no_module_is_longer_than_a_sitting():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by what they do): {long}"

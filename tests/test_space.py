@@ -246,7 +246,8 @@ def test_bad_seeds_on_the_command_line_are_one_usage_line():
 def test_a_seed_trainer_gets_the_options_given_and_any_new_one_like_share():
     """Every option the user typed reaches each seed's `rlfarm train`, except the ones --seeds makes
     itself (--share and any option `train` gains later included, with no list kept here)."""
-    from rlfarm.cli.train import _SEEDS_OWN, _passed_through, train
+    from rlfarm.cli.seeds import SEEDS_OWN, passed_through
+    from rlfarm.cli.train import train
 
     command = click.Command("train", params=[*train.params, click.Option(["--later"], type=float)])
     ctx = command.make_context(
@@ -272,7 +273,7 @@ def test_a_seed_trainer_gets_the_options_given_and_any_new_one_like_share():
             "2",
         ],
     )
-    assert _passed_through(ctx, _SEEDS_OWN) == [
+    assert passed_through(ctx, SEEDS_OWN) == [
         "--preset",
         "cartpole-ppo",
         "--mode",

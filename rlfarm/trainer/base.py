@@ -27,12 +27,13 @@ from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.core import codec
 from rlfarm.core.protocol import Result
 from rlfarm.core.streams import StreamBook
-from rlfarm.evaluation.bookkeeping import Decision, Evaluations, Record, Send, Unpin, WriteBest
+from rlfarm.evaluation.bookkeeping import Evaluations
 from rlfarm.farm import keys
 from rlfarm.farm.store import PolicyCorrupt
 from rlfarm.runio import logs
 from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
+from rlfarm.trainer.evaluating import Evaluating
 from rlfarm.trainer.keeper import RunKeeper, log
 from rlfarm.trainer.summary import TrainResult
 from rlfarm.trainer.summary import build as build_summary
@@ -61,7 +62,7 @@ class LogStep:
     extra: dict[str, float] = field(default_factory=dict)  # yours to fill: logged as custom/<key>
 
 
-class Trainer(RunKeeper):
+class Trainer(Evaluating, RunKeeper):
     """What both modes share: store, farm client, network, metrics, evaluation, the final save; what
     it does for its run's keys in Redis, as their owner, is RunKeeper's (rlfarm.trainer.keeper)."""
 
@@ -177,75 +178,6 @@ class Trainer(RunKeeper):
         if self.config.mode == "async" and self.config.async_.refresh_steps:
             act["refresh_steps"] = self.config.async_.refresh_steps
         return act
-
-    # ---- evaluations: rlfarm.evaluation.bookkeeping decides, the trainer carries out --------------------
-    @property
-    def eval_mean_return(self) -> float:
-        return self.evals.mean_return
-
-    @property
-    def best_eval_mean_return(self) -> float:
-        return self.evals.best_mean_return
-
-    @property
-    def best_version(self) -> int | None:
-        return self.evals.best_version
-
-    def evaluate(self) -> None:
-        """Greedy evaluation tasks for the current version, now; results are taken in on arrival."""
-        self.carry_out([self.evals.start(self.version, self.env_steps)])
-
-    def maybe_evaluate(self) -> None:
-        self.carry_out(self.evals.due(self.env_steps, self.version))
-
-    def handle_eval(self, message: Result) -> None:
-        self.carry_out(self.evals.received(message.iteration, message.returns, self.env_steps))
-
-    def carry_out(self, decisions: list[Decision]) -> None:
-        """Do what the evaluation bookkeeping decided, in its order."""
-        for decision in decisions:
-            if isinstance(decision, Send):
-                self.store.pin(decision.version)  # retention must not trim it while its tasks run
-                for spec in decision.tasks:
-                    self.channel.submit(spec)
-            elif isinstance(decision, Record):
-                self.logger.evaluation(
-                    decision.env_steps, decision.returns, decision.version, confirmation=decision.confirmation
-                )
-            elif isinstance(decision, WriteBest):
-                self._write_best(decision.version, decision.score)
-            elif isinstance(decision, Unpin):
-                self.store.unpin(decision.version)
-            else:
-                raise TypeError(f"not an evaluation decision: {decision!r}")
-
-    def _write_best(self, version: int, score: float) -> None:
-        # The pinned blob is the trainer's own copy or one that passed the store's checks; verified
-        # again here, since it is re-signed below (rlfarm.farm.store.PolicyStore.pin).
-        state, meta = codec.decode_policy(self.store.pin(version), self.store.secret)
-        meta.update(
-            {
-                "env": self.config.env.id,
-                "policy": json.dumps(to_dict(self.config)["policy"]),
-                "env_options": json.dumps(to_dict(self.config)["env"]),
-                "eval_mean_return": f"{score:.3f}",
-            }
-        )
-        meta.pop("hmac", None)
-        blob = codec.encode_policy(state, meta, self.file_secret)
-        write_atomic(self.run_dir / "best_policy.safetensors", blob)
-
-    def drain_evaluations(self) -> None:
-        """Wait for evaluation tasks still in flight (confirmations they start included), so the
-        run's last evaluation is recorded. Rollouts still out (ASYNC) that arrive meanwhile are unused."""
-        while self.channel.outstanding("eval"):  # held back for the run's share included
-            message = self.channel.next_result(timeout=1.0)
-            if message is None:
-                continue
-            if message.kind == "eval":
-                self.handle_eval(message)
-            else:
-                self.unused_result(message)
 
     def unused_result(self, message: Result) -> None:
         """A rollout's result that arrived once the run was over: never learned from, so not counted

@@ -1,0 +1,90 @@
+"""The trainer carrying out its evaluations (`Evaluating`, which Trainer derives from): the bookkeeping
+(rlfarm.evaluation.bookkeeping) decides when to evaluate, what to record, which version is best and
+what to unpin; this sends the tasks, records, writes best_policy.safetensors and pins in Redis."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from rlfarm.config import to_dict
+from rlfarm.core import codec
+from rlfarm.evaluation.bookkeeping import Decision, Record, Send, Unpin, WriteBest
+from rlfarm.runio.rundir import write_atomic
+
+if TYPE_CHECKING:
+    from rlfarm.core.protocol import Result
+
+
+class Evaluating:
+    """Evaluation for the trainer (its `evals`, `store`, `channel`, `logger`, `config`, `run_dir`,
+    `file_secret`, `version` and `env_steps` are the Trainer's)."""
+
+    # rlfarm.evaluation.bookkeeping decides, the trainer carries out --------------------
+    @property
+    def eval_mean_return(self) -> float:
+        return self.evals.mean_return
+
+    @property
+    def best_eval_mean_return(self) -> float:
+        return self.evals.best_mean_return
+
+    @property
+    def best_version(self) -> int | None:
+        return self.evals.best_version
+
+    def evaluate(self) -> None:
+        """Greedy evaluation tasks for the current version, now; results are taken in on arrival."""
+        self.carry_out([self.evals.start(self.version, self.env_steps)])
+
+    def maybe_evaluate(self) -> None:
+        self.carry_out(self.evals.due(self.env_steps, self.version))
+
+    def handle_eval(self, message: Result) -> None:
+        self.carry_out(self.evals.received(message.iteration, message.returns, self.env_steps))
+
+    def carry_out(self, decisions: list[Decision]) -> None:
+        """Do what the evaluation bookkeeping decided, in its order."""
+        for decision in decisions:
+            if isinstance(decision, Send):
+                self.store.pin(decision.version)  # retention must not trim it while its tasks run
+                for spec in decision.tasks:
+                    self.channel.submit(spec)
+            elif isinstance(decision, Record):
+                self.logger.evaluation(
+                    decision.env_steps, decision.returns, decision.version, confirmation=decision.confirmation
+                )
+            elif isinstance(decision, WriteBest):
+                self._write_best(decision.version, decision.score)
+            elif isinstance(decision, Unpin):
+                self.store.unpin(decision.version)
+            else:
+                raise TypeError(f"not an evaluation decision: {decision!r}")
+
+    def _write_best(self, version: int, score: float) -> None:
+        # The pinned blob is the trainer's own copy or one that passed the store's checks; verified
+        # again here, since it is re-signed below (rlfarm.farm.store.PolicyStore.pin).
+        state, meta = codec.decode_policy(self.store.pin(version), self.store.secret)
+        meta.update(
+            {
+                "env": self.config.env.id,
+                "policy": json.dumps(to_dict(self.config)["policy"]),
+                "env_options": json.dumps(to_dict(self.config)["env"]),
+                "eval_mean_return": f"{score:.3f}",
+            }
+        )
+        meta.pop("hmac", None)
+        blob = codec.encode_policy(state, meta, self.file_secret)
+        write_atomic(self.run_dir / "best_policy.safetensors", blob)
+
+    def drain_evaluations(self) -> None:
+        """Wait for evaluation tasks still in flight (confirmations they start included), so the
+        run's last evaluation is recorded. Rollouts still out (ASYNC) that arrive meanwhile are unused."""
+        while self.channel.outstanding("eval"):  # held back for the run's share included
+            message = self.channel.next_result(timeout=1.0)
+            if message is None:
+                continue
+            if message.kind == "eval":
+                self.handle_eval(message)
+            else:
+                self.unused_result(message)
