@@ -91,10 +91,12 @@ def wanted(farm: FarmLink) -> set[str]:
     return {m.decode() for m in farm.client.smembers(keys.wanted(farm.run_id))}
 
 
-def bindings(client: redis.Redis) -> set[bytes]:
-    """kombu's routing of task messages to the queue (`_kombu.binding.<exchange>` sets, and their
-    `_kombu.binding_permanent.` twins)."""
-    return set(client.scan_iter(match="_kombu.binding*"))
+def bindings(farm: FarmLink) -> set[bytes]:
+    """kombu's routing of task messages to the run's queue (`_kombu.binding.<exchange>` sets, and their
+    `_kombu.binding_permanent.` twins): only this queue's, since other tests on the shared Redis make
+    kombu keys of their own (`_kombu.binding_deadlines`) at any moment."""
+    queue = farm.app.conf.task_default_queue.encode()
+    return {key for key in farm.client.scan_iter(match="_kombu.binding*") if key.endswith(b"." + queue)}
 
 
 def test_the_run_state_lost_and_a_forged_key_take_one_path_to_the_owner(link, caplog):
@@ -106,13 +108,13 @@ def test_the_run_state_lost_and_a_forged_key_take_one_path_to_the_owner(link, ca
 
     # The run's state gone as after a FLUSHALL: no run metadata (never written here), its wanted set
     # and the broker's routing deleted. The queue's message is kept, so that a re-send would show.
-    routing = bindings(client)
+    routing = bindings(farm)
     assert routing
     client.delete(keys.wanted(run), *routing)
     channel.check(force=True)
     # The real declare_queue ran (no longer stubbed to record itself in `owner.asked`): the routing is
     # back in Redis.
-    assert owner.asked[1:] == ["restore_run_state"] and bindings(client) == routing
+    assert owner.asked[1:] == ["restore_run_state"] and bindings(farm) == routing
     assert channel.stats.state_restored == 1 and wanted(farm) == {keys.LIVE, TASK}  # re-listed
 
     client.set(keys.meta(run), b"meta")
