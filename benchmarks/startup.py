@@ -7,7 +7,8 @@ embedded default (a private Redis and 2 worker processes started and stopped by 
 checkout and, if given, a baseline checkout (run with the same interpreter), and for this checkout
 on a local farm started beforehand with `rlfarm up`. Overhead = end to end - training (summary.json's
 wall_seconds) - the imports a trainer needs anyway (`import torch, celery, gymnasium` and rlfarm's
-trainer, timed alone).
+trainer, timed alone). CPU s: the CPU time of the run's whole process tree (trainer, Redis, workers),
+which is what a machine full of runs (a sweep, the test suite) pays for each start.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,9 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMAND = ["train", "--preset", "cartpole-ppo", "--total-steps", "4096"]
 
 
-def timed(checkout: Path, env: dict[str, str]) -> tuple[float, float]:
-    """(end-to-end seconds, training seconds) of one run of COMMAND in `checkout`."""
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(checkout: Path, env: dict[str, str]) -> tuple[float, float, float]:
+    """(end-to-end seconds, training seconds, CPU seconds) of one run of COMMAND in `checkout`."""
     with tempfile.TemporaryDirectory() as tmp:
+        cpu = children_cpu()
         t = time.perf_counter()
         run_id = f"s{time.time_ns()}"  # a local farm's Redis keeps earlier runs
         subprocess.run(
@@ -39,7 +47,8 @@ def timed(checkout: Path, env: dict[str, str]) -> tuple[float, float]:
             env=env,
         )
         end_to_end = time.perf_counter() - t
-        return end_to_end, json.loads((Path(tmp) / run_id / "summary.json").read_text())["wall_seconds"]
+        cpu = children_cpu() - cpu
+        return end_to_end, json.loads((Path(tmp) / run_id / "summary.json").read_text())["wall_seconds"], cpu
 
 
 def import_seconds(checkout: Path) -> float:
@@ -71,13 +80,14 @@ def main() -> None:
             [sys.executable, str(ROOT / "cli.py"), "down"], check=True, capture_output=True, cwd=ROOT, env=env
         )
     print(f"cores: {os.cpu_count()}; command: rlfarm {' '.join(COMMAND)}; medians of {args.repeat}")
-    print(f"{'case':<32} {'end to end s':>13} {'training s':>11} {'imports s':>10} {'overhead s':>11}")
+    print(f"{'case':<32} {'end to end s':>13} {'training s':>11} {'imports s':>10} {'overhead s':>11} {'CPU s':>7}")
     for name in dict.fromkeys(r[0] for r in rows):
         mine = [r for r in rows if r[0] == name]
         e2e = statistics.median(r[2] for r in mine)
         train = statistics.median(r[3] for r in mine)
         imports = statistics.median(r[1] for r in mine)
-        print(f"{name:<32} {e2e:>13.2f} {train:>11.2f} {imports:>10.2f} {e2e - train - imports:>11.2f}")
+        cpu = statistics.median(r[4] for r in mine)
+        print(f"{name:<32} {e2e:>13.2f} {train:>11.2f} {imports:>10.2f} {e2e - train - imports:>11.2f} {cpu:>7.2f}")
 
 
 if __name__ == "__main__":

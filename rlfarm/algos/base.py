@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from rlfarm.core.rollout import Rollout
     from rlfarm.envs import SpaceSpec
     from rlfarm.nn.actors import Actor
+    from rlfarm.nn.adam import Adam
 
 
 class Algorithm(ABC):
@@ -120,9 +121,7 @@ def unprefixed(prefix: str, tensors: Mapping[str, Any]) -> dict[str, Any]:
     return {k[len(head) :]: v for k, v in tensors.items() if k.startswith(head)}
 
 
-def optimizer_state(
-    optimizer: torch.optim.Optimizer, prefix: str = "optim"
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def optimizer_state(optimizer: Adam, prefix: str = "optim") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """An optimizer's state_dict split into tensors and a JSON-able rest."""
     import torch
 
@@ -139,7 +138,7 @@ def optimizer_state(
 
 
 def load_optimizer_state(
-    optimizer: torch.optim.Optimizer,
+    optimizer: Adam,
     tensors: Mapping[str, torch.Tensor],
     meta: Mapping[str, Any],
     prefix: str = "optim",
@@ -156,7 +155,7 @@ def load_optimizer_state(
 
 
 def networks_state(
-    networks: Mapping[str, Any], optimizers: Mapping[str, torch.optim.Optimizer]
+    networks: Mapping[str, Any], optimizers: Mapping[str, Adam]
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Several networks' and optimizers' state for a checkpoint, each under its prefix: tensors, and the
     optimizers' JSON-able rest by prefix (restore_networks reads them back)."""
@@ -172,7 +171,7 @@ def networks_state(
 
 def restore_networks(
     networks: Mapping[str, Any],
-    optimizers: Mapping[str, torch.optim.Optimizer],
+    optimizers: Mapping[str, Adam],
     tensors: Mapping[str, torch.Tensor],
     meta: Mapping[str, Any],
 ) -> None:

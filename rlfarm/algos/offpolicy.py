@@ -29,6 +29,7 @@ from rlfarm.config import RunConfig
 from rlfarm.core.replay import Batch, PrioritizedReplayBuffer, ReplayBuffer, nstep_transitions
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
+from rlfarm.nn.adam import Adam
 
 
 class CriticBatch(NamedTuple):
@@ -63,7 +64,7 @@ def critic_batch(batch: Batch, policy: Any, device: torch.device) -> CriticBatch
 
 
 def twin_critic_step(
-    qf1: torch.nn.Module, qf2: torch.nn.Module, optimizer: torch.optim.Optimizer, b: CriticBatch, target: torch.Tensor
+    qf1: torch.nn.Module, qf2: torch.nn.Module, optimizer: Adam, b: CriticBatch, target: torch.Tensor
 ) -> tuple[dict[str, float], np.ndarray]:
     """One step of both critics towards `target` (PER-weighted squared error), as SAC and TD3 take it
     (Fujimoto et al. 2018's clipped double Q: `target` already holds the smaller target critic).

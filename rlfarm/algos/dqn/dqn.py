@@ -23,6 +23,7 @@ from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.replay import Batch
 from rlfarm.envs import SpaceSpec
+from rlfarm.nn.adam import Adam
 from rlfarm.nn.layers import place
 
 
@@ -57,7 +58,7 @@ class DQN(OffPolicy):
         self.target_network = copy.deepcopy(self.q_network)
         # fused Adam and a foreach gradient clip: a 64x64 MLP step is dominated by per-op dispatch,
         # so fewer kernels make the learner faster (benchmarks/learner.py).
-        self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=self.config.learning_rate, fused=True)
+        self.optimizer = Adam(self.q_network.parameters(), lr=self.config.learning_rate)
         self._params = list(self.q_network.parameters())
 
     @property

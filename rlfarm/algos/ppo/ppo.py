@@ -20,6 +20,7 @@ from rlfarm.algos.ppo.policies import ActorCritic
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
+from rlfarm.nn.adam import Adam
 from rlfarm.nn.layers import pixel_layout, place
 
 
@@ -72,7 +73,7 @@ class PPO(Algorithm):
         super().__init__(config, spec, device)
         self.policy = place(self.build_network(spec, config.policy), device)
         # fused: one kernel for all parameters; per-op overhead dominates for networks this small.
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.learning_rate, eps=1e-5, fused=True)
+        self.optimizer = Adam(self.policy.parameters(), lr=self.config.learning_rate, eps=1e-5)
         # Minibatch order from a private generator: reproducible, untouched by anything else.
         self.generator = torch.Generator().manual_seed(config.seed)
         # The surrogate's clip range in force (ppo.anneal_clip), set with the learning rate by `_anneal`.

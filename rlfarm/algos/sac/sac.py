@@ -28,6 +28,7 @@ from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.replay import Batch
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
+from rlfarm.nn.adam import Adam
 from rlfarm.nn.critics import ActionValueNetwork
 from rlfarm.nn.layers import place
 
@@ -78,12 +79,12 @@ class SAC(OffPolicy):
         self._q_params = [*self.qf1.parameters(), *self.qf2.parameters()]
         self._target_params = [*self.qf1_target.parameters(), *self.qf2_target.parameters()]
         # fused Adam: one kernel for all parameters (per-op dispatch dominates at these sizes, as in DQN).
-        self.q_optimizer = torch.optim.Adam(self._q_params, lr=cfg.learning_rate, fused=True)
-        self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.learning_rate, fused=True)
+        self.q_optimizer = Adam(self._q_params, lr=cfg.learning_rate)
+        self.actor_optimizer = Adam(self.policy.parameters(), lr=cfg.learning_rate)
         self.target_entropy = -float(spec.action_dim)
         # alpha is learned as log(alpha): it stays positive, and steps are relative to its size.
         self.log_alpha = torch.full((1,), math.log(cfg.initial_alpha), device=device, requires_grad=True)
-        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.learning_rate, fused=True)
+        self.a_optimizer = Adam([self.log_alpha], lr=cfg.learning_rate)
         # The policy's noise in the learner comes from a private generator, saved in checkpoints, so a
         # resumed run draws the same noise as an uninterrupted one.
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
@@ -158,7 +159,7 @@ class SAC(OffPolicy):
         """The policy alone: workers never run the critics."""
         return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}
 
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def _optimizers(self) -> dict[str, Adam]:
         return {"q_optim": self.q_optimizer, "actor_optim": self.actor_optimizer, "alpha_optim": self.a_optimizer}
 
     def _networks(self) -> dict[str, torch.nn.Module]:

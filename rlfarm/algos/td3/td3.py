@@ -32,6 +32,7 @@ from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.replay import Batch
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
+from rlfarm.nn.adam import Adam
 from rlfarm.nn.critics import ActionValueNetwork
 from rlfarm.nn.layers import place
 
@@ -81,8 +82,8 @@ class TD3(OffPolicy):
         self._online = [*self._q_params, *self._actor_params]
         self._targets = [*self.qf1_target.parameters(), *self.qf2_target.parameters(), *self.policy_target.parameters()]
         # fused Adam: one kernel for all parameters (per-op dispatch dominates at these sizes).
-        self.q_optimizer = torch.optim.Adam(self._q_params, lr=cfg.learning_rate, fused=True)
-        self.actor_optimizer = torch.optim.Adam(self._actor_params, lr=cfg.learning_rate, fused=True)
+        self.q_optimizer = Adam(self._q_params, lr=cfg.learning_rate)
+        self.actor_optimizer = Adam(self._actor_params, lr=cfg.learning_rate)
         # Target smoothing noise comes from a private generator, saved in checkpoints, so a resumed run
         # draws the same noise as an uninterrupted one.
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
@@ -139,7 +140,7 @@ class TD3(OffPolicy):
         """The actor alone: workers never run the critics or the targets."""
         return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}
 
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def _optimizers(self) -> dict[str, Adam]:
         return {"q_optim": self.q_optimizer, "actor_optim": self.actor_optimizer}
 
     def _networks(self) -> dict[str, torch.nn.Module]:
