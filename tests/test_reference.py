@@ -192,7 +192,10 @@ def rlfarm_update(preset: str, overrides: tuple[str, ...] = ()) -> Case:
         cfg = C.build(preset, list(overrides))
         env = make_env(cfg.env.id, options=to_dict(cfg)["env"])  # the preset's preprocessing: its spaces
         try:
-            spec, observation_space, action_space = space_spec(env), env.observation_space, env.action_space
+            # A multi-agent env is a vector of its agents (rlfarm.envs.agents): one agent's spaces.
+            observation_space = getattr(env, "single_observation_space", env.observation_space)
+            action_space = getattr(env, "single_action_space", env.action_space)
+            spec = space_spec(env)
         finally:
             env.close()
         if spec.is_image and cfg.farm.steps_per_env > IMAGE_STEPS:  # (IMAGE_STEPS: why)

@@ -424,3 +424,62 @@ class SelfSavingEnv(OpaqueEnv):
 
 def self_saving() -> gym.Env:
     return SelfSavingEnv()
+
+
+class Echo:
+    """A PettingZoo Parallel env of two agents (duck-typed: no pettingzoo import). Each sees
+    [its index, step / 10, a value drawn at reset]; both are rewarded 1 when they pick the same action,
+    and the game is cut after `length` steps. With `leave_at`, agent_1 is done at that step alone."""
+
+    metadata = {"name": "echo_v0"}
+
+    def __init__(self, length: int = 5, leave_at: int | None = None, other_space: bool = False) -> None:
+        self.possible_agents = ["agent_0", "agent_1"]
+        self.agents: list[str] = []
+        self.length, self.leave_at, self.other_space = length, leave_at, other_space
+        self.rng = np.random.default_rng()
+
+    def observation_space(self, agent: str) -> gym.spaces.Box:
+        n = 4 if self.other_space and agent == "agent_1" else 3
+        return gym.spaces.Box(-10.0, 10.0, (n,), np.float32)
+
+    def action_space(self, agent: str) -> gym.spaces.Discrete:
+        return gym.spaces.Discrete(2)
+
+    def _obs(self, agent: str) -> np.ndarray:
+        return np.array([self.possible_agents.index(agent), self.t / 10, self.draw], np.float32)
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.t, self.draw = 0, float(self.rng.random())
+        self.agents = list(self.possible_agents)
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict):
+        self.t += 1
+        same = float(len(set(int(v) for v in actions.values())) == 1)
+        rewards = {a: same for a in self.agents}
+        cut = self.t >= self.length
+        terminations = {
+            a: self.leave_at is not None and a == "agent_1" and self.t == self.leave_at for a in self.agents
+        }
+        truncations = {a: cut for a in self.agents}
+        obs = {a: self._obs(a) for a in self.agents}
+        self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
+        return obs, rewards, terminations, truncations, {a: {} for a in obs}
+
+    def close(self) -> None:
+        pass
+
+
+def echo() -> Echo:
+    return Echo()
+
+
+def echo_leaving() -> Echo:
+    return Echo(leave_at=2)
+
+
+def echo_other_spaces() -> Echo:
+    return Echo(other_space=True)

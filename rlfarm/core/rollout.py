@@ -223,9 +223,12 @@ def run_episodes(
     policy: Actor, env: Any, episodes: int, seed: int, deterministic: bool = True, max_steps: int = MAX_EPISODE_STEPS
 ) -> np.ndarray:
     """Returns of `episodes` whole episodes (at most `max_steps` steps each) on a single (non-vector)
-    env, greedy by default."""
+    env, greedy by default. A multi-agent env (one game of rlfarm.envs.agents.AgentVector, a vector of
+    its agents): an episode is a game, its return the mean of its agents' returns."""
     rng = np.random.default_rng(seed)
     spec = policy.spec
+    if getattr(env, "num_envs", None) is not None:
+        return _game_episodes(policy, env, episodes, seed, rng, deterministic, max_steps)
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -237,4 +240,27 @@ def run_episodes(
             total += float(info.get("raw_reward", reward))  # the game score, not the clipped reward
             done, steps = terminated or truncated, steps + 1
         returns.append(total)
+    return np.asarray(returns)
+
+
+def _game_episodes(
+    policy: Actor, env: Any, episodes: int, seed: int, rng: np.random.Generator, deterministic: bool, max_steps: int
+) -> np.ndarray:
+    """run_episodes on one game of a multi-agent vector: every agent acts each step, until the game
+    ends (its SAME_STEP reset hands the final observations over in info) or max_steps are taken."""
+    spec, n = policy.spec, env.num_envs
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, steps = np.zeros(n), 0
+        while steps < max_steps:
+            action, _, _ = policy.act(as_obs(spec, obs, n), rng, deterministic)
+            if not spec.discrete:
+                action = np.clip(action, spec.action_low, spec.action_high)
+            obs, reward, _, _, info = env.step(action)
+            total += reward
+            steps += 1
+            if "final_obs" in info:
+                break
+        returns.append(float(total.mean()))
     return np.asarray(returns)

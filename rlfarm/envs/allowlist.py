@@ -49,11 +49,18 @@ def module_allowed(module_name: str, allowed: tuple[str, ...] | None = None) -> 
     )
 
 
+def is_pettingzoo_id(env_id: str) -> bool:
+    """One of rlfarm.envs.agents' PettingZoo ids ("mpe2/simple_spread_v3"): fixed packages, allowed."""
+    from rlfarm.envs.agents import pettingzoo_module
+
+    return pettingzoo_module(env_id) is not None
+
+
 def check_env_allowed(env_id: str, where: str = "on this worker", hint: str | None = None) -> None:
     """Raise EnvError unless an untrusted env id is a registered gymnasium id or names an allowed
     module. Imports nothing. A plain id that is not registered passes: making it fails ("unknown env")
     without importing anything."""
-    if env_id in gym.registry:
+    if env_id in gym.registry or is_pettingzoo_id(env_id):
         return
     module = env_module(env_id)
     if module is None or module_allowed(module):

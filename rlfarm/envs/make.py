@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from rlfarm.envs.agents import AgentVector, is_multiagent, pettingzoo_factory, to_parallel
 from rlfarm.envs.allowlist import ALLOWED_MODULES_VAR, check_env_allowed, module_allowed
 from rlfarm.envs.errors import EnvError
 
@@ -28,6 +29,9 @@ def _factory(env_id: str, trusted: bool = True) -> Callable[..., gym.Env]:
         from rlfarm.envs import atari
 
         atari.register()  # ale_py, a fixed module: registers the ALE ids (or says how to install it)
+    pettingzoo = pettingzoo_factory(env_id)
+    if pettingzoo is not None:
+        return pettingzoo
     if not trusted:
         check_env_allowed(env_id)
         if env_id in gym.registry:
@@ -91,6 +95,10 @@ def make_env(
         kwargs["frameskip"] = 1  # the preprocessing skips frames itself, max-pooling the last two
     try:
         env = factory(**kwargs)
+        if is_multiagent(env):  # a PettingZoo env: its agents as the sub-envs of one game
+            return AgentVector(
+                lambda: to_parallel(factory(**kwargs), env_id), 1, env_id, first=to_parallel(env, env_id)
+            )
         if not isinstance(env, gym.Env):  # a callable that makes no env ("tempfile:mkdtemp"): one line
             raise EnvError(f"env {env_id!r}: its constructor returned {type(env).__name__}, not a gymnasium Env")
         if atari:
@@ -138,8 +146,18 @@ def make_vector_env(
         # The wrapper chain's frames bit for bit, without its wrappers' calls per frame, and snapshots.
         if "game" in gym.registry[env_id].kwargs:
             return AleVector(env_id, num_envs, options or {})
+    first = make_env(env_id, trusted, options=options)
+    if isinstance(first, AgentVector):  # a multi-agent env: num_envs agents, in games of first.k
+        if num_envs % first.k:
+            first.close()
+            raise EnvError(
+                f"env {env_id!r} has {first.k} agents, and each game fills one sub-env per agent: "
+                f"env.num_envs = {num_envs} is not a multiple of {first.k}"
+            )
+        return first.grown_to(num_envs // first.k)
     return SyncVectorEnv(
-        [lambda: make_env(env_id, trusted, options=options)] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
+        [lambda: first] + [lambda: make_env(env_id, trusted, options=options)] * (num_envs - 1),
+        autoreset_mode=AutoresetMode.SAME_STEP,
     )
 
 

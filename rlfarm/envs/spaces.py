@@ -3,6 +3,7 @@ made env (`describe`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlfarm.envs.agents import AgentVector
 from rlfarm.envs.errors import EnvError
 from rlfarm.envs.make import make_env
 
@@ -34,6 +36,9 @@ class SpaceSpec:
     action_high: tuple[float, ...] = ()
     obs_shape: tuple[int, ...] = ()  # () means (obs_dim,)
     obs_dtype: str = "float32"  # "float32" or "uint8"
+    # Agents of a multi-agent env (rlfarm.envs.agents): each game fills this many sub-envs, one per
+    # agent, all acted for by one policy; 1 for a single-agent env.
+    agents: int = 1
 
     def __post_init__(self) -> None:
         if not self.obs_shape:
@@ -69,6 +74,7 @@ class SpaceSpec:
             "action_dim": self.action_dim,
             "action_low": list(self.action_low),
             "action_high": list(self.action_high),
+            **({"agents": self.agents} if self.agents != 1 else {}),
         }
 
     @classmethod
@@ -81,11 +87,18 @@ class SpaceSpec:
             tuple(d["action_high"]),
             tuple(int(x) for x in d.get("obs_shape", ())),
             str(d.get("obs_dtype", "float32")),
+            int(d.get("agents", 1)),
         )
 
 
-def space_spec(env: gym.Env) -> SpaceSpec:
-    obs_space, act_space = env.observation_space, env.action_space
+def space_spec(env: gym.Env | AgentVector) -> SpaceSpec:
+    if isinstance(env, AgentVector):  # one policy for every agent: the spaces of one agent
+        spec = space_spec_of(env.single_observation_space, env.single_action_space)
+        return dataclasses.replace(spec, agents=env.k)
+    return space_spec_of(env.observation_space, env.action_space)
+
+
+def space_spec_of(obs_space: gym.Space, act_space: gym.Space) -> SpaceSpec:
     if not isinstance(obs_space, gym.spaces.Box):
         raise EnvError(
             f"observation space {obs_space} is not supported: rlfarm acts on Box observations "

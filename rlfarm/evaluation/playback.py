@@ -158,6 +158,9 @@ def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str |
         env = make_env(env_id, trusted=typed, render_mode=render_mode, options=policy.env_options)
     except EnvError as exc:
         raise PlaybackError(str(exc)) from None
+    if render_mode and getattr(env, "num_envs", None) is not None:  # rlfarm.envs.agents: a multi-agent game
+        env.close()
+        raise PlaybackError(f"env {env_id} is a multi-agent env: --video and --render do not show those yet")
     if render_mode and getattr(env, "render_mode", None) != render_mode:
         modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
         raise PlaybackError(f"env {env_id} cannot render in mode {render_mode!r} (its render modes: {modes})")

@@ -58,6 +58,8 @@ def check(config: RunConfig) -> None:
     try:
         env = _make(config)
         try:
+            if getattr(env, "num_envs", None) is not None:  # rlfarm.envs.agents: a game of several agents
+                raise VideoError(f"--capture-video does not record multi-agent envs yet ({env_id})")
             if getattr(env, "render_mode", None) != "rgb_array":
                 modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
                 raise VideoError(

@@ -1,0 +1,199 @@
+"""Multi-agent envs (PettingZoo's Parallel API) as vector envs whose sub-envs are agents.
+
+A game of K agents fills K sub-envs, one per agent of its `possible_agents`, in that order: a vector
+of `num_envs` sub-envs holds num_envs / K games, sub-env g * K + k being agent k of game g. One
+policy acts for every agent (parameter sharing, as SuperSuit's vector env of agents does for SB3),
+so a rollout, a result, the replay and the learner see agents as they see the sub-envs of a
+single-agent env, and env steps count agent steps, as there. Agents share one observation and one
+action space; the per-agent rewards, terminations and truncations are the sub-envs'. A game ends
+when its last agent is done and is then reset in the same step (SAME_STEP autoreset, like
+rlfarm.envs.make's vectors): each agent's final observation is in info["final_obs"].
+
+Not handled yet: agents that leave a game before the others (or join late); a game where that
+happens is stopped with an EnvError that says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from rlfarm.envs.errors import EnvError
+
+# PettingZoo's env families by id prefix: "mpe2/simple_spread_v3" is mpe2.simple_spread_v3,
+# "pettingzoo/classic/connect_four_v3" is pettingzoo.classic.connect_four_v3. A fixed list of packages,
+# so workers build these ids without RLFARM_ALLOWED_ENV_MODULES, as they build gymnasium's registered ids.
+FAMILIES = {
+    "mpe2/": "mpe2",
+    "pettingzoo/classic/": "pettingzoo.classic",
+    "pettingzoo/butterfly/": "pettingzoo.butterfly",
+    "pettingzoo/sisl/": "pettingzoo.sisl",
+}
+_EXTRA = {"mpe2": "multiagent", "pettingzoo.classic": "multiagent"}
+
+
+def pettingzoo_module(env_id: str) -> str | None:
+    """The module a PettingZoo env id names ("mpe2/simple_spread_v3" -> "mpe2.simple_spread_v3"),
+    None for any other id. The name must be one identifier: nothing else is ever imported."""
+    for prefix, package in FAMILIES.items():
+        if env_id.startswith(prefix):
+            name = env_id[len(prefix) :]
+            return f"{package}.{name}" if name.isidentifier() else None
+    return None
+
+
+def pettingzoo_factory(env_id: str) -> Callable[..., Any] | None:
+    """A constructor of the Parallel env a PettingZoo id names (`parallel_env`, else the AEC `env`
+    converted), or None for another id."""
+    module_name = pettingzoo_module(env_id)
+    if module_name is None:
+        return None
+    import importlib
+
+    package = module_name.rsplit(".", 1)[0]
+    try:
+        importlib.import_module(package)
+    except ImportError as exc:
+        extra = _EXTRA.get(package, "multiagent")
+        raise EnvError(
+            f'env {env_id!r} needs {package.split(".")[0]}, which is not installed ({exc}): pip install -e ".[{extra}]"'
+        ) from None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise EnvError(f"env {env_id!r}: cannot import {module_name}: {exc}") from None
+        raise EnvError(f"unknown env {env_id!r}: {package} has no env {module_name.rsplit('.', 1)[1]!r}") from None
+    make = getattr(module, "parallel_env", None) or getattr(module, "env", None)
+    if make is None:
+        raise EnvError(f"env {env_id!r}: {module_name} has no parallel_env or env constructor")
+    return lambda **kwargs: to_parallel(make(**kwargs), env_id)
+
+
+def is_multiagent(env: Any) -> bool:
+    """A PettingZoo Parallel env (or anything shaped like one): agents, and spaces per agent."""
+    return hasattr(env, "possible_agents") and callable(getattr(env, "observation_space", None))
+
+
+def to_parallel(env: Any, env_id: str) -> Any:
+    """A PettingZoo env in its Parallel form: AEC envs through PettingZoo's own conversion, which only
+    takes games whose agents all act at every step; turn-based games are refused in one line."""
+    if hasattr(env, "agent_iter"):  # an AEC env
+        from pettingzoo.utils.conversions import aec_to_parallel
+
+        try:
+            return aec_to_parallel(env)
+        except AssertionError:
+            raise EnvError(
+                f"env {env_id!r} is a turn-based (AEC) game: rlfarm runs multi-agent envs whose agents all "
+                f"act at every step (PettingZoo's Parallel API) for now"
+            ) from None
+    return env
+
+
+class AgentVector(VectorEnv):
+    """`games` copies of a Parallel env, their agents side by side as sub-envs (see the module)."""
+
+    def __init__(self, make: Callable[[], Any], games: int, env_id: str = "", first: Any = None) -> None:
+        self.env_id = env_id
+        self._make = make
+        self.games = [first if first is not None and g == 0 else make() for g in range(games)]
+        first = self.games[0]
+        self.agents: list[str] = list(first.possible_agents)
+        self.k = len(self.agents)
+        self.num_envs = games * self.k
+        self.single_observation_space = _one_space(first, "observation_space", self.agents, env_id)
+        self.single_action_space = _one_space(first, "action_space", self.agents, env_id)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+        self.render_mode = getattr(first, "render_mode", None)
+        self.spec = None
+        self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape), self.single_observation_space.dtype)
+
+    def grown_to(self, games: int) -> AgentVector:
+        """This vector's first game and `games - 1` more, as one vector."""
+        return AgentVector(self._make, games, self.env_id, first=self.games[0])
+
+    def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
+        """`seed`: one per sub-env (game g takes the one of its first agent) or one for all."""
+        if isinstance(seed, int):
+            seeds: list[int | None] = [seed + g for g in range(len(self.games))]
+        elif seed is None:
+            seeds = [None] * len(self.games)
+        else:
+            seeds = [seed[g * self.k] for g in range(len(self.games))]
+        for g, s in enumerate(seeds):
+            self._reset_game(g, s, options)
+        return self._obs.copy(), {}
+
+    def _reset_game(self, g: int, seed: int | None, options: dict[str, Any] | None = None) -> None:
+        obs, _ = self.games[g].reset(seed=seed, options=options)
+        self._check_all_present(g, obs)
+        for k, agent in enumerate(self.agents):
+            self._obs[g * self.k + k] = obs[agent]
+
+    def step(self, actions: Any):
+        actions = np.asarray(actions)
+        n = self.num_envs
+        rewards = np.zeros(n, np.float64)
+        terminated = np.zeros(n, bool)
+        truncated = np.zeros(n, bool)
+        final_obs = np.full(n, None, dtype=object)
+        ended = np.zeros(n, bool)
+        for g, game in enumerate(self.games):
+            base = g * self.k
+            obs, rew, term, trunc, _ = game.step({agent: actions[base + k] for k, agent in enumerate(self.agents)})
+            for k, agent in enumerate(self.agents):
+                i = base + k
+                rewards[i] = rew.get(agent, 0.0)
+                terminated[i] = bool(term.get(agent, False))
+                truncated[i] = bool(trunc.get(agent, False))
+                if agent in obs:
+                    self._obs[i] = obs[agent]
+            done = terminated[base : base + self.k] | truncated[base : base + self.k]
+            if done.all() or not game.agents:
+                for k in range(self.k):
+                    final_obs[base + k] = self._obs[base + k].copy()
+                ended[base : base + self.k] = True
+                self._reset_game(g, None)
+            elif done.any():
+                gone = [a for a, d in zip(self.agents, done, strict=True) if d]
+                raise EnvError(
+                    f"env {self.env_id!r}: agent(s) {', '.join(gone)} left a game before the others; "
+                    f"agents that come and go within an episode are not supported yet"
+                )
+        info: dict[str, Any] = {}
+        if ended.any():
+            info = {"final_obs": final_obs, "_final_obs": ended, "final_info": {}, "_final_info": ended}
+        return self._obs.copy(), rewards, terminated, truncated, info
+
+    def _check_all_present(self, g: int, obs: dict[str, Any]) -> None:
+        missing = [a for a in self.agents if a not in obs]
+        if missing:
+            raise EnvError(
+                f"env {self.env_id!r}: agent(s) {', '.join(missing)} are not in the game at its start; "
+                f"agents that come and go within an episode are not supported yet"
+            )
+
+    def close(self, **kwargs: Any) -> None:
+        for game in self.games:
+            game.close()
+
+
+def _one_space(env: Any, which: str, agents: list[str], env_id: str) -> gym.Space:
+    spaces = {agent: getattr(env, which)(agent) for agent in agents}
+    first = spaces[agents[0]]
+    others = [a for a in agents[1:] if spaces[a] != first]
+    if others:
+        kind = which.replace("_", " ")
+        raise EnvError(
+            f"env {env_id!r}: agents {agents[0]} and {others[0]} have different {kind}s ({first} and "
+            f"{spaces[others[0]]}); one policy acts for every agent, so they must be the same"
+        )
+    return first

@@ -1,0 +1,177 @@
+"""Multi-agent envs as vectors of agents (rlfarm.envs.agents): layout, autoreset, seeding, spaces,
+what is refused, and collecting and evaluating with one policy for every agent."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from rlfarm.core.rollout import collect, run_episodes, task_seeds
+from rlfarm.envs import EnvError, describe, make_env, make_vector_env
+from rlfarm.envs.agents import AgentVector
+from rlfarm.envs.allowlist import check_env_allowed
+
+HAS_MPE2 = importlib.util.find_spec("mpe2") is not None
+NO_MPE2 = 'mpe2 is not installed (pip install -e ".[multiagent]")'
+
+
+class Same:
+    """An actor that picks action 1 for every agent: the Echo agents then always agree."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def act(self, obs, rng, deterministic=False):
+        n = len(obs)
+        return np.ones(n, np.int64), np.zeros(n, np.float32), np.zeros(n, np.float32)
+
+    def value(self, obs):
+        return np.zeros(len(obs), np.float32)
+
+
+def test_a_game_fills_one_sub_env_per_agent_in_agent_order():
+    envs = make_vector_env("tests.tiny_envs:echo", 6)
+    assert isinstance(envs, AgentVector) and envs.num_envs == 6 and len(envs.games) == 3
+    obs, _ = envs.reset(seed=list(range(100, 106)))
+    assert obs.shape == (6, 3) and obs.dtype == np.float32
+    assert obs[:, 0].tolist() == [0, 1, 0, 1, 0, 1]  # agent index, game after game
+    assert obs[0, 2] == obs[1, 2] and obs[0, 2] != obs[2, 2]  # one draw per game, seeded per game
+
+
+def test_spaces_are_one_agents_and_the_spec_counts_the_agents():
+    spec = describe("tests.tiny_envs:echo")
+    assert spec.agents == 2 and spec.obs_shape == (3,) and spec.discrete and spec.action_dim == 2
+    assert spec.to_dict()["agents"] == 2
+    assert type(spec).from_dict(spec.to_dict()) == spec
+    assert "agents" not in describe("CartPole-v1").to_dict()  # single-agent runs' metadata as before
+
+
+def test_games_end_together_and_reset_in_the_same_step_with_their_final_observations():
+    envs = make_vector_env("tests.tiny_envs:echo", 4)
+    envs.reset(seed=[1, 2, 3, 4])
+    for t in range(1, 6):
+        obs, rewards, terminated, truncated, info = envs.step(np.array([1, 1, 0, 1]))
+        assert rewards.tolist() == [1, 1, 0, 0]
+        assert not terminated.any()
+        if t < 5:
+            assert not truncated.any() and "final_obs" not in info
+    assert truncated.all() and info["_final_obs"].all()
+    assert [float(f[1]) for f in info["final_obs"]] == [0.5] * 4  # the last step's observation
+    assert obs[:, 1].tolist() == [0.0] * 4  # and the new game's first one
+
+
+def test_seeds_make_the_same_games():
+    def first_draws(seeds):
+        envs = make_vector_env("tests.tiny_envs:echo", 4)
+        return envs.reset(seed=seeds)[0][:, 2].tolist()
+
+    assert first_draws([7, 8, 9, 10]) == first_draws([7, 99, 9, 98])  # a game takes its first agent's seed
+    assert first_draws([7, 8, 9, 10]) != first_draws([8, 8, 9, 10])
+
+
+def test_what_is_refused_is_said_in_one_line():
+    with pytest.raises(EnvError, match="env.num_envs = 3 is not a multiple of 2"):
+        make_vector_env("tests.tiny_envs:echo", 3)
+    with pytest.raises(EnvError, match="agents agent_0 and agent_1 have different observation spaces"):
+        describe("tests.tiny_envs:echo_other_spaces")
+    envs = make_vector_env("tests.tiny_envs:echo_leaving", 2)
+    envs.reset(seed=[1, 2])
+    envs.step(np.array([0, 0]))
+    with pytest.raises(EnvError, match="agent_1 left a game before the others"):
+        envs.step(np.array([0, 0]))
+
+
+def test_pettingzoo_ids_are_allowed_without_an_allowlist_and_nothing_else_is_imported():
+    check_env_allowed("mpe2/simple_spread_v3")  # fixed packages: like gymnasium's registered ids
+    check_env_allowed("pettingzoo/classic/connect_four_v3")
+    with pytest.raises(EnvError, match="unknown env 'mpe2/os.path'"):
+        make_env("mpe2/os.path", trusted=False)
+    with pytest.raises(EnvError, match="not allowed"):
+        check_env_allowed("pettingzoo.utils:wrappers")
+
+
+def test_collect_gives_each_agent_its_own_column_and_episodes():
+    envs = make_vector_env("tests.tiny_envs:echo", 4)
+    spec = describe("tests.tiny_envs:echo")
+    seeds, action_seed = task_seeds(1, 0, 0, 4)
+    rollout = collect(Same(spec), envs, 12, seeds, action_seed)
+    assert rollout.obs.shape == (12, 4, 3) and rollout.rewards.shape == (12, 4)
+    assert rollout.rewards.sum() == 48  # the agents always agree
+    assert rollout.dones[4].all() and rollout.dones[9].all() and rollout.dones.sum() == 8
+    assert rollout.episode_returns.tolist() == [5.0] * 8  # per agent: 2 games x 2 agents x 2 episodes
+    assert rollout.final_values.shape == (12, 4)
+
+
+def test_an_evaluation_episode_is_a_game_scored_by_its_agents_mean():
+    env = make_env("tests.tiny_envs:echo")
+    spec = describe("tests.tiny_envs:echo")
+    returns = run_episodes(Same(spec), env, 3, seed=5)
+    assert returns.tolist() == [5.0, 5.0, 5.0]
+
+
+@pytest.mark.skipif(not HAS_MPE2, reason=NO_MPE2)
+def test_simple_spread_runs_as_three_agents_a_game():
+    spec = describe("mpe2/simple_spread_v3")
+    assert spec.agents == 3 and spec.obs_shape == (18,) and spec.discrete and spec.action_dim == 5
+    envs = make_vector_env("mpe2/simple_spread_v3", 6)
+    seeds, action_seed = task_seeds(3, 0, 0, 6)
+    rollout = collect(Same(spec), envs, 50, seeds, action_seed)
+    assert len(rollout.episode_returns) == 12  # 25-step games: 2 games x 3 agents x 2 episodes
+    assert (rollout.episode_returns < 0).all()  # distances to the landmarks are penalised
+
+
+@pytest.mark.farm
+@pytest.mark.skipif(not HAS_MPE2, reason=NO_MPE2)
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_async_learners_train_on_a_multi_agent_env_through_the_farm(farm, tmp_path, algo):
+    """ASYNC DQN and APPO on simple_spread: every result's agent steps counted once, per-agent
+    episodes reported, the final policy evaluated on whole games."""
+    from .conftest import read_summary, run_cli
+
+    run_id = f"spread-async-{algo}"
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--env",
+        "mpe2/simple_spread_v3",
+        "--mode",
+        "async",
+        "--total-steps",
+        "3600",
+        "--set",
+        f"algo={algo}",
+        "--set",
+        "env.num_envs=6",
+        "--set",
+        "farm.steps_per_env=100",
+        "--set",
+        "eval.episodes=2",
+        *(["--set", "dqn.learning_starts=600"] if algo == "dqn" else []),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(tmp_path / run_id)
+    assert summary["env_steps"] == 3600 and summary["unique_task_ids_accepted"] == summary["task_ids_accepted"]
+    assert "greedy evaluation of the final policy -" in result.stdout  # simple_spread's returns are negative
+    with open(tmp_path / run_id / "episodes.csv") as f:
+        assert sum(1 for _ in f) - 1 == 3600 // 25  # every agent's 25-step episodes, one row each
+    if algo == "ppo":  # `rlfarm eval` plays whole games with the policy file, every agent acting
+        played = run_cli("eval", "--policy", str(tmp_path / run_id / "final_policy.safetensors"), "--episodes", "2")
+        assert played.returncode == 0, played.stderr[-3000:]
+        assert played.stdout.strip().splitlines()[-1].startswith("mpe2/simple_spread_v3, policy v")
+
+
+def test_a_run_whose_num_envs_does_not_fit_the_agents_is_refused_before_it_starts():
+    from rlfarm.api import check_config, make_config
+    from rlfarm.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"env.num_envs = 5 is not a multiple of the env's 2 agents.*num_envs = 4"):
+        check_config(make_config(None, env="tests.tiny_envs:echo", env__num_envs=5))
+    with pytest.raises(ConfigError, match='farm.episodes = "continue" is not supported for multi-agent'):
+        check_config(make_config(None, env="tests.tiny_envs:echo", env__num_envs=4, farm__episodes="continue"))
