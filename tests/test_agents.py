@@ -3,10 +3,13 @@ what is refused, and collecting and evaluating with one policy for every agent."
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import importlib.util
 
 import numpy as np
 import pytest
+import torch
 
 from rlfarm.core.rollout import collect, run_episodes, task_seeds
 from rlfarm.envs import EnvError, describe, make_env, make_vector_env
@@ -76,11 +79,60 @@ def test_what_is_refused_is_said_in_one_line():
         make_vector_env("tests.tiny_envs:echo", 3)
     with pytest.raises(EnvError, match="agents agent_0 and agent_1 have different observation spaces"):
         describe("tests.tiny_envs:echo_other_spaces")
+
+
+def test_an_agent_done_before_the_others_is_out_of_its_game_until_the_game_ends():
+    envs = make_vector_env("tests.tiny_envs:echo_leaving", 4)  # agent_1 is done at step 2 of 5
+    envs.reset(seed=[1, 2, 3, 4])
+    _, _, terminated, _, info = envs.step(np.array([0, 0, 0, 1]))
+    assert not terminated.any() and "active" not in info
+    _, rewards, terminated, _, info = envs.step(np.array([0, 0, 0, 1]))
+    assert terminated.tolist() == [False, True, False, True] and info["_final_obs"].tolist() == [0, 1, 0, 1]
+    assert info["active"].tolist() == [True, False, True, False]
+    for _ in range(2):  # agent_1 sends nothing (its action is not taken), gets nothing
+        _, rewards, terminated, truncated, info = envs.step(np.array([1, 0, 0, 0]))
+        assert rewards.tolist() == [1, 0, 1, 0] and not (terminated | truncated)[[1, 3]].any()
+        assert info["active"].tolist() == [True, False, True, False]
+    obs, _, _, truncated, info = envs.step(np.array([0, 0, 0, 0]))  # the game ends: both play the next
+    assert truncated.tolist() == [True, False, True, False] and "active" not in info
+    assert obs[:, 1].tolist() == [0.0] * 4
+
+
+def test_collect_marks_the_steps_an_agent_sat_out_and_counts_only_the_steps_it_played():
     envs = make_vector_env("tests.tiny_envs:echo_leaving", 2)
-    envs.reset(seed=[1, 2])
-    envs.step(np.array([0, 0]))
-    with pytest.raises(EnvError, match="agent_1 left a game before the others"):
-        envs.step(np.array([0, 0]))
+    spec = describe("tests.tiny_envs:echo_leaving")
+    seeds, action_seed = task_seeds(1, 0, 0, 2)
+    rollout = collect(Same(spec), envs, 10, seeds, action_seed, keep_next_obs=True)
+    assert rollout.active[:, 0].all()
+    assert rollout.active[:, 1].tolist() == [True, True, False, False, False] * 2
+    assert rollout.episode_returns.tolist() == [2.0, 5.0, 2.0, 5.0]  # agent_1 left, then agent_0's game ended
+    assert rollout.episode_lengths.tolist() == [2, 5, 2, 5]
+    assert rollout.rewards[~rollout.active].sum() == 0 and not rollout.dones[~rollout.active].any()
+    from rlfarm.core.replay import nstep_transitions
+    from rlfarm.core.rollout import concat
+
+    assert len(nstep_transitions(rollout, 3, 0.99)) == rollout.active.sum() == 14
+    both = concat([rollout, dataclasses.replace(rollout, active=None)])
+    assert both.active.shape == (10, 4) and both.active[:, 2:].all()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_ppo_and_appo_learn_only_from_the_steps_an_agent_played(mode):
+    from tests.test_algos import make, rollout_for, train_once
+
+    algorithm, _ = make("ppo", "tests.tiny_envs:echo_leaving", mode=mode)
+    rollout = rollout_for(algorithm, "tests.tiny_envs:echo_leaving", seed=3)
+    assert rollout.active is not None and 0 < rollout.active.sum() < rollout.active.size
+    seen = []
+    evaluate = algorithm.policy.evaluate
+    algorithm.policy.evaluate = lambda obs, actions: (seen.append(len(obs)), evaluate(obs, actions))[1]
+    before = {k: v.clone() for k, v in algorithm.state().items()}
+    metrics = train_once(algorithm, rollout)
+    epochs = algorithm.config.update_epochs
+    learned = sum(seen) - (rollout.rewards.size if mode == "async" else 0)  # APPO's targets: one forward of all
+    assert learned == epochs * rollout.active.sum()
+    assert all(np.isfinite(v) for v in metrics.values())
+    assert any(not torch.equal(before[k], v) for k, v in algorithm.state().items())
 
 
 def test_pettingzoo_ids_are_allowed_without_an_allowlist_and_nothing_else_is_imported():
@@ -175,3 +227,41 @@ def test_a_run_whose_num_envs_does_not_fit_the_agents_is_refused_before_it_start
         check_config(make_config(None, env="tests.tiny_envs:echo", env__num_envs=5))
     with pytest.raises(ConfigError, match='farm.episodes = "continue" is not supported for multi-agent'):
         check_config(make_config(None, env="tests.tiny_envs:echo", env__num_envs=4, farm__episodes="continue"))
+
+
+def test_an_evaluation_game_lasts_until_its_last_agent_is_done():
+    env = make_env("tests.tiny_envs:echo_leaving")
+    returns = run_episodes(Same(describe("tests.tiny_envs:echo_leaving")), env, 2, seed=5)
+    assert returns.tolist() == [3.5, 3.5]  # (2 + 5) / 2: agent_1 left after 2 steps, agent_0 played 5
+
+
+@pytest.mark.farm
+def test_a_game_an_agent_leaves_early_trains_through_the_farm(farm, tmp_path):
+    """Rollout.active travels in results: the episodes a run reports are the agents' own (2 and 5
+    steps), and the run trains and evaluates to its end."""
+    from .conftest import read_summary, run_cli
+
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        "leaving",
+        "--logdir",
+        str(tmp_path),
+        "--env",
+        "tests.tiny_envs:echo_leaving",
+        "--total-steps",
+        "800",
+        "--set",
+        "env.num_envs=4",
+        "--set",
+        "farm.steps_per_env=50",
+        "--set",
+        "eval.episodes=2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(tmp_path / "leaving")["env_steps"] == 800
+    with open(tmp_path / "leaving" / "episodes.csv") as f:
+        lengths = {int(r["episodic_length"]) for r in csv.DictReader(f)}
+    assert lengths == {2, 5}

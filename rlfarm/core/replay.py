@@ -51,6 +51,16 @@ def nstep_transitions(rollout: Rollout, n: int, gamma: float) -> Transitions:
         active = valid & ~ended
     cols = np.arange(N)[None, :]
     next_obs = rollout.next_obs[last, cols]
+    if rollout.active is not None:  # agents out of their game (rlfarm.envs.agents): no transition
+        keep = rollout.active
+        return Transitions(
+            rollout.obs[keep],
+            rollout.actions[keep],
+            rewards[keep].astype(np.float32),
+            next_obs[keep],
+            dones[keep],
+            discount[keep].astype(np.float32),
+        )
     flat = lambda a: a.reshape(T * N, *a.shape[2:])  # noqa: E731
     return Transitions(
         flat(rollout.obs),

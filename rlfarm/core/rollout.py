@@ -49,6 +49,10 @@ class Rollout:
     # (N, *obs_shape) the observation after the last step: a learner acting on lagged data (APPO)
     # recomputes the bootstrap value of the cut episodes with its own critic.
     last_obs: np.ndarray | None = None
+    # Multi-agent envs whose agents leave a game early (rlfarm.envs.agents): (T, N) whether the
+    # sub-env's agent was in its game and acted at that step; None when every one always did. A step
+    # it did not act at has no reward, no episode end, and is learned from by no learner.
+    active: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -125,6 +129,8 @@ def collect(
         running_return = np.zeros(n, np.float64)
         running_length = np.zeros(n, np.int64)
     no_flags = np.zeros(n, bool)  # read-only default of the per-step info flags
+    all_active = np.ones(n, bool)
+    active, active_buf = all_active, None  # (an env's info["active"]: which agents act next)
     for t in range(n_steps):
         if refresh is not None and t and t % refresh_steps == 0:
             policy = refresh() or policy
@@ -155,7 +161,12 @@ def collect(
         # The episode's score as the env reports it: rewards clipped for learning (Atari) keep the
         # real one in info["raw_reward"].
         running_return += _info_values(info, "raw_reward", done, reward)
-        running_length += 1
+        running_length += active
+        if active_buf is None and not active.all():
+            active_buf = np.ones((n_steps, n), bool)
+        if active_buf is not None:
+            active_buf[t] = active
+        active = info.get("active", all_active)
         for i in np.flatnonzero(done):
             ep_returns.append(float(running_return[i]))
             ep_lengths.append(int(running_length[i]))
@@ -180,6 +191,7 @@ def collect(
         next_obs_buf,
         term_buf,
         obs,
+        active_buf,
     )
 
 
@@ -210,6 +222,10 @@ def concat(rollouts: list[Rollout]) -> Rollout:
         joined[k] = None if any(p is None for p in parts) else np.concatenate(parts, axis=1)
     parts = [r.last_obs for r in rollouts]
     joined["last_obs"] = None if any(p is None for p in parts) else np.concatenate(parts)
+    if any(r.active is not None for r in rollouts):
+        joined["active"] = np.concatenate(
+            [r.active if r.active is not None else np.ones(r.rewards.shape, bool) for r in rollouts], axis=1
+        )
     return Rollout(**joined)
 
 
@@ -246,21 +262,20 @@ def run_episodes(
 def _game_episodes(
     policy: Actor, env: Any, episodes: int, seed: int, rng: np.random.Generator, deterministic: bool, max_steps: int
 ) -> np.ndarray:
-    """run_episodes on one game of a multi-agent vector: every agent acts each step, until the game
-    ends (its SAME_STEP reset hands the final observations over in info) or max_steps are taken."""
+    """run_episodes on one game of a multi-agent vector: every agent in the game acts each step, until
+    every agent is done (the game ends) or max_steps are taken."""
     spec, n = policy.spec, env.num_envs
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
-        total, steps = np.zeros(n), 0
-        while steps < max_steps:
+        total, steps, finished = np.zeros(n), 0, np.zeros(n, bool)
+        while steps < max_steps and not finished.all():  # an agent done early waits for the others
             action, _, _ = policy.act(as_obs(spec, obs, n), rng, deterministic)
             if not spec.discrete:
                 action = np.clip(action, spec.action_low, spec.action_high)
-            obs, reward, _, _, info = env.step(action)
+            obs, reward, terminated, truncated, _ = env.step(action)
             total += reward
             steps += 1
-            if "final_obs" in info:
-                break
+            finished |= terminated | truncated
         returns.append(float(total.mean()))
     return np.asarray(returns)

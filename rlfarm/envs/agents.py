@@ -7,10 +7,12 @@ so a rollout, a result, the replay and the learner see agents as they see the su
 single-agent env, and env steps count agent steps, as there. Agents share one observation and one
 action space; the per-agent rewards, terminations and truncations are the sub-envs'. A game ends
 when its last agent is done and is then reset in the same step (SAME_STEP autoreset, like
-rlfarm.envs.make's vectors): each agent's final observation is in info["final_obs"].
+rlfarm.envs.make's vectors): each agent's final observation is in info["final_obs"] at the step it
+is done. An agent done before the others is out of its game until the game ends: its sub-env takes
+no action, gets no reward and no episode end, and info["active"] says so, so that collect marks
+those steps (Rollout.active) and no learner learns from them.
 
-Not handled yet: agents that leave a game before the others (or join late); a game where that
-happens is stopped with an EnvError that says so.
+Not handled yet: agents that join a game after its start (refused in one line).
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class AgentVector(VectorEnv):
         self.render_mode = getattr(first, "render_mode", None)
         self.spec = None
         self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape), self.single_observation_space.dtype)
+        self._in_game = np.ones(self.num_envs, bool)  # the sub-env's agent is in its game now
 
     def grown_to(self, games: int) -> AgentVector:
         """This vector's first game and `games - 1` more, as one vector."""
@@ -137,6 +140,7 @@ class AgentVector(VectorEnv):
         self._check_all_present(g, obs)
         for k, agent in enumerate(self.agents):
             self._obs[g * self.k + k] = obs[agent]
+        self._in_game[g * self.k : (g + 1) * self.k] = True
 
     def step(self, actions: Any):
         actions = np.asarray(actions)
@@ -148,29 +152,26 @@ class AgentVector(VectorEnv):
         ended = np.zeros(n, bool)
         for g, game in enumerate(self.games):
             base = g * self.k
-            obs, rew, term, trunc, _ = game.step({agent: actions[base + k] for k, agent in enumerate(self.agents)})
-            for k, agent in enumerate(self.agents):
+            playing = [(k, agent) for k, agent in enumerate(self.agents) if self._in_game[base + k]]
+            obs, rew, term, trunc, _ = game.step({agent: actions[base + k] for k, agent in playing})
+            for k, agent in playing:
                 i = base + k
                 rewards[i] = rew.get(agent, 0.0)
                 terminated[i] = bool(term.get(agent, False))
                 truncated[i] = bool(trunc.get(agent, False))
                 if agent in obs:
                     self._obs[i] = obs[agent]
-            done = terminated[base : base + self.k] | truncated[base : base + self.k]
-            if done.all() or not game.agents:
-                for k in range(self.k):
-                    final_obs[base + k] = self._obs[base + k].copy()
-                ended[base : base + self.k] = True
+                if terminated[i] or truncated[i]:
+                    final_obs[i] = self._obs[i].copy()
+                    ended[i] = True
+                    self._in_game[i] = False  # out until its game ends: it acts no more
+            if not game.agents or not self._in_game[base : base + self.k].any():
                 self._reset_game(g, None)
-            elif done.any():
-                gone = [a for a, d in zip(self.agents, done, strict=True) if d]
-                raise EnvError(
-                    f"env {self.env_id!r}: agent(s) {', '.join(gone)} left a game before the others; "
-                    f"agents that come and go within an episode are not supported yet"
-                )
         info: dict[str, Any] = {}
         if ended.any():
             info = {"final_obs": final_obs, "_final_obs": ended, "final_info": {}, "_final_info": ended}
+        if not self._in_game.all():  # which sub-envs' agents act at the next step (rlfarm.core.rollout)
+            info["active"] = self._in_game.copy()
         return self._obs.copy(), rewards, terminated, truncated, info
 
     def _check_all_present(self, g: int, obs: dict[str, Any]) -> None:
@@ -178,7 +179,7 @@ class AgentVector(VectorEnv):
         if missing:
             raise EnvError(
                 f"env {self.env_id!r}: agent(s) {', '.join(missing)} are not in the game at its start; "
-                f"agents that come and go within an episode are not supported yet"
+                f"agents that join a game late are not supported yet"
             )
 
     def close(self, **kwargs: Any) -> None:

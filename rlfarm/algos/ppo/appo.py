@@ -193,7 +193,11 @@ class APPO(PPO):
         cfg = self.config
         steps = rollout.rewards.shape[0]
         return (
-            cfg.update_epochs == 1 and cfg.vtrace and rollout.last_obs is not None and steps % cfg.num_minibatches == 0
+            cfg.update_epochs == 1
+            and cfg.vtrace
+            and rollout.last_obs is not None
+            and steps % cfg.num_minibatches == 0
+            and rollout.active is None  # agents out of their game: the two-pass path leaves their steps out
         )
 
     def _learn_in_one_pass(

@@ -104,7 +104,8 @@ class PPO(Algorithm):
         acted and learned with the same statistics (PPO's ratio starts at 1), the next version
         carries the new ones to the workers."""
         if self.policy.obs_norm is not None:
-            self.policy.obs_norm.update(rollout.obs.reshape(-1, self.spec.obs_dim))
+            obs = rollout.obs.reshape(-1, self.spec.obs_dim)
+            self.policy.obs_norm.update(obs if rollout.active is None else obs[rollout.active.reshape(-1)])
 
     def _observations(self, rollout: Rollout) -> torch.Tensor:
         """The (T, N, ...) observations as one (T x N, ...) batch on the device, shape and dtype kept,
@@ -144,6 +145,11 @@ class PPO(Algorithm):
         b_values = to_device(values.reshape(-1), dev)
         b_adv = to_device(advantages.reshape(-1), dev)
         b_returns = to_device(returns.reshape(-1), dev)
+        if rollout.active is not None:  # agents out of their game: their steps teach nothing
+            keep = to_device(np.flatnonzero(rollout.active.reshape(-1)), dev)
+            b_obs, b_actions, b_logprobs, b_values, b_adv, b_returns = (
+                x[keep] for x in (b_obs, b_actions, b_logprobs, b_values, b_adv, b_returns)
+            )
 
         batch_size = len(b_obs)
         # A SYNC run's shorter last iteration may hold fewer samples than minibatches, or not a multiple
