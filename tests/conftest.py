@@ -127,10 +127,11 @@ def pytest_runtest_setup(item):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: three test processes a core. Most farm tests wait on their Redis, workers and
-    trainer subprocesses for much of their time (leases, grace periods, slow envs): with two a core,
-    a fifth of the suite's core time went idle on 2 cores."""
-    return min(16, 3 * (os.cpu_count() or 1))
+    """`-n auto`: two test processes a core. Most farm tests wait on their Redis, workers and
+    trainer subprocesses for much of their time, so one a core leaves the cores half idle; three a
+    core were slower still on 2 cores (a clean clone's suite: 20:11 against 18:55), every farm test
+    stretched by the others' load."""
+    return min(16, 2 * (os.cpu_count() or 1))
 
 
 class StartedAProcess(AssertionError):

@@ -197,16 +197,28 @@ def _policy_digest(run_dir) -> str:
 
 @pytest.mark.skipif(importlib.util.find_spec("mpe2") is None, reason=NO_MPE2)
 def test_spread_ppo_one_policy_for_three_agents_learns_to_cover_the_landmarks(tmp_path):
-    """mpe2's simple_spread_v3, preset spread-ppo as shipped: 3 agents, one shared policy, SYNC PPO.
-    Greedy games score about -28 acting at random and -26 standing still; the preset's greedy
-    evaluation reaches -21 or better within its 480k agent steps (seeds 1-5: docs/multiagent.md)."""
-    run_dir = train_embedded(tmp_path, "spread", "--preset", "spread-ppo", "--seed", "1")
+    """mpe2's simple_spread_v3, preset spread-ppo: 3 agents, one shared policy, SYNC PPO. Greedy games
+    score about -28 acting at random and -26 standing still; within 192k agent steps (40% of the
+    preset's run: its games cost most of a run's CPU, on the workers) a greedy evaluation of 50 games
+    reaches -23 or better (seeds 1-5: docs/multiagent.md)."""
+    run_dir = train_embedded(
+        tmp_path,
+        "spread",
+        "--preset",
+        "spread-ppo",
+        "--seed",
+        "1",
+        "--total-steps",
+        "192000",
+        "--set",
+        "eval.episodes=50",
+    )
     with open(run_dir / "evals.csv") as f:
         evals = list(csv.DictReader(f))
-    assert evals and all(int(r["episodes"]) >= 20 for r in evals)
+    assert len(evals) == 2 and all(int(r["episodes"]) == 50 for r in evals)  # at 96k and 192k
     best = max(float(r["mean_return"]) for r in evals)
     print(f"spread-ppo: best greedy evaluation = {best:.2f} ({[round(float(r['mean_return']), 1) for r in evals]})")
-    assert best >= -21.0
+    assert best >= -23.0
     with open(run_dir / "episodes.csv") as f:
         assert sum(1 for _ in csv.DictReader(f)) > 0  # per-agent training episodes are reported
 

@@ -51,7 +51,7 @@ PROGRESS = 0.25  # the run's progress at the update: annealed rates and clip ran
 # An image preset's batch is cut to this many steps per env (its envs, minibatch count and epochs as
 # they are): an update's arithmetic is the same at any batch size, and at the Atari presets' 128 steps
 # an update in float64 took about 20 s a side on one core, the costliest thing in the suite's CPU.
-IMAGE_STEPS = 32
+IMAGE_STEPS = 16
 SB3_SKIP = "the sb3 comparisons need Stable-Baselines3 (the test extra: pip install -e '.[test]')"
 
 
