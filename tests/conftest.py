@@ -200,7 +200,7 @@ def pid_alive(pid: int) -> bool:
     # A zombie still answers kill(0); it is gone for our purposes.
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped in between: the read fails with ESRCH
         return False
 
 

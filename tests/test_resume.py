@@ -45,11 +45,12 @@ def start_and_sigkill(tmp_path, run_id: str, args: list[str], kill_after_steps: 
         )
     except BaseException:  # say what outlived it, in what state, and what the workers last logged
         for pid in [p for p in pids if pid_alive(p)]:
-            stat = Path(f"/proc/{pid}/stat").read_text().split()
-            print(
-                f"alive: {pid} state {stat[2]} ppid {stat[3]}: "
-                f"{Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()[:200]}"
-            )
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().split()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(bytes(1), b" ").decode()[:200]
+            except OSError:  # gone since
+                continue
+            print(f"alive: {pid} state {stat[2]} ppid {stat[3]}: {cmdline}")
         for log in sorted(run_dir.glob("worker-*.log")):
             print(f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}")
         raise

@@ -46,7 +46,7 @@ def alive(pid: int) -> bool:
         return True
     try:  # a zombie answers kill(0) too
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped in between: the read fails with ESRCH
         return False
 
 
