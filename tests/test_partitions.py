@@ -77,6 +77,24 @@ def test_the_outage_message_says_what_the_probe_found(error, reachable, said, no
     assert f"Redis at redis://10.213.0.1:6379/0 {kind} for more than 0 s" in str(raised.value)
 
 
+def test_an_attempt_sent_during_the_outage_that_just_ended_starts_no_new_one():
+    """A send whose connect began in the partition (its SYN dropped, the next retransmit past the
+    connect timeout) fails after another thread has seen Redis back: that is the old outage's
+    attempt, retried without a notice; an attempt sent after the recovery that fails is a new one."""
+    notices: list[str] = []
+    retry = OutageRetry(limit=60.0, where="Redis", notify=notices.append, max_backoff=0.0)
+    retry.probe = lambda: True  # the link is back by the time the stale attempt fails
+    sent_in_partition = time.monotonic()
+    retry._failed(redis.TimeoutError("Timeout reading from socket"), 1, sent_in_partition)
+    retry._recovered()
+    assert [n.split(" ", 3)[:3] for n in notices] == [["Redis", "did", "not"], ["Redis", "answered", "again"]]
+    notices.clear()
+    retry._failed(TimeoutError("timed out"), 1, sent_in_partition)  # the stale connect's timeout
+    assert notices == [] and retry.outage_started is None and retry.outages == 1
+    retry._failed(TimeoutError("timed out"), 1, time.monotonic())  # sent after the recovery
+    assert len(notices) == 1 and "it is stalled" in notices[0], notices
+
+
 def test_the_probe_is_a_fresh_connect(tmp_path):
     """can_connect: accepted by a listening socket (a stalled Redis's kernel still accepts), refused
     where nothing listens. A Unix socket: no network in a unit test."""

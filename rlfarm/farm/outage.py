@@ -114,6 +114,7 @@ class OutageRetry(Retry):
         # call of a thread may end an outage (a TCP connect to a stalled Redis succeeds at once).
         self._depth = threading.local()
         self.outages = 0  # outages ridden out so far (a trainer re-checks its run state after each)
+        self.recovered_at = float("-inf")  # when the last outage ended (monotonic)
         self.outage_seconds = 0.0
         # Whether Redis accepts a new connection right now (set by resilient_client, which knows the
         # address): tells a partition from a stall when a command times out.
@@ -131,6 +132,12 @@ class OutageRetry(Retry):
         if is_oom(error):  # kombu may wrap Redis's answer in its own error: it is no outage
             raise error
         now = time.monotonic()
+        if self.outage_started is None and attempt_started < self.recovered_at:
+            # Sent while the outage that has just ended lasted (another thread saw Redis back first):
+            # a connect or command lost to that partition (a SYN dropped mid-backoff times out after
+            # the heal), not a new outage; retried without a notice.
+            time.sleep(self._backoff.compute(failures))
+            return
         if self.outage_started is None:
             timed_out = isinstance(error, STALL_ERRORS)
             reachable = self.probe() if timed_out and self.probe is not None else None
@@ -172,7 +179,8 @@ class OutageRetry(Retry):
 
     def _recovered(self) -> None:
         if self.outage_started is not None:
-            seconds = time.monotonic() - self.outage_started
+            self.recovered_at = time.monotonic()
+            seconds = self.recovered_at - self.outage_started
             self.outage_started = None
             self.outages += 1
             self.outage_seconds += seconds
