@@ -53,6 +53,11 @@ class Rollout:
     # sub-env's agent was in its game and acted at that step; None when every one always did. A step
     # it did not act at has no reward, no episode end, and is learned from by no learner.
     active: np.ndarray | None = None
+    # Envs with action masks (SpaceSpec.action_mask: turn-based games, rlfarm.envs.turns): (T, N, A)
+    # bool, the actions legal at `obs` (the actor chose among them); with keep_next_obs also the
+    # ones legal at `next_obs` (a Q-learner's target maximises over them). None for other envs.
+    action_masks: np.ndarray | None = None
+    next_action_masks: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -217,7 +222,7 @@ def concat(rollouts: list[Rollout]) -> Rollout:
     joined["last_values"] = np.concatenate([r.last_values for r in rollouts])
     joined["episode_returns"] = np.concatenate([r.episode_returns for r in rollouts])
     joined["episode_lengths"] = np.concatenate([r.episode_lengths for r in rollouts])
-    for k in ("next_obs", "terminations"):
+    for k in ("next_obs", "terminations", "action_masks", "next_action_masks"):
         parts = [getattr(r, k) for r in rollouts]
         joined[k] = None if any(p is None for p in parts) else np.concatenate(parts, axis=1)
     parts = [r.last_obs for r in rollouts]

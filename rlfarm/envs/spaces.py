@@ -39,6 +39,9 @@ class SpaceSpec:
     # Agents of a multi-agent env (rlfarm.envs.agents): each game fills this many sub-envs, one per
     # agent, all acted for by one policy; 1 for a single-agent env.
     agents: int = 1
+    # The env says which actions are legal at each observation (info["action_mask"], (N, action_dim)
+    # bool): actors choose among them and learners score only them. Discrete actions only.
+    action_mask: bool = False
 
     def __post_init__(self) -> None:
         if not self.obs_shape:
@@ -75,6 +78,7 @@ class SpaceSpec:
             "action_low": list(self.action_low),
             "action_high": list(self.action_high),
             **({"agents": self.agents} if self.agents != 1 else {}),
+            **({"action_mask": True} if self.action_mask else {}),
         }
 
     @classmethod
@@ -88,6 +92,7 @@ class SpaceSpec:
             tuple(int(x) for x in d.get("obs_shape", ())),
             str(d.get("obs_dtype", "float32")),
             int(d.get("agents", 1)),
+            bool(d.get("action_mask", False)),
         )
 
 

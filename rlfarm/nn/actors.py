@@ -29,8 +29,10 @@ class Actor:
     spec: SpaceSpec
 
     def act(
-        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Actions, their log-probabilities and state values for a batch. `mask` (n, action_dim) bool:
+        the legal actions (SpaceSpec.action_mask); an actor of discrete actions never picks another."""
         raise NotImplementedError
 
     def value(self, obs: np.ndarray) -> np.ndarray:
