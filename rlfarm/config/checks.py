@@ -95,10 +95,35 @@ def validate(config: RunConfig) -> None:
     if config.async_.refresh_steps < 0:
         raise ConfigError("async.refresh_steps cannot be negative (0: a task acts with one version)")
     check_results_per_update(config, config.async_.tasks_in_flight)
+    check_selfplay(config)
     check_config_bounds(config)  # after the lower bounds, so a 0 is not reported as a bound
     config.algo_config.check(config)
     if config.run_id and not all(c.isalnum() or c in "-_." for c in config.run_id):
         raise ConfigError(f"run_id may hold letters, digits, '-', '_' and '.', got {config.run_id!r}")
+
+
+SELFPLAY_OPPONENTS = ("league", "random", "lookahead")
+EVAL_OPPONENTS = ("random", "lookahead")
+
+
+def check_selfplay(config: RunConfig) -> None:
+    sp = config.selfplay
+    if sp.opponents not in SELFPLAY_OPPONENTS:
+        raise ConfigError(f"selfplay.opponents must be one of {', '.join(SELFPLAY_OPPONENTS)}, got {sp.opponents!r}")
+    if sp.eval_opponent not in EVAL_OPPONENTS:
+        raise ConfigError(
+            f"selfplay.eval_opponent must be one of {', '.join(EVAL_OPPONENTS)}, got {sp.eval_opponent!r}"
+        )
+    if sp.league_size < 1 or sp.league_every < 1:
+        raise ConfigError("selfplay.league_size and selfplay.league_every must be at least 1")
+    if not 0.0 <= sp.latest_share <= 1.0:
+        raise ConfigError(f"selfplay.latest_share is a share of games, from 0 to 1, got {sp.latest_share}")
+
+
+def check_turns(config: RunConfig) -> None:
+    """A turn-based game (rlfarm.envs.turns): its games cannot be saved between tasks yet."""
+    if config.farm.episodes == "continue":
+        raise ConfigError('farm.episodes = "continue" is not supported for turn-based games yet: use "fresh"')
 
 
 def check_results_per_update(config: RunConfig, tasks_in_flight: int) -> None:

@@ -122,9 +122,24 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class SelfPlayConfig:
+    """Turn-based games (rlfarm.envs.turns): who plays the seats the learner does not."""
+
+    # "league": the policy's own versions (rlfarm.core.league); "random" or "lookahead" (connect four):
+    # a scripted player (rlfarm.envs.opponents) in every game.
+    opponents: str = "league"
+    league_size: int = 8  # past versions the league keeps (the newest that joined)
+    league_every: int = 5  # every this many published versions, the newest joins the league
+    # The share of games against the version acting itself (the mirror match); the rest draw a
+    # member of the league uniformly (all mirror matches while the league is empty).
+    latest_share: float = 0.5
+    eval_opponent: str = "random"  # whom evaluation games are played against: "random" or "lookahead"
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One run's whole configuration: top-level keys, then one frozen section per table
-    ([env], [farm], [policy], one per algorithm, [async], [eval])."""
+    ([env], [farm], [policy], one per algorithm, [async], [eval], [selfplay])."""
 
     description: str = ""
     algo: str = "ppo"
@@ -158,6 +173,7 @@ class RunConfig:
     td3: TD3Config = field(default_factory=TD3Config)
     async_: AsyncConfig = field(default_factory=AsyncConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
 
     @property
     def algo_config(self) -> AlgoSection:

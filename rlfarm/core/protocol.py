@@ -19,9 +19,10 @@ RELEASE = "0.1.0"  # this release of rlfarm (rlfarm.__version__; setup.cfg reads
 # worker. Bump it with any change a worker of the other version would misread or refuse (a new field of
 # TaskSpec, Result or the run meta, a changed config key). Tasks and run metadata carry it; a worker
 # refuses a task of another protocol in one line naming both (docs/architecture.md, decision 16).
-PROTOCOL = 5  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
+PROTOCOL = 6  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
 # 4: env streams of the run (TaskSpec.stream, Result.stream), ppo.vf_loss, ppo.anneal_clip, reference;
-# 5: tasks travel on the queue of their protocol (TASK_QUEUE), claims are signed
+# 5: tasks travel on the queue of their protocol (TASK_QUEUE), claims are signed; 6: turn-based games
+# (act["opponents"], Result.games, Rollout.action_masks, the [selfplay] section)
 
 
 def task_queue(protocol: int) -> str:
@@ -39,7 +40,8 @@ EVAL_TASK = "rlfarm.evaluate"
 Key = tuple[str, int, int]  # (kind, iteration, index): a task's identity within its run
 
 # Collect options the worker reads from `act`; the rest are acting options for the actor.
-COLLECT_OPTIONS = ("keep_next_obs", "refresh_steps")
+# "opponents" (turn-based games, rlfarm.core.league): who plays the other seats of each game.
+COLLECT_OPTIONS = ("keep_next_obs", "refresh_steps", "opponents")
 
 
 class ProtocolError(ValueError):
@@ -207,6 +209,9 @@ class Result:
     # restoring, "restored": the process restored the stream from its snapshot, "restart": why a lost
     # snapshot made it start the stream from new seeds}
     stream: dict[str, Any] | None = None
+    # Turn-based games (rlfarm.envs.turns): the learner's wins, draws and losses against each opponent
+    # in the games that ended in the task ({"v12": [3, 0, 1], "self": [...], "random": [...]}).
+    games: dict[str, list[int]] | None = None
 
     @property
     def key(self) -> Key:

@@ -124,13 +124,18 @@ def collect(
     final_val_buf = np.zeros((n_steps, n), np.float32)
     next_obs_buf = np.zeros((n_steps, n, *spec.obs_shape), spec.obs_dtype) if keep_next_obs else None
     term_buf = np.zeros((n_steps, n), bool) if keep_next_obs else None
+    masked = spec.action_mask
+    mask_buf = np.zeros((n_steps, n, spec.action_dim), bool) if masked else None
+    next_mask_buf = np.zeros((n_steps, n, spec.action_dim), bool) if masked and keep_next_obs else None
     ep_returns: list[float] = []
     ep_lengths: list[int] = []
     if stream is not None and stream.obs is not None:
         obs, running_return, running_length = stream.obs, stream.episode_return, stream.episode_length
+        mask = None  # (masked envs are refused "continue": config.checks)
     else:
-        obs, _ = envs.reset(seed=stream.first_seeds if stream is not None else env_seeds)
+        obs, reset_info = envs.reset(seed=stream.first_seeds if stream is not None else env_seeds)
         obs = as_obs(spec, obs, n)
+        mask = legal_actions(spec, reset_info, n)
         running_return = np.zeros(n, np.float64)
         running_length = np.zeros(n, np.int64)
     no_flags = np.zeros(n, bool)  # read-only default of the per-step info flags
@@ -139,7 +144,11 @@ def collect(
     for t in range(n_steps):
         if refresh is not None and t and t % refresh_steps == 0:
             policy = refresh() or policy
-        action, logprob, value = policy.act(obs, rng, deterministic)
+        if mask is None:
+            action, logprob, value = policy.act(obs, rng, deterministic)
+        else:
+            action, logprob, value = policy.act(obs, rng, deterministic, mask=mask)
+            mask_buf[t] = mask
         env_action = action if spec.discrete else np.clip(action, low, high)
         next_obs, reward, terminated, truncated, info = envs.step(env_action)
 
@@ -162,6 +171,13 @@ def collect(
             for i in np.flatnonzero(done):
                 next_obs_buf[t, i] = as_obs(spec, info["final_obs"][i], 1)[0]
             term_buf[t] = terminated
+        if masked:
+            mask = legal_actions(spec, info, n)
+            if next_mask_buf is not None:
+                next_mask_buf[t] = mask
+                ended = done & np.asarray(info.get("final_info", {}).get("_action_mask", no_flags), bool)
+                for i in np.flatnonzero(ended):  # the final observation's own legal actions
+                    next_mask_buf[t, i] = info["final_info"]["action_mask"][i]
 
         # The episode's score as the env reports it: rewards clipped for learning (Atari) keep the
         # real one in info["raw_reward"].
@@ -197,7 +213,19 @@ def collect(
         term_buf,
         obs,
         active_buf,
+        mask_buf,
+        next_mask_buf,
     )
+
+
+def legal_actions(spec: SpaceSpec, info: dict[str, Any], n: int) -> np.ndarray | None:
+    """(n, action_dim) bool: the actions legal at the observations an env just returned
+    (info["action_mask"]), None for an env without masks. A masked env that leaves it out allows all."""
+    if not spec.action_mask:
+        return None
+    if "action_mask" not in info:
+        return np.ones((n, spec.action_dim), bool)
+    return np.asarray(info["action_mask"], bool).reshape(n, spec.action_dim)
 
 
 def _info_values(info: dict[str, Any], key: str, done: np.ndarray, default: np.ndarray) -> np.ndarray:
@@ -245,7 +273,8 @@ def run_episodes(
 ) -> np.ndarray:
     """Returns of `episodes` whole episodes (at most `max_steps` steps each) on a single (non-vector)
     env, greedy by default. A multi-agent env (one game of rlfarm.envs.agents.AgentVector, a vector of
-    its agents): an episode is a game, its return the mean of its agents' returns."""
+    its agents): an episode is a game, its return the mean of its agents' returns; a turn-based game
+    (rlfarm.envs.turns.TurnVector of one game): the learner's return against the env's opponent."""
     rng = np.random.default_rng(seed)
     spec = policy.spec
     if getattr(env, "num_envs", None) is not None:
@@ -272,13 +301,17 @@ def _game_episodes(
     spec, n = policy.spec, env.num_envs
     returns = []
     for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
+        obs, info = env.reset(seed=seed + episode)
         total, steps, finished = np.zeros(n), 0, np.zeros(n, bool)
         while steps < max_steps and not finished.all():  # an agent done early waits for the others
-            action, _, _ = policy.act(as_obs(spec, obs, n), rng, deterministic)
+            mask = legal_actions(spec, info, n)
+            if mask is None:
+                action, _, _ = policy.act(as_obs(spec, obs, n), rng, deterministic)
+            else:
+                action, _, _ = policy.act(as_obs(spec, obs, n), rng, deterministic, mask=mask)
             if not spec.discrete:
                 action = np.clip(action, spec.action_low, spec.action_high)
-            obs, reward, terminated, truncated, _ = env.step(action)
+            obs, reward, terminated, truncated, info = env.step(action)
             total += reward
             steps += 1
             finished |= terminated | truncated

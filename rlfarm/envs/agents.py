@@ -12,7 +12,8 @@ is done. An agent done before the others is out of its game until the game ends:
 no action, gets no reward and no episode end, and info["active"] says so, so that collect marks
 those steps (Rollout.active) and no learner learns from them.
 
-Not handled yet: agents that join a game after its start (refused in one line).
+Turn-based games (AEC envs whose players take turns) are rlfarm.envs.turns's. Not handled yet: agents
+that join a game after its start (refused in one line).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from rlfarm.envs.errors import EnvError
+from rlfarm.envs.turns import is_turn_based
 
 # PettingZoo's env families by id prefix: "mpe2/simple_spread_v3" is mpe2.simple_spread_v3,
 # "pettingzoo/classic/connect_four_v3" is pettingzoo.classic.connect_four_v3. A fixed list of packages,
@@ -84,17 +86,17 @@ def is_multiagent(env: Any) -> bool:
 
 def to_parallel(env: Any, env_id: str) -> Any:
     """A PettingZoo env in its Parallel form: AEC envs through PettingZoo's own conversion, which only
-    takes games whose agents all act at every step; turn-based games are refused in one line."""
+    takes games whose agents all act at every step. A turn-based game stays an AEC env
+    (rlfarm.envs.turns plays it)."""
     if hasattr(env, "agent_iter"):  # an AEC env
         from pettingzoo.utils.conversions import aec_to_parallel
 
+        if is_turn_based(env):
+            return env
         try:
             return aec_to_parallel(env)
-        except AssertionError:
-            raise EnvError(
-                f"env {env_id!r} is a turn-based (AEC) game: rlfarm runs multi-agent envs whose agents all "
-                f"act at every step (PettingZoo's Parallel API) for now"
-            ) from None
+        except AssertionError as exc:
+            raise EnvError(f"env {env_id!r}: PettingZoo cannot run it as a Parallel env ({exc})") from None
     return env
 
 

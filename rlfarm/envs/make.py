@@ -20,6 +20,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from rlfarm.envs.agents import AgentVector, is_multiagent, pettingzoo_factory, to_parallel
 from rlfarm.envs.allowlist import ALLOWED_MODULES_VAR, check_env_allowed, module_allowed
 from rlfarm.envs.errors import EnvError
+from rlfarm.envs.turns import TurnVector, is_turn_based
 
 
 def _factory(env_id: str, trusted: bool = True) -> Callable[..., gym.Env]:
@@ -95,6 +96,8 @@ def make_env(
         kwargs["frameskip"] = 1  # the preprocessing skips frames itself, max-pooling the last two
     try:
         env = factory(**kwargs)
+        if is_turn_based(env):  # players take turns: a vector of games seen from the learner's seat
+            return TurnVector(lambda: factory(**kwargs), 1, env_id, first=env)
         if is_multiagent(env):  # a PettingZoo env: its agents as the sub-envs of one game
             return AgentVector(
                 lambda: to_parallel(factory(**kwargs), env_id), 1, env_id, first=to_parallel(env, env_id)
@@ -147,6 +150,8 @@ def make_vector_env(
         if "game" in gym.registry[env_id].kwargs:
             return AleVector(env_id, num_envs, options or {})
     first = make_env(env_id, trusted, options=options)
+    if isinstance(first, TurnVector):  # a turn-based game: one sub-env per game
+        return first.grown_to(num_envs)
     if isinstance(first, AgentVector):  # a multi-agent env: num_envs agents, in games of first.k
         if num_envs % first.k:
             first.close()

@@ -14,6 +14,7 @@ import numpy as np
 from rlfarm.envs.agents import AgentVector
 from rlfarm.envs.errors import EnvError
 from rlfarm.envs.make import make_env
+from rlfarm.envs.turns import TurnVector
 
 OBS_DTYPES = ("float32", "uint8")  # what observations are kept as (see SpaceSpec)
 
@@ -42,6 +43,9 @@ class SpaceSpec:
     # The env says which actions are legal at each observation (info["action_mask"], (N, action_dim)
     # bool): actors choose among them and learners score only them. Discrete actions only.
     action_mask: bool = False
+    # Seats of a turn-based game (rlfarm.envs.turns): the learner plays one, opponents the others
+    # (self-play, rlfarm.core.league); 1 for any other env.
+    seats: int = 1
 
     def __post_init__(self) -> None:
         if not self.obs_shape:
@@ -79,6 +83,7 @@ class SpaceSpec:
             "action_high": list(self.action_high),
             **({"agents": self.agents} if self.agents != 1 else {}),
             **({"action_mask": True} if self.action_mask else {}),
+            **({"seats": self.seats} if self.seats != 1 else {}),
         }
 
     @classmethod
@@ -93,10 +98,14 @@ class SpaceSpec:
             str(d.get("obs_dtype", "float32")),
             int(d.get("agents", 1)),
             bool(d.get("action_mask", False)),
+            int(d.get("seats", 1)),
         )
 
 
-def space_spec(env: gym.Env | AgentVector) -> SpaceSpec:
+def space_spec(env: gym.Env | AgentVector | TurnVector) -> SpaceSpec:
+    if isinstance(env, TurnVector):  # the learner's seat; which actions are legal travels beside
+        spec = space_spec_of(env.single_observation_space, env.single_action_space)
+        return dataclasses.replace(spec, action_mask=env.masked, seats=env.k)
     if isinstance(env, AgentVector):  # one policy for every agent: the spaces of one agent
         spec = space_spec_of(env.single_observation_space, env.single_action_space)
         return dataclasses.replace(spec, agents=env.k)

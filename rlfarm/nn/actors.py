@@ -50,6 +50,21 @@ class Actor:
         return other
 
 
+def masked_sample(probs: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One action per row from `probs` (0 where illegal), by inverse CDF, never an illegal one: the first
+    action whose CDF passes u, which has probability > 0 (u may be 0); rounding that lands past the
+    last legal action takes the last legal one."""
+    cdf = probs.cumsum(-1)
+    u = rng.random((len(cdf), 1)) * cdf[:, -1:]
+    action = np.minimum((cdf <= u).sum(-1), probs.shape[-1] - 1)
+    rows = np.arange(len(action))
+    wrong = ~mask[rows, action]
+    if wrong.any():
+        last_legal = probs.shape[-1] - 1 - mask[:, ::-1].argmax(-1)
+        action[wrong] = last_legal[wrong]
+    return action
+
+
 def numpy_mlp(seq: nn.Sequential) -> list[Any]:
     """A Linear/activation Sequential as numpy steps: (W^T, b) pairs and activation functions."""
     steps: list[Any] = []

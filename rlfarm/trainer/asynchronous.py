@@ -90,7 +90,7 @@ class AsyncTrainer(Trainer):
                 "latest",
                 cfg.seed,
                 steps=cfg.farm.steps_per_env,
-                act=self.task_options(self.progress),
+                act=self.rollout_options(self.task_options(self.progress), self._task_counter, 0),
                 stream=self.stream_ref(stream) if stream is not None else None,
             )
         )
@@ -183,6 +183,7 @@ class AsyncTrainer(Trainer):
             self.dropped_stale += 1
             return
         rollout = Rollout.from_dict(message.rollout)
+        self.took_result(message)
         self.env_steps += rollout.num_steps
         self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths, message.version)
         self.algo.observe(rollout, policy_lag=lag)

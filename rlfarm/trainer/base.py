@@ -35,6 +35,7 @@ from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
 from rlfarm.trainer.evaluating import Evaluating
 from rlfarm.trainer.keeper import RunKeeper, log
+from rlfarm.trainer.selfplay import SelfPlay
 from rlfarm.trainer.summary import TrainResult
 from rlfarm.trainer.summary import build as build_summary
 from rlfarm.trainer.summary import write as write_summary
@@ -131,6 +132,8 @@ class Trainer(Evaluating, RunKeeper):
         self._target_reached_at: dict[str, float] | None = None  # when the run first saw it (summary.json)
         # farm.episodes = "continue": the run's env streams (rlfarm.core.streams); a mode sizes them.
         self.streams: StreamBook | None = None
+        # Turn-based games: the opponents of the learner's games, and their league (rlfarm.core.league).
+        self.selfplay = SelfPlay(config, store) if space.seats > 1 else None
 
     # ---- env streams ("continue" episodes) -----------------------------------------------------------
     def open_streams(self, count: int) -> None:
@@ -168,6 +171,17 @@ class Trainer(Evaluating, RunKeeper):
             self.config.algo,
             {"env_steps": str(self.env_steps), **describe_policy(self.config.algo, self.space)},
         )
+        if self.selfplay is not None:
+            self.selfplay.published(self.version)
+
+    def rollout_options(self, act: dict[str, Any], iteration: int, index: int) -> dict[str, Any]:
+        """A rollout task's `act`: the run's options, and in a turn-based game its games' opponents."""
+        return self.selfplay.opponents(act, iteration, index) if self.selfplay is not None else act
+
+    def took_result(self, message: Result) -> None:
+        """A rollout's result was accepted: what its turn-based games say of the league."""
+        if self.selfplay is not None:
+            self.selfplay.record(message)
 
     def task_options(self, progress: float) -> dict[str, Any]:
         """The `act` field of the next rollout task: the algorithm's acting options, and what it
@@ -218,6 +232,7 @@ class Trainer(Evaluating, RunKeeper):
             "algo": algo_state,
             "logger": self.logger.state(self.env_steps),
             **({"streams": self.streams.state()} if self.streams is not None else {}),
+            **({"selfplay": self.selfplay.state()} if self.selfplay is not None else {}),
         }
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
@@ -227,6 +242,8 @@ class Trainer(Evaluating, RunKeeper):
         self.evals.restore(state, task_offset=self.RESUME_TASK_OFFSET)
         if self.streams is not None:
             self.streams.restore(state.get("streams"))
+        if self.selfplay is not None:
+            self.selfplay.restore(state.get("selfplay"))
         stats = self.channel.stats
         for key, value in state["dispatch"].items():
             setattr(stats, key, value)
@@ -333,6 +350,8 @@ class Trainer(Evaluating, RunKeeper):
     def log_step(self, metrics: dict[str, float]) -> None:
         """One log step: console, CSV and TensorBoard, then the user's callback, which may stop the
         run (return False) or add metrics of its own (LogStep.extra, logged under custom/)."""
+        if self.selfplay is not None:
+            metrics = {**metrics, **self.selfplay.scalars()}
         self.logger.scalars(self.env_steps, metrics)
         self._last_logged = dict(metrics)
         if self.callback is None:

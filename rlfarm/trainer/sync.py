@@ -46,7 +46,7 @@ class SyncTrainer(Trainer):
                 self.version,
                 cfg.seed,
                 steps=steps or cfg.farm.steps_per_env,
-                act=act,
+                act=self.rollout_options(act, iteration, i),
                 stream=self.stream_ref(i),
             )
             for i in range(cfg.farm.num_tasks)
@@ -54,6 +54,7 @@ class SyncTrainer(Trainer):
         results = self.channel.gather_group(specs)  # evaluations arriving meanwhile: handle_eval
         for i, result in enumerate(results):
             self.advance_stream(result, i)
+            self.took_result(result)
         return concat([Rollout.from_dict(r.rollout) for r in results])
 
     def train_loop(self) -> None:

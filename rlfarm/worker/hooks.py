@@ -141,11 +141,15 @@ def _preload(**_: object) -> None:
 
 @worker_process_init.connect
 def _init_process(**_: object) -> None:
-    # One torch thread per pool process: W processes on W cores, no oversubscription.
+    # One torch (and BLAS) thread per pool process: W processes on W cores, no oversubscription.
     # Workers never touch CUDA: it cannot be re-initialised in a forked child.
     import torch
+    from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(1)
+    # numpy's BLAS too (the MLP actors' matrix products): its threads spin waiting for each other
+    # on cores the other processes hold (benchmarks/turns.py: a 256x256 actor's batch 30x slower).
+    threadpool_limits(limits=1)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import signal
 

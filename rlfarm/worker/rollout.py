@@ -18,9 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from rlfarm.core import codec, protocol, signing
+from rlfarm.core.league import SELF, named_version, outcomes
 from rlfarm.core.protocol import Result, TaskSpec
 from rlfarm.core.rollout import collect, run_episodes, task_seeds
 from rlfarm.envs import make_env, make_vector_env
+from rlfarm.envs.opponents import RANDOM, actor_player, scripted
+from rlfarm.envs.turns import TurnVector
 from rlfarm.farm import keys
 from rlfarm.farm.claim import claim_incarnation
 from rlfarm.farm.connection import redact
@@ -155,9 +158,15 @@ class RolloutWorker:
         )
         if spec.kind == "eval":
             env = self._single_env(env_cfg)
+            if isinstance(env, TurnVector):  # evaluation games: against the run's eval opponent
+                name = run_meta["config"].get("selfplay", {}).get("eval_opponent", RANDOM)
+                env.set_opponents([name], {name: scripted(name, env_cfg["id"])})
             seed = task_seeds(spec.seed, spec.iteration, spec.index, 1)[0][0]
             result.returns = run_episodes(actor, env, spec.episodes, seed, deterministic=True)
         else:
+            opponents = spec.act.get("opponents")
+            if opponents is not None:
+                players = self._players(spec.run, actor, opponents, env_cfg["id"])
             actor = actor.with_options(**spec.acting_options())
             env_seeds, action_seed = task_seeds(spec.seed, spec.iteration, spec.index, env_cfg["num_envs"])
             keep_next_obs = bool(spec.act.get("keep_next_obs", False))
@@ -170,12 +179,30 @@ class RolloutWorker:
                 rollout = self.streams.collect(spec, env_cfg, actor, action_seed, result, collect_kw)
             else:
                 envs = self._vector_env(env_cfg)
+                if opponents is not None:
+                    envs.set_opponents(opponents, players)
                 rollout = collect(actor, envs, spec.steps, env_seeds, action_seed, **collect_kw)
+                if isinstance(envs, TurnVector):
+                    result.games = outcomes(envs.finished)
             result.rollout = rollout.to_dict()
         result.duration = time.perf_counter() - started
         result.finished = time.time()
         result.timings = {"policy": acting - started, "collect": result.duration - (acting - started)}
         return result
+
+    def _players(self, run: str, actor: Any, names: list[str], env_id: str) -> dict[str, Any]:
+        """The players a turn-based task's games name (rlfarm.core.league): the acting version
+        ("self"), past versions ("v<N>", fetched and cached like any version) or scripted ones."""
+        players = {}
+        for name in set(names):
+            version = named_version(name)
+            if name == SELF:
+                players[name] = actor_player(actor)
+            elif version is not None:
+                players[name] = actor_player(self._actor_of(run, version)[0])
+            else:
+                players[name] = scripted(name, env_id)
+        return players
 
     def _refresher(self, spec: TaskSpec, result: Result) -> Any:
         """For a task acting with "latest": a callable returning the actor of a version newer than the

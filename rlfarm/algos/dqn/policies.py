@@ -11,6 +11,7 @@ from torch import nn
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
+from rlfarm.envs.opponents import random_legal
 from rlfarm.nn.actors import Actor, numpy_mlp, run_numpy_mlp
 from rlfarm.nn.layers import NatureCNN, layer_init, mlp
 
@@ -54,13 +55,19 @@ class QActor(Actor):
         return self.q_values(obs).max(-1).astype(np.float32)
 
     def act(
-        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         q = self.q_values(obs)
+        if mask is not None:  # the best legal action; exploration among the legal ones
+            q = np.where(mask, q, -np.inf)
         action = q.argmax(-1)
         if not deterministic and self.epsilon > 0:
             explore = rng.random(len(action)) < self.epsilon
-            action = np.where(explore, rng.integers(0, self.spec.action_dim, len(action)), action)
+            if mask is None:
+                random = rng.integers(0, self.spec.action_dim, len(action))
+            else:
+                random = random_legal(obs, mask, rng)
+            action = np.where(explore, random, action)
         return action.astype(np.int64), np.zeros(len(action), np.float32), q.max(-1).astype(np.float32)
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.actors import Actor, OnnxGraph, numpy_mlp, onnx_graph, run_numpy_mlp
+from rlfarm.nn.actors import Actor, OnnxGraph, masked_sample, numpy_mlp, onnx_graph, run_numpy_mlp
 from rlfarm.nn.layers import NatureCNN, layer_init, mlp, obs_normalizer
 
 
@@ -91,21 +91,26 @@ class PolicyActor(Actor):
         return self._outputs(obs)[1]
 
     def act(
-        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
+        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Actions (as stored: unclipped), their log-probabilities and state values, for a batch."""
+        """Actions (as stored: unclipped), their log-probabilities and state values, for a batch.
+        `mask`: the legal actions; the others get probability 0 (their logits -inf)."""
         out, value = self._outputs(obs)
         out = out.astype(np.float64)
         if self.spec.discrete:
+            if mask is not None:
+                out = np.where(mask, out, -np.inf)
             logp = out - out.max(-1, keepdims=True)
             logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
             if deterministic:
                 action = logp.argmax(-1)
-            else:
+            elif mask is None:
                 # Inverse-CDF sampling from the numpy generator.
                 cdf = np.exp(logp).cumsum(-1)
                 u = rng.random((len(cdf), 1)) * cdf[:, -1:]
                 action = np.minimum((cdf < u).sum(-1), self.spec.action_dim - 1)
+            else:
+                action = masked_sample(np.exp(logp), mask, rng)
             logprob = logp[np.arange(len(action)), action].astype(np.float32)
             return action.astype(np.int64), logprob, value
         mean = out.astype(np.float32)
