@@ -415,6 +415,7 @@ class Trainer(Evaluating, RunKeeper):
                 threads=self.threads,
                 extras={
                     **self.summary_extras(),
+                    **({"selfplay": self.selfplay.league.to_dict()} if self.selfplay else {}),
                     **({"streams": self.streams.summary()} if self.streams is not None else {}),
                 },
             ),
