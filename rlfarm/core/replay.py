@@ -23,6 +23,8 @@ class Transitions:
     next_obs: np.ndarray  # observation n steps later (the real final one if the episode ended)
     dones: np.ndarray  # terminated within the n steps: no bootstrap
     discounts: np.ndarray  # gamma ** (steps actually taken)
+    # (SpaceSpec.action_mask) the actions legal at next_obs, what the target maximises over; else None
+    next_action_masks: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -51,6 +53,8 @@ def nstep_transitions(rollout: Rollout, n: int, gamma: float) -> Transitions:
         active = valid & ~ended
     cols = np.arange(N)[None, :]
     next_obs = rollout.next_obs[last, cols]
+    # The legal actions go with the observation they are legal at: the n-step next_obs's.
+    next_masks = None if rollout.next_action_masks is None else rollout.next_action_masks[last, cols]
     if rollout.active is not None:  # agents out of their game (rlfarm.envs.agents): no transition
         keep = rollout.active
         return Transitions(
@@ -60,6 +64,7 @@ def nstep_transitions(rollout: Rollout, n: int, gamma: float) -> Transitions:
             next_obs[keep],
             dones[keep],
             discount[keep].astype(np.float32),
+            None if next_masks is None else next_masks[keep],
         )
     flat = lambda a: a.reshape(T * N, *a.shape[2:])  # noqa: E731
     return Transitions(
@@ -69,6 +74,7 @@ def nstep_transitions(rollout: Rollout, n: int, gamma: float) -> Transitions:
         flat(next_obs),
         flat(dones),
         flat(discount).astype(np.float32),
+        None if next_masks is None else flat(next_masks),
     )
 
 
@@ -82,6 +88,7 @@ class Batch:
     discounts: np.ndarray
     weights: np.ndarray  # importance-sampling weights (ones for uniform replay)
     indices: np.ndarray
+    next_action_masks: np.ndarray | None = None  # (batch, action_dim) bool, for envs with action masks
 
 
 class ReplayBuffer:
@@ -108,6 +115,8 @@ class ReplayBuffer:
         self.rewards = np.zeros(capacity, np.float32)
         self.dones = np.zeros(capacity, bool)
         self.discounts = np.zeros(capacity, np.float32)
+        # (capacity, action_dim) bool, allocated by the first transitions that carry masks (SpaceSpec.action_mask)
+        self.next_action_masks: np.ndarray | None = None
         self.pos = 0
         self.size = 0
         self.rng = np.random.default_rng(seed)
@@ -119,12 +128,18 @@ class ReplayBuffer:
         """Store a batch of transitions, overwriting the oldest; returns their slots."""
         n = len(t)
         if n > self.capacity:  # keep the newest
-            t = Transitions(*(getattr(t, f)[-self.capacity :] for f in t.__dataclass_fields__))
+            t = Transitions(**{f: None if v is None else v[-self.capacity :] for f, v in vars(t).items()})
             n = self.capacity
         slots = (self.pos + np.arange(n)) % self.capacity
         self.obs[slots], self.next_obs[slots] = t.obs, t.next_obs
         self.actions[slots], self.rewards[slots] = t.actions, t.rewards
         self.dones[slots], self.discounts[slots] = t.dones, t.discounts
+        if t.next_action_masks is not None:
+            if self.next_action_masks is None:
+                self.next_action_masks = np.ones((self.capacity, t.next_action_masks.shape[-1]), bool)
+            self.next_action_masks[slots] = t.next_action_masks
+        elif self.next_action_masks is not None:  # transitions without masks: every action legal
+            self.next_action_masks[slots] = True
         self.pos = int((self.pos + n) % self.capacity)
         self.size = min(self.size + n, self.capacity)
         return slots
@@ -139,6 +154,7 @@ class ReplayBuffer:
             self.discounts[idx],
             weights.astype(np.float32),
             idx,
+            None if self.next_action_masks is None else self.next_action_masks[idx],
         )
 
     def sample(self, batch_size: int, beta: float = 0.0) -> Batch:
@@ -153,6 +169,8 @@ class ReplayBuffer:
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         """The stored part of the buffer and its position and sampler state (for resuming a run)."""
         arrays = {f: getattr(self, f)[: self.size] for f in self._FIELDS}
+        if self.next_action_masks is not None:
+            arrays["next_action_masks"] = self.next_action_masks[: self.size]
         return arrays, {"pos": self.pos, "size": self.size, "rng": self.rng.bit_generator.state}
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
@@ -161,6 +179,10 @@ class ReplayBuffer:
             raise ValueError(f"saved replay holds {size} transitions, more than buffer_size {self.capacity}")
         for f in self._FIELDS:
             getattr(self, f)[:size] = arrays[f]
+        if "next_action_masks" in arrays:
+            masks = arrays["next_action_masks"]
+            self.next_action_masks = np.ones((self.capacity, masks.shape[-1]), bool)
+            self.next_action_masks[:size] = masks
         self.pos, self.size = meta["pos"] % self.capacity, size
         self.rng.bit_generator.state = meta["rng"]
 

@@ -98,7 +98,13 @@ class DQN(OffPolicy):
 
         with torch.no_grad():
             # Double DQN: the online network picks the next action, the target network values it.
-            next_actions = self.q_network(next_obs).argmax(-1, keepdim=True)
+            next_q_online = self.q_network(next_obs)
+            if batch.next_action_masks is not None:  # the max is over the legal next actions only
+                legal = to_device(batch.next_action_masks, dev)
+                # A next state with no legal action (a finished game) is done: no bootstrap, any pick will do.
+                legal = legal | ~legal.any(-1, keepdim=True)
+                next_q_online = next_q_online.masked_fill(~legal, -torch.inf)
+            next_actions = next_q_online.argmax(-1, keepdim=True)
             next_q = self.target_network(next_obs).gather(-1, next_actions).squeeze(-1)
             target = rewards + discounts * not_done * next_q
         q = self.q_network(obs).gather(-1, actions.unsqueeze(-1)).squeeze(-1)

@@ -216,6 +216,7 @@ class APPO(PPO):
         T, N = rollout.rewards.shape
         chunk = T // cfg.num_minibatches
         act = rollout.actions
+        masks = rollout.action_masks
         dev = self.device
         clipfracs, ratios, values_seen, returns_seen = [], [], [], []
         boot, carry = None, np.zeros(N)
@@ -224,11 +225,16 @@ class APPO(PPO):
             steps = chunk * N
             obs = rollout.obs[rows].reshape(steps, *rollout.obs.shape[2:])
             actions = act[rows].reshape(steps, *act.shape[2:])
+            mask = None if masks is None else masks[rows].reshape(steps, masks.shape[-1])
             if boot is None:  # the last chunk: its bootstrap values come from this forward too
                 obs = np.concatenate([obs, rollout.last_obs])
                 actions = np.concatenate([actions, np.zeros((N, *act.shape[2:]), actions.dtype)])
+                if mask is not None:  # (only their values are used: any mask will do)
+                    mask = np.concatenate([mask, np.ones((N, masks.shape[-1]), bool)])
             logprob, entropy, value = self.policy.evaluate(
-                pixel_layout(to_device(obs, dev), self.spec), to_device(actions, dev)
+                pixel_layout(to_device(obs, dev), self.spec),
+                to_device(actions, dev),
+                None if mask is None else to_device(mask, dev),
             )
             newlogprob, entropy, newvalue = logprob[:steps], entropy[:steps], value[:steps]
             if boot is None:
@@ -314,7 +320,7 @@ class APPO(PPO):
         obs = self._observations(rollout)
         act = rollout.actions
         actions = to_device(act.reshape(T * N, *act.shape[2:]), self.device)
-        logprobs, _, values = self.policy.evaluate(obs, actions)
+        logprobs, _, values = self.policy.evaluate(obs, actions, self._action_masks(rollout))
         if rollout.last_obs is None:  # a result from a worker that does not send it
             last_values = rollout.last_values
         else:

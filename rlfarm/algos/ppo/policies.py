@@ -52,19 +52,27 @@ class ActorCritic(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self._features(obs)).squeeze(-1)
 
-    def _distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:
+    def _distribution(self, out: torch.Tensor, mask: torch.Tensor | None = None) -> torch.distributions.Distribution:
         if self.spec.discrete:
+            if mask is not None:
+                # Illegal actions (SpaceSpec.action_mask) get the lowest finite logit: probability 0, no
+                # gradient, an entropy over the legal ones. Not -inf: a row with no legal action (an agent
+                # out of its game, in APPO's targets) would be NaN.
+                out = out.masked_fill(~mask, torch.finfo(out.dtype).min)
             return torch.distributions.Categorical(logits=out, validate_args=False)
         std = self.actor_logstd.expand_as(out).exp()
         return torch.distributions.Normal(out, std, validate_args=False)
 
-    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
-        return self._distribution(self.actor(self._features(obs)))
+    def distribution(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.distributions.Distribution:
+        return self._distribution(self.actor(self._features(obs)), mask)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Log-probability and entropy of `actions`, and the state value."""
+    def evaluate(
+        self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probability and entropy of `actions`, and the state value. `mask` (batch, action_dim)
+        bool: the legal actions, the only ones the distribution spreads over (None: all are)."""
         out, value = self._heads(obs)
-        dist = self._distribution(out)
+        dist = self._distribution(out, mask)
         if self.spec.discrete:
             logprob, entropy = dist.log_prob(actions.long()), dist.entropy()
         else:

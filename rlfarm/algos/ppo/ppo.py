@@ -113,6 +113,14 @@ class PPO(Algorithm):
         obs = rollout.obs
         return pixel_layout(to_device(obs.reshape(obs.shape[0] * obs.shape[1], *obs.shape[2:]), self.device), self.spec)
 
+    def _action_masks(self, rollout: Rollout) -> torch.Tensor | None:
+        """The (T, N, A) legal-action masks as one (T x N, A) batch on the device, in the order of
+        `_observations`; None for an env without masks."""
+        masks = rollout.action_masks
+        if masks is None:
+            return None
+        return to_device(masks.reshape(-1, masks.shape[-1]), self.device)
+
     def _anneal(self, progress_remaining: float) -> None:
         """Learning rate and surrogate clip range for this update, linear in the progress remaining
         (SB3's `lin_X` schedules) where anneal_lr and anneal_clip ask for it."""
@@ -145,11 +153,14 @@ class PPO(Algorithm):
         b_values = to_device(values.reshape(-1), dev)
         b_adv = to_device(advantages.reshape(-1), dev)
         b_returns = to_device(returns.reshape(-1), dev)
+        b_masks = self._action_masks(rollout)
         if rollout.active is not None:  # agents out of their game: their steps teach nothing
             keep = to_device(np.flatnonzero(rollout.active.reshape(-1)), dev)
             b_obs, b_actions, b_logprobs, b_values, b_adv, b_returns = (
                 x[keep] for x in (b_obs, b_actions, b_logprobs, b_values, b_adv, b_returns)
             )
+            if b_masks is not None:
+                b_masks = b_masks[keep]
 
         batch_size = len(b_obs)
         # A SYNC run's shorter last iteration may hold fewer samples than minibatches, or not a multiple
@@ -160,7 +171,8 @@ class PPO(Algorithm):
             order = torch.randperm(batch_size, generator=self.generator).to(dev)
             for start in range(0, batch_size, minibatch_size):
                 mb = order[start : start + minibatch_size]
-                newlogprob, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_actions[mb])
+                mb_masks = None if b_masks is None else b_masks[mb]
+                newlogprob, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_actions[mb], mb_masks)
                 pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
                     newlogprob, entropy, newvalue, b_logprobs[mb], b_values[mb], b_adv[mb], b_returns[mb], impala_loss
                 )
