@@ -244,3 +244,8 @@ def test_self_play_trains_through_the_farm_with_its_league_pinned_and_rated(farm
     pinned = {int(v) for v in client.smembers(f"rlfarm:{run_id}:pinned")}
     # The league (v4, v6) stays pinned while v4 is older than the 2 versions kept; v2 left it, unpinned.
     assert {4, 6} <= pinned and 2 not in pinned, pinned
+    # `rlfarm eval` plays the run's policy against the player asked for, and says its record.
+    played = run_cli("eval", str(tmp_path / run_id), "--episodes", "4", "--opponent", "lookahead")
+    assert played.returncode == 0 and "against lookahead: " in played.stdout, played.stderr
+    unknown = run_cli("eval", str(tmp_path / run_id), "--opponent", "best")
+    assert unknown.returncode == 2 and "unknown opponent 'best'" in unknown.stderr

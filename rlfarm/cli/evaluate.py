@@ -51,6 +51,11 @@ from rlfarm.config import bounds as B  # pure and light: the upper bounds of the
     help='Record every episode to an .mp4 file in this directory (needs moviepy: pip install -e ".[video]").',
 )
 @click.option("--render", is_flag=True, help="Watch the episodes in a window (needs a display).")
+@click.option(
+    "--opponent",
+    help="Turn-based games: who plays the other seat: random, lookahead (connect four) or a policy file "
+    "(greedy) [random]. Games alternate first and second seat.",
+)
 @click.pass_context
 def eval_(
     ctx: click.Context,
@@ -65,6 +70,7 @@ def eval_(
     seed: int,
     video_dir: str | None,
     render: bool,
+    opponent: str | None,
 ) -> None:
     """Run greedy episodes with a run's best policy, a saved policy file or a stored version; print
     mean ± std.
@@ -115,6 +121,8 @@ def eval_(
             policy = playback.from_run(redis_url, run_id, version)
         env, env_id = playback.open_env(policy, env_id, render_mode)
         network = playback.network_for(policy, env, env_id)
+        if opponent:
+            playback.set_opponent(env, env_id, opponent)
         name = f"{policy.algo}-{env_id.split(':')[-1].replace('/', '-')}-policy{policy.meta.get('version', '')}"
         returns = playback.play(network, policy.algo, env, env_id, episodes, seed, render_mode, video_dir, name)
     except playback.PlaybackError as exc:
@@ -126,6 +134,9 @@ def eval_(
         f"{env_id}, policy v{policy.version}: mean return {returns.mean():.2f} ± "
         f"{returns.std():.2f} over {episodes} greedy episodes"
     )
+    if opponent or getattr(env, "finished", None) is not None:  # a turn-based game: its record
+        wins, draws, losses = (int((returns > 0).sum()), int((returns == 0).sum()), int((returns < 0).sum()))
+        click.echo(f"against {opponent or 'random'}: {wins} won, {draws} drawn, {losses} lost")
     if video_dir:
         videos = sorted(Path(video_dir).glob("*.mp4"))
         click.echo(

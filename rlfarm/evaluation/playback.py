@@ -167,6 +167,30 @@ def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str |
     return env, env_id
 
 
+def set_opponent(env: Any, env_id: str, opponent: str) -> None:
+    """A turn-based game's other seat: a scripted player by name, or a policy file playing greedily."""
+    from rlfarm.envs import EnvError
+    from rlfarm.envs.opponents import SCRIPTED, actor_player, scripted
+
+    if not hasattr(env, "set_opponents"):
+        raise PlaybackError(f"--opponent is for turn-based games; {env_id} is not one", 2)
+    try:
+        if opponent in SCRIPTED:
+            player = scripted(opponent, env_id)
+        elif not Path(opponent).is_file():
+            raise PlaybackError(f"unknown opponent {opponent!r}: {', '.join(SCRIPTED)} or a policy file", 2)
+        else:
+            from rlfarm.algos import learner
+
+            other = from_file(opponent)
+            player = actor_player(
+                learner(other.algo).actor_snapshot(network_for(other, env, env_id)), deterministic=True
+            )
+    except EnvError as exc:
+        raise PlaybackError(str(exc), 2) from None
+    env.set_opponents([opponent], {opponent: player})
+
+
 def network_for(policy: StoredPolicy, env: Any, env_id: str) -> Any:
     """The policy's network, built for `env`'s spaces (PlaybackError when it does not fit them)."""
     from rlfarm.algos.saved import PolicyMismatch, load_network

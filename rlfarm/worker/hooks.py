@@ -148,7 +148,7 @@ def _init_process(**_: object) -> None:
 
     torch.set_num_threads(1)
     # numpy's BLAS too (the MLP actors' matrix products): its threads spin waiting for each other
-    # on cores the other processes hold (benchmarks/turns.py: a 256x256 actor's batch 30x slower).
+    # on cores the other processes hold (benchmarks/actor_threads.py: a 256x256 actor several times slower).
     threadpool_limits(limits=1)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import signal
