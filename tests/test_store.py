@@ -52,6 +52,21 @@ def test_missing_trimmed_and_corrupt_versions(redis_only):
         store.run_meta()
 
 
+def test_a_version_pinned_by_two_holders_stays_until_both_let_go(redis_only):
+    """Self-play's league and the evaluations pin versions independently: an evaluation that ends
+    must not trim a league member a task may still fetch (a run failed on it: PolicyNotFound)."""
+    store = PolicyStore(connect(redis_only.redis_url), "holders", keep=2)
+    store.publish(0, _state(0.0), "ppo")
+    store.pin(0, "league")
+    store.pin(0)  # an evaluation of version 0
+    for v in range(1, 4):
+        store.publish(v, _state(float(v)), "ppo")
+    store.unpin(0)  # the evaluation is done
+    assert 0 in store.versions() and torch.equal(store.get(0)[0]["layer.weight"], torch.zeros(4, 3))
+    store.unpin(0, "league")  # the version left the league: trimmed, as it is older than the 2 kept
+    assert store.versions() == [2, 3]
+
+
 def test_run_meta_listing_and_namespacing(redis_only):
     client = connect(redis_only.redis_url)
     a, b = PolicyStore(client, "run-a"), PolicyStore(client, "run-b")

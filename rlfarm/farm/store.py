@@ -70,6 +70,7 @@ class PolicyStore:
         # Versions retention never trims (the best one, those being evaluated), with their blobs, so a
         # trainer can write them back after Redis lost its data. Only the run's trainer pins.
         self.pinned: dict[int, bytes] = {}
+        self.holders: dict[int, set[str]] = {}  # who keeps each pinned version (pin, unpin)
         # The newest version this store published, as it wrote it: what it pins or writes back is its
         # own copy, never bytes read back from Redis, which anyone who can write to Redis can replace.
         self.own: tuple[int, bytes] | None = None
@@ -158,10 +159,13 @@ class PolicyStore:
             return False
         return True
 
-    def pin(self, version: int) -> bytes:
+    def pin(self, version: int, holder: str = "") -> bytes:
         """Keep `version` whatever `keep` says (listed in `rlfarm:<run>:pinned`); returns its blob: the
         store's own copy when it published it, else the one in Redis once it passes `get`'s checks
-        (PolicyCorrupt if not): a blob forged in Redis is never pinned, nor re-signed from there."""
+        (PolicyCorrupt if not): a blob forged in Redis is never pinned, nor re-signed from there.
+        `holder`: who keeps it ("" the evaluations, "league" self-play's league): it stays pinned
+        until every holder has unpinned it."""
+        self.holders.setdefault(version, set()).add(holder)
         if version not in self.pinned:
             if self.own is not None and self.own[0] == version:
                 self.pinned[version] = self.own[1]
@@ -172,8 +176,14 @@ class PolicyStore:
             self.client.sadd(keys.pinned(self.run_id), version)
         return self.pinned[version]
 
-    def unpin(self, version: int) -> None:
-        """Back to normal retention: trimmed now if it is older than the `keep` newest."""
+    def unpin(self, version: int, holder: str = "") -> None:
+        """`holder` lets go of `version`; once none holds it, back to normal retention: trimmed now if
+        it is older than the `keep` newest."""
+        held = self.holders.get(version, set())
+        held.discard(holder)
+        if held:
+            return
+        self.holders.pop(version, None)
         if self.pinned.pop(version, None) is None:
             return
         pipe = self.client.pipeline(transaction=True)

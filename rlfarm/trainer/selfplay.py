@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlfarm.core.league import ANCHOR, League
 
+LEAGUE = "league"  # the league's hold on its members' versions (PolicyStore.pin)
+
 if TYPE_CHECKING:
     from rlfarm.config import RunConfig
     from rlfarm.core.protocol import Result
@@ -36,9 +38,9 @@ class SelfPlay:
         self.newest = version
         before = set(self.league.members)
         for gone in self.league.published(version):
-            self.store.unpin(gone)
+            self.store.unpin(gone, LEAGUE)
         for joined in set(self.league.members) - before:
-            self.store.pin(joined)
+            self.store.pin(joined, LEAGUE)
 
     def record(self, message: Result) -> None:
         if message.games and message.version is not None:
@@ -64,4 +66,4 @@ class SelfPlay:
             self.league.restore(state["league"])
             self.newest = int(state.get("newest", 0))
             for version in self.league.members:
-                self.store.pin(version)
+                self.store.pin(version, LEAGUE)
