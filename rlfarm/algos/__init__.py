@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING
 from rlfarm.config.errors import ConfigError
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from rlfarm.algos.base import Algorithm
+    from rlfarm.config import PolicyConfig
     from rlfarm.config.section import AlgoSection
     from rlfarm.envs import SpaceSpec
 
@@ -54,6 +57,17 @@ def learner(name: str, mode: str | None = None) -> type[Algorithm]:
             return getattr(importlib.import_module(f"{package}.{module}"), cls)
     found.check_mode(str(mode))  # raises: the algorithm does not run in this mode
     raise ConfigError(f"no learner declared for algo {name!r} in mode {mode}")
+
+
+def network_for(algo: str, spec: SpaceSpec, config: PolicyConfig) -> nn.Module:
+    """The network algorithm `algo` acts with for `spec`: its own, or one per policy where the env's
+    agents are mapped to several (rlfarm.algos.group)."""
+    cls = learner(algo)
+    if spec.policies:
+        from rlfarm.algos.group import GroupNetwork
+
+        return GroupNetwork(spec, config, cls.build_network)
+    return cls.build_network(spec, config)
 
 
 def check_mode(algo: str, mode: str) -> None:

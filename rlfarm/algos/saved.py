@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlfarm.algos import learner, names
+from rlfarm.algos import learner, names, network_for
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
 
@@ -118,7 +118,7 @@ def load_network(
     if problems:
         raise PolicyMismatch("; ".join(problems))
     try:
-        network = cls.build_network(spec, config)
+        network = network_for(algo, spec, config)
         network.load_state_dict(state)
     except (RuntimeError, ValueError) as exc:  # tensors of another network (e.g. other hidden sizes)
         detail = " ".join(str(exc).split())

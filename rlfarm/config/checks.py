@@ -96,10 +96,34 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("async.refresh_steps cannot be negative (0: a task acts with one version)")
     check_results_per_update(config, config.async_.tasks_in_flight)
     check_selfplay(config)
+    check_policies(config)
     check_config_bounds(config)  # after the lower bounds, so a 0 is not reported as a bound
     config.algo_config.check(config)
     if config.run_id and not all(c.isalnum() or c in "-_." for c in config.run_id):
         raise ConfigError(f"run_id may hold letters, digits, '-', '_' and '.', got {config.run_id!r}")
+
+
+def check_policies(config: RunConfig) -> None:
+    """env.policy_map and frozen, as far as the config alone tells (the agents are matched once the env
+    is made, rlfarm.envs.agents)."""
+    from rlfarm.envs.agents import parse_policy_map
+
+    try:
+        named = {policy for _, policy in parse_policy_map(config.env.policy_map)}
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    frozen = set()
+    for entry in config.frozen:
+        policy, sep, path = str(entry).partition("=")
+        if not sep or not path.strip():
+            raise ConfigError(f"frozen entry {entry!r} is not 'policy=file' (a policy of env.policy_map and its file)")
+        if policy.strip() not in named:
+            raise ConfigError(
+                f"frozen policy {policy.strip()!r} is not in env.policy_map ({', '.join(sorted(named)) or 'empty'})"
+            )
+        frozen.add(policy.strip())
+    if named and frozen == named:
+        raise ConfigError("every policy of env.policy_map is frozen: at least one must be trained")
 
 
 SELFPLAY_OPPONENTS = ("league", "random", "lookahead")

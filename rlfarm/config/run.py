@@ -43,6 +43,10 @@ class EnvConfig:
     noop_max: int = 30  # up to this many no-op actions at an episode's start
     terminal_on_life_loss: bool = False  # a lost life ends the episode for learning (not the game)
     clip_rewards: bool = True  # learn from the sign of the reward; episode returns stay the game score
+    # Multi-agent envs: which policy acts for which agents, "pattern=policy" entries (fnmatch patterns
+    # of agent ids; the first that matches wins), e.g. ["adversary_*=adversary", "agent_*=agent"].
+    # Empty: one policy shared by every agent (rlfarm.envs.agents, rlfarm.algos.group).
+    policy_map: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,9 @@ class RunConfig:
     # checkpoint_replay.
     checkpoint_interval: float = 10.0
     checkpoint_replay: bool = True
+    # Policies of env.policy_map that are not trained: "policy=file" entries, each acting with a saved
+    # policy file's weights throughout the run (a fixed opponent or a fixed lower level).
+    frozen: tuple[str, ...] = ()
     env: EnvConfig = field(default_factory=EnvConfig)
     farm: FarmConfig = field(default_factory=FarmConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

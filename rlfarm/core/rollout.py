@@ -58,6 +58,9 @@ class Rollout:
     # ones legal at `next_obs` (a Q-learner's target maximises over them). None for other envs.
     action_masks: np.ndarray | None = None
     next_action_masks: np.ndarray | None = None
+    # Several policies (SpaceSpec.policies): the sub-env each episode of `episode_returns` ended in,
+    # so each policy's learner and metrics see its own agents' episodes. None otherwise.
+    episode_columns: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -129,6 +132,7 @@ def collect(
     next_mask_buf = np.zeros((n_steps, n, spec.action_dim), bool) if masked and keep_next_obs else None
     ep_returns: list[float] = []
     ep_lengths: list[int] = []
+    ep_columns: list[int] | None = [] if spec.policies else None
     if stream is not None and stream.obs is not None:
         obs, running_return, running_length = stream.obs, stream.episode_return, stream.episode_length
         mask = None  # (masked envs are refused "continue": config.checks)
@@ -191,6 +195,8 @@ def collect(
         for i in np.flatnonzero(done):
             ep_returns.append(float(running_return[i]))
             ep_lengths.append(int(running_length[i]))
+            if ep_columns is not None:
+                ep_columns.append(int(i))
         running_return[done] = 0.0
         running_length[done] = 0
         obs = next_obs
@@ -215,6 +221,7 @@ def collect(
         active_buf,
         mask_buf,
         next_mask_buf,
+        None if ep_columns is None else np.asarray(ep_columns, np.int64),
     )
 
 
@@ -255,6 +262,9 @@ def concat(rollouts: list[Rollout]) -> Rollout:
         joined[k] = None if any(p is None for p in parts) else np.concatenate(parts, axis=1)
     parts = [r.last_obs for r in rollouts]
     joined["last_obs"] = None if any(p is None for p in parts) else np.concatenate(parts)
+    if all(r.episode_columns is not None for r in rollouts):  # columns of the joined rollout
+        offsets = np.cumsum([0] + [r.rewards.shape[1] for r in rollouts[:-1]])
+        joined["episode_columns"] = np.concatenate([r.episode_columns + o for r, o in zip(rollouts, offsets)])
     if any(r.active is not None for r in rollouts):
         joined["active"] = np.concatenate(
             [r.active if r.active is not None else np.ones(r.rewards.shape, bool) for r in rollouts], axis=1
@@ -315,5 +325,7 @@ def _game_episodes(
             total += reward
             steps += 1
             finished |= terminated | truncated
+        if spec.policies:  # several policies: a game is scored by the first policy's agents
+            total = total[spec.columns(spec.policies[0], n)]
         returns.append(float(total.mean()))
     return np.asarray(returns)

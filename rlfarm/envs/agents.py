@@ -18,6 +18,7 @@ that join a game after its start (refused in one line).
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -103,7 +104,17 @@ def to_parallel(env: Any, env_id: str) -> Any:
 class AgentVector(VectorEnv):
     """`games` copies of a Parallel env, their agents side by side as sub-envs (see the module)."""
 
-    def __init__(self, make: Callable[[], Any], games: int, env_id: str = "", first: Any = None) -> None:
+    def __init__(
+        self,
+        make: Callable[[], Any],
+        games: int,
+        env_id: str = "",
+        first: Any = None,
+        policy_map: Sequence[str] = (),
+    ) -> None:
+        """`policy_map` (env.policy_map): "pattern=policy" entries (fnmatch patterns of agent ids, the
+        first that matches wins) when several policies act; agents of different observation spaces
+        then have their observations flattened and zero-padded to the largest."""
         self.env_id = env_id
         self._make = make
         self.games = [first if first is not None and g == 0 else make() for g in range(games)]
@@ -111,8 +122,16 @@ class AgentVector(VectorEnv):
         self.agents: list[str] = list(first.possible_agents)
         self.k = len(self.agents)
         self.num_envs = games * self.k
-        self.single_observation_space = _one_space(first, "observation_space", self.agents, env_id)
+        self.policy_map = tuple(policy_map)
+        self.policy_of: tuple[str, ...] = ()  # each agent's policy, with a map
+        self.policy_names: tuple[str, ...] = ()
+        self.agent_obs_dims: tuple[int, ...] = ()
         self.single_action_space = _one_space(first, "action_space", self.agents, env_id)
+        if self.policy_map:
+            self.policy_of, self.policy_names = map_agents(self.policy_map, self.agents, env_id)
+            self.single_observation_space = self._padded_space(first)
+        else:
+            self.single_observation_space = _one_space(first, "observation_space", self.agents, env_id)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
@@ -121,9 +140,31 @@ class AgentVector(VectorEnv):
         self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape), self.single_observation_space.dtype)
         self._in_game = np.ones(self.num_envs, bool)  # the sub-env's agent is in its game now
 
+    def _padded_space(self, first: Any) -> gym.Space:
+        """One Box wide enough for every agent's flattened observation; a policy's agents must share
+        their space."""
+        spaces = {agent: first.observation_space(agent) for agent in self.agents}
+        for name in self.policy_names:
+            mine = [a for a, p in zip(self.agents, self.policy_of) if p == name]
+            _one_space(first, "observation_space", mine, self.env_id)
+        for agent, space in spaces.items():
+            if not isinstance(space, gym.spaces.Box):
+                raise EnvError(f"env {self.env_id!r}: agent {agent}'s observation space {space} is not a Box")
+        self.agent_obs_dims = tuple(int(np.prod(spaces[a].shape)) for a in self.agents)
+        return gym.spaces.Box(-np.inf, np.inf, (max(self.agent_obs_dims),), np.float32)
+
     def grown_to(self, games: int) -> AgentVector:
         """This vector's first game and `games - 1` more, as one vector."""
-        return AgentVector(self._make, games, self.env_id, first=self.games[0])
+        return AgentVector(self._make, games, self.env_id, first=self.games[0], policy_map=self.policy_map)
+
+    def _put(self, i: int, obs: Any) -> None:
+        """Sub-env i's observation, flattened and zero-padded where agents' spaces differ."""
+        if self.agent_obs_dims:
+            flat = np.asarray(obs, np.float32).reshape(-1)
+            self._obs[i, : len(flat)] = flat
+            self._obs[i, len(flat) :] = 0.0
+        else:
+            self._obs[i] = obs
 
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
         """`seed`: one per sub-env (game g takes the one of its first agent) or one for all."""
@@ -141,7 +182,7 @@ class AgentVector(VectorEnv):
         obs, _ = self.games[g].reset(seed=seed, options=options)
         self._check_all_present(g, obs)
         for k, agent in enumerate(self.agents):
-            self._obs[g * self.k + k] = obs[agent]
+            self._put(g * self.k + k, obs[agent])
         self._in_game[g * self.k : (g + 1) * self.k] = True
 
     def step(self, actions: Any):
@@ -162,7 +203,7 @@ class AgentVector(VectorEnv):
                 terminated[i] = bool(term.get(agent, False))
                 truncated[i] = bool(trunc.get(agent, False))
                 if agent in obs:
-                    self._obs[i] = obs[agent]
+                    self._put(i, obs[agent])
                 if terminated[i] or truncated[i]:
                     final_obs[i] = self._obs[i].copy()
                     ended[i] = True
@@ -189,6 +230,39 @@ class AgentVector(VectorEnv):
             game.close()
 
 
+def parse_policy_map(entries: Sequence[str]) -> list[tuple[str, str]]:
+    """env.policy_map's "pattern=policy" entries as (pattern, policy) pairs; ValueError on a bad one."""
+    pairs = []
+    for entry in entries:
+        pattern, sep, policy = str(entry).partition("=")
+        if not sep or not pattern.strip() or not policy.strip().isidentifier():
+            raise ValueError(
+                f"env.policy_map entry {entry!r} is not 'pattern=policy' (an agent id pattern such as "
+                f"'adversary_*', and a policy name that is an identifier)"
+            )
+        pairs.append((pattern.strip(), policy.strip()))
+    return pairs
+
+
+def map_agents(entries: Sequence[str], agents: Sequence[str], env_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Each agent's policy (the first pattern that matches its id) and the policies' names in the map's
+    order; an EnvError names an agent no pattern matches."""
+    try:
+        pairs = parse_policy_map(entries)
+    except ValueError as exc:
+        raise EnvError(str(exc)) from None
+    policy_of = []
+    for agent in agents:
+        match = next((policy for pattern, policy in pairs if fnmatch.fnmatchcase(agent, pattern)), None)
+        if match is None:
+            raise EnvError(
+                f"env {env_id!r}: no env.policy_map entry matches agent {agent!r} (its agents: {', '.join(agents)})"
+            )
+        policy_of.append(match)
+    names = tuple(dict.fromkeys(policy for _, policy in pairs if policy in policy_of))
+    return tuple(policy_of), names
+
+
 def _one_space(env: Any, which: str, agents: list[str], env_id: str) -> gym.Space:
     spaces = {agent: getattr(env, which)(agent) for agent in agents}
     first = spaces[agents[0]]
@@ -197,6 +271,7 @@ def _one_space(env: Any, which: str, agents: list[str], env_id: str) -> gym.Spac
         kind = which.replace("_", " ")
         raise EnvError(
             f"env {env_id!r}: agents {agents[0]} and {others[0]} have different {kind}s ({first} and "
-            f"{spaces[others[0]]}); one policy acts for every agent, so they must be the same"
+            f"{spaces[others[0]]}); one policy acts for them, so they must be the same (env.policy_map "
+            f"gives agents of different observation spaces policies of their own)"
         )
     return first

@@ -100,7 +100,11 @@ def make_env(
             return TurnVector(lambda: factory(**kwargs), 1, env_id, first=env)
         if is_multiagent(env):  # a PettingZoo env: its agents as the sub-envs of one game
             return AgentVector(
-                lambda: to_parallel(factory(**kwargs), env_id), 1, env_id, first=to_parallel(env, env_id)
+                lambda: to_parallel(factory(**kwargs), env_id),
+                1,
+                env_id,
+                first=to_parallel(env, env_id),
+                policy_map=tuple((options or {}).get("policy_map", ())),
             )
         if not isinstance(env, gym.Env):  # a callable that makes no env ("tempfile:mkdtemp"): one line
             raise EnvError(f"env {env_id!r}: its constructor returned {type(env).__name__}, not a gymnasium Env")

@@ -46,12 +46,33 @@ class SpaceSpec:
     # Seats of a turn-based game (rlfarm.envs.turns): the learner plays one, opponents the others
     # (self-play, rlfarm.core.league); 1 for any other env.
     seats: int = 1
+    # Several policies (env.policy_map, rlfarm.algos.group): their names in the map's order, the index
+    # of each agent's policy in that tuple, and each agent's own observation size (observations are
+    # zero-padded to obs_dim, the largest, so agents of different spaces share a rollout's arrays).
+    policies: tuple[str, ...] = ()
+    agent_policy: tuple[int, ...] = ()
+    agent_obs_dims: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.obs_shape:
             object.__setattr__(self, "obs_shape", (int(self.obs_dim),))
         if self.obs_dtype not in OBS_DTYPES:
             raise EnvError(f"observation dtype {self.obs_dtype!r} is not supported ({', '.join(OBS_DTYPES)})")
+
+    def policy_spec(self, name: str) -> SpaceSpec:
+        """The spaces policy `name` acts in: its agents' own observation size, one agent a sub-env."""
+        index = self.policies.index(name)
+        dims = {d for d, p in zip(self.agent_obs_dims, self.agent_policy) if p == index}
+        (dim,) = dims
+        return dataclasses.replace(
+            self, obs_dim=dim, obs_shape=(dim,), agents=1, policies=(), agent_policy=(), agent_obs_dims=()
+        )
+
+    def columns(self, name: str, num_envs: int) -> np.ndarray:
+        """The sub-envs of a vector of `num_envs` (games of `agents` agents) whose agent policy `name` acts for."""
+        index = self.policies.index(name)
+        agent = np.arange(num_envs) % self.agents
+        return np.flatnonzero(np.asarray(self.agent_policy)[agent] == index)
 
     @property
     def is_image(self) -> bool:
@@ -84,6 +105,15 @@ class SpaceSpec:
             **({"agents": self.agents} if self.agents != 1 else {}),
             **({"action_mask": True} if self.action_mask else {}),
             **({"seats": self.seats} if self.seats != 1 else {}),
+            **(
+                {
+                    "policies": list(self.policies),
+                    "agent_policy": list(self.agent_policy),
+                    "agent_obs_dims": list(self.agent_obs_dims),
+                }
+                if self.policies
+                else {}
+            ),
         }
 
     @classmethod
@@ -99,6 +129,9 @@ class SpaceSpec:
             int(d.get("agents", 1)),
             bool(d.get("action_mask", False)),
             int(d.get("seats", 1)),
+            tuple(str(p) for p in d.get("policies", ())),
+            tuple(int(i) for i in d.get("agent_policy", ())),
+            tuple(int(i) for i in d.get("agent_obs_dims", ())),
         )
 
 
@@ -108,6 +141,14 @@ def space_spec(env: gym.Env | AgentVector | TurnVector) -> SpaceSpec:
         return dataclasses.replace(spec, action_mask=env.masked, seats=env.k)
     if isinstance(env, AgentVector):  # one policy for every agent: the spaces of one agent
         spec = space_spec_of(env.single_observation_space, env.single_action_space)
+        if env.policy_of:  # several policies: observations padded to the largest
+            return dataclasses.replace(
+                spec,
+                agents=env.k,
+                policies=env.policy_names,
+                agent_policy=tuple(env.policy_names.index(p) for p in env.policy_of),
+                agent_obs_dims=env.agent_obs_dims,
+            )
         return dataclasses.replace(spec, agents=env.k)
     return space_spec_of(env.observation_space, env.action_space)
 

@@ -47,6 +47,27 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def frozen_policies(config: RunConfig, space: Any) -> dict[str, dict[str, torch.Tensor]]:
+    """The weights of each frozen policy (`frozen = ["policy=file"]`), read with RLFARM_SECRET's check,
+    from a single policy's file or one policy of a group's (its `nets.<policy>.` tensors)."""
+    from rlfarm.algos.base import unprefixed
+    from rlfarm.core import codec
+    from rlfarm.core.signing import SignatureError
+
+    weights = {}
+    for entry in config.frozen:
+        name, _, path = (part.strip() for part in entry.partition("="))
+        try:
+            state, _ = codec.decode_policy(Path(path).read_bytes(), signing.secret_from_env())
+        except OSError as exc:
+            raise ConfigError(f"frozen policy {name!r}: cannot read {path}: {exc.strerror or exc}") from None
+        except (codec.CodecError, SignatureError) as exc:
+            raise ConfigError(f"frozen policy {name!r}: {exc} (file {path})") from None
+        own = unprefixed(f"nets.{name}", state)
+        weights[name] = own or dict(state)
+    return weights
+
+
 def make_trainer(
     config: RunConfig,
     redis_url: str,
@@ -104,7 +125,13 @@ def make_trainer(
     threads = trainer_threads(config, space.is_image, local_workers)
     torch.set_num_threads(threads)
     torch.manual_seed(config.seed)  # the network's initial weights
-    algo = learner(config.algo, config.mode)(config, space, device)
+    if space.policies:  # env.policy_map: a learner per policy (rlfarm.algos.group)
+        from rlfarm.algos.group import PolicyGroup
+
+        frozen = frozen_policies(config, space)
+        algo = PolicyGroup(config, space, device, learner(config.algo, config.mode), frozen)
+    else:
+        algo = learner(config.algo, config.mode)(config, space, device)
     farm = config.farm
     # The trainer opens its task channel and watchdog from this link, as their owner (FarmLink.open).
     link = FarmLink(

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from rlfarm.algos import learner
+from rlfarm.algos import learner, network_for
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
@@ -107,8 +107,10 @@ class PolicyVersions:
             self.networks.move_to_end(run)
             return self.networks[run]
         run_meta = self.run_meta(run)
-        network = learner(run_meta["config"]["algo"]).build_network(
-            SpaceSpec.from_dict(run_meta["space"]), policy_config(run_meta["config"]["policy"])
+        network = network_for(
+            run_meta["config"]["algo"],
+            SpaceSpec.from_dict(run_meta["space"]),
+            policy_config(run_meta["config"]["policy"]),
         )
         self.networks[run] = network
         while len(self.networks) > MAX_NETWORKS:
