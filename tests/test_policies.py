@@ -1,0 +1,186 @@
+"""Several policies in one run (env.policy_map, rlfarm.algos.group): agents mapped to policies,
+agents of different spaces, a learner per policy on its own columns, frozen policies; unit tests on
+mpe2's simple_adversary_v3 (1 adversary, 2 good agents: observations of 8 and 10 values), and runs
+through a farm."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from rlfarm.config import ConfigError, RunConfig, build
+from rlfarm.core.rollout import collect
+from rlfarm.envs import EnvError, make_vector_env, space_spec
+from rlfarm.envs.agents import map_agents
+
+HAS_MPE2 = importlib.util.find_spec("mpe2") is not None
+NO_MPE2 = 'needs mpe2 (the multiagent extra: pip install -e ".[multiagent]")'
+needs_mpe2 = pytest.mark.skipif(not HAS_MPE2, reason=NO_MPE2)
+ADV = "mpe2/simple_adversary_v3"
+MAP = ("adversary_*=adversary", "agent_*=agent")
+
+
+def _config(**changes) -> RunConfig:
+    base = RunConfig()
+    return dataclasses.replace(
+        base,
+        env=dataclasses.replace(base.env, id=ADV, num_envs=6, policy_map=MAP),
+        farm=dataclasses.replace(base.farm, steps_per_env=50),
+        policy=dataclasses.replace(base.policy, hidden_sizes=(16,)),
+        **changes,
+    )
+
+
+def test_agents_take_the_policy_of_the_first_pattern_that_matches():
+    agents = ["adversary_0", "agent_0", "agent_1"]
+    assert map_agents(["adversary_*=red", "*=blue"], agents, ADV) == (("red", "blue", "blue"), ("red", "blue"))
+    assert map_agents(["agent_1=solo", "agent_*=team", "*=red"], agents, ADV) == (
+        ("red", "team", "solo"),
+        ("solo", "team", "red"),
+    )
+    with pytest.raises(EnvError, match="no env.policy_map entry matches agent 'adversary_0'"):
+        map_agents(["agent_*=team"], agents, ADV)
+
+
+def test_a_bad_map_or_frozen_entry_is_one_line_before_anything_starts():
+    with pytest.raises(ConfigError, match="is not 'pattern=policy'"):
+        build(overrides=["env.policy_map=['adversary_*']"])
+    with pytest.raises(ConfigError, match="frozen policy 'blue' is not in env.policy_map"):
+        build(overrides=["env.policy_map=['*=red']", "frozen=['blue=x.safetensors']"])
+    with pytest.raises(ConfigError, match="at least one must be trained"):
+        build(overrides=["env.policy_map=['*=red']", "frozen=['red=x.safetensors']"])
+
+
+@needs_mpe2
+def test_agents_of_different_spaces_are_padded_and_each_policy_has_its_columns():
+    envs = make_vector_env(ADV, 6, options={"policy_map": MAP})
+    spec = space_spec(envs)
+    assert spec.policies == ("adversary", "agent") and spec.agent_policy == (0, 1, 1)
+    assert spec.agent_obs_dims == (8, 10, 10) and spec.obs_dim == 10
+    assert spec.columns("adversary", 6).tolist() == [0, 3] and spec.columns("agent", 6).tolist() == [1, 2, 4, 5]
+    assert spec.policy_spec("adversary").obs_dim == 8 and spec.policy_spec("agent").obs_dim == 10
+    obs, _ = envs.reset(seed=3)
+    assert (obs[[0, 3], 8:] == 0).all() and (obs[[1, 2], 8:] != 0).any()
+    with pytest.raises(EnvError, match="different observation spaces"):
+        make_vector_env(ADV, 3)  # one policy cannot act for both
+    assert space_spec(make_vector_env("mpe2/simple_spread_v3", 3)).policies == ()  # no map: as before
+
+
+@needs_mpe2
+def test_each_policy_acts_for_its_own_columns_with_its_own_width():
+    from rlfarm.algos import network_for
+
+    envs = make_vector_env(ADV, 6, options={"policy_map": MAP})
+    spec = space_spec(envs)
+    torch.manual_seed(0)
+    network = network_for("ppo", spec, _config().policy)
+    actor = network.actor_snapshot()
+    obs, _ = envs.reset(seed=1)
+    actions, _, values = actor.act(obs.astype(np.float32), np.random.default_rng(0), deterministic=True)
+    for name in spec.policies:
+        cols, dim = spec.columns(name, 6), spec.policy_spec(name).obs_dim
+        own = network.nets[name].actor_snapshot()
+        a, _, v = own.act(obs[cols, :dim].astype(np.float32), np.random.default_rng(0), deterministic=True)
+        assert (actions[cols] == a).all() and np.allclose(values[cols], v)
+
+
+@needs_mpe2
+def test_a_learner_per_policy_learns_from_its_columns_and_a_frozen_one_never_changes():
+    from rlfarm.algos import learner
+    from rlfarm.algos.group import PolicyGroup, policy_rollout
+
+    config = _config()
+    envs = make_vector_env(ADV, 6, options={"policy_map": MAP})
+    spec = space_spec(envs)
+    torch.manual_seed(0)
+    frozen_weights = PolicyGroup(config, spec, torch.device("cpu"), learner("ppo", "sync")).state()
+    frozen = {"agent": {k[len("nets.agent.") :]: v for k, v in frozen_weights.items() if k.startswith("nets.agent.")}}
+    group = PolicyGroup(config, spec, torch.device("cpu"), learner("ppo", "sync"), frozen)
+    rollout = collect(_actor(group, spec), envs, 50, list(range(6)), 0)
+    assert rollout.episode_columns is not None and len(rollout.episode_columns) == 12  # 2 games x 3 agents x 2
+    own = policy_rollout(rollout, spec, "adversary")
+    assert own.obs.shape == (50, 2, 8) and len(own.episode_returns) == 4
+    before = {k: v.clone() for k, v in group.state().items()}  # (state() shares the weights)
+    group.observe(rollout, 0)
+    assert group.ready()
+    metrics = group.update(0.0)
+    assert np.isfinite(metrics["adversary/losses/policy_loss"]) and "agent/losses/policy_loss" not in metrics
+    after = group.state()
+    assert set(after) == set(before) and all(k.startswith(("nets.adversary.", "nets.agent.")) for k in after)
+    assert all(torch.equal(after[k], frozen_weights[k]) for k in after if k.startswith("nets.agent."))
+    assert any(not torch.equal(after[k], before[k]) for k in after if k.startswith("nets.adversary."))
+    scalars = group.scalars(0.0)
+    assert np.isfinite(scalars["adversary/episodic_return"]) and np.isfinite(scalars["agent/episodic_return"])
+    # Checkpoint and restore: the next update is the same bit for bit.
+    tensors, rest = group.checkpoint()
+    tensors = {k: v.clone() for k, v in tensors.items()}  # as read back from a file: no shared storage
+    twin = PolicyGroup(config, spec, torch.device("cpu"), learner("ppo", "sync"), frozen)
+    twin.restore(tensors, rest)
+    again = collect(_actor(group, spec), envs, 50, list(range(6, 12)), 1)
+    for learner_ in (group, twin):
+        learner_.observe(again, 0)
+        learner_.update(0.5)
+    assert all(torch.equal(group.state()[k], twin.state()[k]) for k in group.state())
+
+
+def _actor(group, spec):
+    from rlfarm.algos import network_for
+
+    network = network_for("ppo", spec, group.run_config.policy)
+    network.load_state_dict(group.state())
+    return network.actor_snapshot()
+
+
+# ---- through the farm ------------------------------------------------------------------------------
+@pytest.mark.farm
+@needs_mpe2
+def test_two_policies_train_through_the_farm_and_a_frozen_one_acts_as_its_file(farm, tmp_path):
+    from safetensors.torch import load_file
+
+    from .conftest import read_summary, run_cli
+
+    def train(run_id: str, *extra: str):
+        result = run_cli(
+            "train",
+            "--redis",
+            farm.redis_url,
+            "--run-id",
+            run_id,
+            "--logdir",
+            str(tmp_path),
+            "--env",
+            ADV,
+            "--total-steps",
+            "2400",
+            "--set",
+            "env.num_envs=6",
+            "--set",
+            "env.policy_map=['adversary_*=adversary', 'agent_*=agent']",
+            "--set",
+            "farm.steps_per_env=100",
+            "--set",
+            "eval.episodes=2",
+            *extra,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return read_summary(tmp_path / run_id)
+
+    assert train("teams")["env_steps"] == 2400
+    with open(tmp_path / "teams" / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    for name in ("adversary", "agent"):
+        assert all(row[f"{name}/episodic_return"] != "" for row in rows[1:])
+        assert float(rows[-1][f"{name}/losses/entropy"]) > 0
+    trained = tmp_path / "teams" / "final_policy.safetensors"
+    train("frozen-agents", "--set", f"frozen=['agent={trained}']")
+    first, second = load_file(trained), load_file(tmp_path / "frozen-agents" / "final_policy.safetensors")
+    assert all(torch.equal(first[k], second[k]) for k in first if k.startswith("nets.agent."))
+    assert not all(torch.equal(first[k], second[k]) for k in first if k.startswith("nets.adversary."))
+    # `rlfarm eval` builds the group's network from the file and plays its games.
+    played = run_cli("eval", str(tmp_path / "teams"), "--episodes", "2")
+    assert played.returncode == 0 and "mean return" in played.stdout, played.stderr
