@@ -140,8 +140,11 @@ def check_selfplay(config: RunConfig) -> None:
         )
     if sp.league_size < 1 or sp.league_every < 1:
         raise ConfigError("selfplay.league_size and selfplay.league_every must be at least 1")
-    if not 0.0 <= sp.latest_share <= 1.0:
-        raise ConfigError(f"selfplay.latest_share is a share of games, from 0 to 1, got {sp.latest_share}")
+    for key in ("latest_share", "scripted_share"):
+        if not 0.0 <= getattr(sp, key) <= 1.0:
+            raise ConfigError(f"selfplay.{key} is a share of games, from 0 to 1, got {getattr(sp, key)}")
+    if sp.scripted not in EVAL_OPPONENTS:
+        raise ConfigError(f"selfplay.scripted must be one of {', '.join(EVAL_OPPONENTS)}, got {sp.scripted!r}")
 
 
 def check_turns(config: RunConfig) -> None:

@@ -137,6 +137,10 @@ class SelfPlayConfig:
     # The share of games against the version acting itself (the mirror match); the rest draw a
     # member of the league uniformly (all mirror matches while the league is empty).
     latest_share: float = 0.5
+    # The share of games against a scripted player (`scripted`) beside the league: an exploiter's
+    # curriculum (a policy that never meets one-move threats learns to block none).
+    scripted_share: float = 0.0
+    scripted: str = "lookahead"
     eval_opponent: str = "random"  # whom evaluation games are played against: "random" or "lookahead"
 
 

@@ -6,7 +6,8 @@ league keeps the newest `selfplay.league_size` of them (the trainer pins those i
 never trims a version a task may still fetch). A task's games draw their opponents from a generator
 seeded by the task's key, so a SYNC run draws the same opponents with any number of workers:
 "self" (the version acting, a mirror match) with probability `latest_share`, else a league member
-uniformly. Scripted opponents (`selfplay.opponents` "random" or "lookahead") play every game instead.
+uniformly; `selfplay.scripted_share` of the games go to a scripted player instead (an exploiter's
+curriculum). Scripted opponents (`selfplay.opponents` "random" or "lookahead") play every game instead.
 
 Opponent names on the wire: "self", "v<N>" (version N of the run's policy), or a scripted player's
 name (rlfarm.envs.opponents). A result reports, per opponent, the learner's wins, draws and losses
@@ -52,6 +53,8 @@ class League:
     every: int = 5
     latest_share: float = 0.5
     scripted: str | None = None  # a scripted opponent for every game instead of the league
+    exploiter: str | None = None  # a scripted opponent for `exploiter_share` of the games beside the league
+    exploiter_share: float = 0.0
     members: list[int] = field(default_factory=list)  # versions, oldest first
     ratings: dict[str, float] = field(default_factory=lambda: {ANCHOR: 0.0})
     games: dict[str, list[int]] = field(default_factory=dict)  # the learner's record against each opponent
@@ -74,12 +77,15 @@ class League:
         """The opponents of a task's `games` games, from a generator seeded by `seed` (run seed, task key)."""
         if self.scripted is not None:
             return [self.scripted] * games
-        if not self.members:
-            return [SELF] * games
         rng = np.random.default_rng(list(seed))
-        mirror = rng.random(games) < self.latest_share
-        picks = rng.integers(0, len(self.members), games)
-        return [SELF if m else version_name(self.members[p]) for m, p in zip(mirror, picks)]
+        scripted = rng.random(games) < self.exploiter_share if self.exploiter else np.zeros(games, bool)
+        if not self.members:
+            drawn = [SELF] * games
+        else:
+            mirror = rng.random(games) < self.latest_share
+            picks = rng.integers(0, len(self.members), games)
+            drawn = [SELF if m else version_name(self.members[p]) for m, p in zip(mirror, picks)]
+        return [self.exploiter if s else d for s, d in zip(scripted, drawn)]
 
     def record(self, version: int, table: Mapping[str, list[int]]) -> None:
         """A result of `version`'s games: its record and the ratings move."""

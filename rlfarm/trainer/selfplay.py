@@ -24,7 +24,12 @@ class SelfPlay:
         self.games = config.env.num_envs
         self.store = store
         self.league = League(
-            sp.league_size, sp.league_every, sp.latest_share, None if sp.opponents == "league" else sp.opponents
+            sp.league_size,
+            sp.league_every,
+            sp.latest_share,
+            None if sp.opponents == "league" else sp.opponents,
+            exploiter=sp.scripted if sp.scripted_share > 0 else None,
+            exploiter_share=sp.scripted_share,
         )
         self.newest = 0
 
@@ -51,11 +56,13 @@ class SelfPlay:
         league = self.league
         rate = league.win_rate()  # against the league and scripted players, draws half
         against_random = league.win_rate([ANCHOR])
+        against_lookahead = league.win_rate(["lookahead"])
         return {
             "selfplay/elo": league.rating(self.newest),
             "selfplay/league_size": float(len(league.members)),
             "selfplay/win_rate": math.nan if rate is None else rate,
             "selfplay/win_rate_random": math.nan if against_random is None else against_random,
+            "selfplay/win_rate_lookahead": math.nan if against_lookahead is None else against_lookahead,
         }
 
     def state(self) -> dict[str, Any]:
