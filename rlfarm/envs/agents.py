@@ -10,7 +10,9 @@ when its last agent is done and is then reset in the same step (SAME_STEP autore
 rlfarm.envs.make's vectors): each agent's final observation is in info["final_obs"] at the step it
 is done. An agent done before the others is out of its game until the game ends: its sub-env takes
 no action, gets no reward and no episode end, and info["active"] says so, so that collect marks
-those steps (Rollout.active) and no learner learns from them.
+those steps (Rollout.active) and no learner learns from them. An agent whose info says "acting":
+False (an upper level between decisions) sits out its next step the same way, but stays in its game
+and keeps its rewards, which flow back to the decision before (its learner's returns).
 
 Turn-based games (AEC envs whose players take turns) are rlfarm.envs.turns's. Not handled yet: agents
 that join a game after its start (refused in one line).
@@ -38,6 +40,7 @@ FAMILIES = {
     "pettingzoo/classic/": "pettingzoo.classic",
     "pettingzoo/butterfly/": "pettingzoo.butterfly",
     "pettingzoo/sisl/": "pettingzoo.sisl",
+    "rlfarm/": "rlfarm.envs.shipped",  # the envs rlfarm ships (four rooms)
 }
 _EXTRA = {"mpe2": "multiagent", "pettingzoo.classic": "multiagent"}
 
@@ -139,6 +142,9 @@ class AgentVector(VectorEnv):
         self.spec = None
         self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape), self.single_observation_space.dtype)
         self._in_game = np.ones(self.num_envs, bool)  # the sub-env's agent is in its game now
+        # The agent's next action is ignored (its info said "acting": False: an upper level between
+        # its decisions, rlfarm.envs.shipped.four_rooms_two_level): a step it sits out, but in its game.
+        self._waiting = np.zeros(self.num_envs, bool)
 
     def _padded_space(self, first: Any) -> gym.Space:
         """One Box wide enough for every agent's flattened observation; a policy's agents must share
@@ -184,6 +190,7 @@ class AgentVector(VectorEnv):
         for k, agent in enumerate(self.agents):
             self._put(g * self.k + k, obs[agent])
         self._in_game[g * self.k : (g + 1) * self.k] = True
+        self._waiting[g * self.k : (g + 1) * self.k] = False
 
     def step(self, actions: Any):
         actions = np.asarray(actions)
@@ -196,9 +203,10 @@ class AgentVector(VectorEnv):
         for g, game in enumerate(self.games):
             base = g * self.k
             playing = [(k, agent) for k, agent in enumerate(self.agents) if self._in_game[base + k]]
-            obs, rew, term, trunc, _ = game.step({agent: actions[base + k] for k, agent in playing})
+            obs, rew, term, trunc, infos = game.step({agent: actions[base + k] for k, agent in playing})
             for k, agent in playing:
                 i = base + k
+                self._waiting[i] = (infos or {}).get(agent, {}).get("acting", True) is False
                 rewards[i] = rew.get(agent, 0.0)
                 terminated[i] = bool(term.get(agent, False))
                 truncated[i] = bool(trunc.get(agent, False))
@@ -213,8 +221,9 @@ class AgentVector(VectorEnv):
         info: dict[str, Any] = {}
         if ended.any():
             info = {"final_obs": final_obs, "_final_obs": ended, "final_info": {}, "_final_info": ended}
-        if not self._in_game.all():  # which sub-envs' agents act at the next step (rlfarm.core.rollout)
-            info["active"] = self._in_game.copy()
+        acting = self._in_game & ~self._waiting
+        if not acting.all():  # which sub-envs' agents act at the next step (rlfarm.core.rollout)
+            info["active"] = acting
         return self._obs.copy(), rewards, terminated, truncated, info
 
     def _check_all_present(self, g: int, obs: dict[str, Any]) -> None:
