@@ -48,6 +48,17 @@ def compute_gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[np.n
     return advantages.astype(np.float32), returns.astype(np.float32)
 
 
+def minibatch_starts(batch_size: int, minibatches: int) -> list[int]:
+    """Where each minibatch of a batch starts, and its end: `minibatches` parts whose sizes differ by
+    at most one, the larger first; parts of two samples at least while the batch has them."""
+    parts = max(1, min(minibatches, batch_size // 2))
+    size, extra = divmod(batch_size, parts)
+    starts = [0]
+    for i in range(parts):
+        starts.append(starts[-1] + size + (1 if i < extra else 0))
+    return starts
+
+
 class PPO(Algorithm):
     """Owns the policy and its optimizer; `update` runs the minibatch epochs on one iteration."""
 
@@ -163,14 +174,16 @@ class PPO(Algorithm):
                 b_masks = b_masks[keep]
 
         batch_size = len(b_obs)
-        # A SYNC run's shorter last iteration may hold fewer samples than minibatches, or not a multiple
-        # of them (the config checks whole iterations only): the last minibatch is then smaller.
-        minibatch_size = max(1, batch_size // cfg.num_minibatches)
+        # A batch that is not a multiple of the minibatches (a SYNC run's shorter last iteration; the
+        # steps of agents that sit out left out) is split into num_minibatches parts of sizes one
+        # apart. A remainder minibatch of its own could hold one sample, whose advantage's std is NaN
+        # (a two-level run's upper policy went NaN so).
+        starts = minibatch_starts(batch_size, cfg.num_minibatches)
         clipfracs, approx_kl, stopped = [], torch.zeros(()), False
         for _epoch in range(cfg.update_epochs):
             order = torch.randperm(batch_size, generator=self.generator).to(dev)
-            for start in range(0, batch_size, minibatch_size):
-                mb = order[start : start + minibatch_size]
+            for start, end in zip(starts[:-1], starts[1:]):
+                mb = order[start:end]
                 mb_masks = None if b_masks is None else b_masks[mb]
                 newlogprob, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_actions[mb], mb_masks)
                 pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
@@ -239,7 +252,7 @@ class PPO(Algorithm):
             approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
             clipfrac = ((ratio - 1.0).abs() > clip).float().mean().item()
 
-        if cfg.norm_adv:
+        if cfg.norm_adv and len(advantages) > 1:  # (one sample has no std: its advantage is used as it is)
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         if impala_loss:
             pg_loss = -(advantages * newlogprob).mean()

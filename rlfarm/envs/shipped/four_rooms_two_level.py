@@ -4,7 +4,9 @@ towards it, each an agent of a PettingZoo Parallel env, mapped to its own policy
 (`env.policy_map = ["upper=upper", "lower=lower"]`, rlfarm.algos.group).
 
 - The lower level acts at every step on its cell and its subgoal (one-hot), with 4 moves and "stay",
-  and is rewarded 1 when it reaches the subgoal: the lower level's environment is the subgoal.
+  and is rewarded 1 when it arrives at the subgoal, and 0.1 for each move that brings it closer
+  through the rooms (less one for each that takes it away): the lower level's environment is the
+  subgoal, and it never sees the task's reward.
 - The upper level decides when its subgoal is reached or `k` steps have passed since it chose (a
   semi-MDP step); between decisions its action is ignored and it says so (info "acting": False), so
   the rollout marks those steps (Rollout.active) and its learner learns from its decisions only. It
@@ -24,7 +26,27 @@ import numpy as np
 from rlfarm.envs.shipped.four_rooms import CELLS, GOAL, HALLWAYS, MAX_STEPS, START_ROOM, moved, one_hot
 
 SUBGOALS = [*HALLWAYS, GOAL]
-K = 10  # steps before the upper level decides again, unless its subgoal is reached first
+K = 12  # steps before the upper level decides again, unless its subgoal is reached first
+SHAPING = 0.1  # the lower level's reward per step of maze distance it closes to its subgoal
+
+
+def maze_distances(target: tuple[int, int]) -> dict[tuple[int, int], int]:
+    """Moves from every free cell to `target` through the rooms (breadth-first)."""
+    distance = {target: 0}
+    frontier = [target]
+    while frontier:
+        nearer = []
+        for cell in frontier:
+            for action in range(4):
+                step = moved(cell, action)
+                if step not in distance:
+                    distance[step] = distance[cell] + 1
+                    nearer.append(step)
+        frontier = nearer
+    return distance
+
+
+DISTANCES = [maze_distances(goal) for goal in SUBGOALS]
 
 
 class TwoLevelFourRooms:
@@ -66,16 +88,22 @@ class TwoLevelFourRooms:
     def step(self, actions: dict[str, Any]):
         if self.deciding:
             self.subgoal, self.since = int(actions["upper"]), 0
-        self.cell = moved(self.cell, int(actions["lower"]))
+        before, self.cell = self.cell, moved(self.cell, int(actions["lower"]))
         self.steps += 1
         self.since += 1
         reached_goal = self.cell == GOAL
-        reached_subgoal = self.cell == SUBGOALS[self.subgoal]
+        target = SUBGOALS[self.subgoal]
+        # Paid for arriving, not for being there: a lower level paid while it stays on its subgoal
+        # learned to stay, and the upper level's task went undone. A subgoal it is already on is a
+        # decision wasted: the upper level decides again at once.
+        reached_subgoal = self.cell == target
+        arrived = reached_subgoal and before != target
         self.deciding = reached_subgoal or self.since >= self.k
         done = reached_goal
         cut = self.steps >= self.max_steps and not done
         observations = self._observations()
-        rewards = {"upper": float(reached_goal), "lower": float(reached_subgoal)}
+        closer = DISTANCES[self.subgoal][before] - DISTANCES[self.subgoal][self.cell]
+        rewards = {"upper": float(reached_goal), "lower": float(arrived) + SHAPING * closer}
         terminations = dict.fromkeys(self.agents, done)
         truncations = dict.fromkeys(self.agents, cut)
         infos = {"upper": {"acting": self.deciding}, "lower": {}}
