@@ -250,3 +250,35 @@ def test_a_multi_agent_sync_run_learns_the_same_bytes_with_1_and_3_workers(tmp_p
         digests.append((_policy_digest(run_dir), summary["final_version"], summary["env_steps"]))
     assert digests[0] == digests[1]
     assert digests[0][1:] == (4, 14400)  # 4 iterations of 6 tasks x 6 agents x 100 steps
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpe2") is None, reason=NO_MPE2)
+def test_a_two_policy_sync_run_learns_the_same_bytes_with_1_and_3_workers(tmp_path):
+    """Several policies (env.policy_map, rlfarm.algos.group): simple_tag's predators and prey, a learner
+    each, as reproducible as one policy."""
+    digests = []
+    for workers in ("1", "3"):
+        run_dir = train_embedded(
+            tmp_path / f"w{workers}",
+            "tag-repro",
+            "--preset",
+            "tag-ppo",
+            "--workers",
+            workers,
+            "--total-steps",
+            "9600",
+            "--set",
+            "farm.num_tasks=3",
+            "--set",
+            "env.num_envs=8",
+            "--set",
+            "farm.steps_per_env=100",
+            "--set",
+            "eval.interval=0",
+            "--set",
+            "eval.episodes=2",
+        )
+        summary = json.loads((run_dir / "summary.json").read_text())
+        digests.append((_policy_digest(run_dir), summary["final_version"], summary["env_steps"]))
+    assert digests[0] == digests[1]
+    assert digests[0][1:] == (4, 9600)  # 4 iterations of 3 tasks x 8 agents x 100 steps

@@ -379,6 +379,10 @@ class Trainer(Evaluating, RunKeeper):
                 "run": self.config.run_id,
                 "env": self.config.env.id,
                 "policy": json.dumps(to_dict(self.config)["policy"]),
+                # The run's [env] section (preprocessing, env.policy_map) and the network's spaces, as
+                # best_policy.safetensors has them: `rlfarm eval` plays the env the policy learned on.
+                "env_options": json.dumps(to_dict(self.config)["env"]),
+                **describe_policy(self.config.algo, self.space),
             },
             self.file_secret,
         )
