@@ -1,6 +1,8 @@
 """The four-rooms gridworld (Sutton, Precup and Singh 1999), a sparse-reward navigation task: start in
 the top-left room, reach the goal in the bottom-right one (reward 1, the only reward) within
-`max_steps` moves. The observation is the agent's cell, one-hot over the 104 free cells.
+`max_steps` moves. As in the paper, a move goes where it was meant with probability 2/3, else in one
+of the other three directions (which also keeps a greedy policy from walking into a wall forever).
+The observation is the agent's cell, one-hot over the 104 free cells.
 
     rlfarm train --env rlfarm/four_rooms            # one flat policy
     rlfarm train --preset four-rooms-two-level      # rlfarm/four_rooms_two_level: two levels
@@ -35,12 +37,20 @@ GOAL = (11, 11)
 START_ROOM = [(r, c) for r, c in CELLS if r <= 5 and c <= 5]  # the top-left room
 MOVES = ((-1, 0), (1, 0), (0, -1), (0, 1), (0, 0))  # up, down, left, right, stay
 MAX_STEPS = 100
+SLIP = 1 / 3  # the chance a move goes in one of the other three directions
 
 
 def one_hot(cell: tuple[int, int]) -> np.ndarray:
     out = np.zeros(len(CELLS), np.float32)
     out[INDEX[cell]] = 1.0
     return out
+
+
+def slipped(action: int, rng: np.random.Generator, slip: float = SLIP) -> int:
+    """The move taken for `action` (0-3; 4, stay, always stays): another of the four with chance `slip`."""
+    if action >= 4 or rng.random() >= slip:
+        return action
+    return int((action + 1 + rng.integers(3)) % 4)
 
 
 def moved(cell: tuple[int, int], action: int) -> tuple[int, int]:
@@ -52,10 +62,11 @@ def moved(cell: tuple[int, int], action: int) -> tuple[int, int]:
 class FourRooms(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, max_steps: int = MAX_STEPS, render_mode: str | None = None):
+    def __init__(self, max_steps: int = MAX_STEPS, slip: float = SLIP, render_mode: str | None = None):
         self.observation_space = gym.spaces.Box(0.0, 1.0, (len(CELLS),), np.float32)
         self.action_space = gym.spaces.Discrete(4)
         self.max_steps = max_steps
+        self.slip = slip
         self.cell = START_ROOM[0]
         self.steps = 0
 
@@ -66,7 +77,7 @@ class FourRooms(gym.Env):
         return one_hot(self.cell), {}
 
     def step(self, action: Any):
-        self.cell = moved(self.cell, int(action))
+        self.cell = moved(self.cell, slipped(int(action), self.np_random, self.slip))
         self.steps += 1
         reached = self.cell == GOAL
         return one_hot(self.cell), float(reached), reached, self.steps >= self.max_steps and not reached, {}

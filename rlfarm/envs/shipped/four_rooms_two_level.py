@@ -23,7 +23,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlfarm.envs.shipped.four_rooms import CELLS, GOAL, HALLWAYS, MAX_STEPS, START_ROOM, moved, one_hot
+from rlfarm.envs.shipped.four_rooms import CELLS, GOAL, HALLWAYS, MAX_STEPS, SLIP, START_ROOM, moved, one_hot, slipped
 
 SUBGOALS = [*HALLWAYS, GOAL]
 K = 12  # steps before the upper level decides again, unless its subgoal is reached first
@@ -52,11 +52,12 @@ DISTANCES = [maze_distances(goal) for goal in SUBGOALS]
 class TwoLevelFourRooms:
     metadata = {"name": "four_rooms_two_level", "is_parallelizable": True, "render_modes": []}
 
-    def __init__(self, k: int = K, max_steps: int = MAX_STEPS, render_mode: str | None = None):
+    def __init__(self, k: int = K, max_steps: int = MAX_STEPS, slip: float = SLIP, render_mode: str | None = None):
         self.possible_agents = ["upper", "lower"]
         self.agents: list[str] = []
         self.k = k
         self.max_steps = max_steps
+        self.slip = slip
         self.render_mode = None
         self._spaces = {
             "upper": gym.spaces.Box(0.0, 1.0, (len(CELLS),), np.float32),
@@ -88,7 +89,7 @@ class TwoLevelFourRooms:
     def step(self, actions: dict[str, Any]):
         if self.deciding:
             self.subgoal, self.since = int(actions["upper"]), 0
-        before, self.cell = self.cell, moved(self.cell, int(actions["lower"]))
+        before, self.cell = self.cell, moved(self.cell, slipped(int(actions["lower"]), self._rng, self.slip))
         self.steps += 1
         self.since += 1
         reached_goal = self.cell == GOAL
