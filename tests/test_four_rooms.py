@@ -9,6 +9,7 @@ import pytest
 from rlfarm.core.rollout import collect
 from rlfarm.envs import check_env_allowed, make_env, make_vector_env, space_spec
 from rlfarm.envs.shipped.four_rooms import CELLS, GOAL, HALLWAYS, INDEX, START_ROOM, moved
+from rlfarm.envs.shipped.four_rooms_two_level import K
 
 TWO_LEVEL = "rlfarm/four_rooms_two_level"
 MAP = {"policy_map": ["upper=upper", "lower=lower"]}
@@ -55,9 +56,9 @@ def test_the_upper_level_decides_at_its_subgoal_or_after_k_steps_and_the_lower_i
     _, rewards, _, _, info = env.step(np.array([4, 3]))  # the upper's action is ignored; lower reaches it
     assert rewards.tolist() == pytest.approx([0.0, 1.1])  # arriving (1) by a move that closed the distance (0.1)
     assert "active" not in info  # subgoal reached: it decides again
-    for step in range(10):  # a subgoal never reached: it decides again after k = 10 steps
+    for step in range(K):  # a subgoal never reached: it decides again after K = 12 steps
         _, _, _, _, info = env.step(np.array([4, 4]))  # (the goal, then stay: never there)
-        assert ("active" not in info) == (step == 9), step
+        assert ("active" not in info) == (step == K - 1), step
 
 
 def test_collect_marks_the_upper_levels_waiting_steps_and_its_learner_sees_decisions_only():
@@ -85,4 +86,4 @@ def test_collect_marks_the_upper_levels_waiting_steps_and_its_learner_sees_decis
     lower = policy_rollout(rollout, spec, "lower")
     assert lower.active.all() and upper.obs.shape == (40, 4, 104) and lower.obs.shape == (40, 4, 109)
     decisions = upper.active.sum(axis=0)
-    assert (decisions == 4).all(), decisions  # steps 0, 10, 20, 30: walking right reaches no subgoal
+    assert (decisions == 4).all(), decisions  # steps 0, 12, 24, 36: walking right reaches no subgoal
