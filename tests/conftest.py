@@ -288,6 +288,11 @@ def run_cli(*args, env=None, cwd=None):
     )
 
 
+def train_on(farm, logdir, run_id: str, *args: str) -> subprocess.CompletedProcess:
+    """`rlfarm train` of run `run_id` on `farm` (a LocalCluster), its run directory under `logdir`."""
+    return run_cli("train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(logdir), *args)
+
+
 def one_error_line(stderr: str, warnings: bool = True) -> str:
     """The single `rlfarm: error: ...` line a failing command must print (no traceback, nothing else;
     `rlfarm: warning:` lines may come with it unless warnings=False)."""

@@ -224,61 +224,32 @@ def test_spread_ppo_one_policy_for_three_agents_learns_to_cover_the_landmarks(tm
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mpe2") is None, reason=NO_MPE2)
-def test_a_multi_agent_sync_run_learns_the_same_bytes_with_1_and_3_workers(tmp_path):
-    """Agents are sub-envs (rlfarm.envs.agents): a SYNC run on simple_spread is as reproducible as any."""
+@pytest.mark.parametrize(
+    "preset, steps, tasks, agents",
+    [
+        ("spread-ppo", 14400, 6, 6),  # agents are sub-envs (rlfarm.envs.agents): one shared policy
+        ("tag-ppo", 9600, 3, 8),  # predators and prey, a learner each (env.policy_map, rlfarm.algos.group)
+    ],
+)
+def test_a_multi_agent_sync_run_learns_the_same_bytes_with_1_and_3_workers(tmp_path, preset, steps, tasks, agents):
+    """A SYNC run on a multi-agent env, one policy or several, is as reproducible as any."""
     digests = []
     for workers in ("1", "3"):
+        sets = [f"farm.num_tasks={tasks}", f"env.num_envs={agents}", "farm.steps_per_env=100"]
+        sets += ["eval.interval=0", "eval.episodes=2"]
+        options = [part for value in sets for part in ("--set", value)]
         run_dir = train_embedded(
             tmp_path / f"w{workers}",
-            "spread-repro",
+            "repro",
             "--preset",
-            "spread-ppo",
+            preset,
             "--workers",
             workers,
             "--total-steps",
-            "14400",
-            "--set",
-            "farm.num_tasks=6",
-            "--set",
-            "env.num_envs=6",
-            "--set",
-            "eval.interval=0",
-            "--set",
-            "eval.episodes=2",
+            str(steps),
+            *options,
         )
         summary = json.loads((run_dir / "summary.json").read_text())
         digests.append((_policy_digest(run_dir), summary["final_version"], summary["env_steps"]))
     assert digests[0] == digests[1]
-    assert digests[0][1:] == (4, 14400)  # 4 iterations of 6 tasks x 6 agents x 100 steps
-
-
-@pytest.mark.skipif(importlib.util.find_spec("mpe2") is None, reason=NO_MPE2)
-def test_a_two_policy_sync_run_learns_the_same_bytes_with_1_and_3_workers(tmp_path):
-    """Several policies (env.policy_map, rlfarm.algos.group): simple_tag's predators and prey, a learner
-    each, as reproducible as one policy."""
-    digests = []
-    for workers in ("1", "3"):
-        run_dir = train_embedded(
-            tmp_path / f"w{workers}",
-            "tag-repro",
-            "--preset",
-            "tag-ppo",
-            "--workers",
-            workers,
-            "--total-steps",
-            "9600",
-            "--set",
-            "farm.num_tasks=3",
-            "--set",
-            "env.num_envs=8",
-            "--set",
-            "farm.steps_per_env=100",
-            "--set",
-            "eval.interval=0",
-            "--set",
-            "eval.episodes=2",
-        )
-        summary = json.loads((run_dir / "summary.json").read_text())
-        digests.append((_policy_digest(run_dir), summary["final_version"], summary["env_steps"]))
-    assert digests[0] == digests[1]
-    assert digests[0][1:] == (4, 9600)  # 4 iterations of 3 tasks x 8 agents x 100 steps
+    assert digests[0][1:] == (4, steps)  # 4 iterations of `tasks` tasks x `agents` agents x 100 steps

@@ -142,31 +142,13 @@ def _actor(group, spec):
 def test_two_policies_train_through_the_farm_and_a_frozen_one_acts_as_its_file(farm, tmp_path):
     from safetensors.torch import load_file
 
-    from .conftest import read_summary, run_cli
+    from .conftest import read_summary, run_cli, train_on
 
     def train(run_id: str, *extra: str):
-        result = run_cli(
-            "train",
-            "--redis",
-            farm.redis_url,
-            "--run-id",
-            run_id,
-            "--logdir",
-            str(tmp_path),
-            "--env",
-            ADV,
-            "--total-steps",
-            "2400",
-            "--set",
-            "env.num_envs=6",
-            "--set",
-            "env.policy_map=['adversary_*=adversary', 'agent_*=agent']",
-            "--set",
-            "farm.steps_per_env=100",
-            "--set",
-            "eval.episodes=2",
-            *extra,
-        )
+        sets = ["env.num_envs=6", "env.policy_map=['adversary_*=adversary', 'agent_*=agent']"]
+        sets += ["farm.steps_per_env=100", "eval.episodes=2"]
+        options = [part for value in sets for part in ("--set", value)]
+        result = train_on(farm, tmp_path, run_id, "--env", ADV, "--total-steps", "2400", *options, *extra)
         assert result.returncode == 0, result.stderr[-3000:]
         return read_summary(tmp_path / run_id)
 

@@ -201,38 +201,21 @@ def test_elo_rises_with_wins_the_anchor_stays_and_mirror_matches_rate_nothing():
 def test_self_play_trains_through_the_farm_with_its_league_pinned_and_rated(farm, tmp_path):
     """SYNC PPO on connect four: tasks name their games' opponents, workers fetch the league's versions,
     results report the games, the trainer pins the league in Redis and logs its ratings."""
-    from .conftest import read_summary, run_cli
+    from .conftest import read_summary, run_cli, train_on
 
     run_id = "c4-league"
-    result = run_cli(
-        "train",
-        "--redis",
-        farm.redis_url,
-        "--run-id",
-        run_id,
-        "--logdir",
-        str(tmp_path),
-        "--preset",
-        "connect-four-ppo",
-        "--total-steps",
-        "6144",
-        "--set",
-        "env.num_envs=8",
-        "--set",
-        "farm.steps_per_env=64",
-        "--set",
-        "selfplay.league_every=2",
-        "--set",
-        "selfplay.league_size=2",
-        "--set",
-        "farm.keep_versions=2",
-        "--set",
-        "eval.interval=0",
-        "--set",
-        "eval.episodes=4",
-        "--set",
-        "selfplay.eval_opponent=lookahead",
-    )
+    sets = {
+        "env.num_envs": 8,
+        "farm.steps_per_env": 64,
+        "selfplay.league_every": 2,
+        "selfplay.league_size": 2,
+        "farm.keep_versions": 2,
+        "eval.interval": 0,
+        "eval.episodes": 4,
+        "selfplay.eval_opponent": "lookahead",
+    }
+    options = [part for key, value in sets.items() for part in ("--set", f"{key}={value}")]
+    result = train_on(farm, tmp_path, run_id, "--preset", "connect-four-ppo", "--total-steps", "6144", *options)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(tmp_path / run_id)
     assert summary["env_steps"] == 6144 and summary["final_version"] == 6
