@@ -244,6 +244,7 @@ class PolicyStore:
     def forget_pins(self) -> None:
         """Drop the pins a dead trainer of this run left (a resumed trainer: its evaluations are gone)."""
         self.pinned.clear()
+        self.holders.clear()
         self.client.delete(keys.pinned(self.run_id))
 
     def write_back(self) -> list[str]:

@@ -274,6 +274,13 @@ class Trainer(Evaluating, RunKeeper):
                 self.store.pin(self.best_version)
             except PolicyCorrupt as exc:  # replaced in Redis meanwhile: not ours to keep or re-sign
                 self.warn(f"not keeping the best version v{self.best_version}: {exc}")
+        if self.selfplay is not None:
+            dropped = self.selfplay.pin_league()
+            if dropped:
+                self.warn(
+                    f"self-play's league lost {', '.join(f'v{v}' for v in dropped)}, which this Redis does "
+                    f"not hold; it refills as versions are published"
+                )
         log.info(
             "resuming run %s from its checkpoint: %d env steps, policy v%d",
             self.config.run_id,

@@ -8,6 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from rlfarm.core.league import ANCHOR, League
+from rlfarm.farm.store import PolicyError
 
 LEAGUE = "league"  # the league's hold on its members' versions (PolicyStore.pin)
 
@@ -69,8 +70,22 @@ class SelfPlay:
         return {"league": self.league.to_dict(), "newest": self.newest}
 
     def restore(self, state: dict[str, Any] | None) -> None:
+        """A resumed run's league (its versions are pinned again by `pin_league`, once the dead
+        trainer's pins are forgotten)."""
         if state:
             self.league.restore(state["league"])
             self.newest = int(state.get("newest", 0))
-            for version in self.league.members:
+
+    def pin_league(self) -> list[int]:
+        """Pin the league's members; returns those dropped because this Redis no longer holds them (a
+        run resumed on another Redis, or one that lost its data): tasks could not fetch them, and the
+        league refills as versions are published."""
+        dropped = []
+        for version in list(self.league.members):
+            try:
                 self.store.pin(version, LEAGUE)
+            except PolicyError:
+                self.league.members.remove(version)
+                self.store.unpin(version, LEAGUE)
+                dropped.append(version)
+        return dropped
