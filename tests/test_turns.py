@@ -232,3 +232,24 @@ def test_self_play_trains_through_the_farm_with_its_league_pinned_and_rated(farm
     assert played.returncode == 0 and "against lookahead: " in played.stdout, played.stderr
     unknown = run_cli("eval", str(tmp_path / run_id), "--opponent", "best")
     assert unknown.returncode == 2 and "unknown opponent 'best'" in unknown.stderr
+
+
+@pytest.mark.farm
+def test_a_resumed_league_keeps_the_members_its_redis_holds_and_drops_the_others(redis_only):
+    """A run resumed on a Redis that lost its versions (or on another one): members tasks could not
+    fetch leave the league, the others are pinned again (held by the league, not the evaluations)."""
+    import torch
+
+    from rlfarm.farm.connection import connect
+    from rlfarm.farm.store import PolicyStore
+    from rlfarm.trainer.selfplay import SelfPlay
+
+    store = PolicyStore(connect(redis_only.redis_url), "league-resume", keep=2)
+    for version in range(12):
+        store.publish(version, {"w": torch.full((2,), float(version))}, "ppo")
+    selfplay = SelfPlay(RunConfig(), store)
+    selfplay.restore({"league": {"members": [5, 10, 11], "ratings": {"random": 0.0}, "games": {}}, "newest": 11})
+    assert selfplay.pin_league() == [5]  # trimmed long ago (keep = 2): gone from this Redis
+    assert selfplay.league.members == [10, 11] and set(store.pinned) == {10, 11}
+    store.unpin(10)  # an evaluation's unpin does not release the league's hold
+    assert 10 in store.pinned
