@@ -30,7 +30,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from rlfarm.envs.errors import EnvError
-from rlfarm.envs.turns import is_turn_based
+from rlfarm.envs.turns import is_turn_based, one_space
 
 # PettingZoo's env families by id prefix: "mpe2/simple_spread_v3" is mpe2.simple_spread_v3,
 # "pettingzoo/classic/connect_four_v3" is pettingzoo.classic.connect_four_v3. A fixed list of packages,
@@ -42,6 +42,13 @@ FAMILIES = {
     "pettingzoo/sisl/": "pettingzoo.sisl",
     "rlfarm/": "rlfarm.envs.shipped",  # the envs rlfarm ships (four rooms)
 }
+# Why agents must share a space: one policy acts for them (env.policy_map gives agents of different
+# observation spaces policies of their own; every policy takes the same actions).
+SHARED = (
+    "one policy acts for them, so they must be the same (env.policy_map gives agents of different "
+    "observation spaces policies of their own)"
+)
+SAME_ACTIONS = "every agent must take the same actions, whichever policy acts for it"
 _EXTRA = {"mpe2": "multiagent", "pettingzoo.classic": "multiagent"}
 
 
@@ -129,12 +136,12 @@ class AgentVector(VectorEnv):
         self.policy_of: tuple[str, ...] = ()  # each agent's policy, with a map
         self.policy_names: tuple[str, ...] = ()
         self.agent_obs_dims: tuple[int, ...] = ()
-        self.single_action_space = _one_space(first, "action_space", self.agents, env_id)
+        self.single_action_space = one_space(first, "action_space", self.agents, env_id, SAME_ACTIONS)
         if self.policy_map:
             self.policy_of, self.policy_names = map_agents(self.policy_map, self.agents, env_id)
             self.single_observation_space = self._padded_space(first)
         else:
-            self.single_observation_space = _one_space(first, "observation_space", self.agents, env_id)
+            self.single_observation_space = one_space(first, "observation_space", self.agents, env_id, SHARED)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
@@ -152,7 +159,7 @@ class AgentVector(VectorEnv):
         spaces = {agent: first.observation_space(agent) for agent in self.agents}
         for name in self.policy_names:
             mine = [a for a, p in zip(self.agents, self.policy_of) if p == name]
-            _one_space(first, "observation_space", mine, self.env_id)
+            one_space(first, "observation_space", mine, self.env_id, SHARED)
         for agent, space in spaces.items():
             if not isinstance(space, gym.spaces.Box):
                 raise EnvError(f"env {self.env_id!r}: agent {agent}'s observation space {space} is not a Box")
@@ -270,17 +277,3 @@ def map_agents(entries: Sequence[str], agents: Sequence[str], env_id: str) -> tu
         policy_of.append(match)
     names = tuple(dict.fromkeys(policy for _, policy in pairs if policy in policy_of))
     return tuple(policy_of), names
-
-
-def _one_space(env: Any, which: str, agents: list[str], env_id: str) -> gym.Space:
-    spaces = {agent: getattr(env, which)(agent) for agent in agents}
-    first = spaces[agents[0]]
-    others = [a for a in agents[1:] if spaces[a] != first]
-    if others:
-        kind = which.replace("_", " ")
-        raise EnvError(
-            f"env {env_id!r}: agents {agents[0]} and {others[0]} have different {kind}s ({first} and "
-            f"{spaces[others[0]]}); one policy acts for them, so they must be the same (env.policy_map "
-            f"gives agents of different observation spaces policies of their own)"
-        )
-    return first

@@ -35,6 +35,7 @@ from gymnasium.vector.utils import batch_space
 from rlfarm.envs.errors import EnvError
 from rlfarm.envs.opponents import RANDOM, Opponent, random_legal
 
+ONE_POLICY = "one policy plays every seat, so they must be the same"
 MAX_REPLIES = 10_000  # opponent moves in a row before the game is called broken (a game that never hands back)
 
 
@@ -54,10 +55,10 @@ class TurnVector(VectorEnv):
         self.agents: list[str] = list(first.possible_agents)
         self.k = len(self.agents)
         self.num_envs = games
-        obs_space = _one_space(first, "observation_space", self.agents, env_id)
+        obs_space = one_space(first, "observation_space", self.agents, env_id, ONE_POLICY)
         self.masked = isinstance(obs_space, gym.spaces.Dict) and "action_mask" in obs_space.spaces
         self.single_observation_space = obs_space["observation"] if self.masked else obs_space
-        self.single_action_space = _one_space(first, "action_space", self.agents, env_id)
+        self.single_action_space = one_space(first, "action_space", self.agents, env_id, ONE_POLICY)
         if self.masked and not isinstance(self.single_action_space, gym.spaces.Discrete):
             raise EnvError(f"env {env_id!r}: action masks need a Discrete action space, not {self.single_action_space}")
         self.observation_space = batch_space(self.single_observation_space, games)
@@ -217,13 +218,15 @@ def _seeds(seed: int | Sequence[int] | None, n: int) -> list[int | None]:
     return [int(s) for s in seed]
 
 
-def _one_space(env: Any, which: str, agents: list[str], env_id: str) -> gym.Space:
+def one_space(env: Any, which: str, agents: list[str], env_id: str, why: str) -> gym.Space:
+    """The one `which` ("observation_space", "action_space") the `agents` of a PettingZoo env share; an
+    EnvError naming two that differ, and `why` they must not."""
     spaces = {agent: getattr(env, which)(agent) for agent in agents}
     first = spaces[agents[0]]
     others = [a for a in agents[1:] if spaces[a] != first]
     if others:
         raise EnvError(
-            f"env {env_id!r}: seats {agents[0]} and {others[0]} have different {which.replace('_', ' ')}s; "
-            f"one policy plays every seat, so they must be the same"
+            f"env {env_id!r}: agents {agents[0]} and {others[0]} have different {which.replace('_', ' ')}s "
+            f"({first} and {spaces[others[0]]}); {why}"
         )
     return first
