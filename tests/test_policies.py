@@ -87,6 +87,9 @@ def test_each_policy_acts_for_its_own_columns_with_its_own_width():
         own = network.nets[name].actor_snapshot()
         a, _, v = own.act(obs[cols, :dim].astype(np.float32), np.random.default_rng(0), deterministic=True)
         assert (actions[cols] == a).all() and np.allclose(values[cols], v)
+    # The values of some sub-envs only (collect's cut episodes): each row valued by its own agent's policy.
+    rows = np.array([5, 0, 4])  # agent_1, adversary_0, agent_0
+    assert np.allclose(actor.value(obs[rows].astype(np.float32), rows=rows), values[rows])
 
 
 @needs_mpe2

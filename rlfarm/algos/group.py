@@ -99,11 +99,18 @@ class GroupActor(Actor):
     def with_options(self, **options: Any) -> GroupActor:
         return GroupActor(self.spec, {name: actor.with_options(**options) for name, actor in self.actors.items()})
 
-    def _parts(self, n: int) -> list[tuple[Actor, np.ndarray, int]]:
-        return [
-            (self.actors[name], self.spec.columns(name, n), self.spec.policy_spec(name).obs_dim)
-            for name in self.spec.policies
-        ]
+    def _parts(self, n: int, rows: np.ndarray | None = None) -> list[tuple[Actor, np.ndarray, int]]:
+        """Each policy's actor, the batch rows it acts for and its observation width. The batch is a
+        whole vector of sub-envs, or the sub-envs `rows` (agent of row i: rows[i] mod agents)."""
+        parts = []
+        for name in self.spec.policies:
+            if rows is None:
+                cols = self.spec.columns(name, n)
+            else:
+                index = self.spec.policies.index(name)
+                cols = np.flatnonzero(np.asarray(self.spec.agent_policy)[np.asarray(rows) % self.spec.agents] == index)
+            parts.append((self.actors[name], cols, self.spec.policy_spec(name).obs_dim))
+        return parts
 
     def act(
         self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None
@@ -121,10 +128,13 @@ class GroupActor(Actor):
             actions[cols], logprobs[cols], values[cols] = a, lp, v
         return actions, logprobs, values
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
+    def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """State values of a whole vector's observations, or of those of sub-envs `rows` (the real
+        final observations of the sub-envs whose episodes were cut)."""
         values = np.zeros(len(obs), np.float32)
-        for actor, cols, dim in self._parts(len(obs)):
-            values[cols] = actor.value(np.ascontiguousarray(obs[cols, :dim]))
+        for actor, cols, dim in self._parts(len(obs), rows):
+            if len(cols):
+                values[cols] = actor.value(np.ascontiguousarray(obs[cols, :dim]))
         return values
 
 

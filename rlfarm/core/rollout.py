@@ -167,8 +167,10 @@ def collect(
         # real final observation, which SAME_STEP autoreset leaves in info["final_obs"].
         cut = truncated & ~terminated
         if cut.any():
-            final_obs = np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)])
-            final_val_buf[t, cut] = policy.value(as_obs(spec, final_obs, len(final_obs)))
+            rows = np.flatnonzero(cut)
+            final_obs = as_obs(spec, np.stack([info["final_obs"][i] for i in rows]), len(rows))
+            # Several policies (rlfarm.algos.group): which policy values a row depends on its sub-env.
+            final_val_buf[t, cut] = policy.value(final_obs, rows=rows) if spec.policies else policy.value(final_obs)
         next_obs = as_obs(spec, next_obs, n)
         if keep_next_obs:
             next_obs_buf[t] = next_obs
