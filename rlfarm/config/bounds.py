@@ -47,6 +47,9 @@ MAX_BUFFER_SIZE = 10_000_000
 MAX_BATCH_SIZE = 65_536
 # Policy versions kept in Redis, each a copy of the network (the Nature CNN: 6.75 MB).
 MAX_KEEP_VERSIONS = 1000
+# Past versions self-play's league keeps pinned, each fetched and cached by the worker processes whose
+# tasks play it (rlfarm.core.league); AlphaStar's leagues held hundreds of players.
+MAX_LEAGUE = 256
 # Batches APPO's circular buffer keeps (each one task's result or more).
 MAX_BUFFER_BATCHES = 1024
 # Units of one layer (hidden_sizes, cnn_channels, cnn_features): a 16384-wide dense layer is 1 GB
@@ -77,6 +80,7 @@ CONFIG_BOUNDS: dict[str, int] = {
     "eval.episodes": MAX_EPISODES,
     "eval.confirm_episodes": MAX_EPISODES,
     "farm.keep_versions": MAX_KEEP_VERSIONS,
+    "selfplay.league_size": MAX_LEAGUE,
     "farm.max_result_bytes": MAX_RESULT_BYTES,
     "env.frame_stack": MAX_FRAME_STACK,
     "env.screen_size": MAX_SCREEN_SIZE,

@@ -194,7 +194,10 @@ class RolloutWorker:
         """The players a turn-based task's games name (rlfarm.core.league): the acting version
         ("self"), past versions ("v<N>", fetched and cached like any version) or scripted ones."""
         players = {}
-        for name in set(names):
+        # Every player of a task stays cached while the task runs, and the next task likely names them
+        # again: the process's cache holds a league, beside the versions it acts with.
+        self.versions.cache.size = max(self.versions.cache.size, len(set(names)) + 2)
+        for name in sorted(set(names)):
             version = named_version(name)
             if name == SELF:
                 players[name] = actor_player(actor)
