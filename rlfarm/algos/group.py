@@ -95,6 +95,8 @@ class GroupActor(Actor):
     def __init__(self, spec: SpaceSpec, actors: Mapping[str, Actor]):
         self.spec = spec
         self.actors = dict(actors)
+        self.widths = {name: spec.policy_spec(name).obs_dim for name in spec.policies}
+        self._columns: dict[int, dict[str, np.ndarray]] = {}  # by vector size: collect asks at every step
 
     def with_options(self, **options: Any) -> GroupActor:
         return GroupActor(self.spec, {name: actor.with_options(**options) for name, actor in self.actors.items()})
@@ -102,15 +104,14 @@ class GroupActor(Actor):
     def _parts(self, n: int, rows: np.ndarray | None = None) -> list[tuple[Actor, np.ndarray, int]]:
         """Each policy's actor, the batch rows it acts for and its observation width. The batch is a
         whole vector of sub-envs, or the sub-envs `rows` (agent of row i: rows[i] mod agents)."""
-        parts = []
-        for name in self.spec.policies:
-            if rows is None:
-                cols = self.spec.columns(name, n)
-            else:
-                index = self.spec.policies.index(name)
-                cols = np.flatnonzero(np.asarray(self.spec.agent_policy)[np.asarray(rows) % self.spec.agents] == index)
-            parts.append((self.actors[name], cols, self.spec.policy_spec(name).obs_dim))
-        return parts
+        if rows is None:
+            if n not in self._columns:
+                self._columns[n] = {name: self.spec.columns(name, n) for name in self.spec.policies}
+            columns = self._columns[n]
+        else:
+            policy_of_row = np.asarray(self.spec.agent_policy)[np.asarray(rows) % self.spec.agents]
+            columns = {name: np.flatnonzero(policy_of_row == i) for i, name in enumerate(self.spec.policies)}
+        return [(self.actors[name], columns[name], self.widths[name]) for name in self.spec.policies]
 
     def act(
         self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None

@@ -103,6 +103,17 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"run_id may hold letters, digits, '-', '_' and '.', got {config.run_id!r}")
 
 
+def parse_frozen(entries: tuple[str, ...]) -> list[tuple[str, str]]:
+    """`frozen`'s "policy=file" entries as (policy, file) pairs; ConfigError on a bad one."""
+    pairs = []
+    for entry in entries:
+        policy, sep, path = (part.strip() for part in str(entry).partition("="))
+        if not sep or not path:
+            raise ConfigError(f"frozen entry {entry!r} is not 'policy=file' (a policy of env.policy_map and its file)")
+        pairs.append((policy, path))
+    return pairs
+
+
 def check_policies(config: RunConfig) -> None:
     """env.policy_map and frozen, as far as the config alone tells (the agents are matched once the env
     is made, rlfarm.envs.agents)."""
@@ -113,15 +124,12 @@ def check_policies(config: RunConfig) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     frozen = set()
-    for entry in config.frozen:
-        policy, sep, path = str(entry).partition("=")
-        if not sep or not path.strip():
-            raise ConfigError(f"frozen entry {entry!r} is not 'policy=file' (a policy of env.policy_map and its file)")
-        if policy.strip() not in named:
+    for policy, _ in parse_frozen(config.frozen):
+        if policy not in named:
             raise ConfigError(
-                f"frozen policy {policy.strip()!r} is not in env.policy_map ({', '.join(sorted(named)) or 'empty'})"
+                f"frozen policy {policy!r} is not in env.policy_map ({', '.join(sorted(named)) or 'empty'})"
             )
-        frozen.add(policy.strip())
+        frozen.add(policy)
     if named and frozen == named:
         raise ConfigError("every policy of env.policy_map is frozen: at least one must be trained")
 

@@ -51,7 +51,8 @@ class Rollout:
     last_obs: np.ndarray | None = None
     # Multi-agent envs whose agents leave a game early (rlfarm.envs.agents): (T, N) whether the
     # sub-env's agent was in its game and acted at that step; None when every one always did. A step
-    # it did not act at has no reward, no episode end, and is learned from by no learner.
+    # it did not act at is learned from by no learner. An agent out of its game gets no reward there;
+    # an upper level between its decisions does, and its returns carry it back to the decision.
     active: np.ndarray | None = None
     # Envs with action masks (SpaceSpec.action_mask: turn-based games, rlfarm.envs.turns): (T, N, A)
     # bool, the actions legal at `obs` (the actor chose among them); with keep_next_obs also the

@@ -118,6 +118,7 @@ class TurnVector(VectorEnv):
         final_obs = np.full(n, None, dtype=object)
         final_mask = np.ones_like(self._mask)
         rewards = self._reward.copy()
+        restarted = []
         for g, game in enumerate(self.games):
             me = self.agents[self._seat[g]]
             if game.terminations.get(me, True) or game.truncations.get(me, True) or not game.agents:
@@ -127,7 +128,8 @@ class TurnVector(VectorEnv):
                 self.finished.append((self.opponent_of[g], float(self._return[g])))
                 self._episodes[g] += 1
                 self._start(g, None)
-        self._replies()  # the new games where an opponent moves first
+                restarted.append(g)
+        self._replies(restarted)  # the new games, where an opponent may move first
         info = self._info()
         ended = terminated | truncated
         if ended.any():
@@ -165,12 +167,15 @@ class TurnVector(VectorEnv):
         self._reward[g] += got
         self._return[g] += got
 
-    def _replies(self) -> None:
-        """Every game not at the learner's turn: its opponents move (dead agents are stepped out as
-        the AEC API asks), batched by opponent, until each game is at the learner's turn or over."""
+    def _replies(self, games: Sequence[int] | None = None) -> None:
+        """Games `games` (default: all) not at the learner's turn: their opponents move (dead agents
+        are stepped out as the AEC API asks), batched by opponent, until each game is at the
+        learner's turn or over; then the learner's view of each is observed once."""
+        games = range(self.num_envs) if games is None else games
         for _ in range(MAX_REPLIES):
             waiting: dict[str, list[int]] = {}
-            for g, game in enumerate(self.games):
+            for g in games:
+                game = self.games[g]
                 me = self.agents[self._seat[g]]
                 while game.agents and game.agent_selection != me and _done(game, game.agent_selection):
                     game.step(None)  # an agent out of the game is stepped with None (the AEC API)
@@ -180,19 +185,19 @@ class TurnVector(VectorEnv):
                     waiting.setdefault(self.opponent_of[g], []).append(g)
             if not waiting:
                 break
-            for name, games in waiting.items():
-                views = [self._observe(self.games[g], self.games[g].agent_selection) for g in games]
+            for name, moving in waiting.items():
+                views = [self._observe(self.games[g], self.games[g].agent_selection) for g in moving]
                 obs = np.stack([v[0] for v in views])
                 mask = np.stack([v[1] for v in views])
                 actions = self.players[name](obs, mask, self._rng)
-                for g, action in zip(games, np.asarray(actions)):
+                for g, action in zip(moving, np.asarray(actions)):
                     game = self.games[g]
                     game.step(int(action) if self.masked else action)
                     self._count(g, game, self.agents[self._seat[g]])
         else:
             raise EnvError(f"env {self.env_id!r}: the opponents moved {MAX_REPLIES} times without the learner's turn")
-        for g, game in enumerate(self.games):
-            me = self.agents[self._seat[g]]
+        for g in games:
+            game, me = self.games[g], self.agents[self._seat[g]]
             if game.agents and not _done(game, me):
                 self._obs[g], self._mask[g] = self._observe(game, me)
 

@@ -51,12 +51,12 @@ def frozen_policies(config: RunConfig, space: Any) -> dict[str, dict[str, torch.
     """The weights of each frozen policy (`frozen = ["policy=file"]`), read with RLFARM_SECRET's check,
     from a single policy's file or one policy of a group's (its `nets.<policy>.` tensors)."""
     from rlfarm.algos.base import unprefixed
+    from rlfarm.config.checks import parse_frozen
     from rlfarm.core import codec
     from rlfarm.core.signing import SignatureError
 
     weights = {}
-    for entry in config.frozen:
-        name, _, path = (part.strip() for part in entry.partition("="))
+    for name, path in parse_frozen(config.frozen):
         try:
             state, _ = codec.decode_policy(Path(path).read_bytes(), signing.secret_from_env())
         except OSError as exc:
