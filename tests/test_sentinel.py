@@ -14,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -229,6 +230,7 @@ def test_status_and_flower_follow_a_failover(tmp_path):
         before = status_json()
         assert len(before["workers"]) == 1 and "sentinel://" in before["redis"]
         old = farm.group.kill_master()
+        killed_at = time.time()  # Flower records when it heard a heartbeat, on this machine's clock
         poll(lambda: farm.group.master_port() not in (None, old), "the sentinels promoted the replica")
         # A fresh process asks the sentinels for the new master; the worker answers it once its
         # consumer has reconnected (Celery retries after 2 s, then 4 s).
@@ -237,6 +239,21 @@ def test_status_and_flower_follow_a_failover(tmp_path):
             "the worker in `rlfarm status` after the failover",
         )
         assert after["redis"] == before["redis"]
+
+        # Flower's event consumer reconnects by itself, with kombu's back-off (2 s, 4 s, 6 s, ...):
+        # task events sent before it is back are gone (they are pub/sub), so the task waits for it
+        # to hear the worker's heartbeat (every 2 s) from the new master.
+        def flower_hears_the_worker_again() -> bool:
+            status, body = _get(f"{base}/workers?json=1", auth)
+            beats = [max(w.get("heartbeats") or [0]) for w in json.loads(body)["data"]] if status == 200 else []
+            return bool(beats) and max(beats) > killed_at
+
+        poll(
+            flower_hears_the_worker_again,
+            "a worker heartbeat in Flower after the failover",
+            flower,
+            tmp_path / "flower.log",
+        )
         # A task sent after the failover runs, and Flower, whose event consumer and broker view
         # reconnected to the new master by themselves, shows it.
         make_run(farm.redis_url, "flower-failover")
