@@ -411,3 +411,28 @@ class CountValue:
     def act(self, obs, rng, deterministic=False):
         n = len(obs)
         return np.zeros(n, np.int64), np.zeros(n, np.float32), self.value(obs)
+
+
+# RLFARM_TEST_CPU=FILE: each test's CPU seconds (its test process's, and of the processes it started
+# and reaped) appended to FILE, to find where the suite's time goes: the suite is CPU-bound on 2 cores.
+CPU_LOG = os.environ.get("RLFARM_TEST_CPU")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not CPU_LOG:
+        yield
+        return
+    import resource
+
+    def cpu() -> tuple[float, float]:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+    (own0, kids0), wall0 = cpu(), time.monotonic()
+    yield
+    (own1, kids1), wall = cpu(), time.monotonic() - wall0
+    with open(CPU_LOG, "a") as f:
+        f.write(
+            f"{own1 - own0 + kids1 - kids0:.2f}\t{own1 - own0:.2f}\t{kids1 - kids0:.2f}\t{wall:.2f}\t{item.nodeid}\n"
+        )
