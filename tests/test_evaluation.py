@@ -17,7 +17,16 @@ import pytest
 
 import rlfarm
 from rlfarm.config import from_flat
-from rlfarm.evaluation.bookkeeping import CONFIRM_SEED, EVAL_SEED, Evaluations, Record, Send, Unpin, WriteBest
+from rlfarm.evaluation.bookkeeping import (
+    CONFIRM_SEED,
+    EVAL_SEED,
+    Evaluations,
+    Record,
+    Send,
+    Unpin,
+    WriteBest,
+    WritePolicyBest,
+)
 
 from .conftest import WORKER_ENV, one_error_line, rlfarm_cmd, run_cli
 
@@ -182,6 +191,44 @@ def test_without_an_interval_only_the_final_policy_is_evaluated_and_never_confir
     assert evals.final(env_steps=10**6, version=9) == []  # evaluated already
 
 
+def test_several_policies_are_ranked_each_on_its_own_and_their_bests_written_before_any_unpin():
+    """A run of several policies: the first policy's returns score the run; each policy's mean is
+    recorded, and a policy that beats its own best gets its part of the version written while the
+    version is still pinned."""
+    evals = evaluations()
+
+    def finish_by_policy(version: int, adversary: list[float], agent: list[float]) -> list:
+        send = evals.start(version=version, env_steps=1000 * (version + 1))
+        decisions: list = []
+        for i, spec in enumerate(send.tasks):
+            half = slice(i * 2, (i + 1) * 2)
+            by_policy = {"adversary": adversary[half], "agent": agent[half]}
+            decisions = evals.received(spec.iteration, adversary[half], 0, by_policy)
+        return decisions
+
+    first = finish_by_policy(0, [1.0, 3.0, 1.0, 3.0], [-5.0] * 4)
+    assert first == [
+        Record(1000, [1.0, 3.0, 1.0, 3.0], 0, by_policy={"adversary": 2.0, "agent": -5.0}),
+        WritePolicyBest("adversary", 0, 2.0),
+        WritePolicyBest("agent", 0, -5.0),
+        WriteBest(0, 2.0),
+    ]
+    # The adversary gets worse, the agents better: only the agents' best moves, before v1 is let go.
+    second = finish_by_policy(1, [0.0] * 4, [-1.0] * 4)
+    assert second == [
+        Record(2000, [0.0] * 4, 1, by_policy={"adversary": 0.0, "agent": -1.0}),
+        WritePolicyBest("agent", 1, -1.0),
+        Unpin(1),
+    ]
+    assert evals.policy_best == {"adversary": (0, 2.0), "agent": (1, -1.0)}
+    assert evals.policy_mean == {"adversary": 0.0, "agent": -1.0}
+    resumed = evaluations()
+    resumed.restore(json.loads(json.dumps(evals.state())))
+    assert resumed.policy_best == evals.policy_best and resumed.policy_mean == evals.policy_mean
+    # A policy's best is its own: equal is not better.
+    assert WritePolicyBest("agent", 2, -1.0) not in finish_by_policy(2, [0.0] * 4, [-1.0] * 4)
+
+
 def test_state_round_trips_through_the_trainer_checkpoint_with_the_same_keys():
     evals = evaluations()
     finish(evals, evals.start(version=0, env_steps=1000), [100.0] * 10)
@@ -195,6 +242,8 @@ def test_state_round_trips_through_the_trainer_checkpoint_with_the_same_keys():
         "best_eval_mean_return": 100.0,
         "best_version": 0,
         "target_reached": False,
+        "policy_best": {},
+        "policy_mean": {},
     }
 
     resumed = evaluations()

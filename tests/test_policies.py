@@ -93,6 +93,27 @@ def test_each_policy_acts_for_its_own_columns_with_its_own_width():
 
 
 @needs_mpe2
+def test_a_game_of_several_policies_is_scored_for_each_policy_by_its_own_agents():
+    """Greedy games (evaluation, `rlfarm eval`): a column per policy, each its agents' mean return; the
+    first column is what scores the run, as before."""
+    from rlfarm.algos import network_for
+    from rlfarm.core.rollout import run_episodes
+
+    game = make_vector_env(ADV, 3, options={"policy_map": MAP})
+    spec = space_spec(game)
+    torch.manual_seed(0)
+    actor = network_for("ppo", spec, _config().policy).actor_snapshot()
+    table = run_episodes(actor, game, episodes=3, seed=11, by_policy=True)
+    assert table.shape == (3, 2)
+    assert np.array_equal(run_episodes(actor, game, episodes=3, seed=11), table[:, 0])
+    # simple_adversary: the good agents share a reward, the adversary's is its own (not theirs).
+    assert not np.allclose(table[:, 0], table[:, 1])
+    solo = make_vector_env("mpe2/simple_spread_v3", 3)
+    solo_actor = network_for("ppo", space_spec(solo), _config().policy).actor_snapshot()
+    assert run_episodes(solo_actor, solo, episodes=2, seed=1, by_policy=True).shape == (2,)
+
+
+@needs_mpe2
 def test_a_learner_per_policy_learns_from_its_columns_and_a_frozen_one_never_changes():
     from rlfarm.algos import learner
     from rlfarm.algos.group import PolicyGroup, policy_rollout
@@ -166,6 +187,28 @@ def test_two_policies_train_through_the_farm_and_a_frozen_one_acts_as_its_file(f
     first, second = load_file(trained), load_file(tmp_path / "frozen-agents" / "final_policy.safetensors")
     assert all(torch.equal(first[k], second[k]) for k in first if k.startswith("nets.agent."))
     assert not all(torch.equal(first[k], second[k]) for k in first if k.startswith("nets.adversary."))
-    # `rlfarm eval` builds the group's network from the file and plays its games.
+    # `rlfarm eval` builds the group's network from the file and plays its games, a line per policy.
     played = run_cli("eval", str(tmp_path / "teams"), "--episodes", "2")
     assert played.returncode == 0 and "mean return" in played.stdout, played.stderr
+    assert "policy adversary: mean return" in played.stdout and "policy agent: mean return" in played.stdout
+
+    # Each policy's best evaluation: its column in evals.csv, its file and its entry in summary.json.
+    summary = read_summary(tmp_path / "teams")
+    with open(tmp_path / "teams" / "evals.csv") as f:
+        evals = list(csv.DictReader(f))
+    for name in ("adversary", "agent"):
+        best = summary["policies"][name]
+        assert best["best_eval_mean_return"] == pytest.approx(
+            max(float(row[f"{name}/mean_return"]) for row in evals), abs=1e-3
+        )
+        own = load_file(best["best_policy"])
+        assert own and not any(k.startswith("nets.") for k in own)  # a single policy's file
+    assert summary["policies"]["adversary"]["best_version"] == summary["best_version"]  # the first scores the run
+    # Another policy file for one side (its best, a single policy's file), by name.
+    best_agent = summary["policies"]["agent"]["best_policy"]
+    swapped = run_cli("eval", str(tmp_path / "teams"), "--episodes", "2", "--policy-for", f"agent={best_agent}")
+    assert swapped.returncode == 0 and "policy agent: mean return" in swapped.stdout, swapped.stderr
+    unknown = run_cli("eval", str(tmp_path / "teams"), "--policy-for", f"prey={best_agent}")
+    assert unknown.returncode == 2 and "has no policy 'prey' (its policies are adversary, agent)" in unknown.stderr
+    alone = run_cli("eval", "--policy", best_agent, "--env", ADV)
+    assert alone.returncode != 0 and "--policy-for agent=FILE" in alone.stderr

@@ -47,6 +47,17 @@ _STEP_FIELDS = (
 )
 
 
+def policy_tensors(state: Mapping[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    """Policy `name`'s network in a saved state: a group's `nets.<name>.` tensors, or, in a single
+    policy's file (best_policy.<name>.safetensors, a one-policy run's), all of them."""
+    return unprefixed(f"nets.{name}", state) or dict(state)
+
+
+def policy_best_file(name: str) -> str:
+    """The run directory's file of policy `name`'s best evaluated version (policy names are identifiers)."""
+    return f"best_policy.{name}.safetensors"
+
+
 def policy_rollout(rollout: Rollout, spec: SpaceSpec, name: str) -> Rollout:
     """Policy `name`'s columns of a rollout, its observations cut to its own width. Episodes are its
     agents' (Rollout.episode_columns)."""

@@ -56,6 +56,14 @@ from rlfarm.config import bounds as B  # pure and light: the upper bounds of the
     help="Turn-based games: who plays the other seat: random, lookahead (connect four) or a policy file "
     "(greedy) [random]. Games alternate first and second seat.",
 )
+@click.option(
+    "--policy-for",
+    "policy_for",
+    multiple=True,
+    metavar="NAME=FILE",
+    help="A run of several policies: policy NAME acts with FILE's weights (e.g. another run's "
+    "best_policy.NAME.safetensors). Repeatable.",
+)
 @click.pass_context
 def eval_(
     ctx: click.Context,
@@ -71,6 +79,7 @@ def eval_(
     video_dir: str | None,
     render: bool,
     opponent: str | None,
+    policy_for: tuple[str, ...],
 ) -> None:
     """Run greedy episodes with a run's best policy, a saved policy file or a stored version; print
     mean ± std.
@@ -119,21 +128,37 @@ def eval_(
             policy = playback.from_file(policy_file)
         else:
             policy = playback.from_run(redis_url, run_id, version)
+        if policy_for:
+            swaps = []
+            for entry in policy_for:
+                name, sep, path = entry.partition("=")
+                if not sep or not Path(path).is_file():
+                    fail(f"--policy-for {entry!r} is not NAME=FILE (a policy of the run and a policy file)")
+                swaps.append((name, path))
+            policy = playback.with_policies(policy, swaps)
         env, env_id = playback.open_env(policy, env_id, render_mode)
         network = playback.network_for(policy, env, env_id)
         if opponent:
             playback.set_opponent(env, env_id, opponent)
         name = f"{policy.algo}-{env_id.split(':')[-1].replace('/', '-')}-policy{policy.meta.get('version', '')}"
-        returns = playback.play(network, policy.algo, env, env_id, episodes, seed, render_mode, video_dir, name)
+        returns = playback.play(
+            network, policy.algo, env, env_id, episodes, seed, render_mode, video_dir, name, by_policy=True
+        )
     except playback.PlaybackError as exc:
         fail(str(exc), exc.code)
     except KeyboardInterrupt:  # stop watching
         click.echo("rlfarm: interrupted", err=True)
         sys.exit(130)
+    table = returns
+    if table.ndim == 2:  # several policies: a column each; the first one's scores the run
+        returns = table[:, 0]
     click.echo(
         f"{env_id}, policy v{policy.version}: mean return {returns.mean():.2f} ± "
         f"{returns.std():.2f} over {episodes} greedy episodes"
     )
+    if table.ndim == 2:
+        for j, name in enumerate(network.spec.policies):
+            click.echo(f"  policy {name}: mean return {table[:, j].mean():.2f} ± {table[:, j].std():.2f}")
     if opponent or getattr(env, "finished", None) is not None:  # a turn-based game: its record
         wins, draws, losses = (int((returns > 0).sum()), int((returns == 0).sum()), int((returns < 0).sum()))
         click.echo(f"against {opponent or 'random'}: {wins} won, {draws} drawn, {losses} lost")

@@ -19,10 +19,11 @@ RELEASE = "0.1.0"  # this release of rlfarm (rlfarm.__version__; setup.cfg reads
 # worker. Bump it with any change a worker of the other version would misread or refuse (a new field of
 # TaskSpec, Result or the run meta, a changed config key). Tasks and run metadata carry it; a worker
 # refuses a task of another protocol in one line naming both (docs/architecture.md, decision 16).
-PROTOCOL = 6  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
+PROTOCOL = 7  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
 # 4: env streams of the run (TaskSpec.stream, Result.stream), ppo.vf_loss, ppo.anneal_clip, reference;
 # 5: tasks travel on the queue of their protocol (TASK_QUEUE), claims are signed; 6: turn-based games
-# (act["opponents"], Result.games, Rollout.action_masks, the [selfplay] section)
+# (act["opponents"], Result.games, Rollout.action_masks, the [selfplay] section); 7: an evaluation of
+# several policies returns each one's (Result.policy_returns)
 
 
 def task_queue(protocol: int) -> str:
@@ -194,6 +195,8 @@ class Result:
     timings: dict[str, float] | None = None
     rollout: dict[str, Any] | None = None  # rollout.Rollout.to_dict()
     returns: Any = None  # eval: episode returns
+    # eval of several policies (env.policy_map): each policy's agents' mean return per game, by policy
+    policy_returns: dict[str, list[float]] | None = None
     error: str | None = None
     traceback: str | None = None
     retryable: bool = False  # a failure the trainer re-sends (a hard time limit), not a bug

@@ -282,16 +282,25 @@ MAX_EPISODE_STEPS = 108_000
 
 
 def run_episodes(
-    policy: Actor, env: Any, episodes: int, seed: int, deterministic: bool = True, max_steps: int = MAX_EPISODE_STEPS
+    policy: Actor,
+    env: Any,
+    episodes: int,
+    seed: int,
+    deterministic: bool = True,
+    max_steps: int = MAX_EPISODE_STEPS,
+    by_policy: bool = False,
 ) -> np.ndarray:
     """Returns of `episodes` whole episodes (at most `max_steps` steps each) on a single (non-vector)
     env, greedy by default. A multi-agent env (one game of rlfarm.envs.agents.AgentVector, a vector of
     its agents): an episode is a game, its return the mean of its agents' returns; a turn-based game
-    (rlfarm.envs.turns.TurnVector of one game): the learner's return against the env's opponent."""
+    (rlfarm.envs.turns.TurnVector of one game): the learner's return against the env's opponent.
+    Several policies (`SpaceSpec.policies`): a game's return is the first policy's agents' mean, or
+    with `by_policy` a row of each policy's agents' mean, in the map's order (episodes x policies)."""
     rng = np.random.default_rng(seed)
     spec = policy.spec
     if getattr(env, "num_envs", None) is not None:
-        return _game_episodes(policy, env, episodes, seed, rng, deterministic, max_steps)
+        table = _game_episodes(policy, env, episodes, seed, rng, deterministic, max_steps)
+        return table if by_policy and spec.policies else table[:, 0]
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -310,7 +319,8 @@ def _game_episodes(
     policy: Actor, env: Any, episodes: int, seed: int, rng: np.random.Generator, deterministic: bool, max_steps: int
 ) -> np.ndarray:
     """run_episodes on one game of a multi-agent vector: every agent in the game acts each step, until
-    every agent is done (the game ends) or max_steps are taken."""
+    every agent is done (the game ends) or max_steps are taken. A row per game: each policy's agents'
+    mean return (one column without several policies)."""
     spec, n = policy.spec, env.num_envs
     returns = []
     for episode in range(episodes):
@@ -328,7 +338,8 @@ def _game_episodes(
             total += reward
             steps += 1
             finished |= terminated | truncated
-        if spec.policies:  # several policies: a game is scored by the first policy's agents
-            total = total[spec.columns(spec.policies[0], n)]
-        returns.append(float(total.mean()))
-    return np.asarray(returns)
+        if spec.policies:
+            returns.append([float(total[spec.columns(name, n)].mean()) for name in spec.policies])
+        else:
+            returns.append([float(total.mean())])
+    return np.asarray(returns, dtype=np.float64).reshape(episodes, -1)

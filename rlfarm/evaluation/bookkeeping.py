@@ -39,6 +39,7 @@ class Record:
     returns: list[float]
     version: int
     confirmation: bool = False
+    by_policy: dict[str, float] | None = None  # several policies: each one's mean return
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,23 @@ class WriteBest:
 
 
 @dataclass(frozen=True)
+class WritePolicyBest:
+    """Several policies: `policy`'s agents scored their best in `version`'s evaluation: write that
+    policy of `version` to best_policy.<policy>.safetensors (before the version may be unpinned)."""
+
+    policy: str
+    version: int
+    score: float
+
+
+@dataclass(frozen=True)
 class Unpin:
     """Nothing needs `version` any more: let retention trim it."""
 
     version: int
 
 
-Decision = Send | Record | WriteBest | Unpin
+Decision = Send | Record | WriteBest | WritePolicyBest | Unpin
 
 
 @dataclass
@@ -68,6 +79,7 @@ class InFlight:
     tasks: int
     confirm: bool = False  # a confirmation of an evaluation that reached the target
     returns: list[float] = field(default_factory=list)
+    by_policy: dict[str, list[float]] = field(default_factory=dict)  # several policies' returns
     done: int = 0
 
 
@@ -83,6 +95,10 @@ class Evaluations:
         self.last_version: int | None = None  # the last version evaluated (confirmations aside)
         self.awaiting: dict[int, list[float]] = {}  # version -> its first evaluation's returns
         self.target_reached = False
+        # Several policies: each one's best evaluation (version, mean return), ranked on its own. The
+        # run's best above is the first policy's.
+        self.policy_best: dict[str, tuple[int, float]] = {}
+        self.policy_mean: dict[str, float] = {}  # each policy's in the last evaluation
 
     def start(self, version: int, env_steps: int, confirm: bool = False) -> Send:
         """An evaluation of `version` now; `confirm`: `eval.confirm_episodes` more episodes, other seeds."""
@@ -120,11 +136,15 @@ class Evaluations:
             return [self.start(version, env_steps)]
         return []
 
-    def received(self, number: int, returns: Any, env_steps: int) -> list[Decision]:
+    def received(
+        self, number: int, returns: Any, env_steps: int, by_policy: dict[str, Any] | None = None
+    ) -> list[Decision]:
         """One evaluation task's episode returns; `env_steps`: the run's now (a confirmation started
-        here is logged at it)."""
+        here is logged at it). `by_policy`: a run of several policies' returns of each policy."""
         ev = self.in_flight[number]
         ev.returns += [float(r) for r in returns]
+        for name, values in (by_policy or {}).items():
+            ev.by_policy.setdefault(name, []).extend(float(r) for r in values)
         ev.done += 1
         if ev.done < ev.tasks:
             return []
@@ -142,7 +162,10 @@ class Evaluations:
                 *self._settle(ev.version, float(np.mean(first + ev.returns))),
             ]
         self.mean_return = mean
-        record = Record(ev.env_steps, ev.returns, ev.version)
+        means = {name: float(np.mean(values)) for name, values in ev.by_policy.items() if values}
+        self.policy_mean.update(means)
+        record = Record(ev.env_steps, ev.returns, ev.version, by_policy=means or None)
+        bests = self._policy_bests(ev.version, means)
         # Without scheduled evaluations the target is the rolling training return's (Trainer.target_reached):
         # a confirmation of the final evaluation would decide nothing.
         if (
@@ -152,10 +175,19 @@ class Evaluations:
             and ev.version not in self.awaiting
         ):
             self.awaiting[ev.version] = ev.returns
-            return [record, self.start(ev.version, env_steps, confirm=True)]
+            return [record, *bests, self.start(ev.version, env_steps, confirm=True)]
         if mean >= target:
             self.target_reached = True
-        return [record, *self._settle(ev.version, mean)]
+        return [record, *bests, *self._settle(ev.version, mean)]
+
+    def _policy_bests(self, version: int, means: dict[str, float]) -> list[Decision]:
+        """Each policy whose agents beat their best evaluation: its part of `version` is its new best."""
+        decisions: list[Decision] = []
+        for name, score in means.items():
+            if name not in self.policy_best or score > self.policy_best[name][1]:
+                self.policy_best[name] = (version, score)
+                decisions.append(WritePolicyBest(name, version, score))
+        return decisions
 
     def _settle(self, version: int, score: float) -> list[Decision]:
         """A version's evaluation is final: keep it as the best policy if it is, else let it go."""
@@ -184,6 +216,8 @@ class Evaluations:
             "best_eval_mean_return": self.best_mean_return,
             "best_version": self.best_version,
             "target_reached": self.target_reached,
+            "policy_best": {name: list(best) for name, best in self.policy_best.items()},
+            "policy_mean": dict(self.policy_mean),
         }
 
     def restore(self, state: dict[str, Any], task_offset: int = 0) -> None:
@@ -195,3 +229,5 @@ class Evaluations:
         self.best_mean_return = state["best_eval_mean_return"]
         self.best_version = state.get("best_version")
         self.target_reached = state.get("target_reached", False)  # (checkpoints before it: False)
+        self.policy_best = {name: (int(v), float(score)) for name, (v, score) in state.get("policy_best", {}).items()}
+        self.policy_mean = dict(state.get("policy_mean", {}))

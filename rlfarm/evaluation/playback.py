@@ -67,6 +67,24 @@ def from_file(path: str | Path) -> StoredPolicy:
     )
 
 
+def with_policies(policy: StoredPolicy, swaps: list[tuple[str, str]]) -> StoredPolicy:
+    """`policy` (a run of several policies) with policy NAME's network taken from FILE for each
+    (NAME, FILE) of `swaps`: a single policy's file (best_policy.NAME.safetensors) or a group's."""
+    from rlfarm.algos.base import prefixed
+    from rlfarm.algos.group import policy_tensors
+
+    names = sorted({key.split(".")[1] for key in policy.state if key.startswith("nets.")})
+    for name, path in swaps:
+        if name not in names:
+            have = f"its policies are {', '.join(names)}" if names else "it is a single policy"
+            raise PlaybackError(f"--policy-for {name}=...: {policy.source} has no policy {name!r} ({have})", 2)
+        own = prefixed(f"nets.{name}", policy_tensors(from_file(path).state, name))
+        kept = {k: v for k, v in policy.state.items() if not k.startswith(f"nets.{name}.")}
+        policy.state = {**kept, **own}
+        policy.source += f" with {name} from {path}"
+    return policy
+
+
 # What `rlfarm eval RUN` plays of a run directory, the first that exists (zoo's enjoy: the best model).
 RUN_POLICY_FILES = ("best_policy.safetensors", "final_policy.safetensors")
 
@@ -202,6 +220,11 @@ def network_for(policy: StoredPolicy, env: Any, env_id: str) -> Any:
             policy.algo, space_spec(env), policy_config(policy.policy_config), policy.state, policy.meta
         )
     except PolicyMismatch as exc:
+        if policy.meta.get("policy_name"):  # best_policy.NAME.safetensors: one policy of several
+            raise PlaybackError(
+                f"{policy.source} holds policy {policy.meta['policy_name']!r} of a run of several policies: "
+                f"play it in its run with rlfarm eval RUN --policy-for {policy.meta['policy_name']}=FILE"
+            ) from None
         raise PlaybackError(f"policy {policy.source} does not fit env {env_id}: {exc}") from None
     except ConfigError as exc:
         raise PlaybackError(str(exc)) from None
@@ -217,9 +240,11 @@ def play(
     render_mode: str | None = None,
     video_dir: str | None = None,
     name: str = "policy",
+    by_policy: bool = False,
 ) -> np.ndarray:
     """Greedy episodes' returns, recorded (RecordVideo) or shown in a window as asked; a renderer that
-    cannot work here (a missing package, no display) is a PlaybackError."""
+    cannot work here (a missing package, no display) is a PlaybackError. `by_policy`: a multi-agent
+    game of several policies gives each policy's column (rlfarm.core.rollout.run_episodes)."""
     import gymnasium as gym
 
     from rlfarm.algos import learner
@@ -249,7 +274,7 @@ def play(
                     f"(SDL fell back to its {driver} driver); record the episodes to files "
                     f"instead with --video DIR"
                 )
-        returns = run_episodes(learner(algo).actor_snapshot(network), env, episodes, seed)
+        returns = run_episodes(learner(algo).actor_snapshot(network), env, episodes, seed, by_policy=by_policy)
         env.close()  # RecordVideo writes the last episode's file on close
         return returns
     except gym.error.DependencyNotInstalled as exc:

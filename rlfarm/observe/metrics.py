@@ -57,6 +57,11 @@ def summary_writer_class() -> type:
     return SummaryWriter
 
 
+# evals.csv's columns; a run of several policies adds one `<policy>/mean_return` column per policy.
+EVAL_FIELDS = ("global_step", "wall_time", "mean_return", "std_return", "episodes", "policy_version", "confirmation")
+POLICY_EVAL_SUFFIX = "/mean_return"
+
+
 def _truncate_csv(path: Path, max_step: int) -> list[str] | None:
     """Keep the header and the rows with global_step <= max_step; returns the header (None: no file).
     Replaced whole (rlfarm.runio.rundir): a full disk here leaves the file as it was."""
@@ -199,6 +204,7 @@ class RunLogger:
         # CSV files grow by whole rows only (rlfarm.runio.rundir.RowFile): a full disk never leaves half a row.
         self._progress_fields: list[str] | None = None
         self._evals_file: RowFile | None = None
+        self._eval_policies: list[str] = []  # several policies: evals.csv's columns of each one's mean
         # One progress row per step: a row at a step already logged (a resumed run's first log before
         # any new step, the closing log right after a periodic one) repeats it and adds nothing.
         self._last_row_step = resume["env_steps"] if resume else -1
@@ -208,8 +214,10 @@ class RunLogger:
             self._progress_file = RowFile(self.run_dir / "progress.csv")
             _truncate_csv(self.run_dir / "episodes.csv", step)
             self._episodes_file = RowFile(self.run_dir / "episodes.csv")
-            if _truncate_csv(self.run_dir / "evals.csv", step):
+            header = _truncate_csv(self.run_dir / "evals.csv", step)
+            if header:
                 self._evals_file = RowFile(self.run_dir / "evals.csv")
+                self._eval_policies = [c.removesuffix(POLICY_EVAL_SUFFIX) for c in header[len(EVAL_FIELDS) :]]
         else:
             self._progress_file = RowFile(self.run_dir / "progress.csv", "w")
             self._episodes_file = RowFile(self.run_dir / "episodes.csv", "w")
@@ -283,25 +291,24 @@ class RunLogger:
         for sink in self.sinks:
             sink.episodes(global_step, returns, lengths)
 
-    def evaluation(self, global_step: int, returns: list[float], version: int, confirmation: bool = False) -> None:
+    def evaluation(
+        self,
+        global_step: int,
+        returns: list[float],
+        version: int,
+        confirmation: bool = False,
+        by_policy: Mapping[str, float] | None = None,
+    ) -> None:
         """A finished greedy evaluation, logged at the env step it was sent at. `confirmation`: the
-        extra episodes that confirm an evaluation at the target (a row of its own, always on the console)."""
+        extra episodes that confirm an evaluation at the target (a row of its own, always on the console).
+        `by_policy`: several policies' mean returns (`returns` are the first policy's), a column each."""
         mean, std = float(np.mean(returns)), float(np.std(returns))
+        by_policy = dict(by_policy or {})
         if self._evals_file is None:
             self._evals_file = RowFile(self.run_dir / "evals.csv", "w")
-            self._evals_file.append(
-                [
-                    [
-                        "global_step",
-                        "wall_time",
-                        "mean_return",
-                        "std_return",
-                        "episodes",
-                        "policy_version",
-                        "confirmation",
-                    ]
-                ]
-            )
+            self._eval_policies = list(by_policy)
+            self._evals_file.append([[*EVAL_FIELDS, *(f"{name}{POLICY_EVAL_SUFFIX}" for name in self._eval_policies)]])
+        own = [f"{by_policy[name]:.4f}" if name in by_policy else "" for name in self._eval_policies]
         self._evals_file.append(
             [
                 [
@@ -312,9 +319,13 @@ class RunLogger:
                     len(returns),
                     version,
                     int(confirmation),
+                    *own,
                 ]
             ]
         )
+        if self.writer:
+            for name, value in by_policy.items():
+                self.writer.add_scalar(f"eval/{name}/mean_return", value, global_step)
         for sink in self.sinks:
             sink.evaluation(global_step, list(returns), version, confirmation)
         if confirmation:

@@ -427,6 +427,7 @@ class Trainer(Evaluating, RunKeeper):
                 extras={
                     **self.summary_extras(),
                     **({"selfplay": self.selfplay.league.to_dict()} if self.selfplay else {}),
+                    **({"policies": self.policy_summaries()} if self.evals.policy_best else {}),
                     **({"streams": self.streams.summary()} if self.streams is not None else {}),
                 },
             ),

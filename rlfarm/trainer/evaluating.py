@@ -5,11 +5,12 @@ what to unpin; this sends the tasks, records, writes best_policy.safetensors and
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from rlfarm.algos.group import policy_best_file, policy_tensors
 from rlfarm.config import to_dict
 from rlfarm.core import codec
-from rlfarm.evaluation.bookkeeping import Decision, Record, Send, Unpin, WriteBest
+from rlfarm.evaluation.bookkeeping import Decision, Record, Send, Unpin, WriteBest, WritePolicyBest
 from rlfarm.runio.rundir import write_atomic
 
 if TYPE_CHECKING:
@@ -41,7 +42,21 @@ class Evaluating:
         self.carry_out(self.evals.due(self.env_steps, self.version))
 
     def handle_eval(self, message: Result) -> None:
-        self.carry_out(self.evals.received(message.iteration, message.returns, self.env_steps))
+        self.carry_out(self.evals.received(message.iteration, message.returns, self.env_steps, message.policy_returns))
+
+    def policy_summaries(self) -> dict[str, dict[str, Any]]:
+        """summary.json's `policies` (several policies): each one's last and best evaluation and its
+        best_policy.<policy>.safetensors."""
+        out = {}
+        for name, (version, score) in self.evals.policy_best.items():
+            path = self.run_dir / policy_best_file(name)
+            out[name] = {
+                "eval_mean_return": self.evals.policy_mean.get(name),
+                "best_eval_mean_return": score,
+                "best_version": version,
+                "best_policy": str(path) if path.exists() else None,
+            }
+        return out
 
     def carry_out(self, decisions: list[Decision]) -> None:
         """Do what the evaluation bookkeeping decided, in its order."""
@@ -52,19 +67,31 @@ class Evaluating:
                     self.channel.submit(spec)
             elif isinstance(decision, Record):
                 self.logger.evaluation(
-                    decision.env_steps, decision.returns, decision.version, confirmation=decision.confirmation
+                    decision.env_steps,
+                    decision.returns,
+                    decision.version,
+                    confirmation=decision.confirmation,
+                    by_policy=decision.by_policy,
                 )
             elif isinstance(decision, WriteBest):
                 self._write_best(decision.version, decision.score)
+            elif isinstance(decision, WritePolicyBest):
+                self._write_best(decision.version, decision.score, policy=decision.policy)
             elif isinstance(decision, Unpin):
                 self.store.unpin(decision.version)
             else:
                 raise TypeError(f"not an evaluation decision: {decision!r}")
 
-    def _write_best(self, version: int, score: float) -> None:
+    def _write_best(self, version: int, score: float, policy: str | None = None) -> None:
+        """`version` to best_policy.safetensors, or its policy `policy` alone (its network's tensors,
+        as a single policy's file: a frozen policy or `rlfarm eval --policy-for` takes it) to
+        best_policy.<policy>.safetensors."""
         # The pinned blob is the trainer's own copy or one that passed the store's checks; verified
         # again here, since it is re-signed below (rlfarm.farm.store.PolicyStore.pin).
         state, meta = codec.decode_policy(self.store.pin(version), self.store.secret)
+        if policy is not None:
+            state = policy_tensors(state, policy)
+            meta["policy_name"] = policy
         meta.update(
             {
                 "env": self.config.env.id,
@@ -75,7 +102,7 @@ class Evaluating:
         )
         meta.pop("hmac", None)
         blob = codec.encode_policy(state, meta, self.file_secret)
-        write_atomic(self.run_dir / "best_policy.safetensors", blob)
+        write_atomic(self.run_dir / (policy_best_file(policy) if policy else "best_policy.safetensors"), blob)
 
     def drain_evaluations(self) -> None:
         """Wait for evaluation tasks still in flight (confirmations they start included), so the

@@ -50,7 +50,7 @@ def resolve_device(name: str) -> torch.device:
 def frozen_policies(config: RunConfig, space: Any) -> dict[str, dict[str, torch.Tensor]]:
     """The weights of each frozen policy (`frozen = ["policy=file"]`), read with RLFARM_SECRET's check,
     from a single policy's file or one policy of a group's (its `nets.<policy>.` tensors)."""
-    from rlfarm.algos.base import unprefixed
+    from rlfarm.algos.group import policy_tensors
     from rlfarm.config.checks import parse_frozen
     from rlfarm.core import codec
     from rlfarm.core.signing import SignatureError
@@ -63,8 +63,7 @@ def frozen_policies(config: RunConfig, space: Any) -> dict[str, dict[str, torch.
             raise ConfigError(f"frozen policy {name!r}: cannot read {path}: {exc.strerror or exc}") from None
         except (codec.CodecError, SignatureError) as exc:
             raise ConfigError(f"frozen policy {name!r}: {exc} (file {path})") from None
-        own = unprefixed(f"nets.{name}", state)
-        weights[name] = own or dict(state)
+        weights[name] = policy_tensors(state, name)
     return weights
 
 

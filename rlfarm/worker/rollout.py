@@ -162,7 +162,11 @@ class RolloutWorker:
                 name = run_meta["config"].get("selfplay", {}).get("eval_opponent", RANDOM)
                 env.set_opponents([name], {name: scripted(name, env_cfg["id"])})
             seed = task_seeds(spec.seed, spec.iteration, spec.index, 1)[0][0]
-            result.returns = run_episodes(actor, env, spec.episodes, seed, deterministic=True)
+            table = run_episodes(actor, env, spec.episodes, seed, deterministic=True, by_policy=True)
+            if table.ndim == 2:  # several policies: the first one's scores the run, each is kept
+                result.policy_returns = {name: table[:, j].tolist() for j, name in enumerate(actor.spec.policies)}
+                table = table[:, 0]
+            result.returns = table
         else:
             opponents = spec.act.get("opponents")
             if opponents is not None:
