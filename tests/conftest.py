@@ -92,7 +92,7 @@ TIER_ORDER = ("learning", "fault", "farm", "process", "unit")
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("learning"):
+        if item.get_closest_marker("learning") and not item.get_closest_marker("deterministic"):
             item.add_marker(pytest.mark.xdist_group(LEARNING_GROUP))
         if {"farm", "redis_only"} & set(item.fixturenames) and not item.get_closest_marker("farm"):
             item.add_marker(pytest.mark.farm)  # the fixtures start redis-server and Celery workers
@@ -111,6 +111,9 @@ def run_order(item) -> tuple[int, int]:
 # Every learning test runs in one test process (`--dist loadgroup`), one after another, and the other
 # test processes yield the cores to it (`pytest_runtest_setup`): an ASYNC run's learning depends
 # on how fast its results come back, and the learning margins were set with a run alone on the cores.
+# A `deterministic` learning test (SYNC: the same bytes however the cores are shared, as the 1-vs-3
+# worker tests show) runs in any test process, yielding like the rest: the one learning process's
+# chain was the suite's critical path.
 LEARNING_GROUP = "learning"
 YIELDING_NICENESS = 10  # CFS gives a nice-0 process about 9x the CPU of a nice-10 one
 
@@ -121,7 +124,8 @@ def pytest_runtest_setup(item):
     priority (and so that of the servers, workers and trainers it starts from then on), for good: the
     learning tests are scheduled first, in one process that is never lowered, and take the cores when
     they need them."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and not item.get_closest_marker("learning"):
+    learning = item.get_closest_marker("learning") and not item.get_closest_marker("deterministic")
+    if os.environ.get("PYTEST_XDIST_WORKER") and not learning:
         if os.getpriority(os.PRIO_PROCESS, 0) < YIELDING_NICENESS:
             os.setpriority(os.PRIO_PROCESS, 0, YIELDING_NICENESS)
 

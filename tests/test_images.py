@@ -102,7 +102,12 @@ def test_an_observation_space_rlfarm_cannot_act_on_fails_before_anything_starts(
 
 @pytest.mark.learning
 @pytest.mark.parametrize(
-    "mode, preset", [("sync", "cartpole-ppo"), ("async", "cartpole-ppo"), ("async", "cartpole-dqn")]
+    "mode, preset",
+    [
+        pytest.param("sync", "cartpole-ppo", marks=pytest.mark.deterministic),
+        ("async", "cartpole-ppo"),
+        ("async", "cartpole-dqn"),
+    ],
 )
 def test_the_cnn_path_learns_to_read_the_pixels(farm, tmp_path, mode, preset):
     """SideEnv pays 1 per step for naming the lit half of the image: a random policy scores 8 of 16,

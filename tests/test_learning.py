@@ -45,12 +45,14 @@ def best_of_run(tmp_path, run_id: str, label: str, within_steps: int, *args: str
     return best
 
 
+@pytest.mark.deterministic
 def test_cartpole_ppo_solves_within_100k_steps(tmp_path):
     assert (
         best_of_run(tmp_path, "cartpole", "cartpole-ppo", 100_000, "--preset", "cartpole-ppo", "--workers", "2") >= 475
     )
 
 
+@pytest.mark.deterministic
 def test_pendulum_ppo_learns_within_200k_steps(tmp_path):
     best = best_of_run(tmp_path, "pendulum", "pendulum-ppo", 200_000, "--preset", "pendulum-ppo", "--workers", "2")
     assert best >= -250  # random play is about -1200
@@ -76,10 +78,21 @@ def test_cartpole_dqn_async_greedy_eval_reaches_475_within_100k_steps(tmp_path):
     assert mean >= 475
 
 
+# The SAC and TD3 tests run their presets with 64x64 networks instead of 256x256 and 400x300: the
+# learner's matrix products were most of the suite's CPU (TD3's 400x300 about 15 ms a gradient step on
+# one of these cores), and the claim tested, that the farm's ASYNC off-policy learner reaches the
+# target within the zoo's budget, holds for them too (seeds 1-5: SAC confirmed at 3.4k-6.6k env
+# steps, TD3 at 16.4k-17.6k, of 20k). The presets' own figures, with their networks, are measured by
+# `rlfarm train --preset pendulum-td3 --seeds 1-5` (docs/configuration.md).
+SMALL_NETWORKS = ("--set", "policy.hidden_sizes=[64,64]")
+
+
 def test_pendulum_sac_async_confirmed_greedy_eval_reaches_minus_250_within_20k_steps(tmp_path):
     """rl-baselines3-zoo's SAC scores about -176 on Pendulum-v1 at 20k steps; on the farm a greedy
     evaluation of -250 or better, confirmed on 20 more episodes, comes within the same 20k."""
-    run_dir = train_embedded(tmp_path, "pendulum-sac", "--preset", "pendulum-sac", "--mode", "async", "--seed", "1")
+    run_dir = train_embedded(
+        tmp_path, "pendulum-sac", "--preset", "pendulum-sac", "--mode", "async", "--seed", "1", *SMALL_NETWORKS
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     reached = summary["target_reached_at"]
     print(f"pendulum-sac: target -250 confirmed at {reached}")
@@ -95,7 +108,7 @@ def test_pendulum_td3_async_confirmed_greedy_eval_reaches_minus_200_within_20k_s
     """rl-baselines3-zoo's TD3 settings on Pendulum-v1 (10k steps of uniform heatup, then one gradient
     step per env step): a greedy evaluation of -200 or better, confirmed on 50 more episodes, within
     20k env steps; `rlfarm eval` of best_policy.safetensors scores -250 or better on 30 fresh seeds."""
-    run_dir = train_embedded(tmp_path, "pendulum-td3", "--preset", "pendulum-td3", "--seed", "1")
+    run_dir = train_embedded(tmp_path, "pendulum-td3", "--preset", "pendulum-td3", "--seed", "1", *SMALL_NETWORKS)
     summary = json.loads((run_dir / "summary.json").read_text())
     reached = summary["target_reached_at"]
     print(f"pendulum-td3: target -200 confirmed at {reached}")
@@ -112,6 +125,7 @@ def test_pendulum_td3_async_confirmed_greedy_eval_reaches_minus_200_within_20k_s
     assert mean >= -250
 
 
+@pytest.mark.deterministic
 @pytest.mark.parametrize("episodes", ["fresh", "continue"])
 def test_same_seed_same_policy_with_1_and_3_workers(tmp_path, episodes):
     """SYNC learns the same policy bytes whatever the farm's size, with fresh episodes in every task
@@ -195,6 +209,7 @@ def _policy_digest(run_dir) -> str:
     return hashlib.sha256(b"".join(state[k].numpy().tobytes() for k in sorted(state))).hexdigest()
 
 
+@pytest.mark.deterministic
 @pytest.mark.skipif(importlib.util.find_spec("mpe2") is None, reason=NO_MPE2)
 def test_spread_ppo_one_policy_for_three_agents_learns_to_cover_the_landmarks(tmp_path):
     """mpe2's simple_spread_v3, preset spread-ppo: 3 agents, one shared policy, SYNC PPO. Greedy games
@@ -223,6 +238,7 @@ def test_spread_ppo_one_policy_for_three_agents_learns_to_cover_the_landmarks(tm
         assert sum(1 for _ in csv.DictReader(f)) > 0  # per-agent training episodes are reported
 
 
+@pytest.mark.deterministic
 @pytest.mark.skipif(importlib.util.find_spec("mpe2") is None, reason=NO_MPE2)
 @pytest.mark.parametrize(
     "preset, steps, tasks, agents",
@@ -255,6 +271,7 @@ def test_a_multi_agent_sync_run_learns_the_same_bytes_with_1_and_3_workers(tmp_p
     assert digests[0][1:] == (4, steps)  # 4 iterations of `tasks` tasks x `agents` agents x 100 steps
 
 
+@pytest.mark.deterministic
 def test_four_rooms_two_levels_reach_the_goal_in_90_percent_of_greedy_episodes(tmp_path):
     """rlfarm/four_rooms_two_level, preset four-rooms-two-level: an upper policy picks subgoals, a lower
     one walks there, each with its learner (env.policy_map); the run stops once 90 of 100 greedy
