@@ -235,6 +235,59 @@ def test_an_evaluation_game_lasts_until_its_last_agent_is_done():
     assert returns.tolist() == [3.5, 3.5]  # (2 + 5) / 2: agent_1 left after 2 steps, agent_0 played 5
 
 
+def test_an_agent_that_joins_late_sits_out_until_its_first_observation():
+    envs = make_vector_env("tests.tiny_envs:echo_joining", 4)  # agent_1 joins at step 2 of 5
+    obs, info = envs.reset(seed=[1, 2, 3, 4])
+    assert info["active"].tolist() == [True, False, True, False] and (obs[[1, 3]] == 0).all()
+    _, rewards, _, _, info = envs.step(np.array([1, 0, 1, 0]))
+    assert rewards.tolist() == [1, 0, 1, 0] and info["active"].tolist() == [True, False, True, False]
+    obs, rewards, _, _, info = envs.step(np.array([1, 0, 1, 0]))  # agent_1's first observation
+    assert "active" not in info and obs[1, 0] == 1.0 and rewards[1] == 0
+    for _ in range(2):
+        _, rewards, _, truncated, info = envs.step(np.array([1, 1, 1, 1]))
+        assert rewards.tolist() == [1, 1, 1, 1]
+    _, _, _, truncated, info = envs.step(np.array([1, 1, 1, 1]))  # the game ends for both; agent_1 waits again
+    assert truncated.all() and info["game_ended"].all() and info["active"].tolist() == [True, False, True, False]
+
+    spec = describe("tests.tiny_envs:echo_joining")
+    seeds, action_seed = task_seeds(1, 0, 0, 2)
+    rollout = collect(Same(spec), make_vector_env("tests.tiny_envs:echo_joining", 2), 10, seeds, action_seed)
+    assert rollout.active[:, 0].all() and rollout.active[:, 1].tolist() == [False, False, True, True, True] * 2
+    assert rollout.episode_lengths.tolist() == [5, 3, 5, 3]  # agent_1 played the last 3 steps of each game
+    assert rollout.rewards[~rollout.active].sum() == 0
+    # An evaluation game scores the agents that were in it, agent_1 from its joining on.
+    returns = run_episodes(Same(spec), make_env("tests.tiny_envs:echo_joining"), 2, seed=5)
+    assert returns.tolist() == [4.0, 4.0]  # (5 + 3) / 2
+
+
+def test_action_masks_of_a_parallel_env_travel_to_the_actor_and_no_illegal_action_is_taken():
+    from rlfarm.algos import network_for
+    from rlfarm.config import RunConfig
+
+    spec = describe("tests.tiny_envs:echo_masked")
+    assert spec.action_mask and spec.obs_dim == 3  # the Dict's "observation", with its mask beside
+    envs = make_vector_env("tests.tiny_envs:echo_masked", 8)
+    obs, info = envs.reset(seed=list(range(8)))
+    assert obs.shape == (8, 3) and info["action_mask"].all()  # step 0: both actions legal
+    _, _, _, _, info = envs.step(np.zeros(8, np.int64))
+    assert info["action_mask"].tolist() == [[True, False]] * 8
+    envs.step(np.ones(8, np.int64))  # illegal at an odd step: the env counts them
+    assert sum(game.illegal for game in envs.games) == 8
+
+    torch.manual_seed(0)
+    actor = network_for("ppo", spec, RunConfig().policy).actor_snapshot()
+    envs = make_vector_env("tests.tiny_envs:echo_masked", 8)
+    seeds, action_seed = task_seeds(3, 0, 0, 8)
+    rollout = collect(actor, envs, 500, seeds, action_seed, keep_next_obs=True)
+    assert sum(game.illegal for game in envs.games) == 0
+    taken = rollout.actions.reshape(-1)
+    assert rollout.action_masks.reshape(-1, 2)[np.arange(len(taken)), taken].all()
+    assert (taken == 1).sum() > 500  # action 1 is taken where it is legal: the mask is not all-or-nothing
+    ended = rollout.dones
+    # A game's final observation (step 5, odd) has its own mask, not the next game's first (all legal).
+    assert ended.any() and (rollout.next_action_masks[ended] == [True, False]).all()
+
+
 @pytest.mark.farm
 def test_a_game_an_agent_leaves_early_trains_through_the_farm(farm, tmp_path):
     """Rollout.active travels in results: the episodes a run reports are the agents' own (2 and 5

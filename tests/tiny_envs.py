@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -429,34 +430,54 @@ def self_saving() -> gym.Env:
 class Echo:
     """A PettingZoo Parallel env of two agents (duck-typed: no pettingzoo import). Each sees
     [its index, step / 10, a value drawn at reset]; both are rewarded 1 when they pick the same action,
-    and the game is cut after `length` steps. With `leave_at`, agent_1 is done at that step alone."""
+    and the game is cut after `length` steps. With `leave_at`, agent_1 is done at that step alone; with
+    `join_at`, agent_1 is not in the game until that step. `masked`: observations are PettingZoo's
+    Dict of "observation" and "action_mask", action 1 is legal at even steps only, and `illegal`
+    counts the illegal actions taken."""
 
     metadata = {"name": "echo_v0"}
 
-    def __init__(self, length: int = 5, leave_at: int | None = None, other_space: bool = False) -> None:
+    def __init__(
+        self,
+        length: int = 5,
+        leave_at: int | None = None,
+        other_space: bool = False,
+        join_at: int | None = None,
+        masked: bool = False,
+    ) -> None:
         self.possible_agents = ["agent_0", "agent_1"]
         self.agents: list[str] = []
         self.length, self.leave_at, self.other_space = length, leave_at, other_space
+        self.join_at, self.masked, self.illegal = join_at, masked, 0
         self.rng = np.random.default_rng()
 
-    def observation_space(self, agent: str) -> gym.spaces.Box:
+    def observation_space(self, agent: str) -> gym.Space:
         n = 4 if self.other_space and agent == "agent_1" else 3
-        return gym.spaces.Box(-10.0, 10.0, (n,), np.float32)
+        box = gym.spaces.Box(-10.0, 10.0, (n,), np.float32)
+        if self.masked:
+            return gym.spaces.Dict({"observation": box, "action_mask": gym.spaces.Box(0, 1, (2,), np.int8)})
+        return box
 
     def action_space(self, agent: str) -> gym.spaces.Discrete:
         return gym.spaces.Discrete(2)
 
-    def _obs(self, agent: str) -> np.ndarray:
-        return np.array([self.possible_agents.index(agent), self.t / 10, self.draw], np.float32)
+    def _legal(self) -> np.ndarray:
+        return np.array([1, self.t % 2 == 0], np.int8)
+
+    def _obs(self, agent: str) -> Any:
+        obs = np.array([self.possible_agents.index(agent), self.t / 10, self.draw], np.float32)
+        return {"observation": obs, "action_mask": self._legal()} if self.masked else obs
 
     def reset(self, seed: int | None = None, options: dict | None = None):
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         self.t, self.draw = 0, float(self.rng.random())
-        self.agents = list(self.possible_agents)
+        self.agents = list(self.possible_agents) if self.join_at is None else ["agent_0"]
         return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
 
     def step(self, actions: dict):
+        if self.masked:
+            self.illegal += sum(not self._legal()[int(v)] for v in actions.values())
         self.t += 1
         same = float(len(set(int(v) for v in actions.values())) == 1)
         rewards = {a: same for a in self.agents}
@@ -465,8 +486,9 @@ class Echo:
             a: self.leave_at is not None and a == "agent_1" and self.t == self.leave_at for a in self.agents
         }
         truncations = {a: cut for a in self.agents}
-        obs = {a: self._obs(a) for a in self.agents}
-        self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
+        joining = ["agent_1"] if self.join_at is not None and self.t == self.join_at and not cut else []
+        obs = {a: self._obs(a) for a in self.agents + joining}
+        self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])] + joining
         return obs, rewards, terminations, truncations, {a: {} for a in obs}
 
     def close(self) -> None:
@@ -483,3 +505,11 @@ def echo_leaving() -> Echo:
 
 def echo_other_spaces() -> Echo:
     return Echo(other_space=True)
+
+
+def echo_joining() -> Echo:
+    return Echo(join_at=2)
+
+
+def echo_masked() -> Echo:
+    return Echo(masked=True)

@@ -145,7 +145,9 @@ def collect(
         running_length = np.zeros(n, np.int64)
     no_flags = np.zeros(n, bool)  # read-only default of the per-step info flags
     all_active = np.ones(n, bool)
-    active, active_buf = all_active, None  # (an env's info["active"]: which agents act next)
+    # An env's info["active"]: which agents act next (agents not in their game yet: from the reset on).
+    active = all_active if stream is not None and stream.obs is not None else reset_info.get("active", all_active)
+    active_buf = None
     for t in range(n_steps):
         if refresh is not None and t and t % refresh_steps == 0:
             policy = refresh() or policy
@@ -281,6 +283,12 @@ def concat(rollouts: list[Rollout]) -> Rollout:
 MAX_EPISODE_STEPS = 108_000
 
 
+def _mean_of(total: np.ndarray, played: np.ndarray, columns: np.ndarray) -> float:
+    """The mean return of the agents of `columns` that were in the game (all of them, if none was)."""
+    mine = columns[played[columns]]
+    return float(total[mine if len(mine) else columns].mean())
+
+
 def run_episodes(
     policy: Actor,
     env: Any,
@@ -326,6 +334,7 @@ def _game_episodes(
     for episode in range(episodes):
         obs, info = env.reset(seed=seed + episode)
         total, steps, finished = np.zeros(n), 0, np.zeros(n, bool)
+        played = np.array(info.get("active", np.ones(n, bool)), bool)  # agents in the game (some join later)
         while steps < max_steps and not finished.all():  # an agent done early waits for the others
             mask = legal_actions(spec, info, n)
             if mask is None:
@@ -338,8 +347,12 @@ def _game_episodes(
             total += reward
             steps += 1
             finished |= terminated | truncated
+            if np.asarray(info.get("game_ended", finished), bool).all():  # (agents that never joined)
+                break
+            played |= np.asarray(info.get("active", np.ones(n, bool)), bool)
+        played |= finished
         if spec.policies:
-            returns.append([float(total[spec.columns(name, n)].mean()) for name in spec.policies])
+            returns.append([_mean_of(total, played, spec.columns(name, n)) for name in spec.policies])
         else:
-            returns.append([float(total.mean())])
+            returns.append([_mean_of(total, played, np.arange(n))])
     return np.asarray(returns, dtype=np.float64).reshape(episodes, -1)

@@ -14,8 +14,16 @@ those steps (Rollout.active) and no learner learns from them. An agent whose inf
 False (an upper level between decisions) sits out its next step the same way, but stays in its game
 and keeps its rewards, which flow back to the decision before (its learner's returns).
 
-Turn-based games (AEC envs whose players take turns) are rlfarm.envs.turns's. Not handled yet: agents
-that join a game after its start (refused in one line).
+An agent that is not in its game yet (absent from the observations of the reset, PettingZoo's
+`agents` growing later) sits out the same way until its first observation comes: info["active"]
+says so from the reset on, and an evaluation's game ends when the game does ("game_ended").
+
+Action masks (PettingZoo's convention): agents whose observation space is a Dict of "observation"
+and "action_mask" observe the first, and info["action_mask"] (N, A) bool says what each may do at the
+observation returned (SpaceSpec.action_mask), as rlfarm.envs.turns does for turn-based games; an agent
+out of its game may do anything (it acts for nothing).
+
+Turn-based games (AEC envs whose players take turns) are rlfarm.envs.turns's.
 """
 
 from __future__ import annotations
@@ -137,11 +145,16 @@ class AgentVector(VectorEnv):
         self.policy_names: tuple[str, ...] = ()
         self.agent_obs_dims: tuple[int, ...] = ()
         self.single_action_space = one_space(first, "action_space", self.agents, env_id, SAME_ACTIONS)
+        self.masked = all(_mask_dict(first.observation_space(agent)) for agent in self.agents)
+        if self.masked and not isinstance(self.single_action_space, gym.spaces.Discrete):
+            raise EnvError(f"env {env_id!r}: action masks need Discrete actions, not {self.single_action_space}")
         if self.policy_map:
             self.policy_of, self.policy_names = map_agents(self.policy_map, self.agents, env_id)
             self.single_observation_space = self._padded_space(first)
         else:
-            self.single_observation_space = one_space(first, "observation_space", self.agents, env_id, SHARED)
+            self.single_observation_space = self._inner(
+                one_space(first, "observation_space", self.agents, env_id, SHARED)
+            )
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
@@ -152,11 +165,17 @@ class AgentVector(VectorEnv):
         # The agent's next action is ignored (its info said "acting": False: an upper level between
         # its decisions, rlfarm.envs.shipped.four_rooms_two_level): a step it sits out, but in its game.
         self._waiting = np.zeros(self.num_envs, bool)
+        # Masked envs: what each sub-env's agent may do at its observation (all, while out of its game).
+        self._mask = np.ones((self.num_envs, self.single_action_space.n), bool) if self.masked else None
+
+    def _inner(self, space: gym.Space) -> gym.Space:
+        """What an agent observes, without its action mask."""
+        return space.spaces["observation"] if self.masked else space
 
     def _padded_space(self, first: Any) -> gym.Space:
         """One Box wide enough for every agent's flattened observation; a policy's agents must share
         their space."""
-        spaces = {agent: first.observation_space(agent) for agent in self.agents}
+        spaces = {agent: self._inner(first.observation_space(agent)) for agent in self.agents}
         for name in self.policy_names:
             mine = [a for a, p in zip(self.agents, self.policy_of) if p == name]
             one_space(first, "observation_space", mine, self.env_id, SHARED)
@@ -172,6 +191,9 @@ class AgentVector(VectorEnv):
 
     def _put(self, i: int, obs: Any) -> None:
         """Sub-env i's observation, flattened and zero-padded where agents' spaces differ."""
+        if self._mask is not None:
+            self._mask[i] = np.asarray(obs["action_mask"], bool).reshape(-1)
+            obs = obs["observation"]
         if self.agent_obs_dims:
             flat = np.asarray(obs, np.float32).reshape(-1)
             self._obs[i, : len(flat)] = flat
@@ -189,15 +211,31 @@ class AgentVector(VectorEnv):
             seeds = [seed[g * self.k] for g in range(len(self.games))]
         for g, s in enumerate(seeds):
             self._reset_game(g, s, options)
-        return self._obs.copy(), {}
+        return self._obs.copy(), self._info({})
 
     def _reset_game(self, g: int, seed: int | None, options: dict[str, Any] | None = None) -> None:
         obs, _ = self.games[g].reset(seed=seed, options=options)
-        self._check_all_present(g, obs)
+        if not obs:
+            raise EnvError(f"env {self.env_id!r}: no agent is in the game at its start")
         for k, agent in enumerate(self.agents):
-            self._put(g * self.k + k, obs[agent])
-        self._in_game[g * self.k : (g + 1) * self.k] = True
-        self._waiting[g * self.k : (g + 1) * self.k] = False
+            i = g * self.k + k
+            self._in_game[i] = agent in obs  # an agent not there yet joins at its first observation
+            self._waiting[i] = False
+            if agent in obs:
+                self._put(i, obs[agent])
+            else:
+                self._obs[i] = 0
+                if self._mask is not None:
+                    self._mask[i] = True
+
+    def _info(self, info: dict[str, Any]) -> dict[str, Any]:
+        """The flags every step's (and the reset's) info carries: which agents act next, their masks."""
+        acting = self._in_game & ~self._waiting
+        if not acting.all():  # which sub-envs' agents act at the next step (rlfarm.core.rollout)
+            info["active"] = acting
+        if self._mask is not None:
+            info["action_mask"] = self._mask.copy()
+        return info
 
     def step(self, actions: Any):
         actions = np.asarray(actions)
@@ -206,11 +244,17 @@ class AgentVector(VectorEnv):
         terminated = np.zeros(n, bool)
         truncated = np.zeros(n, bool)
         final_obs = np.full(n, None, dtype=object)
+        final_masks = np.ones((n, self._mask.shape[1]), bool) if self._mask is not None else None
         ended = np.zeros(n, bool)
+        game_ended = np.zeros(n, bool)
         for g, game in enumerate(self.games):
             base = g * self.k
             playing = [(k, agent) for k, agent in enumerate(self.agents) if self._in_game[base + k]]
             obs, rew, term, trunc, infos = game.step({agent: actions[base + k] for k, agent in playing})
+            for k, agent in enumerate(self.agents):  # agents joining the game now: in from here on
+                if not self._in_game[base + k] and agent in obs and agent in game.agents:
+                    self._in_game[base + k] = True
+                    self._put(base + k, obs[agent])
             for k, agent in playing:
                 i = base + k
                 self._waiting[i] = (infos or {}).get(agent, {}).get("acting", True) is False
@@ -221,29 +265,30 @@ class AgentVector(VectorEnv):
                     self._put(i, obs[agent])
                 if terminated[i] or truncated[i]:
                     final_obs[i] = self._obs[i].copy()
+                    if final_masks is not None:
+                        final_masks[i] = self._mask[i]
+                        self._mask[i] = True
                     ended[i] = True
                     self._in_game[i] = False  # out until its game ends: it acts no more
             if not game.agents or not self._in_game[base : base + self.k].any():
+                game_ended[base : base + self.k] = True
                 self._reset_game(g, None)
         info: dict[str, Any] = {}
         if ended.any():
-            info = {"final_obs": final_obs, "_final_obs": ended, "final_info": {}, "_final_info": ended}
-        acting = self._in_game & ~self._waiting
-        if not acting.all():  # which sub-envs' agents act at the next step (rlfarm.core.rollout)
-            info["active"] = acting
-        return self._obs.copy(), rewards, terminated, truncated, info
-
-    def _check_all_present(self, g: int, obs: dict[str, Any]) -> None:
-        missing = [a for a in self.agents if a not in obs]
-        if missing:
-            raise EnvError(
-                f"env {self.env_id!r}: agent(s) {', '.join(missing)} are not in the game at its start; "
-                f"agents that join a game late are not supported yet"
-            )
+            final_info = {"action_mask": final_masks, "_action_mask": ended} if final_masks is not None else {}
+            info = {"final_obs": final_obs, "_final_obs": ended, "final_info": final_info, "_final_info": ended}
+        if game_ended.any():  # games that ended at this step and were reset (evaluations end there)
+            info["game_ended"] = game_ended
+        return self._obs.copy(), rewards, terminated, truncated, self._info(info)
 
     def close(self, **kwargs: Any) -> None:
         for game in self.games:
             game.close()
+
+
+def _mask_dict(space: gym.Space) -> bool:
+    """PettingZoo's masked observation: a Dict of "observation" and "action_mask"."""
+    return isinstance(space, gym.spaces.Dict) and set(space.spaces) == {"observation", "action_mask"}
 
 
 def parse_policy_map(entries: Sequence[str]) -> list[tuple[str, str]]:

@@ -141,6 +141,7 @@ def space_spec(env: gym.Env | AgentVector | TurnVector) -> SpaceSpec:
         return dataclasses.replace(spec, action_mask=env.masked, seats=env.k)
     if isinstance(env, AgentVector):  # one policy for every agent: the spaces of one agent
         spec = space_spec_of(env.single_observation_space, env.single_action_space)
+        spec = dataclasses.replace(spec, action_mask=env.masked)
         if env.policy_of:  # several policies: observations padded to the largest
             return dataclasses.replace(
                 spec,
