@@ -212,3 +212,11 @@ def test_two_policies_train_through_the_farm_and_a_frozen_one_acts_as_its_file(f
     assert unknown.returncode == 2 and "has no policy 'prey' (its policies are adversary, agent)" in unknown.stderr
     alone = run_cli("eval", "--policy", best_agent, "--env", ADV)
     assert alone.returncode != 0 and "--policy-for agent=FILE" in alone.stderr
+    if importlib.util.find_spec("moviepy") is not None:  # a game a file, as single-agent episodes are
+        videos = tmp_path / "videos"
+        recorded = run_cli("eval", str(tmp_path / "teams"), "--episodes", "2", "--video", str(videos))
+        assert recorded.returncode == 0, recorded.stderr[-3000:]
+        assert sorted(p.name for p in videos.glob("*.mp4")) == [
+            f"ppo-mpe2-simple_adversary_v3-policy{summary['best_version']}-episode-{k}.mp4" for k in (0, 1)
+        ]
+        assert all(p.stat().st_size > 1000 for p in videos.glob("*.mp4"))

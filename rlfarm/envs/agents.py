@@ -281,6 +281,10 @@ class AgentVector(VectorEnv):
             info["game_ended"] = game_ended
         return self._obs.copy(), rewards, terminated, truncated, self._info(info)
 
+    def render(self) -> Any:
+        """The first game's frame (what `rlfarm eval --video` records: it plays one game)."""
+        return self.games[0].render()
+
     def close(self, **kwargs: Any) -> None:
         for game in self.games:
             game.close()

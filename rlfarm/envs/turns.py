@@ -137,6 +137,10 @@ class TurnVector(VectorEnv):
             info.update({"final_obs": final_obs, "_final_obs": ended, "final_info": final_info, "_final_info": ended})
         return self._obs.copy(), rewards, terminated, truncated, info
 
+    def render(self) -> Any:
+        """The first game's frame (what `rlfarm eval --video` records: it plays one game)."""
+        return self.games[0].render()
+
     def close(self, **kwargs: Any) -> None:
         for game in self.games:
             game.close()

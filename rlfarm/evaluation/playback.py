@@ -176,9 +176,11 @@ def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str |
         env = make_env(env_id, trusted=typed, render_mode=render_mode, options=policy.env_options)
     except EnvError as exc:
         raise PlaybackError(str(exc)) from None
-    if render_mode and getattr(env, "num_envs", None) is not None:  # rlfarm.envs.agents: a multi-agent game
+    if render_mode == "human" and getattr(env, "num_envs", None) is not None:  # a multi-agent game
         env.close()
-        raise PlaybackError(f"env {env_id} is a multi-agent env: --video and --render do not show those yet")
+        raise PlaybackError(
+            f"env {env_id} is a multi-agent env: --render does not show those yet; record with --video DIR"
+        )
     if render_mode and getattr(env, "render_mode", None) != render_mode:
         modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
         raise PlaybackError(f"env {env_id} cannot render in mode {render_mode!r} (its render modes: {modes})")
@@ -259,11 +261,18 @@ def play(
                 logging.getLogger("rlfarm.eval").warning(
                     "replacing %d video(s) of the same name in %s/ (%s-episode-*.mp4)", len(replaced), video_dir, name
                 )
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-                env = RecordVideo(
-                    env, video_folder=video_dir, episode_trigger=lambda _: True, name_prefix=name, disable_logger=True
-                )
+            if getattr(env, "num_envs", None) is not None:  # a multi-agent or turn-based game
+                env = GameRecorder(env, video_dir, name)
+            else:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+                    env = RecordVideo(
+                        env,
+                        video_folder=video_dir,
+                        episode_trigger=lambda _: True,
+                        name_prefix=name,
+                        disable_logger=True,
+                    )
         if render_mode == "human":
             env.reset(seed=seed)  # opens the window (episodes reset again with the same seeds)
             pygame = sys.modules.get("pygame")  # classic-control and box2d envs draw with pygame
@@ -289,3 +298,48 @@ def play(
             f"cannot {what} {env_id}'s episodes ({render_mode} rendering failed): "
             f"{type(exc).__name__}: {' '.join(str(exc).split())}"
         ) from None
+
+
+class GameRecorder:
+    """A multi-agent (or turn-based) game of one, its frames recorded, a game per .mp4 file named as
+    gymnasium's RecordVideo names episodes (`NAME-episode-K.mp4`); the rest is the game's own. A game
+    that ends is reset in the same step (rlfarm.envs.agents), so its file ends one frame short."""
+
+    def __init__(self, env: Any, folder: str | Path, name: str):
+        self.env, self.folder, self.name = env, Path(folder), name
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.frames: list[np.ndarray] = []
+        self.episode = 0
+        self.fps = int(getattr(env.games[0], "metadata", {}).get("render_fps", 30) or 30)
+
+    def __getattr__(self, attribute: str) -> Any:  # num_envs, set_opponents, finished, ...
+        return getattr(self.env, attribute)
+
+    def _frame(self) -> None:
+        frame = self.env.render()
+        if frame is not None:
+            self.frames.append(np.asarray(frame))
+
+    def _write(self) -> None:
+        if not self.frames:
+            return
+        from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
+
+        path = self.folder / f"{self.name}-episode-{self.episode}.mp4"
+        ImageSequenceClip(self.frames, fps=self.fps).write_videofile(str(path), logger=None)
+        self.frames, self.episode = [], self.episode + 1
+
+    def reset(self, **kwargs: Any) -> Any:
+        self._write()
+        out = self.env.reset(**kwargs)
+        self._frame()
+        return out
+
+    def step(self, actions: Any) -> Any:
+        out = self.env.step(actions)
+        self._frame()
+        return out
+
+    def close(self) -> None:
+        self._write()
+        self.env.close()
