@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -204,6 +205,12 @@ def test_two_policies_train_through_the_farm_and_a_frozen_one_acts_as_its_file(f
         own = load_file(best["best_policy"])
         assert own and not any(k.startswith("nets.") for k in own)  # a single policy's file
     assert summary["policies"]["adversary"]["best_version"] == summary["best_version"]  # the first scores the run
+    status = run_cli("status", "--json", "--redis", farm.redis_url)  # the trainer's last word, per policy
+    assert status.returncode == 0, status.stderr
+    [teams] = [r for r in json.loads(status.stdout)["runs"] if r["run_id"] == "teams"]
+    assert teams["heartbeat"]["policy_evals"] == {
+        name: pytest.approx(summary["policies"][name]["eval_mean_return"], abs=0.01) for name in ("adversary", "agent")
+    }
     # Another policy file for one side (its best, a single policy's file), by name.
     best_agent = summary["policies"]["agent"]["best_policy"]
     swapped = run_cli("eval", str(tmp_path / "teams"), "--episodes", "2", "--policy-for", f"agent={best_agent}")

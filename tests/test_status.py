@@ -115,6 +115,28 @@ def test_parsing_and_rendering_without_io():
     jsonschema.validate(data, json.loads(SCHEMA_FILE.read_text()))
 
 
+def test_a_run_of_several_policies_shows_each_ones_last_evaluation():
+    raw = {**HEARTBEAT, "policy_evals": json.dumps({"adversary": -12.345, "agent": 4.5})}
+    hb = parse_heartbeat({k: str(v) for k, v in raw.items()}, now=0)
+    assert hb.policy_evals == {"adversary": -12.345, "agent": 4.5}
+    assert parse_heartbeat({"state": "running", "policy_evals": "[1, 2]"}, now=0).policy_evals is None
+    snapshot = Snapshot(
+        redis="redis://h:1/0",
+        taken=0.0,
+        queue_depth=0,
+        memory=MemoryStatus(2048, "2.00K", 0, "0", "noeviction"),
+        workers=[],
+        runs=[RunStatus(run_id="tag", heartbeat=hb)],
+    )
+    console = Console(record=True, width=120)
+    console.print(render(snapshot))
+    text = console.export_text()
+    assert "adversary -12.3" in text and "agent 4.5" in text and "327.4" not in text
+    data = json.loads(to_json(snapshot))
+    assert data["runs"][0]["heartbeat"]["policy_evals"] == {"adversary": -12.345, "agent": 4.5}
+    jsonschema.validate(data, json.loads(SCHEMA_FILE.read_text()))
+
+
 def test_a_run_that_ended_says_how_and_one_whose_trainer_vanished_says_so():
     def snapshot(*runs):
         return Snapshot(

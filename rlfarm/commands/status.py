@@ -47,6 +47,7 @@ class Heartbeat:
     sps: float | None = None
     tasks_in_flight: int | None = None
     eval_mean_return: float | None = None  # None until a greedy evaluation has finished
+    policy_evals: dict[str, float] | None = None  # several policies: each one's last evaluation
     # ASYNC: fraction of the farm's task-slot time, over the last log interval, waiting for the trainer
     slots_waiting: float | None = None
     host: str | None = None
@@ -135,6 +136,17 @@ def _num(raw: Mapping[str, str], key: str, kind: type) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
+def _policy_evals(raw: str | None) -> dict[str, float] | None:
+    """The heartbeat's policy_evals (JSON {policy: mean return}); None if absent or not that."""
+    if not raw:
+        return None
+    try:
+        parsed = json.loads(raw)
+        return {str(k): float(v) for k, v in parsed.items()} if isinstance(parsed, dict) else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
 def parse_heartbeat(raw: Mapping[str, str], now: float) -> Heartbeat | None:
     if not raw:
         return None
@@ -150,6 +162,7 @@ def parse_heartbeat(raw: Mapping[str, str], now: float) -> Heartbeat | None:
         sps=_num(raw, "sps", float),
         tasks_in_flight=_num(raw, "tasks_in_flight", int),
         eval_mean_return=_num(raw, "eval_mean_return", float),
+        policy_evals=_policy_evals(raw.get("policy_evals")),
         slots_waiting=_num(raw, "slots_waiting", float),
         host=raw.get("host"),
         pid=_num(raw, "pid", int),
@@ -367,8 +380,15 @@ def _run_row(r: RunStatus) -> dict[str, Any]:
         "policy": policy,
         "in flight": tasks,
         "share": _share_cell(r.share),
-        "eval": "-" if hb.eval_mean_return is None else f"{hb.eval_mean_return:.1f}",
+        "eval": _eval_cell(hb),
     }
+
+
+def _eval_cell(hb: Heartbeat) -> str:
+    """The last evaluation's mean return; with several policies, a line per policy."""
+    if hb.policy_evals:
+        return "\n".join(f"{name} {value:.1f}" for name, value in hb.policy_evals.items())
+    return "-" if hb.eval_mean_return is None else f"{hb.eval_mean_return:.1f}"
 
 
 def render(s: Snapshot) -> Any:

@@ -34,6 +34,11 @@ class Evaluating:
     def best_version(self) -> int | None:
         return self.evals.best_version
 
+    @property
+    def policy_eval_means(self) -> dict[str, float]:
+        """Several policies: each one's mean return in the last evaluation (rounded for the heartbeat)."""
+        return {name: round(value, 2) for name, value in self.evals.policy_mean.items()}
+
     def evaluate(self) -> None:
         """Greedy evaluation tasks for the current version, now; results are taken in on arrival."""
         self.carry_out([self.evals.start(self.version, self.env_steps)])

@@ -10,6 +10,7 @@ trainer's (rlfarm.trainer.base), as are `publish` and `eval_mean_return`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -214,6 +215,8 @@ class RunKeeper:
                 "sps": f"{self._sps:.1f}",
                 "tasks_in_flight": int(farm["farm/tasks_in_flight"]),
                 "eval_mean_return": f"{self.eval_mean_return:.2f}",
+                # several policies: each one's in the last evaluation (rlfarm status shows them)
+                **({"policy_evals": json.dumps(self.policy_eval_means)} if self.policy_eval_means else {}),
                 "host": socket.gethostname(),
                 **({"slots_waiting": f"{farm['farm/slots_waiting']:.3f}"} if "farm/slots_waiting" in farm else {}),
                 "pid": os.getpid(),
