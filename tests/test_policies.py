@@ -177,7 +177,10 @@ def test_two_policies_train_through_the_farm_and_a_frozen_one_acts_as_its_file(f
         assert result.returncode == 0, result.stderr[-3000:]
         return read_summary(tmp_path / run_id)
 
-    assert train("teams")["env_steps"] == 2400
+    video = ("--capture-video",) if importlib.util.find_spec("moviepy") is not None else ()
+    assert train("teams", *video)["env_steps"] == 2400
+    if video:  # a game of each evaluated version
+        assert len(list((tmp_path / "teams" / "videos").glob("step-*-v*.mp4"))) >= 1
     with open(tmp_path / "teams" / "progress.csv") as f:
         rows = list(csv.DictReader(f))
     for name in ("adversary", "agent"):

@@ -1,5 +1,6 @@
 """`rlfarm train --capture-video` (CleanRL's --capture-video): one greedy episode of each evaluated
-version recorded to RUN_DIR/videos/step-<env steps>-v<version>.mp4.
+version recorded to RUN_DIR/videos/step-<env steps>-v<version>.mp4 (a multi-agent or turn-based env:
+one game, rlfarm.evaluation.playback.GameRecorder).
 
 Recorded in the trainer process, from the version just evaluated (its blob is still pinned in the
 store when the evaluation is logged), with gymnasium's RecordVideo over an env made with
@@ -58,8 +59,6 @@ def check(config: RunConfig) -> None:
     try:
         env = _make(config)
         try:
-            if getattr(env, "num_envs", None) is not None:  # rlfarm.envs.agents: a game of several agents
-                raise VideoError(f"--capture-video does not record multi-agent envs yet ({env_id})")
             if getattr(env, "render_mode", None) != "rgb_array":
                 modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
                 raise VideoError(
