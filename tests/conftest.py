@@ -418,7 +418,8 @@ class CountValue:
 
 
 # RLFARM_TEST_CPU=FILE: each test's CPU seconds (its test process's, and of the processes it started
-# and reaped) appended to FILE, to find where the suite's time goes: the suite is CPU-bound on 2 cores.
+# and reaped), its wall seconds, test process and start time appended to FILE, to find where the
+# suite's time goes: the suite is CPU-bound on 2 cores.
 CPU_LOG = os.environ.get("RLFARM_TEST_CPU")
 
 
@@ -433,10 +434,12 @@ def pytest_runtest_protocol(item, nextitem):
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 
-    (own0, kids0), wall0 = cpu(), time.monotonic()
+    (own0, kids0), wall0, started = cpu(), time.monotonic(), time.time()
     yield
     (own1, kids1), wall = cpu(), time.monotonic() - wall0
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
     with open(CPU_LOG, "a") as f:
         f.write(
-            f"{own1 - own0 + kids1 - kids0:.2f}\t{own1 - own0:.2f}\t{kids1 - kids0:.2f}\t{wall:.2f}\t{item.nodeid}\n"
+            f"{own1 - own0 + kids1 - kids0:.2f}\t{own1 - own0:.2f}\t{kids1 - kids0:.2f}\t{wall:.2f}\t"
+            f"{item.nodeid}\t{worker}\t{started:.1f}\n"
         )
