@@ -261,14 +261,18 @@ def test_a_real_worker_and_trainer_serve_the_documented_metrics(tmp_path):
         )
         try:
             trainer_names = E.exposed_names(E.TRAINER_METRICS, "trainer")
+            # A result that fetched its policy can arrive after one that did not: the node's other
+            # process takes the version from the machine's cache (tests/test_machine.py), so the first
+            # env steps may come before the first fetch is counted. Both are waited for.
             text = poll(
                 lambda: (
                     (t := scrape_or_empty(trainer_port))
                     and trainer_names <= names(t)
                     and value(t, "rlfarm_run_env_steps_total") > 0
+                    and (value(t, "rlfarm_run_policy_fetches_total", run="metrics") or 0) >= 1
                     and t
                 ),
-                "the trainer's endpoint with every documented metric and env steps",
+                "the trainer's endpoint with every documented metric, env steps and a policy fetch",
                 proc=train,
                 deadline_s=300,
             )
