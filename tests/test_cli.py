@@ -93,6 +93,44 @@ def test_bad_input_fails_before_dispatch(tmp_path, args, message):
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
 
 
+# `rlfarm train ARGS`, then whether torch was imported and the exit code.
+TORCH_PROBE = """
+import sys
+from rlfarm.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exit:
+    print("torch" in sys.modules, exit.code)
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--set", "ppo.learning_rate=1e6"],
+        ["--env", "CartPol-v1"],
+        ["--preset", "pendulum-sac", "--env", "CartPole-v1"],
+        ["--redis", "redis://127.0.0.1:1/0"],
+    ],
+)
+def test_bad_train_input_is_refused_before_torch_is_imported(tmp_path, args):
+    """A typo costs a fraction of a second, not torch's import (seconds of CPU on a small machine)."""
+    import os
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", TORCH_PROBE, "train", "--logdir", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **WORKER_ENV},
+        timeout=300,
+    )
+    imported, code = result.stdout.split()
+    assert code != "0" and "rlfarm: error:" in result.stderr, result.stderr
+    assert imported == "False"
+
+
 def test_train_on_external_redis_then_checkpoints_and_eval(farm, tmp_path):
     result = run_cli(
         "train",

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from typing import TYPE_CHECKING, Any
 
 from rlfarm.runio.rundir import write_atomic
+
+if TYPE_CHECKING:
+    import torch
 
 FILENAME = "checkpoint.safetensors"
 FORMAT = "rlfarm-trainer-checkpoint/2"  # 2: the algorithm owns its replay buffer
@@ -33,6 +32,9 @@ def path_in(run_dir: Path) -> Path:
 
 
 def save(run_dir: Path, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> Path:
+    from safetensors.torch import save as st_save  # torch: here, so that `rlfarm train` refuses bad
+    # input before it pays for torch's import (seconds of CPU), which `path_in` does not need
+
     # safetensors refuses shared or strided storage; copies are cheap at these sizes.
     plain = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
     blob = st_save(plain, metadata={"format": FORMAT, "state": json.dumps(state)})
@@ -40,6 +42,8 @@ def save(run_dir: Path, tensors: Mapping[str, torch.Tensor], state: Mapping[str,
 
 
 def load(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    from safetensors.torch import load as st_load
+
     path = path_in(run_dir)
     if not path.exists():
         raise CheckpointError(f"{run_dir} has no trainer checkpoint ({FILENAME}); nothing to resume")
