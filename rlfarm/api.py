@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +37,7 @@ log = logging.getLogger("rlfarm")
 # Keyword options of `make_config` and `train` and the config keys they set (the rest pass through as
 # dotted keys with "__" for ".", e.g. ppo__learning_rate=1e-3).
 _OPTION_KEYS = {"env": "env.id", "workers": "farm.workers"}
+FORK_WORKERS_ENV = "RLFARM_FORK_WORKERS"  # "0": the embedded workers start from fresh interpreters
 
 
 def config_values(
@@ -284,12 +286,18 @@ def run(
         # push a forged result that counts as the task's first copy. Made per run, given to its
         # workers through their environment, never written down.
         options["secret"] = extra_env[SECRET_ENV] = secrets.token_hex(32)
-    cluster = LocalCluster(workers=workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir, extra_env=extra_env)
-    try:
-        cluster.start(wait=False)  # the workers import torch while the trainer builds its network
-        (run_dir / "cluster.json").write_text(json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
-        from rlfarm.trainer import make_trainer  # torch: imported while the workers start
+    # torch first, then the workers forked from this process with it (rlfarm.local.cluster.ForkedWorker):
+    # one import of it for the trainer and its workers instead of one each. RLFARM_FORK_WORKERS=0
+    # starts them from fresh interpreters instead, as before (and as benchmarks/startup.py compares).
+    from rlfarm.trainer import make_trainer
 
+    fork = os.environ.get(FORK_WORKERS_ENV, "1").strip() != "0"
+    cluster = LocalCluster(
+        workers=workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir, extra_env=extra_env, fork_workers=fork
+    )
+    try:
+        cluster.start(wait=False)  # the workers start while the trainer builds its network
+        (run_dir / "cluster.json").write_text(json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
         trainer = make_trainer(
             cfg, cluster.redis_url, run_dir, tasks_in_flight=embedded_in_flight(cfg), local_workers=workers, **options
         )

@@ -194,26 +194,48 @@ def test_train_on_external_redis_then_checkpoints_and_eval(farm, tmp_path):
 
 
 @pytest.mark.farm  # the embedded default: its own redis-server and workers
-def test_ctrl_c_stops_everything(tmp_path):
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_ctrl_c_stops_everything(tmp_path, fork):
+    """Also: the embedded worker, forked from the trainer (RLFARM_FORK_WORKERS=1, the default) or
+    started from a fresh interpreter (0), is the trainer's child, shown by `ps` with its node name,
+    and holds none of the trainer's files: not the run directory's lock (a resume after a SIGKILLed
+    trainer would find the run in use), not the trainer's stdout and stderr pipes (its caller would
+    wait for their end as long as the worker lives)."""
+    import json
     import os
+    from pathlib import Path
 
+    run = f"ctrlc-fork{fork}"  # the two cases run at once: each its own node names
     # Started with SIGINT ignored, as a background job of a non-interactive shell is (and as this
     # test's own process may be): Ctrl-C / kill -INT must still stop the run.
     proc = subprocess.Popen(
-        rlfarm_cmd("train", "--run-id", "ctrlc", "--logdir", str(tmp_path), "--total-steps", "10000000"),
+        rlfarm_cmd("train", "--run-id", run, "--logdir", str(tmp_path), "--total-steps", "10000000"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **WORKER_ENV},
+        env={**os.environ, **WORKER_ENV, "RLFARM_FORK_WORKERS": fork},
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
-    progress = tmp_path / "ctrlc" / "progress.csv"
+    progress = tmp_path / run / "progress.csv"
     poll(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 3, "training under way", proc)
+
+    def links(pid: int) -> dict[int, str]:
+        fds = Path(f"/proc/{pid}/fd")
+        return {int(fd.name): os.readlink(fd) for fd in fds.iterdir()}
+
+    worker = json.loads((tmp_path / run / "cluster.json").read_text())["pids"][1]
+    assert int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid
+    assert f"rlfarm-{run}-0@" in Path(f"/proc/{worker}/cmdline").read_bytes().decode(errors="replace")
+    held = links(worker)
+    trainer = links(proc.pid)
+    assert held[0] == os.devnull and held[1] == held[2] == str(tmp_path / run / "worker-0.log")
+    assert not [path for path in held.values() if path.endswith("trainer.lock")], held
+    assert not {trainer[1], trainer[2]} & set(held.values()), (trainer, held)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
-    assert_cleaned_up(tmp_path / "ctrlc", "ctrlc")
+    assert_cleaned_up(tmp_path / run, run)
 
 
 def test_rlfarm_worker_joins_a_farm(redis_only, tmp_path):

@@ -8,6 +8,7 @@ does not leave them running, and each sits in its own process group so it is sto
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +63,10 @@ def die_with_parent() -> None:
     # Runs in the child between fork and exec: new session (own process group), and SIGTERM when
     # the parent dies, so an abrupt trainer death still takes its Redis and workers with it.
     os.setsid()
+    _death_signal()
+
+
+def _death_signal() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -73,7 +79,7 @@ def _detach() -> None:
     os.setsid()
 
 
-def stop_process_group(proc: subprocess.Popen, grace: float, sig: int = signal.SIGTERM) -> None:
+def stop_process_group(proc: subprocess.Popen | ForkedWorker, grace: float, sig: int = signal.SIGTERM) -> None:
     """Ask the group to stop, wait up to `grace` s, then SIGKILL whatever of the group remains."""
     if proc.poll() is None:
         try:
@@ -94,6 +100,115 @@ def stop_process_group(proc: subprocess.Popen, grace: float, sig: int = signal.S
         pass
 
 
+class ForkedWorker:
+    """A Celery worker forked from this process instead of started from a fresh interpreter: with
+    torch already imported here (the embedded default's trainer), the worker's start costs a few
+    tenths of a second of CPU instead of seconds (`python benchmarks/startup.py`). It answers the
+    parts of subprocess.Popen the cluster uses (pid, poll, wait, returncode).
+
+    Only from a process with one thread (`can_fork`): a lock another thread held at the fork would
+    stay locked in the child for good. The child behaves as if exec'd: its own session, the death
+    signal, default signal handlers, stdin from /dev/null, stdout and stderr to its log, no other
+    file descriptor of ours (the run directory's flock above all), `ps` showing its command line."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path, detached: bool):
+        """`command`: `python -m celery ARGS...`, as it would be exec'd (and as `ps` shows it)."""
+        self.args = command
+        self.returncode: int | None = None
+        parent = os.getpid()
+        for stream in (sys.stdout, sys.stderr):  # else the child writes our buffered output again
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            _become_worker(command, env, log_path, None if detached else parent)
+        self.pid = pid
+
+    @staticmethod
+    def can_fork() -> bool:
+        try:
+            import setproctitle  # noqa: F401  (else `ps` would show the worker as this command)
+        except ImportError:
+            return False
+        # Linux only: elsewhere a fork after some system frameworks were loaded (macOS) can crash.
+        return sys.platform.startswith("linux") and threading.active_count() == 1
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it has exited, its code is unknown
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)  # polling its exit (as Popen.wait with a timeout does)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _become_worker(command: list[str], env: dict[str, str], log_path: Path, parent: int | None) -> None:
+    """In the forked child: become `python -m celery ARGS...` and exit with its code; never returns."""
+    code = 1
+    try:
+        # Objects inherited from the parent are never collected here: the descriptors closed below
+        # are reused, and a socket or file finalized later would close a new one of the worker's.
+        gc.freeze()
+        os.setsid()
+        if parent is not None:
+            _death_signal()
+            if os.getppid() != parent:  # it died before the death signal was set
+                os._exit(1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+        from setproctitle import setproctitle
+
+        setproctitle(" ".join(command))
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = ["celery", *command[command.index("celery") + 1 :]]
+        from celery.__main__ import main as celery_main
+
+        celery_main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
 class LocalCluster:
     """`with LocalCluster(workers=2) as c:` gives `c.redis_url` with `workers` processes consuming."""
 
@@ -111,11 +226,13 @@ class LocalCluster:
         data_dir: Path | None = None,
         host: str = LOOPBACK,
         prefix: list[str] | None = None,
+        fork_workers: bool = False,
     ):
         """`detached`: processes outlive this one (`rlfarm up`); `password`: Redis requires it;
         `data_dir`: Redis's directory (default: a temporary one, removed by `stop`). For tests of
         network faults: `host`, the address Redis binds and clients use; `prefix`, a command the
-        redis-server runs under (`ip netns exec NS`)."""
+        redis-server runs under (`ip netns exec NS`). `fork_workers`: start the workers by forking
+        this process (ForkedWorker), where it can, rather than from a fresh interpreter."""
         self.workers = workers
         self._preexec = _detach if detached else die_with_parent
         self.password = password
@@ -130,8 +247,9 @@ class LocalCluster:
         self.port = 0
         self.host = host
         self.prefix = list(prefix or [])
+        self.fork_workers = fork_workers
         self.redis_proc: subprocess.Popen | None = None
-        self.worker_procs: list[subprocess.Popen] = []
+        self.worker_procs: list[subprocess.Popen | ForkedWorker] = []
         self._nodes: list[str] = []
 
     @property
@@ -288,7 +406,7 @@ class LocalCluster:
         extra_args: list[str] | None = None,
         command: list[str] | None = None,
         prefix: list[str] | None = None,
-    ) -> subprocess.Popen:
+    ) -> subprocess.Popen | ForkedWorker:
         """Start one Celery worker (main process + `concurrency` pool processes); wait until it answers.
 
         `command`: another worker command line, e.g. `rlfarm worker`, to which `-c N -n NODE` is added;
@@ -299,21 +417,31 @@ class LocalCluster:
         # an outage within seconds, finish their warm shutdown and exit, instead of waiting minutes.
         short = {} if self._preexec is _detach else {"RLFARM_REDIS_OUTAGE_TIMEOUT": "5"}
         env = {**os.environ, **short, **self.extra_env, "RLFARM_REDIS_URL": self.redis_url}
-        log = open(self.log_dir / f"worker-{len(self.worker_procs)}.log", "ab")
+        log_path = self.log_dir / f"worker-{len(self.worker_procs)}.log"
         cmd = [
             *(prefix or []),
             *([*command, "-c", str(concurrency), "-n", node] if command else self.worker_command(concurrency, node)),
             *(extra_args or []),
         ]
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=self._preexec
-        )
+        proc: subprocess.Popen | ForkedWorker
+        if self.fork_workers and not command and not prefix and ForkedWorker.can_fork():
+            proc = ForkedWorker(cmd, env, log_path, detached=self._preexec is _detach)
+        else:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=self._preexec,
+                )
         self.worker_procs.append(proc)
         if wait:
             self.wait_for_worker(proc, node, timeout)
         return proc
 
-    def wait_for_worker(self, proc: subprocess.Popen, node: str, timeout: float) -> None:
+    def wait_for_worker(self, proc: subprocess.Popen | ForkedWorker, node: str, timeout: float) -> None:
         from rlfarm.farm.app import make_app
 
         app = make_app(self.redis_url)
