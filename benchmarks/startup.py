@@ -10,7 +10,7 @@ wall_seconds) - the imports a trainer needs anyway (`import torch, celery, gymna
 trainer, timed alone). CPU s: the CPU time of the run's whole process tree (trainer, Redis, workers),
 which is what a machine full of runs (a sweep, the test suite) pays for each start. "workers not
 forked": RLFARM_FORK_WORKERS=0, the embedded worker started from a fresh interpreter (which imports
-torch again) instead of forked from the trainer (rlfarm.local.cluster.ForkedWorker).
+torch again) instead of forked from the trainer (rlfarm.local.forked.ForkedWorker).
 """
 
 from __future__ import annotations

@@ -286,7 +286,7 @@ def run(
         # push a forged result that counts as the task's first copy. Made per run, given to its
         # workers through their environment, never written down.
         options["secret"] = extra_env[SECRET_ENV] = secrets.token_hex(32)
-    # torch first, then the workers forked from this process with it (rlfarm.local.cluster.ForkedWorker):
+    # torch first, then the workers forked from this process with it (rlfarm.local.forked.ForkedWorker):
     # one import of it for the trainer and its workers instead of one each. RLFARM_FORK_WORKERS=0
     # starts them from fresh interpreters instead, as before (and as benchmarks/startup.py compares).
     from rlfarm.trainer import make_trainer

@@ -136,8 +136,8 @@ def test_same_seed_same_policy_with_1_and_3_workers(tmp_path, episodes):
     for workers in ("1", "3"):
         run_dir = train_embedded(
             tmp_path / f"w{workers}",
-            "repro",
-            "--workers",
+            f"repro-{episodes}",  # not another test's run id: they run at once, and their workers' names
+            "--workers",  # tell whether a run left one behind (assert_cleaned_up)
             workers,
             "--seed",
             "5",
@@ -258,7 +258,7 @@ def test_a_multi_agent_sync_run_learns_the_same_bytes_with_1_and_3_workers(tmp_p
         options = [part for value in sets for part in ("--set", value)]
         run_dir = train_embedded(
             tmp_path / f"w{workers}",
-            "repro",
+            f"repro-{preset}",  # its own run id, as above
             "--preset",
             preset,
             "--workers",
