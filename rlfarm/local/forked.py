@@ -53,7 +53,12 @@ class ForkedWorker:
             import setproctitle  # noqa: F401  (else `ps` would show the worker as this command)
         except ImportError:
             return False
-        # Linux only: elsewhere a fork after some system frameworks were loaded (macOS) can crash.
+        # Linux only: elsewhere a fork after some system frameworks were loaded (macOS) can crash. Not
+        # after CUDA was initialised here (`rlfarm.train()` in a program that uses the GPU): a forked
+        # child cannot use the parent's CUDA context, and nothing should make it try.
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return False
         return sys.platform.startswith("linux") and threading.active_count() == 1
 
     def poll(self) -> int | None:
