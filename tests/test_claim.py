@@ -191,3 +191,36 @@ def test_a_refused_trainer_leaves_no_file_it_created(tmp_path):
     resumed.acquire()
     resumed.release()
     assert (run_dir / "trainer.lock").exists()
+
+
+def test_a_forged_claim_met_by_several_renewals_at_once_is_written_back_never_obeyed(store):
+    """The claim is renewed by its own thread, the watchdog's and the main loop's. Forged (a value
+    without the farm's signature) and then renewed by four threads at once, it must be refused and
+    written back by one, and never read as another trainer's by the others (a clean-clone run saw
+    the second of two refusals end the run as "taken over")."""
+    import threading
+
+    from rlfarm.farm.claim import Claim
+
+    client = redis.Redis.from_url(store.redis_url)
+    claim = Claim(client, "raced", secret="s" * 64)
+    claim.acquire()
+    forged = json.dumps({"incarnation": "0" * 16, "host": "elsewhere", "pid": 1, "since": 0})
+    try:
+        for _ in range(40):
+            client.set(keys.claim("raced"), forged, px=15000)
+            barrier, answers = threading.Barrier(4), []
+
+            def renew(barrier=barrier, answers=answers):
+                barrier.wait()
+                answers.append(claim.renew())
+
+            threads = [threading.Thread(target=renew) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert answers == [True] * 4 and claim.lost is None, (answers, claim.lost)
+            assert client.get(keys.claim("raced")).decode() == claim.value
+    finally:
+        claim.release()

@@ -139,6 +139,10 @@ class Claim:
         self.lost: str | None = None  # who took it, once another trainer did
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # renew() runs in the claim's thread, the watchdog's and the main loop's: one at a time. Two at
+        # once could both see a forged claim, the first write ours back, and the second, its
+        # compare-and-set then failing, take that for another trainer's claim and give the run up.
+        self._renewing = threading.RLock()
 
     @property
     def _ms(self) -> int:
@@ -181,6 +185,10 @@ class Claim:
     def renew(self) -> bool:
         """Extend the claim (write it back if it vanished); False, and `lost` set, if another trainer
         holds it now."""
+        with self._renewing:
+            return self._renew()
+
+    def _renew(self) -> bool:
         if self.lost is not None:
             return False
         if int(self.client.eval(_RENEW, 1, self.key, self.value, self._ms)):
@@ -190,7 +198,7 @@ class Claim:
         if self._forged(holder or {}, raw) and int(self.client.eval(_REPLACE, 1, self.key, raw, self.value, self._ms)):
             return True
         if raw is None:  # expired between the two commands: ours to write again
-            return self.renew()
+            return self._renew()
         self.lost = describe_holder(holder)
         return False
 
