@@ -142,7 +142,7 @@ class Claim:
         # renew() runs in the claim's thread, the watchdog's and the main loop's: one at a time. Two at
         # once could both see a forged claim, the first write ours back, and the second, its
         # compare-and-set then failing, take that for another trainer's claim and give the run up.
-        self._renewing = threading.RLock()
+        self._renewing = threading.Lock()
 
     @property
     def _ms(self) -> int:

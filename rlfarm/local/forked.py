@@ -113,7 +113,7 @@ def _become_worker(command: list[str], env: dict[str, str], log_path: Path, pare
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # Linux only (can_fork)
         from setproctitle import setproctitle
 
         setproctitle(" ".join(command))

@@ -32,8 +32,9 @@ def path_in(run_dir: Path) -> Path:
 
 
 def save(run_dir: Path, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> Path:
-    from safetensors.torch import save as st_save  # torch: here, so that `rlfarm train` refuses bad
-    # input before it pays for torch's import (seconds of CPU), which `path_in` does not need
+    # Imported here, not at the top: it imports torch (seconds of CPU), which `path_in` does not need,
+    # and `rlfarm train` refuses bad input before paying for it.
+    from safetensors.torch import save as st_save
 
     # safetensors refuses shared or strided storage; copies are cheap at these sizes.
     plain = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
