@@ -49,12 +49,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=12345)
     args = parser.parse_args()
 
-    from rlfarm.algos import learner
     from rlfarm.evaluation import playback
 
     policy = playback.from_file(args.policy)
     env, env_id = playback.open_env(policy)
-    actor = learner(policy.algo).actor_snapshot(playback.network_for(policy, env, env_id))
+    actor = playback.actor_for(policy, env, env_id)
     print(f"{args.policy} (policy v{policy.version}), {args.games} greedy games per opponent and seat")
     for opponent in args.opponents:
         for first in (True, False):

@@ -11,6 +11,11 @@ trainer, timed alone). CPU s: the CPU time of the run's whole process tree (trai
 which is what a machine full of runs (a sweep, the test suite) pays for each start. "workers not
 forked": RLFARM_FORK_WORKERS=0, the embedded worker started from a fresh interpreter (which imports
 torch again) instead of forked from the trainer (rlfarm.local.forked.ForkedWorker).
+
+Then a worker's own start: `rlfarm worker -c 2` against a running Redis, from its command to its
+answer to a ping, and the CPU its processes (main and pool) spent until then, for this checkout and
+the baseline: what every worker machine, restart and test farm pays (a worker acting MLP policies
+never imports torch: rlfarm.algos.acting).
 """
 
 from __future__ import annotations
@@ -59,6 +64,43 @@ def import_seconds(checkout: Path) -> float:
     return time.perf_counter() - t
 
 
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a live process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_start(checkout: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(seconds until it answers a ping, CPU seconds of its processes by then) of `rlfarm worker -c 2`
+    from `checkout`, against the Redis of `env`'s RLFARM_REDIS_URL; stopped afterwards."""
+    from rlfarm.farm.app import make_app
+
+    node = f"bench{time.time_ns()}@localhost"
+    app = make_app(env["RLFARM_REDIS_URL"])
+    t = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, str(checkout / "cli.py"), "worker", "-c", "2", "-n", node],
+        cwd=checkout,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        while not app.control.ping(destination=[node], timeout=0.2):
+            if proc.poll() is not None:
+                raise RuntimeError(f"rlfarm worker from {checkout} exited at start")
+        ready = time.perf_counter() - t
+        children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True)
+        cpu = sum(proc_cpu(pid) for pid in [proc.pid, *map(int, children.stdout.split())])
+        return ready, cpu
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        app.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=Path, help="another rlfarm checkout to compare with")
@@ -84,6 +126,15 @@ def main() -> None:
         subprocess.run(
             [sys.executable, str(ROOT / "cli.py"), "down"], check=True, capture_output=True, cwd=ROOT, env=env
         )
+    from rlfarm.local.cluster import LocalCluster
+
+    starts = []
+    with LocalCluster(workers=0, name="bench-startup", log_dir=Path(home)) as redis_only:
+        worker_env = {**env, "RLFARM_REDIS_URL": redis_only.redis_url}
+        checkouts = [("this checkout", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
+        for _ in range(args.repeat):
+            for name, checkout in checkouts:
+                starts.append((name, *worker_start(checkout, worker_env)))
     print(f"cores: {os.cpu_count()}; command: rlfarm {' '.join(COMMAND)}; medians of {args.repeat}")
     print(f"{'case':<34} {'end to end s':>13} {'training s':>11} {'imports s':>10} {'overhead s':>11} {'CPU s':>7}")
     for name in dict.fromkeys(r[0] for r in rows):
@@ -93,6 +144,12 @@ def main() -> None:
         imports = statistics.median(r[1] for r in mine)
         cpu = statistics.median(r[4] for r in mine)
         print(f"{name:<34} {e2e:>13.2f} {train:>11.2f} {imports:>10.2f} {e2e - train - imports:>11.2f} {cpu:>7.2f}")
+    print(f"\n`rlfarm worker -c 2` until it answers a ping; medians of {args.repeat}")
+    print(f"{'checkout':<34} {'seconds':>13} {'CPU s':>11}")
+    for name in dict.fromkeys(r[0] for r in starts):
+        mine = [r for r in starts if r[0] == name]
+        seconds, cpu = statistics.median(r[1] for r in mine), statistics.median(r[2] for r in mine)
+        print(f"{name:<34} {seconds:>13.2f} {cpu:>11.2f}")
 
 
 if __name__ == "__main__":

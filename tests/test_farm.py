@@ -49,10 +49,10 @@ def test_group_results_are_ordered_deterministic_and_match_in_process(farm):
     assert connect(farm.redis_url).llen(keys.results("group")) == 0  # consumed results are gone
 
 
-def test_pool_processes_are_forked_with_torch_and_every_algorithm_loaded(farm):
-    """The worker's main process imports torch and every algorithm's networks before its pool forks:
-    pool processes share them instead of each importing torch (about 2 CPU-s apiece, again for every
-    process that replaces a killed one)."""
+def test_the_worker_main_process_never_loads_torch(farm):
+    """The worker's main process imports every algorithm's actors before its pool forks, so pool
+    processes share them, but not torch: MLP policies act without it (rlfarm.algos.acting), and a pool
+    process acting a CNN imports it itself (tests/test_acting.py: a whole run's pool never does)."""
     app = make_app(farm.redis_url)
     try:
         stats = app.control.inspect(timeout=5.0).stats() or {}
@@ -60,16 +60,13 @@ def test_pool_processes_are_forked_with_torch_and_every_algorithm_loaded(farm):
         app.close()
     assert stats, "no worker answered"
     for node in stats.values():
-        main = Path(f"/proc/{node['pid']}/maps").read_text()
-        assert "libtorch_cpu" in main, "the worker's main process has not loaded torch"
-        for pid in node["pool"]["processes"]:
-            assert "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+        assert node["pool"]["processes"]
+        assert "libtorch_cpu" not in Path(f"/proc/{node['pid']}/maps").read_text()
 
 
-def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weights(redis_only):
-    """A worker process builds a run's network once and loads each new version into it (building it
-    was most of a fetch); the actors of versions cached beside it are snapshots and keep acting with
-    their own weights."""
+def test_an_mlp_version_acts_from_its_tensors_and_cached_versions_keep_their_weights(redis_only):
+    """A worker process builds an MLP version's actor from its tensors, no network, and it acts as the
+    network the trainer published; the actors of versions cached beside it keep their own weights."""
     import numpy as np
 
     from rlfarm.algos.ppo.policies import ActorCritic
@@ -82,20 +79,44 @@ def test_new_versions_load_into_one_network_and_cached_versions_keep_their_weigh
     worker = RolloutWorker(redis_only.redis_url)
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     actor0, _, fetched = worker._actor_of("reuse", 0)
-    network = worker.versions.networks["reuse"]
     values0 = actor0.value(obs).copy()
     actor1, _, fetched_again = worker._actor_of("reuse", 1)
-    assert (
-        fetched
-        and fetched_again
-        and worker.versions.networks["reuse"] is network
-        and len(worker.versions.networks) == 1
-    )
+    assert fetched and fetched_again and worker.versions.networks == {}
     fresh = ActorCritic(describe(cfg.env.id), cfg.policy)
     fresh.load_state_dict(store.get(1)[0])  # version 1 as a newly built network acts
     np.testing.assert_array_equal(actor1.value(obs), fresh.actor_snapshot().value(obs))
     assert not np.allclose(actor1.value(obs), values0)
     cached0, _, refetched = worker._actor_of("reuse", 0)
+    assert not refetched and cached0 is actor0
+    np.testing.assert_array_equal(cached0.value(obs), values0)
+
+
+def test_new_cnn_versions_load_into_one_network_and_cached_versions_keep_their_weights(redis_only):
+    """A CNN acts through torch: a worker process builds the run's network once and loads each new
+    version into it (building it was most of a fetch); the actors of versions cached beside it are
+    snapshots and keep acting with their own weights."""
+    import numpy as np
+
+    from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.envs import describe
+    from rlfarm.worker.rollout import RolloutWorker
+
+    image = ["env.id=tests.tiny_envs:image", "policy.cnn_features=32"]
+    cfg, store = make_run(redis_only.redis_url, "reuse-cnn", image)
+    state0, _ = store.get(0)
+    store.publish(1, {k: v + 0.5 if v.is_floating_point() else v for k, v in state0.items()}, "ppo")
+    worker = RolloutWorker(redis_only.redis_url)
+    obs = np.random.default_rng(0).integers(0, 256, size=(5, 2, 16, 16), dtype=np.uint8)
+    actor0, _, fetched = worker._actor_of("reuse-cnn", 0)
+    network = worker.versions.networks["reuse-cnn"]
+    values0 = actor0.value(obs).copy()
+    actor1, _, fetched_again = worker._actor_of("reuse-cnn", 1)
+    assert fetched and fetched_again and worker.versions.networks == {"reuse-cnn": network}
+    fresh = ActorCritic(describe(cfg.env.id), cfg.policy)
+    fresh.load_state_dict(store.get(1)[0])
+    np.testing.assert_allclose(actor1.value(obs), fresh.actor_snapshot().value(obs), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(actor1.value(obs), values0)
+    cached0, _, refetched = worker._actor_of("reuse-cnn", 0)
     assert not refetched and cached0 is actor0
     np.testing.assert_array_equal(cached0.value(obs), values0)
 

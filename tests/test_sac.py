@@ -12,13 +12,8 @@ import torch
 
 from rlfarm import config as C
 from rlfarm.algos import learner
-from rlfarm.algos.sac.policies import (
-    NumpySACActor,
-    SquashedGaussianPolicy,
-    TorchSACActor,
-    np_tanh_log_det,
-    tanh_log_det,
-)
+from rlfarm.algos.sac.acting import NumpySACActor, np_tanh_log_det
+from rlfarm.algos.sac.policies import SquashedGaussianPolicy, TorchSACActor, tanh_log_det
 from rlfarm.algos.saved import PolicyMismatch, load_network
 from rlfarm.core.rollout import collect
 from rlfarm.envs import SpaceSpec, describe, make_vector_env
@@ -108,7 +103,7 @@ def test_greedy_actions_scale_to_asymmetric_bounds(mean, expected):
     obs = np.random.default_rng(1).normal(size=(5, 2)).astype(np.float32)
     with torch.no_grad():
         learner_action = policy.to_env(policy.greedy(torch.from_numpy(obs))).numpy()
-    worker_action, _, _ = NumpySACActor(policy).act(obs, np.random.default_rng(0), deterministic=True)
+    worker_action, _, _ = policy.actor_snapshot().act(obs, np.random.default_rng(0), deterministic=True)
     for action in (learner_action, worker_action):
         np.testing.assert_allclose(action, np.broadcast_to(expected, (5, 2)), atol=1e-6)
         assert (action >= LOW.astype(np.float32)).all() and (action <= HIGH.astype(np.float32)).all()
@@ -126,7 +121,7 @@ def test_numpy_and_torch_actors_act_as_the_policy_does():
     obs = np.random.default_rng(2).normal(size=(64, 2)).astype(np.float32)
     with torch.no_grad():
         greedy = policy.to_env(policy.greedy(torch.from_numpy(obs))).numpy()
-    numpy_actor, torch_actor = NumpySACActor(policy), TorchSACActor(policy)
+    numpy_actor, torch_actor = policy.actor_snapshot(), TorchSACActor(policy)
     assert type(policy.actor_snapshot()) is NumpySACActor
     for actor in (numpy_actor, torch_actor):
         action, _, _ = actor.act(obs, np.random.default_rng(0), deterministic=True)

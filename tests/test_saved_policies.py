@@ -26,6 +26,6 @@ def test_a_policy_file_of_the_release_before_plays(algo, env_id, discrete):
     network = playback.network_for(stored, env, found_env)
     # Every tensor of the file is loaded into the network it builds, none missing, none left over.
     assert set(network.state_dict()) >= set(stored.state)
-    returns = playback.play(network, stored.algo, env, found_env, episodes=2, seed=5)
+    returns = playback.play(playback.actor_for(stored, env, found_env), env, found_env, episodes=2, seed=5)
     assert returns.shape == (2,) and np.isfinite(returns).all()
     assert hasattr(env.action_space, "n") == discrete

@@ -77,7 +77,7 @@ def test_the_greedy_action_is_the_networks_mapped_to_asymmetric_bounds():
     assert np.ptp(expected, axis=0).min() > 0.5 * SCALE.min()  # spread over the bounds, not one point
     np.testing.assert_allclose(expected, MID + SCALE * unit.numpy(), rtol=1e-6, atol=1e-6)  # the mapping itself
     assert type(policy.actor_snapshot()) is NumpyTD3Actor
-    for actor in (NumpyTD3Actor(policy), TorchTD3Actor(policy)):
+    for actor in (policy.actor_snapshot(), TorchTD3Actor(policy)):
         for acting in (actor, actor.with_options(noise=0.5), actor.with_options(random=True)):
             action, logprob, value = acting.act(obs, np.random.default_rng(0), deterministic=True)
             assert action.dtype == np.float32 and action.shape == (64, 2)
@@ -90,7 +90,7 @@ def test_saturated_and_zero_actions_sit_on_the_bounds_and_the_midpoints(pre_tanh
     policy = DeterministicPolicy(asymmetric_spec(), C.PolicyConfig(hidden_sizes=(16,)))
     constant_action(policy, pre_tanh)
     obs = np.random.default_rng(1).normal(size=(5, 2)).astype(np.float32)
-    action, _, _ = NumpyTD3Actor(policy).act(obs, np.random.default_rng(0), deterministic=True)
+    action, _, _ = policy.actor_snapshot().act(obs, np.random.default_rng(0), deterministic=True)
     np.testing.assert_allclose(action, np.broadcast_to(expected, (5, 2)), atol=1e-6)
     assert (action >= LOW.astype(np.float32)).all() and (action <= HIGH.astype(np.float32)).all()
 
@@ -356,12 +356,12 @@ def test_a_saved_td3_policy_plays_back_and_is_not_taken_for_a_discrete_policy(tm
     env, env_id = playback.open_env(stored)
     network = playback.network_for(stored, env, env_id)
     assert type(network) is DeterministicPolicy
-    assert all(torch.equal(stored.state[k], v) for k, v in network.state_dict().items())
+    assert all(np.array_equal(stored.state[k], v.numpy()) for k, v in network.state_dict().items())
     obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
     action, _, _ = learner("td3").actor_snapshot(network).act(obs, np.random.default_rng(0), deterministic=True)
     assert action.dtype == np.float32 and action.shape == (4, 1)
     np.testing.assert_allclose(action, 2.0 * np.tanh(0.5), atol=1e-6)  # Pendulum's bounds are +-2
-    returns = playback.play(network, stored.algo, env, env_id, episodes=2, seed=3)
+    returns = playback.play(playback.actor_for(stored, env, env_id), env, env_id, episodes=2, seed=3)
     assert returns.shape == (2,) and np.isfinite(returns).all()
 
     with pytest.raises(PolicyMismatch, match="it acts with 1-dimensional continuous actions, the env takes 2 discrete"):

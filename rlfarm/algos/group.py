@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlfarm.algos.acting import GroupActor, policy_tensors  # noqa: F401  (policy_tensors: re-exported)
 from rlfarm.algos.base import Algorithm, prefixed, unprefixed
 from rlfarm.config import ConfigError, PolicyConfig, RunConfig
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.actors import Actor
 
 # Rollout fields indexed (T, N, ...): a policy's columns are taken from their second axis.
 _STEP_FIELDS = (
@@ -45,12 +45,6 @@ _STEP_FIELDS = (
     "action_masks",
     "next_action_masks",
 )
-
-
-def policy_tensors(state: Mapping[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
-    """Policy `name`'s network in a saved state: a group's `nets.<name>.` tensors, or, in a single
-    policy's file (best_policy.<name>.safetensors, a one-policy run's), all of them."""
-    return unprefixed(f"nets.{name}", state) or dict(state)
 
 
 def policy_best_file(name: str) -> str:
@@ -98,56 +92,6 @@ class GroupNetwork(nn.Module):
 
     def actor_snapshot(self) -> GroupActor:
         return GroupActor(self.spec, {name: net.actor_snapshot() for name, net in self.nets.items()})
-
-
-class GroupActor(Actor):
-    """Each policy's actor on its own columns (and its own observation width)."""
-
-    def __init__(self, spec: SpaceSpec, actors: Mapping[str, Actor]):
-        self.spec = spec
-        self.actors = dict(actors)
-        self.widths = {name: spec.policy_spec(name).obs_dim for name in spec.policies}
-        self._columns: dict[int, dict[str, np.ndarray]] = {}  # by vector size: collect asks at every step
-
-    def with_options(self, **options: Any) -> GroupActor:
-        return GroupActor(self.spec, {name: actor.with_options(**options) for name, actor in self.actors.items()})
-
-    def _parts(self, n: int, rows: np.ndarray | None = None) -> list[tuple[Actor, np.ndarray, int]]:
-        """Each policy's actor, the batch rows it acts for and its observation width. The batch is a
-        whole vector of sub-envs, or the sub-envs `rows` (agent of row i: rows[i] mod agents)."""
-        if rows is None:
-            if n not in self._columns:
-                self._columns[n] = {name: self.spec.columns(name, n) for name in self.spec.policies}
-            columns = self._columns[n]
-        else:
-            policy_of_row = np.asarray(self.spec.agent_policy)[np.asarray(rows) % self.spec.agents]
-            columns = {name: np.flatnonzero(policy_of_row == i) for i, name in enumerate(self.spec.policies)}
-        return [(self.actors[name], columns[name], self.widths[name]) for name in self.spec.policies]
-
-    def act(
-        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        n = len(obs)
-        actions = np.zeros((n, *self.spec.action_shape), self.spec.action_dtype)
-        logprobs = np.zeros(n, np.float32)
-        values = np.zeros(n, np.float32)
-        for actor, cols, dim in self._parts(n):
-            own = np.ascontiguousarray(obs[cols, :dim])
-            if mask is None:
-                a, lp, v = actor.act(own, rng, deterministic)
-            else:
-                a, lp, v = actor.act(own, rng, deterministic, mask=mask[cols])
-            actions[cols], logprobs[cols], values[cols] = a, lp, v
-        return actions, logprobs, values
-
-    def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """State values of a whole vector's observations, or of those of sub-envs `rows` (the real
-        final observations of the sub-envs whose episodes were cut)."""
-        values = np.zeros(len(obs), np.float32)
-        for actor, cols, dim in self._parts(len(obs), rows):
-            if len(cols):
-                values[cols] = actor.value(np.ascontiguousarray(obs[cols, :dim]))
-        return values
 
 
 class PolicyGroup(Algorithm):

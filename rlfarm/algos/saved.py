@@ -1,5 +1,6 @@
-"""Policies saved to files (best_policy.safetensors, exports): the network a saved state dict is, built
-for an env's spaces, and a clear `PolicyMismatch` when it does not fit them (PURE: torch).
+"""Policies saved to files (best_policy.safetensors, exports): the actor, or the network, a saved state
+dict is, built for an env's spaces, and a clear `PolicyMismatch` when it does not fit them (PURE:
+numpy; torch where a network is asked for, or a CNN acts).
 
 A saved policy names its algorithm (`algo`), its network's output module (`head`) and the spaces it
 was trained on (`space`, SpaceSpec.to_dict) in its metadata, so nothing has to be guessed from its
@@ -10,14 +11,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+import numpy as np
 
-from rlfarm.algos import learner, names, network_for
+from rlfarm.algos import names, network_for
+from rlfarm.algos.acting import acting_module, acts_without_torch, numpy_actor
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
+from rlfarm.nn.acting import Actor, StateMismatch
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class PolicyMismatch(ValueError):
@@ -26,7 +31,7 @@ class PolicyMismatch(ValueError):
 
 def describe_policy(algo: str, spec: SpaceSpec) -> dict[str, str]:
     """What a published version's metadata says of its network: algorithm, head and spaces."""
-    return {"algo": algo, "head": learner(algo).head, "space": json.dumps(spec.to_dict(), sort_keys=True)}
+    return {"algo": algo, "head": acting_module(algo).HEAD, "space": json.dumps(spec.to_dict(), sort_keys=True)}
 
 
 def algo_of(meta: Mapping[str, str], state: Mapping[str, Any]) -> str:
@@ -35,7 +40,7 @@ def algo_of(meta: Mapping[str, str], state: Mapping[str, Any]) -> str:
     if meta.get("algo"):
         return meta["algo"]
     for name in names():
-        if any(key.startswith(learner(name).head + ".") for key in state):
+        if any(key.startswith(acting_module(name).HEAD + ".") for key in state):
             return name
     return names()[0]
 
@@ -65,7 +70,7 @@ def _space_problems(saved: SpaceSpec, spec: SpaceSpec) -> list[str]:
     return problems
 
 
-def _linear_shapes(state: Mapping[str, torch.Tensor], head: str) -> list[tuple[int, ...]]:
+def _linear_shapes(state: Mapping[str, Any], head: str) -> list[tuple[int, ...]]:
     """Shapes of the Linear weights of the `head` MLP (`actor`, `q`) in a state dict, in order."""
     found = []
     for key, tensor in state.items():
@@ -75,7 +80,7 @@ def _linear_shapes(state: Mapping[str, torch.Tensor], head: str) -> list[tuple[i
     return [shape for _, shape in sorted(found)]
 
 
-def _inferred_problems(head: str, state: Mapping[str, torch.Tensor], spec: SpaceSpec) -> list[str]:
+def _inferred_problems(head: str, state: Mapping[str, Any], spec: SpaceSpec) -> list[str]:
     """For files without `space`: what the tensors' shapes say does not fit (written by PPO, DQN and
     SAC only, whose Gaussians all have an `actor_logstd`)."""
     problems = []
@@ -96,32 +101,62 @@ def _inferred_problems(head: str, state: Mapping[str, torch.Tensor], spec: Space
     return problems
 
 
+def _check_fits(algo: str, spec: SpaceSpec, state: Mapping[str, Any], meta: Mapping[str, str]) -> None:
+    if algo not in names():
+        raise PolicyMismatch(f"unknown algorithm {algo!r} in its metadata ({', '.join(names())})")
+    if meta.get("space"):
+        problems = _space_problems(SpaceSpec.from_dict(json.loads(meta["space"])), spec)
+    else:
+        problems = _inferred_problems(meta.get("head") or acting_module(algo).HEAD, state, spec)
+    if problems:
+        raise PolicyMismatch("; ".join(problems))
+
+
+def _not_the_network(algo: str, exc: Exception) -> PolicyMismatch:
+    detail = " ".join(str(exc).split())
+    detail = detail if len(detail) <= 400 else detail[:400] + " ..."
+    return PolicyMismatch(f"its tensors are not the {algo} network its metadata describes: {detail}")
+
+
 def load_network(
     algo: str,
     spec: SpaceSpec,
     config: PolicyConfig,
-    state: Mapping[str, torch.Tensor],
+    state: Mapping[str, Any],
     meta: Mapping[str, str] | None = None,
 ) -> nn.Module:
-    """The network `algo` acts with, built for an env's `spec` and loaded with a saved `state` (and the
-    file's metadata `meta`, whose `space` says what it was trained on). Raises PolicyMismatch saying
-    what does not fit (observation size, kind or number of actions) when the policy was trained on
-    other spaces, or when its tensors are not the network its metadata describes."""
-    if algo not in names():
-        raise PolicyMismatch(f"unknown algorithm {algo!r} in its metadata ({', '.join(names())})")
-    cls = learner(algo)
-    meta = meta or {}
-    if meta.get("space"):
-        problems = _space_problems(SpaceSpec.from_dict(json.loads(meta["space"])), spec)
-    else:
-        problems = _inferred_problems(meta.get("head") or cls.head, state, spec)
-    if problems:
-        raise PolicyMismatch("; ".join(problems))
+    """The network `algo` acts with, built for an env's `spec` and loaded with a saved `state` (torch
+    tensors or numpy arrays; and the file's metadata `meta`, whose `space` says what it was trained
+    on). Raises PolicyMismatch saying what does not fit (observation size, kind or number of actions)
+    when the policy was trained on other spaces, or when its tensors are not the network its metadata
+    describes."""
+    import torch
+
+    _check_fits(algo, spec, state, meta or {})
+    tensors = {k: torch.from_numpy(v.copy()) if not isinstance(v, torch.Tensor) else v for k, v in state.items()}
     try:
         network = network_for(algo, spec, config)
-        network.load_state_dict(state)
+        network.load_state_dict(tensors)
     except (RuntimeError, ValueError) as exc:  # tensors of another network (e.g. other hidden sizes)
-        detail = " ".join(str(exc).split())
-        detail = detail if len(detail) <= 400 else detail[:400] + " ..."
-        raise PolicyMismatch(f"its tensors are not the {algo} network its metadata describes: {detail}") from None
+        raise _not_the_network(algo, exc) from None
     return network
+
+
+def load_actor(
+    algo: str,
+    spec: SpaceSpec,
+    config: PolicyConfig,
+    state: Mapping[str, Any],
+    meta: Mapping[str, str] | None = None,
+) -> Actor:
+    """What acts with a saved policy for an env's `spec`, checked as `load_network` checks: an MLP's
+    numpy actor straight from the tensors (no torch: rlfarm.algos.acting), a CNN's through its network."""
+    _check_fits(algo, spec, state, meta or {})
+    if acts_without_torch(spec) and all(isinstance(v, np.ndarray) for v in state.values()):
+        try:
+            return numpy_actor(algo, spec, config, state)
+        except StateMismatch as exc:
+            raise _not_the_network(algo, exc) from None
+    from rlfarm.algos import learner
+
+    return learner(algo).actor_snapshot(load_network(algo, spec, config, state, meta))

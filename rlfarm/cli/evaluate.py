@@ -137,13 +137,11 @@ def eval_(
                 swaps.append((name, path))
             policy = playback.with_policies(policy, swaps)
         env, env_id = playback.open_env(policy, env_id, render_mode)
-        network = playback.network_for(policy, env, env_id)
+        actor = playback.actor_for(policy, env, env_id)
         if opponent:
             playback.set_opponent(env, env_id, opponent)
         name = f"{policy.algo}-{env_id.split(':')[-1].replace('/', '-')}-policy{policy.meta.get('version', '')}"
-        returns = playback.play(
-            network, policy.algo, env, env_id, episodes, seed, render_mode, video_dir, name, by_policy=True
-        )
+        returns = playback.play(actor, env, env_id, episodes, seed, render_mode, video_dir, name, by_policy=True)
     except playback.PlaybackError as exc:
         fail(str(exc), exc.code)
     except KeyboardInterrupt:  # stop watching
@@ -157,7 +155,7 @@ def eval_(
         f"{returns.std():.2f} over {episodes} greedy episodes"
     )
     if table.ndim == 2:
-        for j, name in enumerate(network.spec.policies):
+        for j, name in enumerate(actor.spec.policies):
             click.echo(f"  policy {name}: mean return {table[:, j].mean():.2f} ± {table[:, j].std():.2f}")
     if opponent or getattr(env, "finished", None) is not None:  # a turn-based game: its record
         wins, draws, losses = (int((returns > 0).sum()), int((returns == 0).sum()), int((returns < 0).sum()))

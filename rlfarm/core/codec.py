@@ -195,18 +195,37 @@ def array_bytes(obj: Any) -> int:
 # ---- policies ------------------------------------------------------------------------------------
 
 
-def tensor_digest(state: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over names, dtypes, shapes and bytes, in name order: identical weights, identical digest."""
-    import torch  # here, not at the top: reading a policy's metadata (`rlfarm status`) needs no torch
-
+def tensor_digest(state: Mapping[str, Any]) -> str:
+    """sha256 over names, dtypes (torch's names), shapes and bytes, in name order: identical weights,
+    identical digest, whether they are torch tensors or the numpy arrays a worker reads (decode_policy)."""
     h = hashlib.sha256()
     for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
+        value = state[name]
+        if isinstance(value, np.ndarray):
+            dtype, data = _TORCH_DTYPE_NAMES[value.dtype.name], np.ascontiguousarray(value).tobytes()
+        else:
+            tensor = value.detach().cpu().contiguous()
+            dtype = str(tensor.dtype)
+            data = tensor.view(_torch().uint8).numpy().tobytes() if tensor.numel() else b""
         h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(dtype.encode())
+        h.update(str(tuple(value.shape)).encode())
+        h.update(data)
     return h.hexdigest()
+
+
+# numpy's dtypes under the names torch gives them (the digest's): a version's tensors read as numpy
+# arrays digest as they did as tensors. bfloat16 has no numpy dtype: such blobs are read with torch.
+_TORCH_DTYPE_NAMES = {
+    name: f"torch.{name}"
+    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+}
+
+
+def _torch() -> Any:
+    import torch  # here, not at the top: reading a policy's metadata (`rlfarm status`) needs no torch
+
+    return torch
 
 
 def wire_state(state: Mapping[str, torch.Tensor], dtype: str = "float32") -> dict[str, torch.Tensor]:
@@ -247,22 +266,21 @@ def policy_metadata(blob: bytes) -> dict[str, str]:
     return dict(header.get("__metadata__", {}))
 
 
-def decode_policy(blob: bytes, secret: bytes | str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def decode_policy(
+    blob: bytes, secret: bytes | str | None = None, arrays: str = "torch"
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Tensors and metadata; raises CodecError when the checksum does not match the tensors, and,
     given a `secret`, when the blob's `hmac` is missing or does not verify (checked before the
-    tensors are even parsed: a forged blob with a recomputed sha256 fails here)."""
+    tensors are even parsed: a forged blob with a recomputed sha256 fails here). `arrays="numpy"`:
+    numpy arrays instead of torch tensors, without importing torch (a worker acting an MLP), except
+    for a dtype numpy has not (bfloat16), read as torch tensors."""
     meta = policy_metadata(blob)
     if secret is not None:
         try:
             signing.verify_policy(meta, secret, "policy blob")
         except signing.SignatureError as exc:
             raise CodecError(str(exc)) from None
-    from safetensors.torch import load as st_load
-
-    try:
-        state = st_load(blob)
-    except Exception as exc:  # safetensors raises its own error types
-        raise CodecError(f"not a safetensors blob: {exc}") from None
+    state = _load_arrays(blob, numpy=arrays == "numpy")
     expected = meta.get("sha256")
     if expected is None:
         raise CodecError("policy blob carries no sha256")
@@ -270,3 +288,19 @@ def decode_policy(blob: bytes, secret: bytes | str | None = None) -> tuple[dict[
     if actual != expected:
         raise CodecError(f"policy checksum mismatch: expected {expected[:12]}, got {actual[:12]}")
     return state, meta
+
+
+def _load_arrays(blob: bytes, numpy: bool) -> dict[str, Any]:
+    if numpy:
+        from safetensors.numpy import load as np_load
+
+        try:
+            return np_load(blob)
+        except Exception:  # bfloat16 (numpy has no such dtype), or not safetensors: torch says which
+            pass
+    from safetensors.torch import load as st_load
+
+    try:
+        return st_load(blob)
+    except Exception as exc:  # safetensors raises its own error types
+        raise CodecError(f"not a safetensors blob: {exc}") from None

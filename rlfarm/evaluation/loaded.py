@@ -7,9 +7,10 @@ with a trained policy themselves (zoo's `enjoy`, a notebook, an env loop of the 
     action, _ = policy.predict(obs, deterministic=True)
 
 The file is read as `rlfarm eval` reads it (rlfarm.evaluation.playback): its signature checked with
-RLFARM_SECRET when set, the network built by the algorithm its metadata names and checked against the
-spaces it was trained on. Acting goes through the same actor a worker uses (numpy for MLPs, ONNX
-Runtime or torch for CNNs), so `predict` picks the actions the farm's greedy evaluations pick.
+RLFARM_SECRET when set, the actor built by the algorithm its metadata names and checked against the
+spaces it was trained on. Acting goes through the same actor a worker uses (numpy for MLPs, without
+importing torch; ONNX Runtime or torch for CNNs), so `predict` picks the actions the farm's greedy
+evaluations pick. `policy.network` builds the torch network on first use (exports, fine-tuning).
 """
 
 from __future__ import annotations
@@ -29,16 +30,27 @@ class LoadedPolicy:
     """A policy file's network and the actor it acts with. `predict(obs)` takes one observation or a
     batch (a leading batch dimension) and returns `(action, None)` (the None is SB3's recurrent state)."""
 
-    def __init__(self, stored: Any, network: Any, spec: Any, seed: int | None = None, **acting: Any):
-        from rlfarm.algos import learner
-
+    def __init__(self, stored: Any, actor: Any, spec: Any, seed: int | None = None, **acting: Any):
         self.stored = stored
         self.algo: str = stored.algo
-        self.network = network.eval()  # the torch module, for whoever wants it (exports, fine-tuning)
         self.spec = spec
         # Acting options of the algorithm's actor (DQN: epsilon, TD3: noise), used by deterministic=False.
-        self.actor = learner(self.algo).actor_snapshot(network).with_options(**acting)
+        self.actor = actor.with_options(**acting)
         self.rng = np.random.default_rng(seed)
+        self._network: Any = None
+
+    @property
+    def network(self) -> Any:
+        """The policy's torch module (in eval mode), built on first use: for exports and fine-tuning."""
+        if self._network is None:
+            from rlfarm.algos.saved import load_network
+            from rlfarm.config import policy_config
+
+            built = load_network(
+                self.algo, self.spec, policy_config(self.stored.policy_config), self.stored.state, self.stored.meta
+            )
+            self._network = built.eval()
+        return self._network
 
     @property
     def env_id(self) -> str | None:
@@ -109,7 +121,7 @@ def load(path: str | Path, env: Any = None, seed: int | None = None, **acting: A
     it names, made once. `seed`: of the generator `predict(..., deterministic=False)` samples from.
     `acting`: the algorithm's acting options for sampling (DQN `epsilon=0.05`, TD3 `noise=0.1`).
     Raises PolicyFileError saying why a file cannot be used."""
-    from rlfarm.algos.saved import PolicyMismatch, load_network
+    from rlfarm.algos.saved import PolicyMismatch, load_actor
     from rlfarm.config import ConfigError, policy_config
     from rlfarm.envs import EnvError, SpaceSpec, make_env, space_spec
     from rlfarm.evaluation.playback import PlaybackError, from_file, open_env
@@ -129,13 +141,13 @@ def load(path: str | Path, env: Any = None, seed: int | None = None, **acting: A
                 spec = space_spec(made)
             finally:
                 made.close()
-        network = load_network(stored.algo, spec, policy_config(stored.policy_config), stored.state, stored.meta)
+        actor = load_actor(stored.algo, spec, policy_config(stored.policy_config), stored.state, stored.meta)
     except PolicyMismatch as exc:
         where = stored.meta.get("env") or getattr(getattr(env, "spec", None), "id", None) or "given"
         raise PolicyFileError(f"policy {path} does not fit env {where}: {exc}") from None
     except (PlaybackError, ConfigError, EnvError) as exc:
         raise PolicyFileError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
     try:
-        return LoadedPolicy(stored, network, spec, seed, **acting)
+        return LoadedPolicy(stored, actor, spec, seed, **acting)
     except ValueError as exc:  # an acting option the algorithm does not have, or a bad value
         raise PolicyFileError(f"{path}: {exc}") from None

@@ -52,7 +52,7 @@ def from_file(path: str | Path) -> StoredPolicy:
     from rlfarm.core.signing import SignatureError, secret_from_env
 
     try:  # with RLFARM_SECRET set, the file's hmac must verify
-        state, meta = codec.decode_policy(Path(path).read_bytes(), secret_from_env())
+        state, meta = codec.decode_policy(Path(path).read_bytes(), secret_from_env(), arrays="numpy")
     except (codec.CodecError, SignatureError) as exc:  # not a policy, or forged: name the file
         raise PlaybackError(f"{exc} (file {path})") from None
     except OSError as exc:
@@ -70,8 +70,8 @@ def from_file(path: str | Path) -> StoredPolicy:
 def with_policies(policy: StoredPolicy, swaps: list[tuple[str, str]]) -> StoredPolicy:
     """`policy` (a run of several policies) with policy NAME's network taken from FILE for each
     (NAME, FILE) of `swaps`: a single policy's file (best_policy.NAME.safetensors) or a group's."""
+    from rlfarm.algos.acting import policy_tensors
     from rlfarm.algos.base import prefixed
-    from rlfarm.algos.group import policy_tensors
 
     names = sorted({key.split(".")[1] for key in policy.state if key.startswith("nets.")})
     for name, path in swaps:
@@ -131,7 +131,7 @@ def from_run(redis_url: str, run_id: str, version: int | str) -> StoredPolicy:
 
     try:
         store = PolicyStore(connect(redis_url), run_id)
-        state, meta = store.get(version)
+        state, meta = store.get(version, arrays="numpy")
         run_cfg = store.run_meta()["config"]
     except (codec.CodecError, PolicyError, RunNotFound, ConnectionError, SignatureError) as exc:
         raise PlaybackError(str(exc)) from None
@@ -200,27 +200,34 @@ def set_opponent(env: Any, env_id: str, opponent: str) -> None:
         elif not Path(opponent).is_file():
             raise PlaybackError(f"unknown opponent {opponent!r}: {', '.join(SCRIPTED)} or a policy file", 2)
         else:
-            from rlfarm.algos import learner
-
-            other = from_file(opponent)
-            player = actor_player(
-                learner(other.algo).actor_snapshot(network_for(other, env, env_id)), deterministic=True
-            )
+            player = actor_player(actor_for(from_file(opponent), env, env_id), deterministic=True)
     except EnvError as exc:
         raise PlaybackError(str(exc), 2) from None
     env.set_opponents([opponent], {opponent: player})
 
 
 def network_for(policy: StoredPolicy, env: Any, env_id: str) -> Any:
-    """The policy's network, built for `env`'s spaces (PlaybackError when it does not fit them)."""
-    from rlfarm.algos.saved import PolicyMismatch, load_network
+    """The policy's torch network, built for `env`'s spaces (PlaybackError when it does not fit them)."""
+    from rlfarm.algos.saved import load_network
+
+    return _built(load_network, policy, env, env_id)
+
+
+def actor_for(policy: StoredPolicy, env: Any, env_id: str) -> Any:
+    """What acts with the policy on `env` (PlaybackError when it does not fit its spaces): an MLP's
+    numpy actor, built without torch (rlfarm.algos.acting); a CNN's through its network."""
+    from rlfarm.algos.saved import load_actor
+
+    return _built(load_actor, policy, env, env_id)
+
+
+def _built(load: Any, policy: StoredPolicy, env: Any, env_id: str) -> Any:
+    from rlfarm.algos.saved import PolicyMismatch
     from rlfarm.config import ConfigError, policy_config
     from rlfarm.envs import space_spec
 
     try:
-        return load_network(
-            policy.algo, space_spec(env), policy_config(policy.policy_config), policy.state, policy.meta
-        )
+        return load(policy.algo, space_spec(env), policy_config(policy.policy_config), policy.state, policy.meta)
     except PolicyMismatch as exc:
         if policy.meta.get("policy_name"):  # best_policy.NAME.safetensors: one policy of several
             raise PlaybackError(
@@ -233,8 +240,7 @@ def network_for(policy: StoredPolicy, env: Any, env_id: str) -> Any:
 
 
 def play(
-    network: Any,
-    algo: str,
+    actor: Any,
     env: Any,
     env_id: str,
     episodes: int,
@@ -249,7 +255,6 @@ def play(
     game of several policies gives each policy's column (rlfarm.core.rollout.run_episodes)."""
     import gymnasium as gym
 
-    from rlfarm.algos import learner
     from rlfarm.core.rollout import run_episodes
 
     try:
@@ -283,7 +288,7 @@ def play(
                     f"(SDL fell back to its {driver} driver); record the episodes to files "
                     f"instead with --video DIR"
                 )
-        returns = run_episodes(learner(algo).actor_snapshot(network), env, episodes, seed, by_policy=by_policy)
+        returns = run_episodes(actor, env, episodes, seed, by_policy=by_policy)
         env.close()  # RecordVideo writes the last episode's file on close
         return returns
     except gym.error.DependencyNotInstalled as exc:

@@ -300,19 +300,23 @@ class PolicyStore:
             raise PolicyNotFound(f"run {self.run_id!r}: no policy version {version} (latest is {latest})")
         return blob
 
-    def get(self, version: int | str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    def get(self, version: int | str, arrays: str = "torch") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """Tensors and metadata of a version ('latest' allowed), checked: sha256, the hmac when the
-        store has a secret, and that the blob is the version (and run) of the key it was read from."""
+        store has a secret, and that the blob is the version (and run) of the key it was read from.
+        `arrays="numpy"`: numpy arrays, without torch (codec.decode_policy)."""
         if version == "latest":
             latest = self.latest()
             version = "latest" if latest is None else latest  # None: get_blob raises a clear error
-        return self.check(version, self.get_blob(version))
+        return self.check(version, self.get_blob(version), arrays)
 
-    def check(self, version: int | str, blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    def check(
+        self, version: int | str, blob: bytes, arrays: str = "torch"
+    ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """Tensors and metadata of `blob`, read as `version` of this run: PolicyCorrupt unless its
-        sha256, its hmac (with a secret) and the version and run it claims hold."""
+        sha256, its hmac (with a secret) and the version and run it claims hold. `arrays="numpy"`:
+        numpy arrays, without torch (codec.decode_policy)."""
         try:
-            state, meta = codec.decode_policy(blob, self.secret)
+            state, meta = codec.decode_policy(blob, self.secret, arrays)
         except codec.CodecError as exc:
             raise PolicyCorrupt(f"run {self.run_id!r}: policy version {version} is corrupt: {exc}") from None
         claimed, run = meta.get("version"), meta.get("run")

@@ -1,8 +1,7 @@
-"""What workers act with (PURE: numpy, torch, ONNX Runtime): the `Actor` interface `rollout.collect`
-and `rollout.run_episodes` call, numpy copies of MLPs (per-step torch dispatch costs more than the
-math at these sizes), and ONNX Runtime for CNNs. Every actor samples from a numpy Generator, so a task
-is a pure function of (weights, env seeds, action seed). Each algorithm's actors are in its package
-(`rlfarm/algos/<name>/policies.py`).
+"""The torch side of acting (PURE: torch, numpy, ONNX Runtime): numpy steps of a torch MLP module, and
+ONNX Runtime for CNNs. The `Actor` interface and everything a worker acting an MLP needs are in
+rlfarm.nn.acting, which imports no torch. Each algorithm's actors are in its package
+(`rlfarm/algos/<name>/acting.py`, torch-free, and `policies.py`).
 """
 
 from __future__ import annotations
@@ -18,73 +17,13 @@ import torch
 from torch import nn
 
 from rlfarm.envs import SpaceSpec
-
-_NUMPY_ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x: np.maximum(x, 0)}
-
-
-class Actor:
-    """What `rollout.collect` and `rollout.run_episodes` act with: `act` and `value` on a batch of
-    observations (shaped and typed as the spec says), and `with_options` for a task's acting options."""
-
-    spec: SpaceSpec
-
-    def act(
-        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Actions, their log-probabilities and state values for a batch. `mask` (n, action_dim) bool:
-        the legal actions (SpaceSpec.action_mask); an actor of discrete actions never picks another."""
-        raise NotImplementedError
-
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def with_options(self, **options: Any) -> Actor:
-        if options:
-            raise ValueError(f"{type(self).__name__} takes no acting options, got {sorted(options)}")
-        return self
-
-    def _with(self, **attributes: Any) -> Actor:
-        """A shallow copy acting with other options: the weights are shared, not copied."""
-        other = copy.copy(self)
-        other.__dict__.update(attributes)
-        return other
+from rlfarm.nn.acting import Actor, masked_sample, run_numpy_mlp  # noqa: F401  (re-exported: the torch side's callers)
 
 
-def masked_sample(probs: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One action per row from `probs` (0 where illegal), by inverse CDF, never an illegal one: the first
-    action whose CDF passes u, which has probability > 0 (u may be 0); rounding that lands past the
-    last legal action takes the last legal one."""
-    cdf = probs.cumsum(-1)
-    u = rng.random((len(cdf), 1)) * cdf[:, -1:]
-    action = np.minimum((cdf <= u).sum(-1), probs.shape[-1] - 1)
-    rows = np.arange(len(action))
-    wrong = ~mask[rows, action]
-    if wrong.any():
-        last_legal = probs.shape[-1] - 1 - mask[:, ::-1].argmax(-1)
-        action[wrong] = last_legal[wrong]
-    return action
-
-
-def numpy_mlp(seq: nn.Sequential) -> list[Any]:
-    """A Linear/activation Sequential as numpy steps: (W^T, b) pairs and activation functions."""
-    steps: list[Any] = []
-    for m in seq:
-        if isinstance(m, nn.Linear):
-            steps.append(
-                (
-                    m.weight.detach().cpu().numpy().T.astype(np.float32).copy(),
-                    m.bias.detach().cpu().numpy().astype(np.float32).copy(),
-                )
-            )
-        else:
-            steps.append(_NUMPY_ACTIVATIONS[type(m)])
-    return steps
-
-
-def run_numpy_mlp(steps: list[Any], x: np.ndarray) -> np.ndarray:
-    for step in steps:
-        x = step(x) if callable(step) else x @ step[0] + step[1]
-    return x
+def numpy_state(network: nn.Module) -> dict[str, np.ndarray]:
+    """A network's saved tensors as numpy arrays on the CPU: what rlfarm.nn.acting's actors are built
+    from, as a worker builds them from a version's tensors."""
+    return {name: value.detach().cpu().numpy() for name, value in network.state_dict().items()}
 
 
 # ---- ONNX Runtime for acting with CNNs -------------------------------------------------------------

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import nn
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
+from rlfarm.nn.acting import action_scale_bias
 from rlfarm.nn.normalize import ObsNormalizer
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -130,14 +130,6 @@ def obs_normalizer(spec: SpaceSpec, config: PolicyConfig) -> ObsNormalizer | Non
     """A running-statistics normaliser for vector observations when `policy.normalize_obs` asks for
     one (images are scaled to [0, 1] instead)."""
     return ObsNormalizer(spec.obs_dim, config.normalize_clip) if config.normalize_obs and not spec.is_image else None
-
-
-def action_scale_bias(spec: SpaceSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Half-range and midpoint of each action dimension (float64): env action = bias + scale * unit
-    action, unit in [-1, 1]. Bounds may be asymmetric and differ per dimension."""
-    low = np.asarray(spec.action_low, np.float64)
-    high = np.asarray(spec.action_high, np.float64)
-    return (high - low) / 2.0, (high + low) / 2.0
 
 
 class BoundedPolicy(nn.Module):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-EPS = 1e-8
+from rlfarm.nn.acting import EPS, NumpyNormalizer
 
 
 def combine(mean: np.ndarray, var: np.ndarray, count: float, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -54,15 +54,3 @@ class ObsNormalizer(nn.Module):
 
     def numpy(self) -> NumpyNormalizer:
         return NumpyNormalizer(self.mean.cpu().numpy(), self.var.cpu().numpy(), self.clip)
-
-
-class NumpyNormalizer:
-    """The same arithmetic in numpy for the workers' numpy actors (float32, as the network's input)."""
-
-    def __init__(self, mean: np.ndarray, var: np.ndarray, clip: float):
-        self.mean = mean.astype(np.float32)
-        self.std = np.sqrt(var + EPS).astype(np.float32)
-        self.clip = np.float32(clip)
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        return np.clip((obs - self.mean) / self.std, -self.clip, self.clip)

@@ -109,20 +109,20 @@ class EvalVideos(Sink):
             )
 
     def record(self, blob: bytes, version: int, global_step: int) -> Path:
-        from rlfarm.algos.saved import load_network
+        from rlfarm.algos.saved import load_actor
         from rlfarm.core import codec
         from rlfarm.evaluation.playback import play
 
         cfg = self.config
-        state, meta = codec.decode_policy(blob, self.secret)
-        network = load_network(cfg.algo, self.space, cfg.policy, state, meta)
+        state, meta = codec.decode_policy(blob, self.secret, arrays="numpy")
+        actor = load_actor(cfg.algo, self.space, cfg.policy, state, meta)
         name = f"step-{global_step:09d}-v{version}"
         # RecordVideo writes into a folder of its own (it warns about one that exists); the file is
         # moved out whole, so videos/ holds only finished recordings.
         scratch = self.dir / ".recording"
         shutil.rmtree(scratch, ignore_errors=True)
         self.dir.mkdir(parents=True, exist_ok=True)
-        play(network, cfg.algo, _make(cfg), cfg.env.id, 1, cfg.seed + version, "rgb_array", str(scratch), name)
+        play(actor, _make(cfg), cfg.env.id, 1, cfg.seed + version, "rgb_array", str(scratch), name)
         target = self.dir / f"{name}.mp4"
         os.replace(scratch / f"{name}-episode-0.mp4", target)
         shutil.rmtree(scratch, ignore_errors=True)

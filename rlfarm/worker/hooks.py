@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 from collections import deque
 from typing import Any
 
@@ -123,17 +124,19 @@ def _limit_source(limit: object) -> str:
 
 @worker_init.connect
 def _preload(**_: object) -> None:
-    # In the worker's main process, before the pool forks: the pool processes inherit torch, numpy and
-    # gymnasium already imported instead of each importing them (seconds per process, on shared cores).
+    # In the worker's main process, before the pool forks: the pool processes inherit numpy, gymnasium
+    # and every algorithm's actors already imported instead of each importing them (seconds per
+    # process, on shared cores). Not torch: MLP policies act without it (rlfarm.algos.acting), and
+    # its import was most of a worker's start (benchmarks/startup.py); a process acting a CNN imports
+    # it at its first such task.
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # workers never touch CUDA
-    import torch  # noqa: F401  (rlfarm.worker.rollout imports it only when a task first acts)
-
     import rlfarm.worker.rollout  # noqa: F401
     from rlfarm import algos
+    from rlfarm.algos.acting import acting_module
     from rlfarm.worker.counters import NodeCounters
 
-    for name in algos.names():  # every algorithm's networks and actors
-        algos.learner(name)
+    for name in algos.names():  # every algorithm's actors
+        acting_module(name)
 
     global _counters
     _counters = NodeCounters()  # mapped now, so every pool process forked later shares it
@@ -142,11 +145,13 @@ def _preload(**_: object) -> None:
 @worker_process_init.connect
 def _init_process(**_: object) -> None:
     # One torch (and BLAS) thread per pool process: W processes on W cores, no oversubscription.
-    # Workers never touch CUDA: it cannot be re-initialised in a forked child.
-    import torch
+    # Workers never touch CUDA: it cannot be re-initialised in a forked child. torch is here only where
+    # the worker was forked from a trainer (rlfarm.local.forked); a process that imports it later sets
+    # its threads then (rlfarm.worker.policies).
     from threadpoolctl import threadpool_limits
 
-    torch.set_num_threads(1)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
     # numpy's BLAS too (the MLP actors' matrix products): its threads spin waiting for each other
     # on cores the other processes hold (benchmarks/actor_threads.py: a 256x256 actor several times slower).
     threadpool_limits(limits=1)

@@ -1,6 +1,8 @@
 """The policy versions a worker process acts with: fetched from Redis, or read from the copy another
-process of the machine fetched (rlfarm.worker.machine), checked, loaded into the run's network and
-kept as actors (rlfarm.worker.cache)."""
+process of the machine fetched (rlfarm.worker.machine), checked, made into actors and kept
+(rlfarm.worker.cache). An MLP policy's actor is built from the version's tensors read as numpy arrays
+(rlfarm.algos.acting): a worker acting one never imports torch. A CNN's are loaded into the run's
+torch network, built once per run (torch is imported then, in this process only)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 import redis
 
-from rlfarm.algos import learner, network_for
+from rlfarm.algos.acting import acts_without_torch, numpy_actor
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
@@ -63,49 +65,59 @@ class PolicyVersions:
         cached = self.cache.get((run, version))  # type: ignore[arg-type]
         if cached is not None:
             return cached, int(version), False
-        state, fetched = self._checked_version(store, run, int(version))
-        algorithm = learner(self.run_meta(run)["config"]["algo"])
-        network = self.network(run)
-        network.load_state_dict(state)
-        actor = algorithm.actor_snapshot(network)
+        meta = self.run_meta(run)
+        algo, spec = meta["config"]["algo"], SpaceSpec.from_dict(meta["space"])
+        arrays = "numpy" if acts_without_torch(spec) else "torch"
+        state, fetched = self._checked_version(store, run, int(version), arrays)
+        if arrays == "numpy":
+            actor = numpy_actor(algo, spec, policy_config(meta["config"]["policy"]), state)
+        else:
+            from rlfarm.algos import learner
+
+            network = self.network(run)
+            network.load_state_dict(state)
+            actor = learner(algo).actor_snapshot(network)
         self.cache.put((run, int(version)), actor)
         return actor, int(version), fetched
 
-    def _checked_version(self, store: PolicyStore, run: str, version: int) -> tuple[dict[str, Any], bool]:
+    def _checked_version(self, store: PolicyStore, run: str, version: int, arrays: str) -> tuple[dict[str, Any], bool]:
         """A version's tensors, checked (sha256, the hmac with RLFARM_SECRET, that the blob is the
         version and run of its key), and whether this process fetched it from Redis: not when another
         process of this machine had (rlfarm.worker.machine). The process's cache is keyed by the version
         fetched, never by what the blob says about itself."""
         incarnation = self.incarnations.get(run)
         if self.shared is None or incarnation is None or not self.shared.usable():
-            return self._fetch(store, version)[0], True  # (no incarnation: not a task's; nothing to key by)
+            return self._fetch(store, version, arrays)[0], True  # (no incarnation: not a task's; nothing to key by)
         path = self.shared.path(run, incarnation, version)
         blob = self.shared.read(path)  # whole or absent: files are written beside and renamed
         if blob is None:
             with self.shared.locked(path) as held:  # one process of the machine fetches, the others wait
                 blob = self.shared.read(path) if held else None
                 if blob is None:
-                    state, blob = self._fetch(store, version)
+                    state, blob = self._fetch(store, version, arrays)
                     if held:
                         self.shared.write(path, blob, version)
                     return state, True
         try:
-            return store.check(version, blob)[0], False
+            return store.check(version, blob, arrays)[0], False
         except PolicyCorrupt:  # a damaged copy: removed, and this process fetches for itself
             self.shared.drop(path)
-            return self._fetch(store, version)[0], True
+            return self._fetch(store, version, arrays)[0], True
 
-    def _fetch(self, store: PolicyStore, version: int) -> tuple[dict[str, Any], bytes]:
+    def _fetch(self, store: PolicyStore, version: int, arrays: str) -> tuple[dict[str, Any], bytes]:
         blob = store.get_blob(version)
         self.counts["policy_fetches"] += 1
         self.counts["policy_fetch_bytes"] += len(blob)
-        return store.check(version, blob)[0], blob
+        return store.check(version, blob, arrays)[0], blob
 
     def network(self, run: str) -> Any:
         """The run's network, to load a version's weights into (built on first use; LRU of runs)."""
         if run in self.networks:
             self.networks.move_to_end(run)
             return self.networks[run]
+        from rlfarm.algos import network_for
+
+        _torch_one_thread()
         run_meta = self.run_meta(run)
         network = network_for(
             run_meta["config"]["algo"],
@@ -116,3 +128,11 @@ class PolicyVersions:
         while len(self.networks) > MAX_NETWORKS:
             self.networks.popitem(last=False)
         return network
+
+
+def _torch_one_thread() -> None:
+    """torch, imported by this process at its first CNN run, on one thread: W pool processes on W
+    cores, no oversubscription (the pool's initialiser sets it where torch came in with the fork)."""
+    import torch
+
+    torch.set_num_threads(1)

@@ -18,6 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from rlfarm.algos.base import load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
+from rlfarm.algos.dqn.acting import HEAD
 from rlfarm.algos.dqn.policies import QNetwork
 from rlfarm.algos.offpolicy import OffPolicy
 from rlfarm.config import PolicyConfig, RunConfig
@@ -45,7 +46,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 
 class DQN(OffPolicy):
     name = "dqn"
-    head = "q"  # the output MLP of a saved policy (rlfarm.algos.saved.load_network)
+    head = HEAD  # the output MLP of a saved policy (its acting module's)
     loss_keys = ("losses/td_loss", "losses/q_values", "losses/grad_norm", "charts/learning_rate")
 
     @classmethod

@@ -14,9 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlfarm.algos.ppo.acting import NumpyActor, PolicyActor
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.actors import Actor, OnnxGraph, masked_sample, numpy_mlp, onnx_graph, run_numpy_mlp
+from rlfarm.nn.actors import OnnxGraph, numpy_state, onnx_graph
 from rlfarm.nn.layers import NatureCNN, layer_init, mlp, obs_normalizer
 
 
@@ -26,7 +27,7 @@ class ActorCritic(nn.Module):
 
     def __init__(self, spec: SpaceSpec, config: PolicyConfig):
         super().__init__()
-        self.spec = spec
+        self.spec, self.config = spec, config
         if spec.is_image:
             self.encoder = NatureCNN(spec, config)
             self.critic = nn.Sequential(layer_init(nn.Linear(self.encoder.features, 1), std=1.0))
@@ -83,78 +84,9 @@ class ActorCritic(nn.Module):
         """A frozen copy for acting: numpy for MLPs; for a CNN, ONNX Runtime where it is installed
         (the `atari` extra), else torch on the CPU."""
         if self.encoder is None:
-            return NumpyActor(self)
+            return NumpyActor(self.spec, self.config, numpy_state(self))
         graph = onnx_graph(self, _Heads(self), self.spec)
         return OnnxPolicyActor(self, graph) if graph is not None else TorchPolicyActor(self)
-
-
-class PolicyActor(Actor):
-    """Samples from the policy's distribution with a numpy generator; subclasses compute the outputs."""
-
-    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(logits or Gaussian means, state values) for a batch."""
-        raise NotImplementedError
-
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        return self._outputs(obs)[1]
-
-    def act(
-        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Actions (as stored: unclipped), their log-probabilities and state values, for a batch.
-        `mask`: the legal actions; the others get probability 0 (their logits -inf)."""
-        out, value = self._outputs(obs)
-        out = out.astype(np.float64)
-        if self.spec.discrete:
-            if mask is not None:
-                out = np.where(mask, out, -np.inf)
-            logp = out - out.max(-1, keepdims=True)
-            logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-            if deterministic:
-                action = logp.argmax(-1)
-            elif mask is None:
-                # Inverse-CDF sampling from the numpy generator.
-                cdf = np.exp(logp).cumsum(-1)
-                u = rng.random((len(cdf), 1)) * cdf[:, -1:]
-                action = np.minimum((cdf < u).sum(-1), self.spec.action_dim - 1)
-            else:
-                action = masked_sample(np.exp(logp), mask, rng)
-            logprob = logp[np.arange(len(action)), action].astype(np.float32)
-            return action.astype(np.int64), logprob, value
-        mean = out.astype(np.float32)
-        if deterministic:
-            action = mean
-        else:
-            action = (mean + self.std * rng.standard_normal(mean.shape)).astype(np.float32)
-        z = (action - mean) / self.std
-        logprob = (-0.5 * z * z - self.log_std - 0.5 * np.log(2 * np.pi)).sum(-1).astype(np.float32)
-        return action, logprob, value
-
-    def _gaussian(self, policy: ActorCritic) -> None:
-        if not self.spec.discrete:
-            self.log_std = policy.actor_logstd.detach().cpu().numpy().reshape(-1).astype(np.float32)
-            self.std = np.exp(self.log_std)
-
-
-class NumpyActor(PolicyActor):
-    """Acts with a numpy snapshot of an MLP ActorCritic's weights (several times faster than torch
-    for one small batch per env step)."""
-
-    def __init__(self, policy: ActorCritic):
-        self.spec = policy.spec
-        self.actor = numpy_mlp(policy.actor)
-        self.critic = numpy_mlp(policy.critic)
-        self.normalize = policy.obs_norm.numpy() if policy.obs_norm is not None else None
-        self._gaussian(policy)
-
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        if self.normalize is not None:
-            obs = self.normalize(obs)
-        return run_numpy_mlp(self.critic, obs)[:, 0]
-
-    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = self.normalize(obs) if self.normalize is not None else obs
-        return run_numpy_mlp(self.actor, x), run_numpy_mlp(self.critic, x)[:, 0]
 
 
 class TorchPolicyActor(PolicyActor):
@@ -163,7 +95,7 @@ class TorchPolicyActor(PolicyActor):
     def __init__(self, policy: ActorCritic):
         self.spec = policy.spec
         self.net = copy.deepcopy(policy).cpu().eval()
-        self._gaussian(policy)
+        self._gaussian(None if policy.spec.discrete else policy.actor_logstd.detach().cpu().numpy())
 
     @torch.no_grad()
     def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -179,7 +111,7 @@ class OnnxPolicyActor(PolicyActor):
     def __init__(self, policy: ActorCritic, graph: OnnxGraph):
         self.spec = policy.spec
         self.session = graph.session(policy.state_dict())
-        self._gaussian(policy)
+        self._gaussian(None if policy.spec.discrete else policy.actor_logstd.detach().cpu().numpy())
 
     def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         out, value = self.session.run(None, {"obs": np.ascontiguousarray(obs)})

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from rlfarm.algos.base import Algorithm, load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
+from rlfarm.algos.ppo.acting import HEAD
 from rlfarm.algos.ppo.config import VF_LOSSES
 from rlfarm.algos.ppo.policies import ActorCritic
 from rlfarm.config import PolicyConfig, RunConfig
@@ -63,7 +64,7 @@ class PPO(Algorithm):
     """Owns the policy and its optimizer; `update` runs the minibatch epochs on one iteration."""
 
     name = "ppo"
-    head = "actor"  # the output MLP of a saved policy (rlfarm.algos.saved.load_network)
+    head = HEAD  # the output MLP of a saved policy (its acting module's)
     loss_keys = (
         "charts/learning_rate",
         "charts/clip_coef",

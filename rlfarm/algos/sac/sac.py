@@ -23,6 +23,7 @@ import torch
 
 from rlfarm.algos.base import networks_state, restore_networks
 from rlfarm.algos.offpolicy import OffPolicy, critic_batch, twin_critic_step
+from rlfarm.algos.sac.acting import HEAD
 from rlfarm.algos.sac.policies import SquashedGaussianPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.replay import Batch
@@ -53,7 +54,7 @@ def frozen(params: list[torch.Tensor]) -> Iterator[None]:
 
 class SAC(OffPolicy):
     name = "sac"
-    head = "actor"  # the mean's MLP of a saved policy (rlfarm.algos.saved)
+    head = HEAD  # the output MLP of a saved policy (its acting module's)
     loss_keys = (
         "losses/qf1_values",
         "losses/qf2_values",

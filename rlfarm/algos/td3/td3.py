@@ -27,6 +27,7 @@ import torch
 
 from rlfarm.algos.base import networks_state, restore_networks
 from rlfarm.algos.offpolicy import OffPolicy, critic_batch, twin_critic_step
+from rlfarm.algos.td3.acting import HEAD
 from rlfarm.algos.td3.policies import DeterministicPolicy
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.replay import Batch
@@ -50,7 +51,7 @@ _ACTOR_KEYS = ("losses/actor_loss",)
 
 class TD3(OffPolicy):
     name = "td3"
-    head = "actor"  # the actor's MLP of a saved policy (rlfarm.algos.saved)
+    head = HEAD  # the output MLP of a saved policy (its acting module's)
     loss_keys = (
         "losses/qf1_values",
         "losses/qf2_values",

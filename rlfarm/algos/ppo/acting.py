@@ -1,0 +1,90 @@
+"""PPO's actors without torch (PURE: numpy): sampling from the policy's categorical or diagonal-Gaussian
+distribution, and the numpy actor of an MLP `ActorCritic` (rlfarm.algos.ppo.policies), built from its
+saved tensors alone, so a worker acting it never imports torch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from rlfarm.config import PolicyConfig
+from rlfarm.envs import SpaceSpec
+from rlfarm.nn.acting import Actor, masked_sample, mlp_steps, normalizer, run_numpy_mlp, tensor
+
+HEAD = "actor"  # the output MLP of a saved policy: its sizes are read from it (rlfarm.algos.saved)
+
+
+class PolicyActor(Actor):
+    """Samples from the policy's distribution with a numpy generator; subclasses compute the outputs."""
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(logits or Gaussian means, state values) for a batch."""
+        raise NotImplementedError
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return self._outputs(obs)[1]
+
+    def act(
+        self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Actions (as stored: unclipped), their log-probabilities and state values, for a batch.
+        `mask`: the legal actions; the others get probability 0 (their logits -inf)."""
+        out, value = self._outputs(obs)
+        out = out.astype(np.float64)
+        if self.spec.discrete:
+            if mask is not None:
+                out = np.where(mask, out, -np.inf)
+            logp = out - out.max(-1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+            if deterministic:
+                action = logp.argmax(-1)
+            elif mask is None:
+                # Inverse-CDF sampling from the numpy generator.
+                cdf = np.exp(logp).cumsum(-1)
+                u = rng.random((len(cdf), 1)) * cdf[:, -1:]
+                action = np.minimum((cdf < u).sum(-1), self.spec.action_dim - 1)
+            else:
+                action = masked_sample(np.exp(logp), mask, rng)
+            logprob = logp[np.arange(len(action)), action].astype(np.float32)
+            return action.astype(np.int64), logprob, value
+        mean = out.astype(np.float32)
+        if deterministic:
+            action = mean
+        else:
+            action = (mean + self.std * rng.standard_normal(mean.shape)).astype(np.float32)
+        z = (action - mean) / self.std
+        logprob = (-0.5 * z * z - self.log_std - 0.5 * np.log(2 * np.pi)).sum(-1).astype(np.float32)
+        return action, logprob, value
+
+    def _gaussian(self, log_std: np.ndarray | None) -> None:
+        """A Gaussian policy's state-independent log-std (the saved `actor_logstd`)."""
+        if not self.spec.discrete:
+            self.log_std = np.asarray(log_std).reshape(-1).astype(np.float32)
+            self.std = np.exp(self.log_std)
+
+
+class NumpyActor(PolicyActor):
+    """Acts with numpy copies of an MLP ActorCritic's weights (several times faster than torch for one
+    small batch per env step): its `actor.*`, `critic.*`, `obs_norm.*` and `actor_logstd` tensors."""
+
+    def __init__(self, spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]):
+        self.spec = spec
+        hidden = list(config.hidden_sizes)
+        self.actor = mlp_steps(state, "actor", [spec.obs_dim, *hidden, spec.action_dim], config.activation)
+        self.critic = mlp_steps(state, "critic", [spec.obs_dim, *hidden, 1], config.activation)
+        self.normalize = normalizer(state, spec, config)
+        self._gaussian(None if spec.discrete else tensor(state, "actor_logstd", (1, spec.action_dim)))
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        if self.normalize is not None:
+            obs = self.normalize(obs)
+        return run_numpy_mlp(self.critic, obs)[:, 0]
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = self.normalize(obs) if self.normalize is not None else obs
+        return run_numpy_mlp(self.actor, x), run_numpy_mlp(self.critic, x)[:, 0]
+
+
+def numpy_actor(spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]) -> NumpyActor:
+    return NumpyActor(spec, config, state)
