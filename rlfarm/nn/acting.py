@@ -49,6 +49,23 @@ class Actor:
         return other
 
 
+class BoundedActor(Actor):
+    """What an actor of continuous actions in a Box's bounds shares (SAC's and TD3's): the bounds, the
+    unit-to-env scale and bias, the `random` option (heatup: uniform in the bounds), and values of 0
+    (their critics are the learner's alone)."""
+
+    random: bool = False
+
+    def _bounds(self, spec: SpaceSpec) -> None:
+        self.spec = spec
+        self.low = np.asarray(spec.action_low, np.float32)
+        self.high = np.asarray(spec.action_high, np.float32)
+        self.scale, self.bias = action_scale_bias(spec)
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return np.zeros(len(obs), np.float32)
+
+
 class StateMismatch(ValueError):
     """Saved tensors that are not the network an actor is built for (names or shapes)."""
 

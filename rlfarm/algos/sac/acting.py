@@ -11,7 +11,7 @@ import numpy as np
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.acting import Actor, action_scale_bias, linear_step, mlp_steps, normalizer, run_numpy_mlp
+from rlfarm.nn.acting import BoundedActor, linear_step, mlp_steps, normalizer, run_numpy_mlp
 
 # The Gaussian's log-std is squashed into this range by a tanh (as CleanRL does): smooth, where a clamp
 # would cut the gradient off at the edges.
@@ -32,7 +32,7 @@ def np_tanh_log_det(u: np.ndarray) -> np.ndarray:
 HEAD = "actor"  # the output MLP of a saved policy: its sizes are read from it (rlfarm.algos.saved)
 
 
-class SACActor(Actor):
+class SACActor(BoundedActor):
     """Acts with SAC's squashed Gaussian from a numpy generator: a = bias + scale * tanh(u),
     u ~ N(mean, std); greedy: bias + scale * tanh(mean). With the acting option `random` (heatup) it
     acts uniformly in the bounds without the network. Actions come back float32 and clipped to the
@@ -40,13 +40,6 @@ class SACActor(Actor):
     Log-probabilities are of the unit action (see SquashedGaussianPolicy); values are 0 (SAC's
     critics are the learner's alone)."""
 
-    random: bool = False
-
-    def _bounds(self, spec: SpaceSpec) -> None:
-        self.spec = spec
-        self.low = np.asarray(spec.action_low, np.float32)
-        self.high = np.asarray(spec.action_high, np.float32)
-        self.scale, self.bias = action_scale_bias(spec)
 
     def gaussian(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The mean and log-std of u for a batch (float64)."""
@@ -56,9 +49,6 @@ class SACActor(Actor):
         """The same weights acting uniformly at random (heatup) or from the policy (no copy of the weights)."""
         super().with_options(**options)
         return self if random is None else self._with(random=bool(random))
-
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        return np.zeros(len(obs), np.float32)
 
     def act(
         self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False

@@ -11,12 +11,12 @@ import numpy as np
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.acting import Actor, action_scale_bias, mlp_steps, normalizer, run_numpy_mlp
+from rlfarm.nn.acting import BoundedActor, mlp_steps, normalizer, run_numpy_mlp
 
 HEAD = "actor"  # the output MLP of a saved policy: its sizes are read from it (rlfarm.algos.saved)
 
 
-class TD3Actor(Actor):
+class TD3Actor(BoundedActor):
     """Acts with TD3's deterministic policy: greedy, the env action bias + scale * mu(s); exploring
     (acting option `noise`, the std in unit scale), bias + scale * (mu(s) + N(0, noise)), clipped to
     the bounds; with the acting option `random` (heatup), uniformly in the bounds without the network.
@@ -25,14 +25,7 @@ class TD3Actor(Actor):
     Log-probabilities and values are 0: a deterministic policy has no density, and off-policy learning
     reads neither (the critics are the learner's alone)."""
 
-    random: bool = False
     noise: float = 0.0
-
-    def _bounds(self, spec: SpaceSpec) -> None:
-        self.spec = spec
-        self.low = np.asarray(spec.action_low, np.float32)
-        self.high = np.asarray(spec.action_high, np.float32)
-        self.scale, self.bias = action_scale_bias(spec)
 
     def unit_actions(self, obs: np.ndarray) -> np.ndarray:
         """mu(s) in [-1, 1] for a batch (float64)."""
@@ -50,9 +43,6 @@ class TD3Actor(Actor):
                 raise ValueError(f"exploration noise must be a finite std, 0 or more, got {noise!r}")
             changes["noise"] = float(noise)
         return self._with(**changes) if changes else self
-
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        return np.zeros(len(obs), np.float32)
 
     def act(
         self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False
