@@ -5,6 +5,13 @@ CartPole MLP. Synthetic batches of the shapes a real result has; no farm.
     python benchmarks/learner.py                       # every preset below, on cpu (and cuda if present)
     python benchmarks/learner.py --device cuda --batches 20
     python benchmarks/learner.py --threads 1 --profile # torch.profiler's table of one pong update
+    python benchmarks/learner.py --device cuda --precision fp32 bf16 --peak --cases pong
+
+`--precision`: each case with `ppo.precision` fp32 and/or bf16 (the layers under bf16 autocast).
+`--peak`: also the device's attainable matmul rate in the case's precision (a large square matmul,
+median of rounds) and the learner's FLOP rate as a fraction of it, the FLOPs counted from the
+network's layers (forward: 2 x multiply-adds; backward: twice the forward, less the first layer's
+input gradient).
 
 samples/s = samples in the batch x update epochs / seconds per update: the rate at which the learner
 consumes env steps is batch / seconds; divide the farm's env steps/s by it to see whether one learner
@@ -20,6 +27,8 @@ import time
 import numpy as np
 
 CASES = {  # name: (preset, mode, overrides)
+    "pong-sync (PPO as shipped, 4 epochs of 8x128)": ("pong", "sync", []),
+    "pong-appo (APPO as shipped)": ("pong-appo", "async", []),
     "pong as shipped (APPO, one pass, 8x128)": ("pong", "async", []),
     # V-trace's targets by a forward over the batch first, then one epoch: the cost of the two-pass
     # path (the ablation without V-trace takes it too, with the same forwards).
@@ -52,6 +61,62 @@ def synthetic_rollout(spec, steps: int, envs: int, rng: np.random.Generator):
     )
 
 
+def matmul_rate(device_name: str, precision: str, size: int = 4096, rounds: int = 5) -> float:
+    """Attainable FLOP/s of a size x size matmul on the device in fp32 or bf16 (median of rounds)."""
+    import torch
+
+    device = torch.device(device_name)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    size = size if device.type == "cuda" else 1024
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    rates = []
+    for i in range(rounds + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first round warms up
+            rates.append(10 * 2 * size**3 / (time.perf_counter() - t))
+    return float(np.median(rates))
+
+
+def flops_per_sample(preset: str, mode: str, overrides: list[str]) -> float:
+    """FLOPs one sample costs the learner per epoch: forward + backward of the network's layers."""
+    import torch
+    from torch import nn
+
+    from rlfarm import config as C
+    from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.envs import SpaceSpec, describe
+
+    cfg = C.build(preset, [f"mode={mode}", *overrides])
+    try:
+        spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
+    except Exception:  # the atari extra missing: the shapes are known
+        spec = SpaceSpec(4 * 84 * 84, True, 6, obs_shape=(4, 84, 84), obs_dtype="uint8")
+    network = ActorCritic(spec, cfg.policy)
+    counted: list[float] = []
+
+    def hook(module, inputs, output):
+        if isinstance(module, nn.Conv2d):
+            k = module.kernel_size[0] * module.kernel_size[1] * module.in_channels // module.groups
+            counted.append(2.0 * output[0].numel() * k)
+        else:
+            counted.append(2.0 * module.in_features * module.out_features)
+
+    handles = [m.register_forward_hook(hook) for m in network.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    dtype = torch.uint8 if spec.obs_dtype == "uint8" else torch.float32
+    with torch.no_grad():
+        network.evaluate(torch.zeros((1, *spec.obs_shape), dtype=dtype), torch.zeros(1, dtype=torch.long))
+    for h in handles:
+        h.remove()
+    return 3 * sum(counted) - counted[0]
+
+
 def bench(preset: str, mode: str, overrides: list[str], device_name: str, batches: int) -> tuple[int, float, float]:
     """(samples per update, seconds per update (median), samples/s including the epochs)."""
     import torch
@@ -67,9 +132,13 @@ def bench(preset: str, mode: str, overrides: list[str], device_name: str, batche
         spec = SpaceSpec(4 * 84 * 84, True, 6, obs_shape=(4, 84, 84), obs_dtype="uint8")
     device = torch.device(device_name)
     algorithm = learner(cfg.algo, cfg.mode)(cfg, spec, device)
-    results = max(1, cfg.async_.results_per_update) if mode == "async" else cfg.farm.num_tasks
     rng = np.random.default_rng(0)
-    rollouts = [synthetic_rollout(spec, cfg.farm.steps_per_env, cfg.env.num_envs, rng) for _ in range(results)]
+    if mode == "async":  # APPO takes results_per_update results per update
+        results = max(1, cfg.async_.results_per_update)
+        rollouts = [synthetic_rollout(spec, cfg.farm.steps_per_env, cfg.env.num_envs, rng) for _ in range(results)]
+    else:  # the SYNC trainer hands PPO its whole group joined into one rollout
+        results = cfg.farm.num_tasks
+        rollouts = [synthetic_rollout(spec, cfg.farm.steps_per_env, cfg.env.num_envs * results, rng)]
     samples = results * cfg.farm.steps_per_env * cfg.env.num_envs
     times = []
     for i in range(batches + 1):  # the first is a warm-up (allocations, cuDNN autotuning)
@@ -120,20 +189,40 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=5, help="updates timed per case (median)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads on CPU")
     parser.add_argument("--profile", action="store_true", help="profile one update of the pong preset instead")
+    parser.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16"], help="ppo.precision")
+    parser.add_argument("--peak", action="store_true", help="the learner's FLOP rate against the device's matmul rate")
+    parser.add_argument("--cases", nargs="+", default=[], help="only the cases whose name starts with one of these")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.profile:
         profile("pong", "async", [])
         return
     print(f"cores: {os.cpu_count()}, torch threads: {args.threads}, torch {torch.__version__}")
-    print(f"{'case':<50} {'device':>6} {'batch':>6} {'s/update':>9} {'env steps/s':>12} {'samples/s':>10}")
-    for name, (preset, mode, overrides) in CASES.items():
+    for device in args.device:
+        if torch.device(device).type == "cuda":
+            print(f"cuda: {torch.cuda.get_device_name(device)}")
+    peaks = {}
+    if args.peak:
         for device in args.device:
-            samples, seconds, rate = bench(preset, mode, overrides, device, args.batches)
-            print(
-                f"{name:<50} {device:>6} {samples:>6} {seconds:>9.3f} {samples / seconds:>12.0f} {rate:>10.0f}",
-                flush=True,
-            )
+            for precision in args.precision:
+                peaks[device, precision] = matmul_rate(device, precision)
+                print(f"attainable matmul on {device}, {precision}: {peaks[device, precision] / 1e9:.0f} GFLOP/s")
+    header = (
+        f"{'case':<50} {'device':>6} {'prec':>5} {'batch':>6} {'s/update':>9} {'env steps/s':>12} {'samples/s':>10}"
+    )
+    print(header + (f" {'of peak':>8}" if args.peak else ""))
+    for name, (preset, mode, overrides) in CASES.items():
+        if args.cases and not any(name.startswith(c) for c in args.cases):
+            continue
+        for device in args.device:
+            for precision in args.precision:
+                settings = [*overrides, f"ppo.precision={precision}"]
+                samples, seconds, rate = bench(preset, mode, settings, device, args.batches)
+                line = f"{name:<50} {device:>6} {precision:>5} {samples:>6} {seconds:>9.3f}"
+                line += f" {samples / seconds:>12.0f} {rate:>10.0f}"
+                if args.peak:
+                    line += f" {rate * flops_per_sample(preset, mode, settings) / peaks[device, precision]:>8.3f}"
+                print(line, flush=True)
     print("env steps/s: the rate at which the learner consumes results; samples/s counts every epoch")
 
 

@@ -192,19 +192,32 @@ def rlfarm_sps(preset: str, seconds: float, warmup: float, extra: list[str]) -> 
         return sps, last
 
 
-def sb3_sps(seconds: float, warmup: float) -> float:
-    """Env steps/s of SB3 PPO (zoo Atari settings) over `seconds` after `warmup` seconds of learning."""
+def learner_busy(row: dict) -> float:
+    """The fraction of the wall time the learner computed: ASYNC logs it (farm/learner_busy); a SYNC
+    iteration is its collect, then its update."""
+    if row.get("farm/learner_busy"):
+        return float(row["farm/learner_busy"])
+    update, collect = float(row.get("farm/update_seconds") or 0), float(row.get("farm/collect_seconds") or 0)
+    return update / (update + collect) if update + collect > 0 else float("nan")
+
+
+def sb3_sps(seconds: float, warmup: float, n_envs: int = 8, subproc: bool = False, device: str = "cpu") -> float:
+    """Env steps/s of SB3 PPO (zoo Atari settings) over `seconds` after `warmup` seconds of learning:
+    `n_envs` envs in one process (DummyVecEnv) or one process each (`subproc`: SubprocVecEnv), the
+    learner on `device`."""
     import ale_py
     import gymnasium as gym
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
-    from stable_baselines3.common.vec_env import VecFrameStack
+    from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack
 
     gym.register_envs(ale_py)
     torch.set_num_threads(os.cpu_count() or 1)
-    env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=8, seed=0), n_stack=4)
+    # fork: the subprocesses inherit ale_py's registration of the ALE ids (forkserver and spawn do not).
+    vec = {"vec_env_cls": SubprocVecEnv, "vec_env_kwargs": {"start_method": "fork"}} if subproc else {}
+    env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=n_envs, seed=0, **vec), n_stack=4)
 
     def linear(start: float):
         return lambda remaining: remaining * start
@@ -233,7 +246,7 @@ def sb3_sps(seconds: float, warmup: float) -> float:
         ent_coef=0.01,
         verbose=0,
         seed=0,
-        device="cpu",
+        device=device,
     )
     model.learn(total_timesteps=10**8, callback=Clock())
     window = [m for m in marks if m[0] >= warmup]
@@ -264,6 +277,10 @@ def main() -> None:
         help="a config override for the rlfarm run (e.g. ppo.update_epochs=2)",
     )
     parser.add_argument("--workers", type=int, help="rlfarm's local worker processes (default: the preset's choice)")
+    parser.add_argument("--device", default="cpu", help="both learners' device (rlfarm's trainer: --device)")
+    parser.add_argument("--sb3-envs", type=int, default=8, help="SB3's envs (the zoo's: 8)")
+    parser.add_argument("--sb3-subproc", action="store_true", help="SB3's envs in subprocesses (SubprocVecEnv)")
+    parser.add_argument("--skip-alone", action="store_true", help="skip the learner and actor measured alone")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
 
@@ -277,28 +294,21 @@ def main() -> None:
         measured[preset] = measure_preset(preset, args, cores, peak1, peakn)
     if not args.skip_sb3:
         cfg, spec, fwd, first = pong_setup("pong")  # SB3 runs the zoo's settings: the pong preset's network
-        sb3 = sb3_sps(args.seconds, args.warmup)
+        sb3 = sb3_sps(args.seconds, args.warmup, args.sb3_envs, args.sb3_subproc, args.device)
         sb3_flops = sb3 * (fwd + 4 * (3 * fwd - first)) / 1e9  # acting (actions and values in one forward), 4 epochs
         print(
-            f"SB3 PPO (zoo Atari settings, 1 process, {cores} threads): {sb3:.0f} env steps/s, "
+            f"SB3 PPO (zoo Atari settings, {args.sb3_envs} envs{' in subprocesses' if args.sb3_subproc else ''}, "
+            f"learner on {args.device}, {cores} threads): {sb3:.0f} env steps/s, "
             f"{sb3_flops:.1f} GFLOP/s = {sb3_flops / peakn:.2f} of attainable"
         )
         for preset, sps in measured.items():
             print(f"rlfarm --preset {preset} / SB3: {sps / sb3:.2f}x")
 
 
-def measure_preset(preset: str, args, cores: int, peak1: float, peakn: float) -> float:
-    """The preset's learner and actor alone, then its training's env steps/s; returns that."""
-    cfg, spec, fwd, first = pong_setup(preset)
-    from rlfarm.config import local_workers, trainer_threads
-
-    threads = trainer_threads(cfg, spec.is_image, local_workers(cfg), cores)
-    epochs = cfg.ppo.update_epochs
-    fwd_bwd = 3 * fwd - first  # backward = 2 x forward, less the first layer's input gradient
-    # SYNC PPO's values come with the rollout; APPO with one epoch learns in one pass (V-trace's
-    # targets from the loss's own forward); with more, a forward over the batch gives the targets first.
-    # APPO's circular buffer learns each batch batch_passes times.
-    learned_per_step = (epochs * fwd_bwd + (0 if cfg.mode == "sync" or epochs == 1 else fwd)) * cfg.ppo.batch_passes
+def measure_alone(
+    preset: str, cfg, spec, fwd: float, fwd_bwd: float, learned_per_step: float, threads: int, peak1: float
+):
+    """The preset's learner (on the CPU, the trainer's threads) and actor (one thread) alone."""
     per_update = cfg.farm.num_tasks if cfg.mode == "sync" else max(1, cfg.async_.results_per_update or 1)
     batch = cfg.farm.steps_per_env * cfg.env.num_envs * per_update
     update = learner_update_seconds(cfg, spec, threads)
@@ -321,11 +331,29 @@ def measure_preset(preset: str, args, cores: int, peak1: float, peakn: float) ->
         flush=True,
     )
 
+
+def measure_preset(preset: str, args, cores: int, peak1: float, peakn: float) -> float:
+    """The preset's learner and actor alone, then its training's env steps/s; returns that."""
+    cfg, spec, fwd, first = pong_setup(preset)
+    from rlfarm.config import local_workers, trainer_threads
+
+    threads = trainer_threads(cfg, spec.is_image, local_workers(cfg), cores)
+    epochs = cfg.ppo.update_epochs
+    fwd_bwd = 3 * fwd - first  # backward = 2 x forward, less the first layer's input gradient
+    # SYNC PPO's values come with the rollout; APPO with one epoch learns in one pass (V-trace's
+    # targets from the loss's own forward); with more, a forward over the batch gives the targets first.
+    # APPO's circular buffer learns each batch batch_passes times.
+    learned_per_step = (epochs * fwd_bwd + (0 if cfg.mode == "sync" or epochs == 1 else fwd)) * cfg.ppo.batch_passes
+    if not args.skip_alone:
+        measure_alone(preset, cfg, spec, fwd, fwd_bwd, learned_per_step, threads, peak1)
+
     extra = [f"--set={o}" for o in args.overrides] + ([f"--workers={args.workers}"] if args.workers else [])
+    extra.append(f"--device={args.device}")
     sps, last = rlfarm_sps(preset, args.seconds, args.warmup, extra)
     print(
         f"rlfarm train --preset {preset} {' '.join(extra)}: {sps:.0f} env steps/s "
-        f"(slots waiting {float(last.get('farm/slots_waiting') or 0):.2f}, policy lag "
+        f"(slots waiting {float(last.get('farm/slots_waiting') or 0):.2f}, learner busy "
+        f"{learner_busy(last):.2f}, policy lag "
         f"{float(last.get('farm/policy_lag') or 0):.1f})",
         flush=True,
     )

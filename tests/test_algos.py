@@ -54,7 +54,7 @@ def env_for(algo: str, kind: str) -> str:
         return BOX_ENVS[kind]
 
 
-def make(algo: str, env: str, seed: int = 0, mode: str | None = None):
+def make(algo: str, env: str, seed: int = 0, mode: str | None = None, extra: tuple[str, ...] = ()):
     mode = mode or next(iter(C.ALGORITHMS[algo].modes))
     cfg = C.build(
         None,
@@ -66,6 +66,7 @@ def make(algo: str, env: str, seed: int = 0, mode: str | None = None):
             "farm.num_tasks=1",
             "farm.steps_per_env=64",
             *overrides(algo),
+            *extra,
         ],
         seed=seed,
     )
@@ -254,3 +255,39 @@ def test_appos_circular_buffer_learns_each_batch_its_passes_round_robin_and_resu
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(C.ConfigError, match="ASYNC"):
         C.build(None, ["algo=ppo", "mode=sync", "ppo.batch_passes=2"])
+
+
+@pytest.mark.parametrize("mode", list(C.ALGORITHMS["ppo"].modes))
+@pytest.mark.parametrize("kind", ["vector", "image"])
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_bf16_update_follows_the_fp32_update_on_a_fixed_batch(mode, kind, seed):
+    """ppo.precision = "bf16" (the network's layers under bf16 autocast, the loss in float32): on the
+    same batch and weights, the forward's log-probabilities and values are fp32's to bf16's precision,
+    and the update moves the weights (kept float32) the way fp32's does."""
+    env = ENVS[kind]
+    fp32, spec = make("ppo", env, seed, mode)
+    bf16, _ = make("ppo", env, seed, mode, extra=("ppo.precision=bf16",))
+    start = params(fp32)
+    assert all(torch.equal(start[k], v) for k, v in params(bf16).items())
+    batch = rollout_for(fp32, env, seed)
+    obs = torch.as_tensor(batch.obs.reshape(-1, *batch.obs.shape[2:]))
+    actions = torch.as_tensor(batch.actions.reshape(-1))
+    with torch.no_grad():
+        want = fp32.policy.evaluate(obs, actions)
+        got = bf16.policy.evaluate(obs, actions, autocast=torch.bfloat16)
+    for x, y in zip(got, want):
+        assert x.dtype == torch.float32
+        torch.testing.assert_close(x, y, rtol=0.02, atol=0.02)
+    assert not torch.equal(got[2], want[2]), "the values were not computed in bf16"
+    steps = {}
+    for name, algorithm in (("fp32", fp32), ("bf16", bf16)):
+        metrics = train_once(algorithm, batch)
+        assert all(math.isfinite(v) for k, v in metrics.items() if k != "losses/explained_variance")
+        after = params(algorithm)
+        assert all(v.dtype == start[k].dtype for k, v in after.items())
+        steps[name] = torch.cat(
+            [(after[k] - start[k]).flatten().double() for k in start if start[k].is_floating_point()]
+        )
+    cosine = torch.nn.functional.cosine_similarity(steps["fp32"], steps["bf16"], dim=0)
+    assert cosine > 0.9, cosine
+    assert 0.8 < steps["bf16"].norm() / steps["fp32"].norm() < 1.25

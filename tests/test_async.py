@@ -183,7 +183,8 @@ def test_redis_memory_stays_bounded_in_a_1_minute_async_run(tmp_path):
 def test_a_slow_learner_applies_back_pressure_and_says_how_long_the_farm_waited(farm, tmp_path):
     """APPO with a deliberately slow update (many epochs): results keep being taken in between its
     minibatches, but never more than a bounded backlog; finished tasks wait for replacement, and the
-    fraction of slot time they waited is logged, in summary.json, and in the trainer's heartbeat."""
+    fraction of slot time they waited is logged, in summary.json, and in the trainer's heartbeat, with
+    the fraction of the time the learner computed."""
     run_id = "slow-learner"
     result = run_cli(
         "train",
@@ -215,6 +216,8 @@ def test_a_slow_learner_applies_back_pressure_and_says_how_long_the_farm_waited(
     assert max(int(r["farm/backlog"]) for r in rows) <= 4  # bounded: max_backlog = tasks in flight
     waiting = [float(r["farm/slots_waiting"]) for r in rows]
     assert all(0.0 <= w <= 1.0 for w in waiting) and max(waiting) > 0.0
+    busy = [float(r["farm/learner_busy"]) for r in rows]  # and the learner was what they waited for
+    assert all(0.0 <= b <= 1.0 for b in busy) and max(busy) > 0.3, busy
     summary = read_summary(tmp_path / run_id)
     assert 0.0 < summary["slots_waiting"] <= 1.0
     assert summary["env_steps"] >= 8192

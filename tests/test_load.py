@@ -17,7 +17,7 @@ import torch
 
 import rlfarm
 from rlfarm import config as C
-from rlfarm.algos import learner
+from rlfarm.algos import network_for
 from rlfarm.algos.saved import describe_policy
 from rlfarm.core import codec
 from rlfarm.envs import describe, make_env
@@ -33,7 +33,7 @@ def save_fresh(
     cfg = C.build(preset, list(sets), **({"env.id": env_id} if env_id else {}))
     spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
     torch.manual_seed(1)
-    network = learner(cfg.algo).build_network(spec, cfg.policy)
+    network = network_for(cfg.algo, spec, cfg.policy)  # a group of networks for several policies
     meta = {
         "version": "3",
         "algo": cfg.algo,

@@ -230,3 +230,21 @@ def test_two_policies_train_through_the_farm_and_a_frozen_one_acts_as_its_file(f
             f"ppo-mpe2-simple_adversary_v3-policy{summary['best_version']}-episode-{k}.mp4" for k in (0, 1)
         ]
         assert all(p.stat().st_size > 1000 for p in videos.glob("*.mp4"))
+
+
+@needs_mpe2
+@pytest.mark.process
+@pytest.mark.parametrize("preset", ["tag-ppo", "connect-four-ppo"])
+def test_eval_render_shows_a_game_of_several_agents_or_a_turn_based_one(tmp_path, preset):
+    """`rlfarm eval --render` plays a game of several policies (two teams) or a turn-based game in a
+    window; SDL's dummy video driver, asked for by name, stands in for a display here."""
+    from tests.conftest import run_cli
+    from tests.test_load import save_fresh
+
+    path = tmp_path / "best_policy.safetensors"
+    save_fresh(path, preset)
+    result = run_cli(
+        "eval", "--policy", str(path), "--render", "--episodes", "1", env={"SDL_VIDEODRIVER": "dummy", "DISPLAY": ""}
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "mean return" in result.stdout and "over 1 greedy episodes" in result.stdout

@@ -176,11 +176,6 @@ def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str |
         env = make_env(env_id, trusted=typed, render_mode=render_mode, options=policy.env_options)
     except EnvError as exc:
         raise PlaybackError(str(exc)) from None
-    if render_mode == "human" and getattr(env, "num_envs", None) is not None:  # a multi-agent game
-        env.close()
-        raise PlaybackError(
-            f"env {env_id} is a multi-agent env: --render does not show those yet; record with --video DIR"
-        )
     if render_mode and getattr(env, "render_mode", None) != render_mode:
         modes = ", ".join(env.metadata.get("render_modes", [])) or "none"
         raise PlaybackError(f"env {env_id} cannot render in mode {render_mode!r} (its render modes: {modes})")

@@ -70,6 +70,9 @@ class AsyncTrainer(Trainer):
         self._losses = dict.fromkeys(self.algo.loss_keys, math.nan)
         self._last_log = 0.0
         self._interval_start = time.perf_counter()
+        # Seconds of the log interval the learner computed (its updates, less the receiving done from
+        # inside them), for farm/learner_busy: with slots_waiting, who waits for whom.
+        self._learn_time = self._pump_time = 0.0
 
     @property
     def progress(self) -> float:
@@ -132,6 +135,7 @@ class AsyncTrainer(Trainer):
         if now - self._last_pump >= self.PUMP_SECONDS:
             self._last_pump = now
             self.receive(timeout=0)
+            self._pump_time += time.perf_counter() - now
 
     def train_loop(self) -> None:
         cfg = self.config
@@ -188,7 +192,9 @@ class AsyncTrainer(Trainer):
         self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths, message.version)
         self.algo.observe(rollout, policy_lag=lag)
         while self.algo.ready():
+            started, pumped = time.perf_counter(), self._pump_time
             self._losses = self.algo.update(self.progress, between=self.pump)
+            self._learn_time += time.perf_counter() - started - (self._pump_time - pumped)
             self.updates += 1
             if self.updates % self.algo.publish_every == 0:
                 self.version += 1
@@ -202,6 +208,11 @@ class AsyncTrainer(Trainer):
         the trainer (a task finished, its replacement not yet sent)."""
         elapsed = time.perf_counter() - self._interval_start
         return min(1.0, self._slot_wait / (self.tasks_in_flight * elapsed)) if elapsed > 0 else 0.0
+
+    def learner_busy(self) -> float:
+        """The fraction of the last log interval the learner spent computing updates."""
+        elapsed = time.perf_counter() - self._interval_start
+        return min(1.0, self._learn_time / elapsed) if elapsed > 0 else 0.0
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors, state = super().checkpoint_state()
@@ -245,12 +256,14 @@ class AsyncTrainer(Trainer):
                 "farm/policy_lag_max": int(lags.max()),
                 "farm/policy_lag_end": float(np.mean(self._end_lags or [0])),
                 "farm/results_dropped_stale": self.dropped_stale,
+                "farm/learner_busy": self.learner_busy(),
                 **farm,
                 "eval/mean_return": self.eval_mean_return,
                 **self._losses,
             }
         )
         self._slot_wait, self._interval_start = 0.0, time.perf_counter()
+        self._learn_time = self._pump_time = 0.0
         if self._lags:
             self.logger.histogram("farm/policy_lag_distribution", lags, self.env_steps)
         self._lags, self._end_lags = [], []

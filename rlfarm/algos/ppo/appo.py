@@ -235,6 +235,7 @@ class APPO(PPO):
                 pixel_layout(to_device(obs, dev), self.spec),
                 to_device(actions, dev),
                 None if mask is None else to_device(mask, dev),
+                self.autocast,
             )
             newlogprob, entropy, newvalue = logprob[:steps], entropy[:steps], value[:steps]
             if boot is None:
@@ -320,7 +321,7 @@ class APPO(PPO):
         obs = self._observations(rollout)
         act = rollout.actions
         actions = to_device(act.reshape(T * N, *act.shape[2:]), self.device)
-        logprobs, _, values = self.policy.evaluate(obs, actions, self._action_masks(rollout))
+        logprobs, _, values = self.policy.evaluate(obs, actions, self._action_masks(rollout), self.autocast)
         if rollout.last_obs is None:  # a result from a worker that does not send it
             last_values = rollout.last_values
         else:

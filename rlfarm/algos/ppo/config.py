@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 # ppo.vf_loss: the value loss's factor on mean((V - R)^2), by name (rlfarm.algos.ppo.ppo reads it).
 VF_LOSSES = {"half_mse": 0.5, "mse": 1.0}
+PRECISIONS = ("fp32", "bf16")  # ppo.precision
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ class PPOConfig(AlgoSection):
     # circular_buffer_iterations_per_batch, with which its APPO solves Pong). 1 and 1: each batch once.
     buffer_batches: int = 1
     batch_passes: int = 1
+    # The learner's forward passes: "fp32", or "bf16" under torch.autocast (matmuls and convolutions
+    # in bfloat16, the loss in float32; no loss scaling needed, unlike fp16). For CUDA cards with bf16
+    # tensor cores (benchmarks/learner.py --precision); it works on CPUs too, mostly slower there.
+    precision: str = "fp32"
 
     def check(self, run: RunConfig) -> None:
         at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches", "ppo.buffer_batches", "ppo.batch_passes")
@@ -96,6 +101,8 @@ class PPOConfig(AlgoSection):
                 f"ppo.vf_loss must be half_mse (CleanRL: 0.5 * mean((V - R)^2)) or mse "
                 f"(Stable-Baselines3: mean((V - R)^2)), got {self.vf_loss!r}"
             )
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"ppo.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.clip_to not in ("behaviour", "proximal"):
             raise ConfigError(f"ppo.clip_to must be behaviour or proximal, got {self.clip_to!r}")
 

@@ -68,11 +68,22 @@ class ActorCritic(nn.Module):
         return self._distribution(self.actor(self._features(obs)), mask)
 
     def evaluate(
-        self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        autocast: torch.dtype | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probability and entropy of `actions`, and the state value. `mask` (batch, action_dim)
-        bool: the legal actions, the only ones the distribution spreads over (None: all are)."""
-        out, value = self._heads(obs)
+        bool: the legal actions, the only ones the distribution spreads over (None: all are).
+        `autocast` (torch.bfloat16): the layers run under torch.autocast in that dtype, and their
+        outputs come back to float32 before the distribution, so log-probabilities keep their precision."""
+        if autocast is None:
+            out, value = self._heads(obs)
+        else:
+            with torch.autocast(obs.device.type, dtype=autocast):
+                out, value = self._heads(obs)
+            out, value = out.float(), value.float()
         dist = self._distribution(out, mask)
         if self.spec.discrete:
             logprob, entropy = dist.log_prob(actions.long()), dist.entropy()

@@ -91,6 +91,8 @@ class PPO(Algorithm):
         # The surrogate's clip range in force (ppo.anneal_clip), set with the learning rate by `_anneal`.
         self.clip_coef = self.config.clip_coef
         self.ent_coef = self.config.ent_coef  # likewise with ppo.anneal_ent
+        # ppo.precision: the dtype the network's layers run in under autocast (None: float32 throughout).
+        self.autocast = torch.bfloat16 if self.config.precision == "bf16" else None
         self._rollout: Rollout | None = None
 
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
@@ -180,13 +182,14 @@ class PPO(Algorithm):
         # apart. A remainder minibatch of its own could hold one sample, whose advantage's std is NaN
         # (a two-level run's upper policy went NaN so).
         starts = minibatch_starts(batch_size, cfg.num_minibatches)
-        clipfracs, approx_kl, stopped = [], torch.zeros(()), False
+        clipfracs: list[torch.Tensor] = []
+        approx_kl, stopped = torch.zeros(()), False
         for _epoch in range(cfg.update_epochs):
             order = torch.randperm(batch_size, generator=self.generator).to(dev)
             for start, end in zip(starts[:-1], starts[1:]):
                 mb = order[start:end]
                 mb_masks = None if b_masks is None else b_masks[mb]
-                newlogprob, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_actions[mb], mb_masks)
+                newlogprob, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_actions[mb], mb_masks, self.autocast)
                 pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
                     newlogprob, entropy, newvalue, b_logprobs[mb], b_values[mb], b_adv[mb], b_returns[mb], impala_loss
                 )
@@ -208,7 +211,7 @@ class PPO(Algorithm):
     def _metrics(
         self,
         last: tuple[torch.Tensor, ...],
-        clipfracs: list[float],
+        clipfracs: list[torch.Tensor],
         stopped: bool,
         y_pred: np.ndarray,
         y_true: np.ndarray,
@@ -225,7 +228,8 @@ class PPO(Algorithm):
             "losses/policy_loss": pg_loss.item(),
             "losses/entropy": entropy_loss.item(),
             "losses/approx_kl": approx_kl.item(),
-            "losses/clipfrac": float(np.mean(clipfracs)),
+            # One host sync for all minibatches' clip fractions, not one per minibatch.
+            "losses/clipfrac": float(torch.stack(clipfracs).double().mean()),
             "losses/explained_variance": explained_var,
             "losses/early_stopped": float(stopped),
         }
@@ -240,7 +244,7 @@ class PPO(Algorithm):
         advantages: torch.Tensor,
         returns: torch.Tensor,
         impala_loss: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One gradient step on a minibatch's loss: the clipped surrogate against `logprobs` (or, with
         `impala_loss`, the IMPALA policy gradient -log pi(a) * advantage), the value loss towards
         `returns` (clipped around `values` with clip_vloss; its factor by vf_loss) and the entropy
@@ -251,7 +255,7 @@ class PPO(Algorithm):
         ratio = logratio.exp()
         with torch.no_grad():
             approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
-            clipfrac = ((ratio - 1.0).abs() > clip).float().mean().item()
+            clipfrac = ((ratio - 1.0).abs() > clip).float().mean()  # a tensor: no host sync per minibatch
 
         if cfg.norm_adv and len(advantages) > 1:  # (one sample has no std: its advantage is used as it is)
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)

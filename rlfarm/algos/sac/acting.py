@@ -40,7 +40,6 @@ class SACActor(BoundedActor):
     Log-probabilities are of the unit action (see SquashedGaussianPolicy); values are 0 (SAC's
     critics are the learner's alone)."""
 
-
     def gaussian(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The mean and log-std of u for a batch (float64)."""
         raise NotImplementedError
