@@ -95,8 +95,9 @@ def _become_worker(command: list[str], env: dict[str, str], log_path: Path, pare
     """In the forked child: become `python -m celery ARGS...` and exit with its code; never returns."""
     code = 1
     try:
-        # Objects inherited from the parent are never collected here: the descriptors closed below
-        # are reused, and a socket or file finalized later would close a new one of the worker's.
+        # Objects inherited from the parent are never collected here by the cyclic collector; one
+        # finalized anyway (its last reference dropped, in this process or a pool process forked from
+        # it) closes the descriptor it owned, which is why those are not closed below but replaced.
         gc.freeze()
         os.setsid()
         if parent is not None:
@@ -108,12 +109,19 @@ def _become_worker(command: list[str], env: dict[str, str], log_path: Path, pare
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        null = os.open(os.devnull, os.O_RDONLY)
+        null = os.open(os.devnull, os.O_RDWR)
         log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # Linux only (can_fork)
+        # Every other inherited descriptor (the run directory's flock, the parent's pipes and sockets)
+        # becomes /dev/null rather than closed: its number stays taken, so none of the worker's own
+        # (its pool's pipes) gets it, and an inherited object that closes "its" descriptor later
+        # closes only that /dev/null (closed, the number was reused and a pool process's pipe closed
+        # under it: tests/test_forked.py). Linux only (can_fork).
+        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+            if fd > 2 and fd != null:
+                os.dup2(null, fd)
         from setproctitle import setproctitle
 
         setproctitle(" ".join(command))
