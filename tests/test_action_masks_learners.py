@@ -87,8 +87,8 @@ def spy_on_evaluate(policy, monkeypatch) -> list[dict[str, torch.Tensor]]:
     calls = []
     original = policy.evaluate
 
-    def evaluate(obs, actions, mask=None):
-        logprob, entropy, value = original(obs, actions, mask)
+    def evaluate(obs, actions, mask=None, autocast=None):
+        logprob, entropy, value = original(obs, actions, mask, autocast)
         with torch.no_grad():
             logits = policy._heads(obs)[0]
             legal = mask if mask is not None else torch.ones_like(logits, dtype=torch.bool)

@@ -125,7 +125,10 @@ def test_ppo_and_appo_learn_only_from_the_steps_an_agent_played(mode):
     assert rollout.active is not None and 0 < rollout.active.sum() < rollout.active.size
     seen = []
     evaluate = algorithm.policy.evaluate
-    algorithm.policy.evaluate = lambda obs, actions, mask=None: (seen.append(len(obs)), evaluate(obs, actions, mask))[1]
+    algorithm.policy.evaluate = lambda obs, actions, mask=None, autocast=None: (
+        seen.append(len(obs)),
+        evaluate(obs, actions, mask, autocast),
+    )[1]
     before = {k: v.clone() for k, v in algorithm.state().items()}
     metrics = train_once(algorithm, rollout)
     epochs = algorithm.config.update_epochs
