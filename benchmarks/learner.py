@@ -87,7 +87,6 @@ def matmul_rate(device_name: str, precision: str, size: int = 4096, rounds: int 
 def flops_per_sample(preset: str, mode: str, overrides: list[str]) -> float:
     """FLOPs one sample costs the learner per epoch: forward + backward of the network's layers."""
     import torch
-    from torch import nn
 
     from rlfarm import config as C
     from rlfarm.algos.ppo.policies import ActorCritic
@@ -98,23 +97,11 @@ def flops_per_sample(preset: str, mode: str, overrides: list[str]) -> float:
         spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
     except Exception:  # the atari extra missing: the shapes are known
         spec = SpaceSpec(4 * 84 * 84, True, 6, obs_shape=(4, 84, 84), obs_dtype="uint8")
-    network = ActorCritic(spec, cfg.policy)
-    counted: list[float] = []
+    from pong import layer_flops  # (benchmarks/ is on the path of a script run from it)
 
-    def hook(module, inputs, output):
-        if isinstance(module, nn.Conv2d):
-            k = module.kernel_size[0] * module.kernel_size[1] * module.in_channels // module.groups
-            counted.append(2.0 * output[0].numel() * k)
-        else:
-            counted.append(2.0 * module.in_features * module.out_features)
-
-    handles = [m.register_forward_hook(hook) for m in network.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     dtype = torch.uint8 if spec.obs_dtype == "uint8" else torch.float32
-    with torch.no_grad():
-        network.evaluate(torch.zeros((1, *spec.obs_shape), dtype=dtype), torch.zeros(1, dtype=torch.long))
-    for h in handles:
-        h.remove()
-    return 3 * sum(counted) - counted[0]
+    forward, first = layer_flops(ActorCritic(spec, cfg.policy), torch.zeros((1, *spec.obs_shape), dtype=dtype))
+    return 3 * forward - first
 
 
 def bench(preset: str, mode: str, overrides: list[str], device_name: str, batches: int) -> tuple[int, float, float]:

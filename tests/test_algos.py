@@ -17,7 +17,7 @@ from rlfarm import config as C
 from rlfarm.algos import learner, names
 from rlfarm.core.rollout import collect
 from rlfarm.envs import EnvError, describe, make_vector_env
-from rlfarm.nn.actors import Actor
+from rlfarm.nn.acting import Actor
 from rlfarm.nn.layers import NatureCNN, cnn_layers
 
 ENVS = {"vector": "CartPole-v1", "image": "tests.tiny_envs:image", "image-hwc": "tests.tiny_envs:image_hwc"}

@@ -17,7 +17,7 @@ from rlfarm.core.rollout import collect, run_episodes
 from rlfarm.envs import make_env, make_vector_env, space_spec
 from rlfarm.envs.opponents import connect_four_lookahead, random_legal, scripted
 from rlfarm.envs.turns import TurnVector
-from rlfarm.nn.actors import masked_sample
+from rlfarm.nn.acting import masked_sample
 
 HAS_CLASSIC = importlib.util.find_spec("pettingzoo") is not None
 NO_CLASSIC = 'needs pettingzoo (the multiagent extra: pip install -e ".[multiagent]")'

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from rlfarm.config import PolicyConfig, RunConfig
     from rlfarm.core.rollout import Rollout
     from rlfarm.envs import SpaceSpec
-    from rlfarm.nn.actors import Actor
+    from rlfarm.nn.acting import Actor
     from rlfarm.nn.adam import Adam
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from rlfarm.core.streams import EnvStream
     from rlfarm.envs import SpaceSpec
-    from rlfarm.nn.actors import Actor
+    from rlfarm.nn.acting import Actor
 
 
 @dataclass

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.acting import Actor, masked_sample, run_numpy_mlp  # noqa: F401  (re-exported: the torch side's callers)
 
 
 def numpy_state(network: nn.Module) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfarm.nn.acting import EPS, NumpyNormalizer
+from rlfarm.nn.acting import EPS
 
 
 def combine(mean: np.ndarray, var: np.ndarray, count: float, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -51,6 +51,3 @@ class ObsNormalizer(nn.Module):
         self.mean.copy_(torch.from_numpy(mean))
         self.var.copy_(torch.from_numpy(var))
         self.count.fill_(count)
-
-    def numpy(self) -> NumpyNormalizer:
-        return NumpyNormalizer(self.mean.cpu().numpy(), self.var.cpu().numpy(), self.clip)
