@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
 # The figures of a machine with a GPU and many cores, in one prepared run (about 8 minutes; --short:
-# about 3, for trying it out on any machine first). Each step writes its output under $OUT:
+# about 5 on 2 cores, for trying it out on any machine first). Each step writes its output under $OUT:
 #   learner.txt  the Pong PPO and APPO learners on the device, fp32 and bf16 (ppo.precision): samples/s
 #                and the fraction of the device's own matmul rate (benchmarks/learner.py --peak)
-#   pong.txt     `rlfarm train --preset pong --device DEVICE` with a local worker per core but two, then
-#                SB3 PPO with the zoo's Atari settings on 16 envs in subprocesses, learner on the same
-#                device, for the same seconds: env steps/s of each, their ratio, slots waiting and
-#                learner busy (benchmarks/pong.py)
+#   pong.txt     `rlfarm train --device DEVICE` with a local worker per core but two, for the presets
+#                pong-appo (ASYNC: every worker acts all the time) and pong (SYNC: a group is 2 tasks,
+#                so 2 workers act it whatever the farm's size), then SB3 PPO with the zoo's Atari
+#                settings on 16 envs in subprocesses, learner on the same device, for the same seconds:
+#                env steps/s of each, their ratios, slots waiting and learner busy (benchmarks/pong.py)
 #   acting.txt   acting Pong on 1, 2, 4, 8 and 14 processes: efficiency against N x one process
 #                (benchmarks/acting_scale.py)
-#   machine.txt  the card (nvidia-smi), the cores, torch's version
+#   machine.txt  the card (nvidia-smi), the cores and their topology (lscpu), torch's version
 #
 #   OUT=/tmp/gpu PYTHON=.venv/bin/python bash benchmarks/gpu_machine.sh [--short]
 #
 # Needs rlfarm installed with the atari and bench extras in $PYTHON's environment and redis-server on
-# the PATH. The device is cuda where torch sees one, else cpu.
-set -euo pipefail
+# the PATH. The device is cuda where torch sees one, else cpu. A step that fails is named at the end
+# and the script exits 1, but the steps after it still run: the machine's minutes are scarce.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 short=0
 [ "${1:-}" = "--short" ] && short=1
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-benchmarks/results/gpu-machine-$(date +%F)}
 mkdir -p "$OUT"
+failed=""
 export PYTHONUNBUFFERED=1
 device=$("$PYTHON" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
 cores=$(nproc)
@@ -29,29 +32,34 @@ workers=$((cores > 3 ? cores - 2 : 1))  # a core each for the trainer and Redis
 if [ "$short" = 1 ]; then  # APPO's learner alone: bf16 on a CPU without bf16 units takes long
   batches=1 cases="pong-appo" seconds=10 warmup=10 sb3_envs=2 processes="1 2" act_seconds=4 act_warmup=8
 else
-  batches=5 cases="pong-sync pong-appo" seconds=120 warmup=20 sb3_envs=16 processes="1 2 4 8 14"
-  act_seconds=10 act_warmup=12
+  batches=5 cases="pong-sync pong-appo" seconds=60 warmup=15 sb3_envs=16 processes="1 2 4 8 14"
+  act_seconds=8 act_warmup=10
 fi
 
 {
   date -u
   echo "cores: $cores, device: $device"
   "$PYTHON" -c "import torch; print('torch', torch.__version__)"
+  lscpu 2>/dev/null | grep -E "^(Model name|Socket|Core|Thread|CPU\(s\))" || true
   nvidia-smi 2>/dev/null || echo "(no nvidia-smi)"
 } >"$OUT/machine.txt"
 
-echo "== learner ($device)"
+echo "== learner ($device), at ${SECONDS} s"
 # shellcheck disable=SC2086  # the list of cases is meant to split
 "$PYTHON" benchmarks/learner.py --device "$device" --precision fp32 bf16 --peak --batches "$batches" \
-  --cases $cases 2>&1 | tee "$OUT/learner.txt"
+  --cases $cases 2>&1 | tee "$OUT/learner.txt" || failed+=" learner"
 
-echo "== training: rlfarm against SB3 ($device, $workers workers)"
-"$PYTHON" benchmarks/pong.py --preset pong --device "$device" --workers "$workers" --skip-alone \
-  --seconds "$seconds" --warmup "$warmup" --sb3-envs "$sb3_envs" --sb3-subproc 2>&1 | tee "$OUT/pong.txt"
+echo "== training: rlfarm against SB3 ($device, $workers workers), at ${SECONDS} s"
+"$PYTHON" benchmarks/pong.py --preset pong-appo --preset pong --device "$device" --workers "$workers" --skip-alone \
+  --seconds "$seconds" --warmup "$warmup" --sb3-envs "$sb3_envs" --sb3-subproc 2>&1 | tee "$OUT/pong.txt" || failed+=" pong"
 
-echo "== acting on N processes"
+echo "== acting on N processes, at ${SECONDS} s"
 # shellcheck disable=SC2086  # the list of process counts is meant to split
 "$PYTHON" benchmarks/acting_scale.py --processes $processes --seconds "$act_seconds" \
-  --warmup "$act_warmup" 2>&1 | tee "$OUT/acting.txt"
+  --warmup "$act_warmup" 2>&1 | tee "$OUT/acting.txt" || failed+=" acting"
 
-echo "figures in $OUT/"
+echo "figures in $OUT/ after ${SECONDS} s"
+if [ -n "$failed" ]; then
+  echo "failed:$failed"
+  exit 1
+fi
