@@ -284,15 +284,11 @@ def rlfarm_cmd(*args: str) -> list[str]:
 
 
 def run_cli(*args, env=None, cwd=None):
-    """`rlfarm ARGS` to completion, output captured, with WORKER_ENV (plus `env`) in its environment."""
-    return subprocess.run(
-        rlfarm_cmd(*args),
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, **WORKER_ENV, **(env or {})},
-        timeout=900,
-    )
+    """`rlfarm ARGS` to completion, output captured, with WORKER_ENV (plus `env`) in its environment:
+    a process of its own, forked from one that imported rlfarm and torch once (tests/cli_fork.py)."""
+    from .cli_fork import run
+
+    return run([str(a) for a in args], {**os.environ, **WORKER_ENV, **(env or {})}, cwd=cwd, timeout=900)
 
 
 def train_on(farm, logdir, run_id: str, *args: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,102 @@
+"""`rlfarm` commands for the tests, each a real process forked from one that imported rlfarm, torch,
+Celery and gymnasium once (multiprocessing's forkserver): the suite runs a few hundred commands, and
+each fresh interpreter spent about 3 CPU-s importing them, a fifth of the suite's CPU on 2 cores.
+
+The forked process is the command as `python cli.py ARGS` runs it: its own pid, environment, working
+directory and output files, `cli.py` run as `__main__`, the interpreter's exit status (SystemExit and
+uncaught exceptions alike) and its exit handlers. The forkserver has only imported modules when it
+forks: it is single-threaded and has run no torch op, so nothing a thread or a thread pool held
+reaches the child. Tests that signal a command, read its output as it runs, or start it in a session
+of its own run `rlfarm_cmd` in a fresh interpreter (subprocess.Popen)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = ROOT / "cli.py"
+
+_context = None
+
+
+def _forkserver():
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(["tests.cli_preload"])
+    return _context
+
+
+def _command(args: list[str], env: dict[str, str], cwd: str | None, out: str, err: str, nice: int) -> None:
+    """The forked process: `python cli.py ARGS` from here on, then the interpreter's exit."""
+    import atexit
+    import runpy
+    import sys
+    import traceback
+
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115
+    os.environ.clear()
+    os.environ.update(env)
+    if cwd is not None:
+        os.chdir(cwd)
+    if nice > os.getpriority(os.PRIO_PROCESS, 0):
+        os.setpriority(os.PRIO_PROCESS, 0, nice)  # as a subprocess of the (lowered) test process
+    sys.argv = [str(CLI), *args]
+    import setproctitle
+
+    setproctitle.setproctitle(" ".join([sys.executable, *sys.argv]))  # `ps` shows the command, not the forkserver
+    # As the interpreter starts: the script's folder, then PYTHONPATH's entries (a test may put a
+    # stub module first there), then the rest.
+    sys.path[0:0] = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    code = 0
+    try:
+        runpy.run_path(str(CLI), run_name="__main__")
+    except SystemExit as stop:
+        if stop.code is None:
+            code = 0
+        elif isinstance(stop.code, int):
+            code = stop.code
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def run(args: list[str], env: dict[str, str], cwd=None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python cli.py ARGS` to completion, output captured as text: subprocess.run's result."""
+    with tempfile.TemporaryDirectory(prefix="rlfarm-cli-") as tmp:
+        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        for path in (out, err):
+            Path(path).touch()
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        proc = _forkserver().Process(
+            target=_command, args=(list(args), dict(env), None if cwd is None else str(cwd), out, err, nice)
+        )
+        proc.start()
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired([str(CLI), *args], timeout, Path(out).read_text(), Path(err).read_text())
+        read = lambda path: Path(path).read_bytes().decode("utf-8", errors="replace")  # noqa: E731
+        return subprocess.CompletedProcess([str(CLI), *args], proc.exitcode, read(out), read(err))
