@@ -284,11 +284,17 @@ def rlfarm_cmd(*args: str) -> list[str]:
 
 
 def run_cli(*args, env=None, cwd=None):
-    """`rlfarm ARGS` to completion, output captured, with WORKER_ENV (plus `env`) in its environment:
-    a process of its own, forked from one that imported rlfarm and torch once (tests/cli_fork.py)."""
+    """`rlfarm ARGS` to completion, output captured, with WORKER_ENV (plus `env`) in its environment."""
+    return run_command(*args, env={**os.environ, **WORKER_ENV, **(env or {})}, cwd=cwd)
+
+
+def run_command(*args, env=None, cwd=None, timeout=900) -> subprocess.CompletedProcess:
+    """`rlfarm ARGS` to completion with exactly `env` (this process's environment where None), output
+    captured as text, as subprocess.run(rlfarm_cmd(ARGS), ...) would: a process of its own, forked from
+    one that imported rlfarm and torch once (tests/cli_fork.py)."""
     from .cli_fork import run
 
-    return run([str(a) for a in args], {**os.environ, **WORKER_ENV, **(env or {})}, cwd=cwd, timeout=900)
+    return run([str(a) for a in args], dict(os.environ if env is None else env), cwd=cwd, timeout=timeout)
 
 
 def train_on(farm, logdir, run_id: str, *args: str) -> subprocess.CompletedProcess:

@@ -28,7 +28,7 @@ from rlfarm.evaluation.bookkeeping import (
     WritePolicyBest,
 )
 
-from .conftest import WORKER_ENV, one_error_line, rlfarm_cmd, run_cli
+from .conftest import WORKER_ENV, one_error_line, rlfarm_cmd, run_cli, run_command
 
 TARGET = 475.0
 
@@ -513,12 +513,8 @@ class TestEvalCommand:
         assert not (tmp_path / "v").exists()
 
     def test_render_without_a_display_is_one_line(self, runs, farm):
-        result = subprocess.run(
-            rlfarm_cmd("eval", *source(runs, farm, "dqn", "policy"), "--render"),
-            capture_output=True,
-            text=True,
-            env=_without_display(),
-            timeout=600,
+        result = run_command(
+            "eval", *source(runs, farm, "dqn", "policy"), "--render", env=_without_display(), timeout=600
         )
         assert result.returncode == 1
         line = one_error_line(result.stderr)
@@ -528,13 +524,7 @@ class TestEvalCommand:
         """DISPLAY set, but no X server behind it: without pygame, one line says what to install; with
         it (SDL then falls back to its offscreen driver and says so itself), that no window opened."""
         env = {**_without_display(), "DISPLAY": ":4321"}
-        result = subprocess.run(
-            rlfarm_cmd("eval", *source(runs, farm, "ppo", "policy"), "--render"),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
+        result = run_command("eval", *source(runs, farm, "ppo", "policy"), "--render", env=env, timeout=600)
         assert result.returncode == 1
         if importlib.util.find_spec("pygame") is None:
             line = one_error_line(result.stderr)

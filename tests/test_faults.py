@@ -32,6 +32,7 @@ from .conftest import (
     read_csv,
     read_summary,
     rlfarm_cmd,
+    run_command,
 )
 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
@@ -185,10 +186,14 @@ def test_outage_past_the_limit_is_one_line_and_the_run_resumes(fault_farm, tmp_p
     assert proc.returncode == 1
     line = one_error_line(stderr)
     assert "unreachable for more than 3 s" in line and f"rlfarm train --resume {run_id}" in line
-    resumed = subprocess.run(
-        rlfarm_cmd("train", "--redis", fault_farm.url, "--resume", run_id, "--logdir", str(tmp_path)),
-        capture_output=True,
-        text=True,
+    resumed = run_command(
+        "train",
+        "--redis",
+        fault_farm.url,
+        "--resume",
+        run_id,
+        "--logdir",
+        str(tmp_path),
         env={**os.environ, **WORKER_ENV},
         timeout=600,
     )
@@ -355,9 +360,7 @@ def test_flushall_mid_run_is_noticed_written_back_and_the_run_goes_on(fault_farm
     assert s["env_steps"] >= 3000
     assert_nothing_lost_or_double_counted(s, 250)
     # The run's metadata and policy are back: listed, and evaluable from Redis.
-    listed = subprocess.run(
-        rlfarm_cmd("checkpoints", "list", "--redis", fault_farm.url), capture_output=True, text=True
-    )
+    listed = run_command("checkpoints", "list", "--redis", fault_farm.url)
     assert run_id in listed.stdout
     assert fault_farm.client().exists(f"rlfarm:{run_id}:meta")
     assert fault_farm.rlfarm_worker.poll() is None and fault_farm.celery_worker.poll() is None
@@ -405,30 +408,31 @@ def test_results_over_100_mib_decode_and_over_the_limit_are_refused_by_the_worke
     """One task of 1,000 steps of 30,000 float32 observations is a ~115 MiB result: it travels and
     decodes (msgpack's default buffer limit of 100 MiB once ended such a run with an empty error);
     with farm.max_result_bytes below that, the worker refuses to send it and the run fails in one line."""
-    ok = subprocess.run(
-        rlfarm_cmd("train", "--redis", farm.redis_url, "--run-id", "wide-ok", "--logdir", str(tmp_path), *WIDE),
-        capture_output=True,
-        text=True,
+    ok = run_command(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        "wide-ok",
+        "--logdir",
+        str(tmp_path),
+        *WIDE,
         env={**os.environ, **WORKER_ENV},
         timeout=600,
     )
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert read_summary(tmp_path / "wide-ok")["env_steps"] == 1000
-    big = subprocess.run(
-        rlfarm_cmd(
-            "train",
-            "--redis",
-            farm.redis_url,
-            "--run-id",
-            "wide-big",
-            "--logdir",
-            str(tmp_path),
-            *WIDE,
-            "--set",
-            "farm.max_result_bytes=52428800",
-        ),
-        capture_output=True,
-        text=True,
+    big = run_command(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        "wide-big",
+        "--logdir",
+        str(tmp_path),
+        *WIDE,
+        "--set",
+        "farm.max_result_bytes=52428800",
         env={**os.environ, **WORKER_ENV},
         timeout=600,
     )

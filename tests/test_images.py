@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from rlfarm.core import codec
 from rlfarm.core.rollout import Rollout
 
-from .conftest import WORKER_ENV, make_run, rlfarm_cmd, task_channel, task_specs
+from .conftest import WORKER_ENV, make_run, run_command, task_channel, task_specs
 
 IMAGE_ENV = "tests.tiny_envs:image"  # 2x16x16 uint8, CHW
 
@@ -61,9 +60,7 @@ def test_an_image_env_trains_a_cnn_in_both_modes(farm, tmp_path, mode, preset, s
     ]
     for s in sets:
         args += ["--set", s]
-    run = subprocess.run(
-        rlfarm_cmd(*args), capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=900
-    )
+    run = run_command(*args, env={**os.environ, **WORKER_ENV}, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     run_dir = tmp_path / run_id
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -73,12 +70,14 @@ def test_an_image_env_trains_a_cnn_in_both_modes(farm, tmp_path, mode, preset, s
     assert tuple(state["encoder.convs.0.weight"].shape) == (16, 2, 3, 3)
     assert json.loads((run_dir / "config.json").read_text())["env"]["id"] == IMAGE_ENV
     # The saved CNN policy plays with `rlfarm eval`, as any policy does.
-    played = subprocess.run(
-        rlfarm_cmd(
-            "eval", "--policy", str(run_dir / "final_policy.safetensors"), "--env", IMAGE_ENV, "--episodes", "2"
-        ),
-        capture_output=True,
-        text=True,
+    played = run_command(
+        "eval",
+        "--policy",
+        str(run_dir / "final_policy.safetensors"),
+        "--env",
+        IMAGE_ENV,
+        "--episodes",
+        "2",
         env={**os.environ, **WORKER_ENV},
         timeout=300,
     )
@@ -87,10 +86,12 @@ def test_an_image_env_trains_a_cnn_in_both_modes(farm, tmp_path, mode, preset, s
 
 @pytest.mark.process
 def test_an_observation_space_rlfarm_cannot_act_on_fails_before_anything_starts(tmp_path):
-    run = subprocess.run(
-        rlfarm_cmd("train", "--env", "tests.tiny_envs:dict_obs", "--logdir", str(tmp_path)),
-        capture_output=True,
-        text=True,
+    run = run_command(
+        "train",
+        "--env",
+        "tests.tiny_envs:dict_obs",
+        "--logdir",
+        str(tmp_path),
         env={**os.environ, **WORKER_ENV},
         timeout=300,
     )
@@ -143,9 +144,7 @@ def test_the_cnn_path_learns_to_read_the_pixels(farm, tmp_path, mode, preset):
         args += ["--set", "farm.steps_per_env=64", "--set", "ppo.learning_rate=1e-3", "--set", "eval.interval=0"]
     else:
         args += ["--set", "dqn.learning_starts=512", "--set", "eval.interval=1024"]
-    run = subprocess.run(
-        rlfarm_cmd(*args), capture_output=True, text=True, env={**os.environ, **WORKER_ENV}, timeout=900
-    )
+    run = run_command(*args, env={**os.environ, **WORKER_ENV}, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = read_summary(tmp_path / run_id)
     if preset == "cartpole-dqn":

@@ -12,7 +12,7 @@ import redis
 
 from rlfarm.farm.shares import live_nodes
 
-from .conftest import WORKER_ENV, error_line, pid_alive, poll, rlfarm_cmd
+from .conftest import WORKER_ENV, error_line, pid_alive, poll, rlfarm_cmd, run_command
 
 pytestmark = pytest.mark.farm
 
@@ -39,9 +39,7 @@ def test_up_then_train_on_it_then_down(tmp_path):
     env = {**env, **WORKER_ENV, "RLFARM_HOME": str(home)}
 
     def cli(*args, extra=None):
-        return subprocess.run(
-            rlfarm_cmd(*args), env={**env, **(extra or {})}, capture_output=True, text=True, timeout=600
-        )
+        return run_command(*args, env={**env, **(extra or {})}, timeout=600)
 
     up = cli("up", "-w", "1")
     assert up.returncode == 0, up.stderr

@@ -20,7 +20,7 @@ from rlfarm.farm.app import make_app
 from rlfarm.farm.connection import connect
 from rlfarm.local.cluster import LOOPBACK, free_port, stop_process_group
 
-from .conftest import WORKER_ENV, rlfarm_cmd
+from .conftest import WORKER_ENV, rlfarm_cmd, run_command
 
 # One test process runs the module, so its module-scoped run (or farm) is made once, not once on
 # every test process that gets one of its tests (conftest.py sends grouped modules early).
@@ -194,25 +194,21 @@ def test_training_through_tls_with_a_password_never_shows_it(tls_redis, tmp_path
             assert worker.poll() is None, f"worker exited:\n{log_path.read_text(errors='replace')[-3000:]}"
             assert time.monotonic() < deadline, "the worker did not answer over TLS"
         app.close()
-        trained = subprocess.run(
-            rlfarm_cmd(
-                "train",
-                "--preset",
-                "cartpole-ppo",
-                "--total-steps",
-                "8192",
-                "--run-id",
-                "tls",
-                "--logdir",
-                str(tmp_path / "runs"),
-                "--set",
-                "eval.interval=4096",
-                "--set",
-                "eval.episodes=2",
-            ),
+        trained = run_command(
+            "train",
+            "--preset",
+            "cartpole-ppo",
+            "--total-steps",
+            "8192",
+            "--run-id",
+            "tls",
+            "--logdir",
+            str(tmp_path / "runs"),
+            "--set",
+            "eval.interval=4096",
+            "--set",
+            "eval.episodes=2",
             env=_env(tls_redis.url),
-            capture_output=True,
-            text=True,
         )
     finally:
         stop_process_group(worker, grace=30.0)
@@ -235,9 +231,7 @@ def test_training_through_tls_with_a_password_never_shows_it(tls_redis, tmp_path
 @pytest.mark.parametrize("command", [["train", "--run-id", "never"], ["worker", "-c", "1"]])
 def test_wrong_password_is_one_clear_line_and_exit_2(tls_redis, tmp_path, command):
     args = command + (["--logdir", str(tmp_path)] if command[0] == "train" else [])
-    result = subprocess.run(
-        rlfarm_cmd(*args), env=_env(tls_redis.wrong_url), capture_output=True, text=True, cwd=tmp_path
-    )
+    result = run_command(*args, env=_env(tls_redis.wrong_url), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("rlfarm: error: Redis at rediss://:***@"), result.stderr
@@ -247,13 +241,7 @@ def test_wrong_password_is_one_clear_line_and_exit_2(tls_redis, tmp_path, comman
 
 
 def test_plain_redis_url_on_the_tls_port_fails_clearly(tls_redis, tmp_path):
-    result = subprocess.run(
-        rlfarm_cmd("train", "--logdir", str(tmp_path)),
-        env=_env(tls_redis.plain_url),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+    result = run_command("train", "--logdir", str(tmp_path), env=_env(tls_redis.plain_url), cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr

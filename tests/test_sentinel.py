@@ -27,7 +27,18 @@ from rlfarm.farm.connection import no_password_warning, no_secret_warning, redac
 from rlfarm.farm.redis_url import celery_transport, parse_sentinel
 from rlfarm.local.cluster import LOOPBACK, free_port, stop_process_group
 
-from .conftest import ROOT, WORKER_ENV, http_request, make_run, poll, read_summary, rlfarm_cmd, task_channel, task_specs
+from .conftest import (
+    ROOT,
+    WORKER_ENV,
+    http_request,
+    make_run,
+    poll,
+    read_summary,
+    rlfarm_cmd,
+    run_command,
+    task_channel,
+    task_specs,
+)
 from .sentinel import SentinelFarm
 from .test_faults import (
     CELERY_WORKER,
@@ -218,12 +229,7 @@ def test_status_and_flower_follow_a_failover(tmp_path):
         poll(lambda: flower_sees("before"), "Flower sees the worker and the queue", flower, tmp_path / "flower.log")
 
         def status_json() -> dict:
-            out = subprocess.run(
-                rlfarm_cmd("status", "--json", "--redis", farm.redis_url),
-                capture_output=True,
-                text=True,
-                env={**os.environ, **WORKER_ENV},
-            )
+            out = run_command("status", "--json", "--redis", farm.redis_url, env={**os.environ, **WORKER_ENV})
             assert out.returncode == 0, out.stderr
             return json.loads(out.stdout)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +29,7 @@ from rlfarm.local.cluster import LocalCluster
 from rlfarm.trainer.channel import FarmLink
 from rlfarm.trainer.outbox import RolloutError
 
-from .conftest import ROOT, WORKER_ENV, make_run, rlfarm_cmd, run_cli, task_channel, task_specs
+from .conftest import ROOT, WORKER_ENV, make_run, run_cli, run_command, task_channel, task_specs
 
 # One test process runs the module, so its module-scoped run (or farm) is made once, not once on
 # every test process that gets one of its tests (conftest.py sends grouped modules early).
@@ -433,12 +432,7 @@ def test_allow_env_module_option_and_unsigned_meta_on_a_signed_farm(signed_farm,
 
 @pytest.mark.process
 def test_allow_env_module_rejects_what_is_not_a_module_name():
-    bad = subprocess.run(
-        rlfarm_cmd("worker", "--allow-env-module", "../evil", "--redis", "redis://127.0.0.1:1/0"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = run_command("worker", "--allow-env-module", "../evil", "--redis", "redis://127.0.0.1:1/0", timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
         "rlfarm: error: --allow-env-module '../evil' is not a module name (like mypkg or mypkg.envs)"
@@ -453,9 +447,7 @@ def test_eval_treats_the_env_named_by_a_policy_file_as_untrusted(tmp_path):
     for env_id, module in [("tempfile:mkdtemp", "tempfile"), ("tests.import_marker:make", "tests.import_marker")]:
         path = tmp_path / f"{module}.safetensors"
         path.write_bytes(codec.encode_policy({"w": torch.zeros(2)}, {"version": "0", "algo": "ppo", "env": env_id}))
-        result = subprocess.run(
-            rlfarm_cmd("eval", "--policy", str(path)), capture_output=True, text=True, env=env, timeout=300
-        )
+        result = run_command("eval", "--policy", str(path), env=env, timeout=300)
         assert result.returncode == 1
         assert result.stderr.strip() == (
             f"rlfarm: error: env '{env_id}' is not allowed here: not a registered gymnasium id, and module "

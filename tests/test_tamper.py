@@ -340,7 +340,7 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
     import msgpack
     import redis
 
-    from .conftest import WORKER_ENV, TaskEvents, poll, read_csv, read_summary, rlfarm_cmd
+    from .conftest import WORKER_ENV, TaskEvents, poll, read_csv, read_summary, rlfarm_cmd, run_command
 
     url = signed_worker.redis_url
     client = connect(url)
@@ -371,9 +371,7 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
     ]
     env = {**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET}
 
-    baseline = subprocess.run(
-        rlfarm_cmd("train", "--run-id", "untouched", *args), env=env, capture_output=True, text=True, timeout=900
-    )
+    baseline = run_command("train", "--run-id", "untouched", *args, env=env, timeout=900)
     assert baseline.returncode == 0, baseline.stderr[-3000:]
 
     run_id = "tampered"

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 
 import pytest
 
-from .conftest import WORKER_ENV, read_csv, rlfarm_cmd
+from .conftest import WORKER_ENV, read_csv, run_command
 
 # One test process runs the module, so its module-scoped run (or farm) is made once, not once on
 # every test process that gets one of its tests (conftest.py sends grouped modules early).
@@ -68,25 +67,21 @@ def tracked_run(tmp_path_factory):
     env = {**os.environ, **WORKER_ENV}
     for var in ("SDL_VIDEODRIVER", "PYGAME_HIDE_SUPPORT_PROMPT", "MLFLOW_ALLOW_FILE_STORE", "MLFLOW_TRACKING_URI"):
         env.pop(var, None)
-    result = subprocess.run(
-        rlfarm_cmd(
-            "train",
-            "--run-id",
-            "tracked",
-            "--logdir",
-            str(root / "runs"),
-            *SMALL,
-            "--capture-video",
-            "--track",
-            "--track-uri",
-            str(root / "mlruns"),
-            "--track-experiment",
-            "p7",
-        ),
-        capture_output=True,
-        text=True,
-        cwd=root,
+    result = run_command(
+        "train",
+        "--run-id",
+        "tracked",
+        "--logdir",
+        str(root / "runs"),
+        *SMALL,
+        "--capture-video",
+        "--track",
+        "--track-uri",
+        str(root / "mlruns"),
+        "--track-experiment",
+        "p7",
         env=env,
+        cwd=root,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result, root / "runs" / "tracked", (root / "mlruns").as_uri()
