@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / "cli.py"
 
 _context = None
+STDOUT = "<stdout>"
 
 
 def _forkserver():
@@ -31,14 +33,22 @@ def _forkserver():
     return _context
 
 
-def _command(args: list[str], env: dict[str, str], cwd: str | None, out: str, err: str, nice: int) -> None:
-    """The forked process: `python cli.py ARGS` from here on, then the interpreter's exit."""
+def _command(
+    args: list[str], env: dict[str, str], cwd: str | None, out: str, err: str, nice: int, new_session: bool = False
+) -> None:
+    """The forked process: `python cli.py ARGS` from here on, then the interpreter's exit. `out` and
+    `err` are files to append to; `err` may be STDOUT (subprocess.STDOUT's meaning)."""
     import atexit
     import runpy
     import sys
     import traceback
 
+    if new_session:
+        os.setsid()
     for fd, path in ((1, out), (2, err)):
+        if path == STDOUT:
+            os.dup2(1, 2)
+            continue
         target = os.open(path, os.O_WRONLY | os.O_APPEND)
         os.dup2(target, fd)
         os.close(target)
@@ -100,3 +110,79 @@ def run(args: list[str], env: dict[str, str], cwd=None, timeout: float = 900) ->
             raise subprocess.TimeoutExpired([str(CLI), *args], timeout, Path(out).read_text(), Path(err).read_text())
         read = lambda path: Path(path).read_bytes().decode("utf-8", errors="replace")  # noqa: E731
         return subprocess.CompletedProcess([str(CLI), *args], proc.exitcode, read(out), read(err))
+
+
+class Command:
+    """A forked `rlfarm` command while it runs: what the tests use of subprocess.Popen. Its output
+    goes to files, so `stdout`/`stderr` (PIPE) are read whole once it has exited (communicate)."""
+
+    def __init__(self, args, env, cwd=None, stdout=None, stderr=None, text=False, start_new_session=False):
+        self.args = [str(CLI), *args]
+        self._tmp = tempfile.TemporaryDirectory(prefix="rlfarm-cmd-")
+        self._text = text
+        self._pipes: dict[str, str] = {}
+        paths = []
+        for name, target in (("stdout", stdout), ("stderr", stderr)):
+            if target is subprocess.PIPE:
+                path = self._pipes[name] = os.path.join(self._tmp.name, name)
+                Path(path).touch()
+            elif target is subprocess.STDOUT and name == "stderr":
+                path = STDOUT
+            elif target is None or target is subprocess.DEVNULL:
+                path = os.devnull
+            else:  # an open file: the child appends to it by name
+                path = target.name
+            paths.append(path)
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        self._process = _forkserver().Process(
+            target=_command,
+            args=(
+                [str(a) for a in args],
+                dict(env),
+                None if cwd is None else str(cwd),
+                *paths,
+                nice,
+                start_new_session,
+            ),
+        )
+        self._process.start()
+        self.pid = self._process.pid
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def _read(self, name):
+        if name not in self._pipes:
+            return None
+        data = Path(self._pipes[name]).read_bytes()
+        return data.decode("utf-8", errors="replace") if self._text else data
+
+    def communicate(self, timeout=None):
+        self.wait(timeout)
+        return self._read("stdout"), self._read("stderr")
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.poll() is None:
+            self.wait()

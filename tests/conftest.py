@@ -288,6 +288,16 @@ def run_cli(*args, env=None, cwd=None):
     return run_command(*args, env={**os.environ, **WORKER_ENV, **(env or {})}, cwd=cwd)
 
 
+def start_command(*args, env=None, cwd=None, stdout=None, stderr=None, text=False, start_new_session=False):
+    """`rlfarm ARGS` started, as subprocess.Popen(rlfarm_cmd(ARGS), ...) would start it, with exactly
+    `env` (this process's where None): forked like run_command, and signalled by its pid. Its PIPE
+    output is read whole by communicate() once it has exited (tests/cli_fork.py)."""
+    from .cli_fork import Command
+
+    env = dict(os.environ if env is None else env)
+    return Command(args, env, cwd, stdout, stderr, text, start_new_session)
+
+
 def run_command(*args, env=None, cwd=None, timeout=900) -> subprocess.CompletedProcess:
     """`rlfarm ARGS` to completion with exactly `env` (this process's environment where None), output
     captured as text, as subprocess.run(rlfarm_cmd(ARGS), ...) would: a process of its own, forked from

@@ -14,7 +14,17 @@ import redis
 
 from rlfarm.farm.app import make_app
 
-from .conftest import WORKER_ENV, assert_cleaned_up, pid_alive, poll, read_summary, rlfarm_cmd, run_cli, running_tasks
+from .conftest import (
+    WORKER_ENV,
+    assert_cleaned_up,
+    pid_alive,
+    poll,
+    read_summary,
+    rlfarm_cmd,
+    run_cli,
+    running_tasks,
+    start_command,
+)
 
 pytestmark = pytest.mark.farm
 
@@ -133,26 +143,24 @@ def test_redis_memory_stays_bounded_in_a_1_minute_async_run(tmp_path):
     20 kB/s shows, as with 2 MiB over the two minutes this ran before the suite had to fit 20 minutes
     (sampled every 5 s over two minutes, used_memory moved within 0.5 MB of 2.2 MB, with no trend)."""
     run_id = "memory"
-    proc = subprocess.Popen(
-        rlfarm_cmd(
-            "train",
-            "--run-id",
-            run_id,
-            "--logdir",
-            str(tmp_path),
-            "--preset",
-            "cartpole-dqn",
-            "--total-steps",
-            "100000000",
-            "--set",
-            "target_return=inf",
-            "--set",
-            "eval.interval=20000",
-        ),
+    proc = start_command(
+        "train",
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--preset",
+        "cartpole-dqn",
+        "--total-steps",
+        "100000000",
+        "--set",
+        "target_return=inf",
+        "--set",
+        "eval.interval=20000",
+        env={**os.environ, **WORKER_ENV},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **WORKER_ENV},
     )
     run_dir = tmp_path / run_id
 

@@ -21,7 +21,7 @@ from rlfarm.farm import keys
 from rlfarm.farm.claim import CLAIM_SECONDS
 from rlfarm.local.cluster import LocalCluster
 
-from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
+from .conftest import ROOT, WORKER_ENV, one_error_line, poll, read_summary, run_cli, start_command
 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
@@ -40,12 +40,20 @@ def store(tmp_path):
 
 def train(cluster: LocalCluster, run_id: str, logdir, *args: str) -> subprocess.Popen:
     """`rlfarm -q train` (-q: no start-up notes such as "no worker answered", errors only)."""
-    return subprocess.Popen(
-        rlfarm_cmd("-q", "train", "--redis", cluster.redis_url, "--run-id", run_id, "--logdir", str(logdir), *args),
+    return start_command(
+        "-q",
+        "train",
+        "--redis",
+        cluster.redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(logdir),
+        *args,
+        env={**os.environ, **WORKER_ENV},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **WORKER_ENV},
     )
 
 

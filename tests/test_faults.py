@@ -31,8 +31,8 @@ from .conftest import (
     poll,
     read_csv,
     read_summary,
-    rlfarm_cmd,
     run_command,
+    start_command,
 )
 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
@@ -108,12 +108,19 @@ class Farm:
         return redis.Redis.from_url(self.url)
 
     def train(self, run_id: str, *args: str) -> subprocess.Popen:
-        return subprocess.Popen(
-            rlfarm_cmd("train", "--redis", self.url, "--run-id", run_id, "--logdir", str(self.tmp_path), *args),
+        return start_command(
+            "train",
+            "--redis",
+            self.url,
+            "--run-id",
+            run_id,
+            "--logdir",
+            str(self.tmp_path),
+            *args,
+            env={**os.environ, **WORKER_ENV},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **WORKER_ENV},
         )
 
     def workers_alive(self) -> bool:

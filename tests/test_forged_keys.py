@@ -20,7 +20,7 @@ import pytest
 from rlfarm.farm import keys
 from rlfarm.farm.connection import connect
 
-from .conftest import WORKER_ENV, poll, read_summary, rlfarm_cmd
+from .conftest import WORKER_ENV, poll, read_summary, start_command
 
 # One test process runs the module, so its module-scoped run (or farm) is made once, not once on
 # every test process that gets one of its tests (conftest.py sends grouped modules early).
@@ -97,8 +97,15 @@ def signed_farm(tmp_path_factory):
 
 
 def _train(url: str, logdir, run_id: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        rlfarm_cmd("train", "--redis", url, "--logdir", str(logdir), "--run-id", run_id, *ARGS),
+    return start_command(
+        "train",
+        "--redis",
+        url,
+        "--logdir",
+        str(logdir),
+        "--run-id",
+        run_id,
+        *ARGS,
         env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET},
         stdout=subprocess.DEVNULL,
         stderr=open(logdir / f"{run_id}.txt", "w"),

@@ -29,7 +29,7 @@ from rlfarm.local.cluster import LocalCluster, free_port
 from rlfarm.runio import exporter as E
 from rlfarm.worker import counters as C
 
-from .conftest import ROOT, WORKER_ENV, one_error_line, poll, rlfarm_cmd, run_cli
+from .conftest import ROOT, WORKER_ENV, one_error_line, poll, run_cli, start_command
 
 KEDA_EXAMPLE = ROOT / "docs" / "keda-scaledobject.yaml"
 README = ROOT / "README.md"
@@ -228,36 +228,34 @@ def test_a_real_worker_and_trainer_serve_the_documented_metrics(tmp_path):
             ],
         )
         node = cluster._nodes[0]
-        train = subprocess.Popen(
-            rlfarm_cmd(
-                "train",
-                "--redis",
-                cluster.redis_url,
-                "--run-id",
-                "metrics",
-                "--logdir",
-                str(tmp_path),
-                "--preset",
-                "cartpole-ppo",
-                "--mode",
-                "async",
-                "--env",
-                "tests.tiny_envs:slow",
-                "--set",
-                "env.num_envs=1",
-                "--set",
-                "farm.steps_per_env=200",
-                "--set",
-                "ppo.num_minibatches=2",
-                "--total-steps",
-                "10000000",
-                "--metrics-port",
-                str(trainer_port),
-            ),
+        train = start_command(
+            "train",
+            "--redis",
+            cluster.redis_url,
+            "--run-id",
+            "metrics",
+            "--logdir",
+            str(tmp_path),
+            "--preset",
+            "cartpole-ppo",
+            "--mode",
+            "async",
+            "--env",
+            "tests.tiny_envs:slow",
+            "--set",
+            "env.num_envs=1",
+            "--set",
+            "farm.steps_per_env=200",
+            "--set",
+            "ppo.num_minibatches=2",
+            "--total-steps",
+            "10000000",
+            "--metrics-port",
+            str(trainer_port),
+            env={**os.environ, **WORKER_ENV},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **WORKER_ENV},
         )
         try:
             trainer_names = E.exposed_names(E.TRAINER_METRICS, "trainer")

@@ -67,7 +67,7 @@ def test_a_redis_switched_to_evicting_mid_run_is_said_once(tmp_path):
 
     from rlfarm.farm import keys
 
-    from .conftest import WORKER_ENV, poll, rlfarm_cmd
+    from .conftest import WORKER_ENV, poll, start_command
 
     with LocalCluster(
         workers=1,
@@ -79,26 +79,24 @@ def test_a_redis_switched_to_evicting_mid_run_is_said_once(tmp_path):
         client = connect(cluster.redis_url)
         log = tmp_path / "stderr.txt"
         with open(log, "w") as err:
-            proc = subprocess.Popen(
-                rlfarm_cmd(
-                    "train",
-                    "--redis",
-                    cluster.redis_url,
-                    "--run-id",
-                    "later",
-                    "--logdir",
-                    str(tmp_path),
-                    "--env",
-                    "tests.tiny_envs:long_slow",
-                    "--total-steps",
-                    str(2 * 256 * 24),
-                    "--set",
-                    "farm.num_tasks=2",
-                    "--set",
-                    "env.num_envs=1",
-                    "--set",
-                    "farm.steps_per_env=256",
-                ),
+            proc = start_command(
+                "train",
+                "--redis",
+                cluster.redis_url,
+                "--run-id",
+                "later",
+                "--logdir",
+                str(tmp_path),
+                "--env",
+                "tests.tiny_envs:long_slow",
+                "--total-steps",
+                str(2 * 256 * 24),
+                "--set",
+                "farm.num_tasks=2",
+                "--set",
+                "env.num_envs=1",
+                "--set",
+                "farm.steps_per_env=256",
                 env={**os.environ, **WORKER_ENV},
                 stdout=subprocess.DEVNULL,
                 stderr=err,

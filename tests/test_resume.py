@@ -13,7 +13,7 @@ import pytest
 
 from rlfarm.trainer import resume as checkpoint
 
-from .conftest import WORKER_ENV, assert_cleaned_up, pid_alive, poll, read_csv, rlfarm_cmd, run_cli
+from .conftest import WORKER_ENV, assert_cleaned_up, pid_alive, poll, read_csv, run_cli, start_command
 
 pytestmark = pytest.mark.farm
 
@@ -21,12 +21,17 @@ pytestmark = pytest.mark.farm
 def start_and_sigkill(tmp_path, run_id: str, args: list[str], kill_after_steps: int) -> dict:
     """Start a training run, SIGKILL its trainer once a checkpoint with >= kill_after_steps env steps
     exists, wait until its embedded Redis and workers are gone; returns that checkpoint's state."""
-    proc = subprocess.Popen(
-        rlfarm_cmd("train", "--run-id", run_id, "--logdir", str(tmp_path), *args),
+    proc = start_command(
+        "train",
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        *args,
+        env={**os.environ, **WORKER_ENV},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **WORKER_ENV},
     )
     run_dir = tmp_path / run_id
 

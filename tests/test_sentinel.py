@@ -34,8 +34,8 @@ from .conftest import (
     make_run,
     poll,
     read_summary,
-    rlfarm_cmd,
     run_command,
+    start_command,
     task_channel,
     task_specs,
 )
@@ -146,23 +146,21 @@ def test_the_master_killed_mid_run_fails_over_and_the_run_finishes_with_nothing_
     try:
         run_id = f"failover-{mode}"
         args = SLOW_PPO + ["--total-steps", "5000"] if mode == "sync" else SLOW_DQN + ["--total-steps", "4000"]
-        proc = subprocess.Popen(
-            rlfarm_cmd(
-                "train",
-                "--redis",
-                farm.redis_url,
-                "--run-id",
-                run_id,
-                "--logdir",
-                str(tmp_path),
-                *args,
-                "--set",
-                "farm.lease_seconds=3",
-            ),
+        proc = start_command(
+            "train",
+            "--redis",
+            farm.redis_url,
+            "--run-id",
+            run_id,
+            "--logdir",
+            str(tmp_path),
+            *args,
+            "--set",
+            "farm.lease_seconds=3",
+            env={**os.environ, **WORKER_ENV},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **WORKER_ENV},
         )
         wait_for_rows(proc, tmp_path / run_id, rows=2)
         old = farm.group.kill_master()

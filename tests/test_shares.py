@@ -21,7 +21,7 @@ import pytest
 from rlfarm.core import codec
 from rlfarm.core.shares import Demand, allocate, used_fraction
 
-from .conftest import WORKER_ENV, poll, rlfarm_cmd, run_cli
+from .conftest import WORKER_ENV, poll, run_cli, start_command
 
 
 # ---- the allocation, pure ---------------------------------------------------------------------
@@ -120,30 +120,28 @@ SLEEPY_ENV = {**WORKER_ENV, "RLFARM_ALLOWED_ENV_MODULES": "tests.tiny_envs,bench
 
 def _trainer(redis_url: str, tmp_path, run_id: str, *args: str) -> tuple[subprocess.Popen, object]:
     log = tmp_path / f"{run_id}.log"
-    proc = subprocess.Popen(
-        rlfarm_cmd(
-            "train",
-            "--redis",
-            redis_url,
-            "--run-id",
-            run_id,
-            "--logdir",
-            str(tmp_path),
-            "--env",
-            "benchmarks.slow_envs:cartpole_sleep_4ms",
-            "--total-steps",
-            "10000000",
-            "--set",
-            "farm.steps_per_env=64",
-            "--set",
-            "env.num_envs=1",
-            "--set",
-            "eval.interval=0",
-            *args,
-        ),
+    proc = start_command(
+        "train",
+        "--redis",
+        redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--env",
+        "benchmarks.slow_envs:cartpole_sleep_4ms",
+        "--total-steps",
+        "10000000",
+        "--set",
+        "farm.steps_per_env=64",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "eval.interval=0",
+        *args,
+        env={**os.environ, **SLEEPY_ENV},
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, **SLEEPY_ENV},
         start_new_session=True,
     )
     return proc, log

@@ -33,7 +33,7 @@ from rlfarm.farm.connection import connect
 from rlfarm.farm.runs import write_status
 from rlfarm.local.cluster import LocalCluster
 
-from .conftest import WORKER_ENV, error_line, make_run, pid_alive, rlfarm_cmd, run_cli, usage_error_line
+from .conftest import WORKER_ENV, error_line, make_run, pid_alive, rlfarm_cmd, run_cli, start_command, usage_error_line
 
 
 def status_json(url: str) -> dict:
@@ -413,22 +413,20 @@ def test_status_follows_a_live_training_run(tmp_path):
     heartbeat and the queued tasks, deterministically. A worker then joins and the run finishes."""
     with LocalCluster(workers=0, name="rlfarm-test-status-live", log_dir=tmp_path, extra_env=WORKER_ENV) as cluster:
         url = cluster.redis_url
-        train = subprocess.Popen(
-            rlfarm_cmd(
-                "train",
-                "--redis",
-                url,
-                "--run-id",
-                "status-train",
-                "--total-steps",
-                "8192",
-                "--logdir",
-                str(tmp_path / "runs"),
-            ),
+        train = start_command(
+            "train",
+            "--redis",
+            url,
+            "--run-id",
+            "status-train",
+            "--total-steps",
+            "8192",
+            "--logdir",
+            str(tmp_path / "runs"),
+            env={**os.environ, **WORKER_ENV},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **WORKER_ENV},
         )
         try:
             deadline = time.monotonic() + 600  # generous: only a broken trainer gets near it

@@ -114,7 +114,7 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     from rlfarm.farm import keys
     from rlfarm.worker.rollout import RolloutWorker
 
-    from .conftest import WORKER_ENV, poll, rlfarm_cmd
+    from .conftest import WORKER_ENV, poll, start_command
 
     run_id = "embedded-forged"
     env = {**os.environ, **WORKER_ENV}
@@ -123,30 +123,28 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     monkeypatch.setenv("RLFARM_ALLOWED_ENV_MODULES", "tests.tiny_envs")  # the forger builds the env too
     err = open(tmp_path / "stderr.txt", "w")
     # One worker process, 4 tasks of ~0.3 s each per iteration: three of them wait in the queue.
-    proc = subprocess.Popen(
-        rlfarm_cmd(
-            "train",
-            "--run-id",
-            run_id,
-            "--logdir",
-            str(tmp_path),
-            "--workers",
-            "1",
-            "--env",
-            "tests.tiny_envs:long_slow",
-            "--total-steps",
-            "8192",
-            "--set",
-            "farm.num_tasks=4",
-            "--set",
-            "env.num_envs=1",
-            "--set",
-            "farm.steps_per_env=256",
-            "--set",
-            "ppo.num_minibatches=2",
-            "--set",
-            "eval.episodes=2",
-        ),  # its final evaluation: 2 s, not 10
+    proc = start_command(
+        "train",
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--workers",
+        "1",
+        "--env",
+        "tests.tiny_envs:long_slow",
+        "--total-steps",
+        "8192",
+        "--set",
+        "farm.num_tasks=4",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=256",
+        "--set",
+        "ppo.num_minibatches=2",
+        "--set",
+        "eval.episodes=2",
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=err,
@@ -340,7 +338,7 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
     import msgpack
     import redis
 
-    from .conftest import WORKER_ENV, TaskEvents, poll, read_csv, read_summary, rlfarm_cmd, run_command
+    from .conftest import WORKER_ENV, TaskEvents, poll, read_csv, read_summary, run_command, start_command
 
     url = signed_worker.redis_url
     client = connect(url)
@@ -380,9 +378,7 @@ def test_forged_policy_task_and_meta_are_refused_written_back_and_the_run_ends_a
     events = TaskEvents(url)
     events.__enter__()  # listening before the run's first task (left in the `finally` below)
     with open(log, "w") as err:
-        proc = subprocess.Popen(
-            rlfarm_cmd("train", "--run-id", run_id, *args), env=env, stdout=subprocess.DEVNULL, stderr=err
-        )
+        proc = start_command("train", "--run-id", run_id, *args, env=env, stdout=subprocess.DEVNULL, stderr=err)
     main_pid = signed_worker.worker_procs[0].pid
 
     def warned(what: str) -> bool:

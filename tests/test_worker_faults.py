@@ -22,7 +22,16 @@ from rlfarm.core.protocol import PROTOCOL
 from rlfarm.farm import keys
 from rlfarm.local.cluster import LocalCluster
 
-from .conftest import ROOT, WORKER_ENV, TaskEvents, one_error_line, poll, read_summary, rlfarm_cmd, run_cli
+from .conftest import (
+    ROOT,
+    WORKER_ENV,
+    TaskEvents,
+    one_error_line,
+    poll,
+    read_summary,
+    run_cli,
+    start_command,
+)
 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
 
@@ -58,12 +67,19 @@ def cluster(tmp_path: Path, name: str, **env: str) -> LocalCluster:
 
 
 def train(c: LocalCluster, tmp_path: Path, run_id: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        rlfarm_cmd("train", "--redis", c.redis_url, "--run-id", run_id, "--logdir", str(tmp_path), *args),
+    return start_command(
+        "train",
+        "--redis",
+        c.redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        *args,
+        env={**os.environ, **WORKER_ENV},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **WORKER_ENV},
     )
 
 
@@ -160,23 +176,21 @@ def test_a_worker_without_the_farms_secret_says_so_stops_and_the_run_goes_on(tmp
     try:
         bad = c.add_worker(1, command=[*RLFARM_WORKER, "-E"])  # no RLFARM_SECRET in its environment
         with TaskEvents(c.redis_url) as events:
-            proc = subprocess.Popen(
-                rlfarm_cmd(
-                    "train",
-                    "--redis",
-                    c.redis_url,
-                    "--run-id",
-                    "nosecret",
-                    "--logdir",
-                    str(tmp_path),
-                    *SLOW_PPO,
-                    "--total-steps",
-                    "2000",
-                ),
+            proc = start_command(
+                "train",
+                "--redis",
+                c.redis_url,
+                "--run-id",
+                "nosecret",
+                "--logdir",
+                str(tmp_path),
+                *SLOW_PPO,
+                "--total-steps",
+                "2000",
+                env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": secret},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": secret},
             )
             poll(lambda: bad.poll() is not None, "the worker without the secret to stop", proc)
             refused = poll(
