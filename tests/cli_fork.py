@@ -6,8 +6,9 @@ The forked process is the command as `python cli.py ARGS` runs it: its own pid, 
 directory and output files, `cli.py` run as `__main__`, the interpreter's exit status (SystemExit and
 uncaught exceptions alike) and its exit handlers. The forkserver has only imported modules when it
 forks: it is single-threaded and has run no torch op, so nothing a thread or a thread pool held
-reaches the child. Tests that signal a command, read its output as it runs, or start it in a session
-of its own run `rlfarm_cmd` in a fresh interpreter (subprocess.Popen)."""
+reaches the child. `run` runs a command to completion; `Command` is one running, signalled by its pid
+and reaped through the forkserver. Tests that read a command's output as it runs, or start workers,
+run `rlfarm_cmd` in a fresh interpreter (subprocess.Popen)."""
 
 from __future__ import annotations
 
@@ -94,22 +95,15 @@ def _command(
 
 def run(args: list[str], env: dict[str, str], cwd=None, timeout: float = 900) -> subprocess.CompletedProcess:
     """`python cli.py ARGS` to completion, output captured as text: subprocess.run's result."""
-    with tempfile.TemporaryDirectory(prefix="rlfarm-cli-") as tmp:
-        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        for path in (out, err):
-            Path(path).touch()
-        nice = os.getpriority(os.PRIO_PROCESS, 0)
-        proc = _forkserver().Process(
-            target=_command, args=(list(args), dict(env), None if cwd is None else str(cwd), out, err, nice)
-        )
-        proc.start()
-        proc.join(timeout)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
-            raise subprocess.TimeoutExpired([str(CLI), *args], timeout, Path(out).read_text(), Path(err).read_text())
-        read = lambda path: Path(path).read_bytes().decode("utf-8", errors="replace")  # noqa: E731
-        return subprocess.CompletedProcess([str(CLI), *args], proc.exitcode, read(out), read(err))
+    command = Command(args, env, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = command.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        command.kill()
+        command.wait()
+        out, err = command.communicate()
+        raise subprocess.TimeoutExpired(command.args, timeout, out, err) from None
+    return subprocess.CompletedProcess(command.args, command.returncode, out, err)
 
 
 class Command:
