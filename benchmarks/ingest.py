@@ -16,6 +16,18 @@ secret. `--producers` processes push copies of it into Redis as fast as the trai
 back-pressure does). The consumer takes `--batch` results, decodes them and concatenates their
 rollouts into one batch, like the ASYNC trainer before an update, then drops it.
 
+Each consumer runs in a process of its own, in three ways: "before" (the receive path inline, with
+glibc's default heap, as the trainer was), "inline" (the heap kept for reuse, rlfarm.trainer.ingest.
+keep_freed_memory, as the trainer does now) and "thread" (rlfarm.trainer.ingest.Ingest, the ASYNC
+trainer's default: a thread takes and decodes, the main thread only stacks).
+
+`--learner`: also with the learner busy at the same time, as in an ASYNC run: the preset's own
+learner (in async mode, on `--device`) learns from the decoded results, and between its minibatches
+takes in what arrived (inline) or what the thread decoded (thread). Against the same learner fed
+results decoded beforehand ("alone"), that shows what taking results in costs the learner.
+
+    python benchmarks/ingest.py --workloads pong-appo --learner --device cuda
+
 Workloads whose env is not installed (the atari and mujoco extras) are skipped with the reason.
 """
 
@@ -35,7 +47,9 @@ WORKLOADS = {  # name: (preset, a worker's env steps per second, for "workers fe
     "cartpole": ("cartpole-ppo", 20_000),
     "halfcheetah": ("halfcheetah-ppo", 5_000),
     "pong": ("pong", 500),  # a Pong worker process acts ~500 env steps/s (benchmarks/pong.py)
+    "pong-appo": ("pong-appo", 800),  # its smaller CNN at 42x42 acts faster (benchmarks/pong.py)
 }
+WAYS = ("before", "inline", "thread")
 
 
 def make_result(preset: str) -> tuple[bytes, int, dict]:
@@ -84,55 +98,177 @@ def produce(url: str, blob: bytes, backlog: int, stop: mp.Event) -> None:
         pipe.execute()
 
 
-def consume(url: str, seconds: float, batch: int, steps_per_result: int) -> dict:
-    """The trainer's receive path for `seconds` (after a 1 s warm-up): results, env steps and CPU."""
-    import redis
+class Receiver:
+    """The trainer's receive path, one of WAYS: `take(timeout)` is the next decoded rollout or None;
+    `cpu` the CPU seconds spent receiving and decoding (the thread's own, for "thread")."""
 
-    from rlfarm.core import codec, signing
-    from rlfarm.core.protocol import Result
-    from rlfarm.core.rollout import Rollout, concat
-    from rlfarm.farm import keys
+    def __init__(self, url: str, way: str):
+        import redis
 
-    client = redis.Redis.from_url(url)
-    key = keys.results(RUN)
+        from rlfarm.farm import keys
+        from rlfarm.trainer.ingest import Ingest, keep_freed_memory
 
-    def one() -> Rollout:
-        item = None
-        while item is None:
-            item = client.blpop([key], timeout=1.0)
-        message = codec.unpack(signing.open_result(RUN, item[1], SECRET))
-        return Rollout.from_dict(Result.from_message(message).rollout)
+        if way != "before":
+            keep_freed_memory()
+        self.client = redis.Redis.from_url(url)
+        self.key = keys.results(RUN)
+        self.ingest = Ingest(self.client, RUN, SECRET) if way == "thread" else None
+        self.cpu = 0.0
+
+    def take(self, timeout: float):
+        from rlfarm.core import codec, signing
+        from rlfarm.core.protocol import Result
+        from rlfarm.core.rollout import Rollout
+
+        if self.ingest is not None:
+            item = self.ingest.take(timeout)
+            if item is None:
+                return None
+            self.cpu += item[2]
+            return Rollout.from_dict(item[1].rollout)
+        t0 = time.process_time()
+        if timeout > 0:
+            item = self.client.blpop([self.key], timeout=timeout)
+            raw = None if item is None else item[1]
+        else:
+            raw = self.client.lpop(self.key)
+        if raw is None:
+            return None
+        message = codec.unpack(signing.open_result(RUN, raw, SECRET))
+        rollout = Rollout.from_dict(Result.from_message(message).rollout)
+        self.cpu += time.process_time() - t0
+        return rollout
+
+    def close(self) -> None:
+        if self.ingest is not None:
+            self.ingest.close()
+
+
+def consume(url: str, way: str, seconds: float, batch: int, steps_per_result: int) -> dict:
+    """The trainer's receive path for `seconds` (after a 1 s warm-up), stacking `batch` results at a
+    time as the ASYNC trainer does before an update, with no learner: results, env steps and CPU."""
+    from rlfarm.core.rollout import concat
+
+    receiver = Receiver(url, way)
+
+    def stack() -> None:
+        got = []
+        while len(got) < batch:
+            rollout = receiver.take(timeout=1.0)
+            if rollout is not None:
+                got.append(rollout)
+        concat(got)
 
     warm = time.monotonic() + 1.0
     while time.monotonic() < warm:
-        concat([one() for _ in range(batch)])
-    results, cpu0, t0 = 0, time.process_time(), time.perf_counter()
+        stack()
+    results, cpu0, t0, own0 = 0, time.process_time(), time.perf_counter(), receiver.cpu
     while time.perf_counter() - t0 < seconds:
-        concat([one() for _ in range(batch)])
+        stack()
         results += batch
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    receiver.close()
     return {
         "results_per_s": results / wall,
         "env_steps_per_s": results * steps_per_result / wall,
         "trainer_cpu_ms_per_result": 1000 * cpu / results,
+        "receive_cpu_ms_per_result": 1000 * (receiver.cpu - own0) / results,
         "trainer_cores": cpu / wall,
         "ceiling_env_steps_per_core_s": steps_per_result / (cpu / results),
     }
 
 
+def learn(url: str | None, way: str, seconds: float, preset: str, device: str, blob: bytes) -> dict:
+    """The preset's learner (async mode, on `device`) learning for `seconds` after a warm-up, from
+    results taken in `way` between its minibatches; `url` None: from copies of `blob` decoded
+    beforehand (the learner alone). Env steps learned per second and the receive path's CPU."""
+    import torch
+
+    from rlfarm import config as C
+    from rlfarm.algos import learner
+    from rlfarm.core import codec, signing
+    from rlfarm.core.protocol import Result
+    from rlfarm.core.rollout import Rollout
+    from rlfarm.envs import describe
+
+    torch.set_num_threads(1)
+    cfg = C.build(preset, ["mode=async"])
+    spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
+    algorithm = learner(cfg.algo, "async")(cfg, spec, torch.device(device))
+    algorithm.on_farm(8)
+    backlog: list = []
+    if url is None:
+        from rlfarm.trainer.ingest import keep_freed_memory
+
+        keep_freed_memory()
+        decoded = Rollout.from_dict(Result.from_message(codec.unpack(signing.open_result(RUN, blob, SECRET))).rollout)
+        receiver = None
+    else:
+        receiver = Receiver(url, way)
+
+    def pump() -> None:  # what the trainer does between minibatches: take in what has arrived
+        while receiver is not None and len(backlog) < 8:
+            rollout = receiver.take(timeout=0)
+            if rollout is None:
+                break
+            backlog.append(rollout)
+
+    def next_rollout():
+        if receiver is None:
+            return decoded
+        while not backlog:
+            rollout = receiver.take(timeout=1.0)
+            if rollout is not None:
+                backlog.append(rollout)
+        return backlog.pop(0)
+
+    def run(until: float) -> int:
+        steps = 0
+        while time.perf_counter() < until:
+            rollout = next_rollout()
+            algorithm.observe(rollout, policy_lag=0)
+            steps += rollout.num_steps
+            while algorithm.ready():
+                algorithm.update(0.5, between=pump)
+                pump()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return steps
+
+    run(time.perf_counter() + 3.0)  # warm-up: allocations, cuDNN's choices
+    own0, t0 = receiver.cpu if receiver else 0.0, time.perf_counter()
+    steps = run(t0 + seconds)
+    wall = time.perf_counter() - t0
+    if receiver is not None:
+        receiver.close()
+    return {
+        "env_steps_per_s": steps / wall,
+        "receive_cpu_s_per_s": ((receiver.cpu if receiver else 0.0) - own0) / wall,
+    }
+
+
+def in_process(fn, *args):
+    """`fn(*args)` in a fresh process: glibc's heap settings cannot be undone in one."""
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=["cartpole", "halfcheetah", "pong"])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--backlog", type=int, default=32, help="results waiting in Redis at most")
     parser.add_argument("--batch", type=int, default=8, help="results stacked per batch (results_per_update)")
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
+    parser.add_argument("--learner", action="store_true", help="also with the preset's learner busy (async mode)")
+    parser.add_argument("--device", default="cpu", help="the learner's device (--learner)")
     args = parser.parse_args()
 
     from rlfarm.envs import EnvError
     from rlfarm.local.cluster import LocalCluster
 
-    rows = []
+    rows, learned = [], []
     with LocalCluster(workers=0, name="rlfarm-ingest-bench") as cluster:
         import redis
 
@@ -154,29 +290,52 @@ def main() -> None:
             for p in producers:
                 p.start()
             try:
-                measured = consume(cluster.redis_url, args.seconds, args.batch, steps)
+                for way in args.ways:
+                    measured = in_process(consume, cluster.redis_url, way, args.seconds, args.batch, steps)
+                    rows.append((name, way, steps, len(blob), held, measured, worker_rate))
+                    print(f"{name} {way}: {measured['env_steps_per_s']:,.0f} env steps/s", flush=True)
+                if args.learner:
+                    alone = in_process(learn, None, "alone", args.seconds, preset, args.device, blob)
+                    learned.append((name, "alone", alone, alone))
+                    for way in ("inline", "thread"):
+                        m = in_process(learn, cluster.redis_url, way, args.seconds, preset, args.device, blob)
+                        learned.append((name, way, m, alone))
+                        print(f"{name} learner, {way}: {m['env_steps_per_s']:,.0f} env steps/s", flush=True)
             finally:
                 stop.set()
                 for p in producers:
                     p.join(timeout=10)
-            rows.append((name, preset, steps, len(blob), held, measured, worker_rate))
 
     print()
     print(f"trainer ingest, one process, {args.producers} producer processes, batches of {args.batch} results")
-    head = "workload     env steps  bytes/result  raw bytes  results/s  env steps/s  CPU ms/result"
-    print(head + "  ceiling/core  workers fed")
-    for name, _preset, steps, size, held, m, rate in rows:
+    head = "workload     way     env steps  bytes/result   raw bytes  results/s  env steps/s  CPU ms/result"
+    print(head + "  receive ms  ceiling/core  workers fed")
+    for name, way, steps, size, held, m, rate in rows:
         ceiling = m["ceiling_env_steps_per_core_s"]
         print(
-            f"{name:<12} {steps:>9,}  {size:>12,}  {held['raw_bytes']:>9,}  {m['results_per_s']:>9.1f}  "
-            f"{m['env_steps_per_s']:>11,.0f}  {m['trainer_cpu_ms_per_result']:>13.2f}  {ceiling:>12,.0f}  "
-            f"{ceiling / rate:>5.0f} at {rate:,}/s"
+            f"{name:<12} {way:<7} {steps:>9,}  {size:>12,}  {held['raw_bytes']:>10,}  {m['results_per_s']:>9.1f}  "
+            f"{m['env_steps_per_s']:>11,.0f}  {m['trainer_cpu_ms_per_result']:>13.2f}  "
+            f"{m['receive_cpu_ms_per_result']:>10.2f}  {ceiling:>12,.0f}  {ceiling / rate:>5.0f} at {rate:,}/s"
         )
     print(
-        "ceiling/core: env steps/s one trainer core could take in (steps per result / CPU per result); "
-        "workers fed: that ceiling over a worker's rate. The measured rate shares this machine's cores "
-        "with the producers and Redis."
+        "before: the receive path inline, glibc's default heap; inline: the heap kept for reuse; thread: "
+        "the ingest thread (both as the trainer does now). CPU ms/result: the whole process's, stacking "
+        "included; receive ms: receiving and decoding only. ceiling/core: env steps/s one trainer core "
+        "could take in (steps per result / CPU per result); workers fed: that ceiling over a worker's "
+        "rate. The measured rate shares this machine's cores with the producers and Redis."
     )
+    if learned:
+        print()
+        print(
+            f"the learner busy (async mode, {args.device}, one torch thread), results taken in between its minibatches"
+        )
+        print("workload     way     env steps/s learned  vs alone  receive CPU (cores)")
+        for name, way, m, alone in learned:
+            ratio = m["env_steps_per_s"] / alone["env_steps_per_s"]
+            print(
+                f"{name:<12} {way:<7} {m['env_steps_per_s']:>19,.0f}  {ratio:>8.2f}  {m['receive_cpu_s_per_s']:>19.3f}"
+            )
+        print("alone: the learner fed results decoded beforehand, no receiving at all")
 
 
 if __name__ == "__main__":

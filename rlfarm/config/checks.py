@@ -94,6 +94,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("async.max_policy_lag and eval.interval cannot be negative")
     if config.async_.refresh_steps < 0:
         raise ConfigError("async.refresh_steps cannot be negative (0: a task acts with one version)")
+    if config.async_.ingest not in ("thread", "inline"):
+        raise ConfigError(f"async.ingest must be thread or inline, got {config.async_.ingest!r}")
     check_results_per_update(config, config.async_.tasks_in_flight)
     check_selfplay(config)
     check_policies(config)

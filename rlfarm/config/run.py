@@ -113,6 +113,9 @@ class AsyncConfig:
     # longer than an update, most steps then act with the newest version: APPO needed fewer env steps
     # and less time (benchmarks/appo.py, sleep-bound env).
     refresh_steps: int = 64
+    # "thread": results are taken out of Redis and decoded by a thread beside the learner
+    # (rlfarm.trainer.ingest); "inline": by the trainer's main thread, between the learner's steps.
+    ingest: str = "thread"
 
 
 @dataclass(frozen=True)

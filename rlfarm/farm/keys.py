@@ -14,6 +14,7 @@ All under `rlfarm:<run>:` (besides the broker's own queue, `celery`, and kombu's
 | `status`            | hash       | trainer (heartbeat for `rlfarm status`)     | STATUS_TTL; its last word (finished, failed, stopped): none |
 | `wanted`            | set        | trainer adds task keys and LIVE; a worker removes the key of the task whose result it pushed | none |
 | `results`           | list       | workers push, the trainer pops              | RESULTS_TTL (backstop) |
+| `taken`             | list       | the trainer's ingest thread moves results here from `results`, and trims them once taken in (rlfarm.trainer.ingest) | RESULTS_TTL (backstop) |
 | `lease:<task>`      | string     | the worker running the task (the node renews it with PEXPIRE only) | lease seconds, renewed |
 | `attempts:<id>`     | string     | the worker delivered a task message         | RESULTS_TTL            |
 | `stream:<sha256>`   | string     | the worker of a "continue" task, with its result: the env stream's snapshot (rlfarm.core.streams); the trainer deletes it once superseded | STREAM_TTL |
@@ -61,6 +62,7 @@ TYPES = {
     "share": "hash",
     "wanted": "set",
     "results": "list",
+    "taken": "list",
     "lease": "string",
     "attempts": "string",
     "stream": "string",
@@ -127,6 +129,11 @@ def wanted(run: str) -> str:
 
 def results(run: str) -> str:
     return f"{prefix(run)}results"
+
+
+def taken(run: str) -> str:
+    """Results the trainer's ingest thread took out of `results` and is decoding (rlfarm.trainer.ingest)."""
+    return f"{prefix(run)}taken"
 
 
 def task(kind: str, iteration: int, index: int) -> str:

@@ -161,7 +161,9 @@ class FarmShare:
         pipe.zremrangebyscore(keys.RUNS, "-inf", now)
         pipe.zremrangebyscore(keys.NODES, "-inf", now)
         pipe.llen(keys.results(self.run_id))
-        self.results_waiting = pipe.execute()[-1]
+        pipe.llen(keys.taken(self.run_id))  # taken in by the trainer's ingest thread: no slot either
+        *_, waiting, taken = pipe.execute()
+        self.results_waiting = waiting + taken
         self.slots = live_slots(self.client, now)
         self.others = {
             run: demand

@@ -341,6 +341,7 @@ class Trainer(Evaluating, RunKeeper):
         finally:
             if state != "finished":
                 self.retry.enabled = False  # Redis may be what failed: one attempt at the cleanup
+            self.channel.close()  # the ingest thread, before Redis is told anything
             self.channel.stop_share()  # the run's slots go to the others now, whatever happens next
             try:
                 self.claim.check()  # the run is another trainer's now: leave its keys alone

@@ -25,6 +25,7 @@ from rlfarm.core.protocol import Key, Result, TaskSpec, legacy_refusal
 from rlfarm.farm import keys
 from rlfarm.farm.shares import FarmShare
 from rlfarm.farm.store import FROM_ENV
+from rlfarm.trainer.ingest import PREFETCH, Ingest
 from rlfarm.trainer.outbox import DispatchStats, Outbox, Pending, RefusedKeys, RunOwner, Unowned
 from rlfarm.trainer.watchdog import Watchdog
 
@@ -61,6 +62,7 @@ class TaskChannel:
         self.run_id = outbox.run_id
         self.results = keys.results(outbox.run_id)
         self.held: collections.deque[TaskSpec] = collections.deque()  # past the share's cap, in order
+        self.ingest: Ingest | None = None  # results taken in by a thread (ingest_in_thread)
         self.busy_seconds = 0.0  # worker seconds of the run's accepted tasks (its used share)
         self.share: FarmShare | None = None
         if share is not None:
@@ -160,10 +162,24 @@ class TaskChannel:
         self.outbox.declare_queue()
 
     # ---- receiving -------------------------------------------------------------------------------
+    def ingest_in_thread(self, prefetch: int = PREFETCH) -> None:
+        """From now on a thread takes results out of Redis and decodes them (rlfarm.trainer.ingest);
+        `receive` hands them over in the order they were pushed."""
+        if self.ingest is None:
+            self.ingest = Ingest(self.client, self.run_id, self.outbox.secret, prefetch)
+
+    def close(self) -> None:
+        """Stop the ingest thread, if there is one (the run is over, or failed)."""
+        if self.ingest is not None:
+            self.ingest.close()
+            self.ingest = None
+
     def receive(self, timeout: float) -> Result | None:
         """One decoded result of any kind, or None when none arrived within `timeout` seconds
         (0: only one already there; a BLPOP's timeout is served at Redis's clock resolution, tens of
         milliseconds, too coarse for a learner that looks between its minibatches)."""
+        if self.ingest is not None:
+            return self._receive_taken(timeout)
         if timeout <= 0:
             raw = self.client.lpop(self.results)
             item = None if raw is None else (self.results, raw)
@@ -181,6 +197,20 @@ class TaskChannel:
         self.stats.receive_seconds += time.process_time() - t0
         self.stats.received += 1
         return Result.from_message(message)
+
+    def _receive_taken(self, timeout: float) -> Result | None:
+        """`receive` from the ingest thread: decoded already, only counted here."""
+        item = self.ingest.take(timeout)
+        if item is None:
+            return None
+        what, payload, detail = item
+        if what == "forged":
+            self.stats.forged += 1
+            self.watchdog.unsigned(payload, detail)
+            return None
+        self.stats.receive_seconds += detail
+        self.stats.received += 1
+        return payload
 
     def next_result(self, timeout: float) -> Result | None:
         """The next first-copy result of a pending task, or None (nothing came, a duplicate, a
@@ -269,7 +299,8 @@ class TaskChannel:
     def finish(self) -> None:
         """The run is over: workers skip whatever of it is still queued, its share goes to the others."""
         self.stop_share()
-        self.client.delete(self.outbox.wanted, self.results)
+        self.close()
+        self.client.delete(self.outbox.wanted, self.results, keys.taken(self.run_id))
         if self.outbox.own_claim:
             self.outbox.claim.release()
 

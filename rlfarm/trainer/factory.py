@@ -34,6 +34,7 @@ from rlfarm.observe.metrics import RunLogger
 from rlfarm.trainer.asynchronous import AsyncTrainer
 from rlfarm.trainer.base import LogStep, Trainer
 from rlfarm.trainer.channel import FarmLink, ShareTerms
+from rlfarm.trainer.ingest import keep_freed_memory
 from rlfarm.trainer.keeper import warn
 from rlfarm.trainer.outbox import DispatchStats, RefusedKeys
 from rlfarm.trainer.sync import SyncTrainer
@@ -121,6 +122,7 @@ def make_trainer(
     claim = Claim(client, config.run_id, secret=store.secret, on_forged=refused.report)
     app = make_app(redis_url)
 
+    keep_freed_memory()  # results' arrays reuse freed heap instead of faulting fresh pages in
     threads = trainer_threads(config, space.is_image, local_workers)
     torch.set_num_threads(threads)
     torch.manual_seed(config.seed)  # the network's initial weights

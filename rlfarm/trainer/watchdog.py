@@ -115,10 +115,12 @@ class Watchdog:
         pipe = self.client.pipeline(transaction=False)
         pipe.exists(keys.meta(self.run_id))
         pipe.llen(self.results)
+        pipe.llen(keys.taken(self.run_id))  # results the ingest thread took and is decoding: not lost
         pipe.smismember(self.outbox.wanted, texts)
         for text in texts:
             pipe.get(keys.lease(self.run_id, text))  # its holder: the worker process running it
-        meta_exists, backlog, wanted, *leases = pipe.execute()
+        meta_exists, backlog, taken, wanted, *leases = pipe.execute()
+        backlog += taken
         if self.outbox.retry.outages != self._outages_seen:  # Redis was away during this very look
             self.after_outage(time.monotonic())
             return

@@ -1,0 +1,190 @@
+"""The trainer's ingest thread (rlfarm.trainer.ingest): results taken out of a real redis-server and
+decoded beside the main thread, handed over in push order, never out of the watchdog's sight, bounded
+by its prefetch, forged ones reported, and Redis's failure raised in the main thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from rlfarm.core import codec, signing
+from rlfarm.core.protocol import Result
+from rlfarm.farm import keys
+from rlfarm.farm.connection import connect
+from rlfarm.farm.outage import OutageRetry, RedisUnavailable, resilient_client
+from rlfarm.local.cluster import LocalCluster
+from rlfarm.trainer.ingest import Ingest, keep_freed_memory
+
+from .conftest import read_summary, run_cli
+
+pytestmark = pytest.mark.farm
+
+SECRET = b"ingest-test-secret-0123456789abcdef"
+
+
+def sealed(run: str, iteration: int, secret: bytes = SECRET) -> bytes:
+    """A rollout result as a worker pushes it: msgpack with a (compressible) array, signed."""
+    frames = np.full((16, 84, 84), iteration % 251, dtype=np.uint8)
+    result = Result("rollout", iteration, 0, version=0, worker="w@test", rollout={"obs": frames})
+    return signing.seal_result(run, codec.pack(result.to_message(), compress="zstd"), secret)
+
+
+def wait_for(predicate, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def run(redis_only, request):
+    client = connect(redis_only.redis_url)
+    run_id = f"ingest-{request.node.name}"
+    yield client, run_id
+    doomed = list(client.scan_iter(match=keys.run_pattern(run_id)))
+    if doomed:
+        client.delete(*doomed)
+    client.close()
+
+
+def test_results_arrive_decoded_in_push_order_and_are_always_in_one_of_the_two_lists(run):
+    client, run_id = run
+    ingest = Ingest(client, run_id, SECRET, prefetch=3)
+    try:
+        pushed, got = 40, []
+        for i in range(pushed):
+            client.rpush(keys.results(run_id), sealed(run_id, i))
+            if i % 3 == 0:  # the main thread takes some while more arrive, as a trainer between minibatches
+                item = ingest.take(timeout=5.0)
+                got.append(item)
+            pipe = client.pipeline(transaction=False)
+            pipe.llen(keys.results(run_id))
+            pipe.llen(keys.taken(run_id))
+            waiting, taken = pipe.execute()
+            # The watchdog's view (both lists in one pipeline): every result not yet taken in is there.
+            assert waiting + taken == i + 1 - len(got)
+            assert taken <= 3  # the prefetch bound: the rest wait in Redis
+        while len(got) < pushed:
+            got.append(ingest.take(timeout=5.0))
+    finally:
+        ingest.close()
+    assert [what for what, _, _ in got] == ["result"] * pushed
+    assert [r.iteration for _, r, _ in got] == list(range(pushed))
+    assert all(r.rollout["obs"][0, 0, 0] == r.iteration % 251 for _, r, _ in got)
+    assert all(cpu >= 0 for _, _, cpu in got)
+    assert client.llen(keys.taken(run_id)) == 0 and client.llen(keys.results(run_id)) == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("rlfarm-ingest")]
+
+
+def test_a_learner_behind_leaves_results_in_redis(run):
+    client, run_id = run
+    for i in range(10):
+        client.rpush(keys.results(run_id), sealed(run_id, i))
+    ingest = Ingest(client, run_id, SECRET, prefetch=4)
+    try:
+        wait_for(lambda: client.llen(keys.taken(run_id)) == 4)
+        assert client.llen(keys.results(run_id)) == 6
+        for i in range(3):
+            assert ingest.take(timeout=5.0)[1].iteration == i
+            wait_for(lambda i=i: client.llen(keys.results(run_id)) == 5 - i)  # one more into the room made
+            assert client.llen(keys.taken(run_id)) == 4
+    finally:
+        ingest.close()
+
+
+def test_a_forged_result_is_handed_over_as_forged_and_the_next_still_arrives(run):
+    client, run_id = run
+    client.rpush(keys.results(run_id), sealed(run_id, 0, secret=b"another-farms-secret-0123456789ab"))
+    client.rpush(keys.results(run_id), sealed(run_id, 1))
+    ingest = Ingest(client, run_id, SECRET)
+    try:
+        what, raw, exc = ingest.take(timeout=5.0)
+        assert (
+            what == "forged"
+            and isinstance(exc, signing.SignatureError)
+            and raw.endswith(
+                codec.pack(
+                    Result(
+                        "rollout",
+                        0,
+                        0,
+                        version=0,
+                        worker="w@test",
+                        rollout={"obs": np.full((16, 84, 84), 0, dtype=np.uint8)},
+                    ).to_message(),
+                    compress="zstd",
+                )
+            )
+        )
+        what, result, _ = ingest.take(timeout=5.0)
+        assert what == "result" and result.iteration == 1
+    finally:
+        ingest.close()
+
+
+def test_what_a_dead_trainer_left_taken_is_cleared_when_the_next_starts(run):
+    client, run_id = run
+    client.rpush(keys.taken(run_id), b"left by a trainer that died")
+    ingest = Ingest(client, run_id, SECRET)
+    try:
+        assert client.llen(keys.taken(run_id)) == 0
+    finally:
+        ingest.close()
+
+
+def test_redis_gone_past_the_outage_limit_is_raised_in_the_main_thread(tmp_path):
+    with LocalCluster(workers=0, name="rlfarm-test-ingest-outage", log_dir=tmp_path) as cluster:
+        client = resilient_client(cluster.redis_url, OutageRetry(1.0, where="test Redis"))
+        ingest = Ingest(client, "outage", SECRET)
+        try:
+            cluster.stop_redis()
+            with pytest.raises((RedisUnavailable, redis.ConnectionError)):
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    ingest.take(timeout=0.5)
+        finally:
+            ingest.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("rlfarm-ingest")]
+
+
+def test_freed_result_memory_is_kept_for_reuse_on_glibc():
+    assert keep_freed_memory()
+
+
+@pytest.mark.parametrize("ingest", ["thread", "inline"])
+def test_an_async_run_takes_every_result_in_and_resends_none(farm, tmp_path, ingest):
+    """APPO on the farm, its results taken in by the thread or between the learner's minibatches: no
+    task is taken for lost (a result the thread holds is counted by the watchdog), nothing is
+    received twice, and the run's result lists are gone when it ends."""
+    run_id = f"ingest-run-{ingest}"
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--preset",
+        "cartpole-appo",
+        "--total-steps",
+        "12000",
+        "--set",
+        "eval.interval=0",
+        "--set",
+        "target_return=inf",
+        "--set",
+        f"async.ingest={ingest}",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = read_summary(tmp_path / run_id)
+    assert summary["env_steps"] >= 12000
+    assert summary["duplicates"] == 0
+    assert summary["faults"]["leases_expired"] == summary["faults"]["messages_lost"] == 0
+    assert summary["receive_cpu_seconds"] > 0
+    client = redis.Redis.from_url(farm.redis_url)
+    assert not client.exists(keys.taken(run_id), keys.results(run_id))
