@@ -8,6 +8,10 @@ CartPole MLP. Synthetic batches of the shapes a real result has; no farm.
     python benchmarks/learner.py --device cuda --precision fp32 bf16 --peak --cases pong
 
 `--precision`: each case with `ppo.precision` fp32 and/or bf16 (the layers under bf16 autocast).
+`--compile MODE`: also with `ppo.compile=MODE`, the network's layers in the minibatches (forward and
+backward) under `torch.compile`: `default`, `reduce-overhead` (CUDA graphs on a GPU) or
+`max-autotune-no-cudagraphs`; the first update, which compiles, is not timed but its seconds are printed.
+
 `--peak`: also the device's attainable matmul rate in the case's precision (a large square matmul,
 median of rounds) and the learner's FLOP rate as a fraction of it, the FLOPs counted from the
 network's layers (forward: 2 x multiply-adds; backward: twice the forward, less the first layer's
@@ -104,7 +108,9 @@ def flops_per_sample(preset: str, mode: str, overrides: list[str]) -> float:
     return 3 * forward - first
 
 
-def bench(preset: str, mode: str, overrides: list[str], device_name: str, batches: int) -> tuple[int, float, float]:
+def bench(
+    preset: str, mode: str, overrides: list[str], device_name: str, batches: int, compile_mode: str = "none"
+) -> tuple[int, float, float]:
     """(samples per update, seconds per update (median), samples/s including the epochs)."""
     import torch
 
@@ -112,7 +118,7 @@ def bench(preset: str, mode: str, overrides: list[str], device_name: str, batche
     from rlfarm.algos import learner
     from rlfarm.envs import SpaceSpec, describe
 
-    cfg = C.build(preset, [f"mode={mode}", *overrides])
+    cfg = C.build(preset, [f"mode={mode}", *overrides, f"ppo.compile={compile_mode}"])
     try:
         spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
     except Exception:  # the atari extra missing: the shapes are known
@@ -140,6 +146,8 @@ def bench(preset: str, mode: str, overrides: list[str], device_name: str, batche
             torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - t)
+        elif compile_mode != "none":
+            print(f"  (compile {compile_mode}: first update {time.perf_counter() - t:.1f} s)", flush=True)
     seconds = float(np.median(times))
     return samples, seconds, samples * cfg.ppo.update_epochs / seconds
 
@@ -178,6 +186,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile one update of the pong preset instead")
     parser.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16"], help="ppo.precision")
     parser.add_argument("--peak", action="store_true", help="the learner's FLOP rate against the device's matmul rate")
+    parser.add_argument(
+        "--compile",
+        nargs="+",
+        default=["none"],
+        choices=["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+        help="torch.compile modes of the network's layers to time (none: eager)",
+    )
     parser.add_argument("--cases", nargs="+", default=[], help="only the cases whose name starts with one of these")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -194,22 +209,26 @@ def main() -> None:
             for precision in args.precision:
                 peaks[device, precision] = matmul_rate(device, precision)
                 print(f"attainable matmul on {device}, {precision}: {peaks[device, precision] / 1e9:.0f} GFLOP/s")
-    header = (
-        f"{'case':<50} {'device':>6} {'prec':>5} {'batch':>6} {'s/update':>9} {'env steps/s':>12} {'samples/s':>10}"
-    )
+    header = f"{'case':<50} {'device':>6} {'prec':>5} {'compile':>15} {'batch':>6} {'s/update':>9}"
+    header += f" {'env steps/s':>12} {'samples/s':>10}"
     print(header + (f" {'of peak':>8}" if args.peak else ""))
     for name, (preset, mode, overrides) in CASES.items():
         if args.cases and not any(name.startswith(c) for c in args.cases):
             continue
         for device in args.device:
             for precision in args.precision:
-                settings = [*overrides, f"ppo.precision={precision}"]
-                samples, seconds, rate = bench(preset, mode, settings, device, args.batches)
-                line = f"{name:<50} {device:>6} {precision:>5} {samples:>6} {seconds:>9.3f}"
-                line += f" {samples / seconds:>12.0f} {rate:>10.0f}"
-                if args.peak:
-                    line += f" {rate * flops_per_sample(preset, mode, settings) / peaks[device, precision]:>8.3f}"
-                print(line, flush=True)
+                for compile_mode in args.compile:
+                    settings = [*overrides, f"ppo.precision={precision}"]
+                    try:
+                        samples, seconds, rate = bench(preset, mode, settings, device, args.batches, compile_mode)
+                    except Exception as exc:  # noqa: BLE001 - a compiler missing on this machine: say so, go on
+                        print(f"{name:<50} {device:>6} {precision:>5} {compile_mode:>15} failed: {exc!r:.200}")
+                        continue
+                    line = f"{name:<50} {device:>6} {precision:>5} {compile_mode:>15} {samples:>6} {seconds:>9.3f}"
+                    line += f" {samples / seconds:>12.0f} {rate:>10.0f}"
+                    if args.peak:
+                        line += f" {rate * flops_per_sample(preset, mode, settings) / peaks[device, precision]:>8.3f}"
+                    print(line, flush=True)
     print("env steps/s: the rate at which the learner consumes results; samples/s counts every epoch")
 
 

@@ -291,3 +291,27 @@ def test_a_bf16_update_follows_the_fp32_update_on_a_fixed_batch(mode, kind, seed
     cosine = torch.nn.functional.cosine_similarity(steps["fp32"], steps["bf16"], dim=0)
     assert cosine > 0.9, cosine
     assert 0.8 < steps["bf16"].norm() / steps["fp32"].norm() < 1.25
+
+
+@pytest.mark.process  # inductor compiles in processes of its own
+@pytest.mark.parametrize("mode", list(C.ALGORITHMS["ppo"].modes))
+def test_a_compiled_update_is_the_eager_update(mode):
+    """ppo.compile = "default" (the network's layers in the minibatches under torch.compile, forward
+    and backward): from the same weights on the same batch, the update lands on the eager update's
+    weights to float32 rounding, and what is published has the eager module's names."""
+    env = ENVS["image"]  # a CNN: where compiling pays
+    eager, _ = make("ppo", env, 5, mode)
+    compiled, _ = make("ppo", env, 5, mode, extra=("ppo.compile=default",))
+    assert compiled.layers is not None and eager.layers is None
+    batch = rollout_for(eager, env, 5)
+    for algorithm in (eager, compiled):
+        metrics = train_once(algorithm, batch)
+        assert all(math.isfinite(v) for k, v in metrics.items() if k != "losses/explained_variance")
+    want, got = params(eager), params(compiled)
+    assert got.keys() == want.keys()
+    moved = max(float((want[k] - v).abs().max()) for k, v in params(make("ppo", env, 5, mode)[0]).items())
+    assert moved > 1e-4  # the update moved the weights, so agreeing below says something
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5)
+    with pytest.raises(C.ConfigError, match="ppo.compile"):
+        C.build(None, ["algo=ppo", "ppo.compile=fast"])

@@ -236,6 +236,7 @@ class APPO(PPO):
                 to_device(actions, dev),
                 None if mask is None else to_device(mask, dev),
                 self.autocast,
+                self.layers,
             )
             newlogprob, entropy, newvalue = logprob[:steps], entropy[:steps], value[:steps]
             if boot is None:

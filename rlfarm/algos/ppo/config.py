@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # ppo.vf_loss: the value loss's factor on mean((V - R)^2), by name (rlfarm.algos.ppo.ppo reads it).
 VF_LOSSES = {"half_mse": 0.5, "mse": 1.0}
 PRECISIONS = ("fp32", "bf16")  # ppo.precision
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune-no-cudagraphs")  # ppo.compile
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class PPOConfig(AlgoSection):
     # in bfloat16, the loss in float32; no loss scaling needed, unlike fp16). For CUDA cards with bf16
     # tensor cores (benchmarks/learner.py --precision); it works on CPUs too, mostly slower there.
     precision: str = "fp32"
+    # The network's layers in the learner's minibatches under torch.compile in this mode ("none":
+    # eager). It pays for CNNs (benchmarks/learner.py --compile), costs seconds to compile at the
+    # first update, and needs a C compiler (and Triton on CUDA); "reduce-overhead" adds CUDA graphs.
+    compile: str = "none"
 
     def check(self, run: RunConfig) -> None:
         at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches", "ppo.buffer_batches", "ppo.batch_passes")
@@ -101,6 +106,8 @@ class PPOConfig(AlgoSection):
                 f"ppo.vf_loss must be half_mse (CleanRL: 0.5 * mean((V - R)^2)) or mse "
                 f"(Stable-Baselines3: mean((V - R)^2)), got {self.vf_loss!r}"
             )
+        if self.compile not in COMPILE_MODES:
+            raise ConfigError(f"ppo.compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"ppo.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.clip_to not in ("behaviour", "proximal"):

@@ -9,6 +9,7 @@ Workers act with a numpy copy of an MLP, and with ONNX Runtime (else torch) for 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -73,16 +74,19 @@ class ActorCritic(nn.Module):
         actions: torch.Tensor,
         mask: torch.Tensor | None = None,
         autocast: torch.dtype | None = None,
+        layers: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probability and entropy of `actions`, and the state value. `mask` (batch, action_dim)
         bool: the legal actions, the only ones the distribution spreads over (None: all are).
         `autocast` (torch.bfloat16): the layers run under torch.autocast in that dtype, and their
-        outputs come back to float32 before the distribution, so log-probabilities keep their precision."""
+        outputs come back to float32 before the distribution, so log-probabilities keep their precision.
+        `layers`: `_heads` compiled (ppo.compile), the learner's own."""
+        heads = layers if layers is not None else self._heads
         if autocast is None:
-            out, value = self._heads(obs)
+            out, value = heads(obs)
         else:
             with torch.autocast(obs.device.type, dtype=autocast):
-                out, value = self._heads(obs)
+                out, value = heads(obs)
             out, value = out.float(), value.float()
         dist = self._distribution(out, mask)
         if self.spec.discrete:

@@ -94,6 +94,11 @@ class PPO(Algorithm):
         # ppo.precision: the dtype the network's layers run in under autocast (None: float32 throughout).
         self.autocast = torch.bfloat16 if self.config.precision == "bf16" else None
         self._rollout: Rollout | None = None
+        # ppo.compile: the layers compiled for the minibatches only; the module (what is published,
+        # checkpointed and exported for acting) stays as it is. Minibatch sizes are fixed: no dynamic shapes.
+        self.layers = None
+        if self.config.compile != "none":
+            self.layers = torch.compile(self.policy._heads, mode=self.config.compile, dynamic=False)
 
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
         self._rollout = rollout
@@ -189,7 +194,9 @@ class PPO(Algorithm):
             for start, end in zip(starts[:-1], starts[1:]):
                 mb = order[start:end]
                 mb_masks = None if b_masks is None else b_masks[mb]
-                newlogprob, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_actions[mb], mb_masks, self.autocast)
+                newlogprob, entropy, newvalue = self.policy.evaluate(
+                    b_obs[mb], b_actions[mb], mb_masks, self.autocast, self.layers
+                )
                 pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
                     newlogprob, entropy, newvalue, b_logprobs[mb], b_values[mb], b_adv[mb], b_returns[mb], impala_loss
                 )
