@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The figures of a machine with a GPU and many cores, in one prepared run (about 8 minutes; --short:
-# about 5 on 2 cores, for trying it out on any machine first). Each step writes its output under $OUT:
-#   learner.txt  the Pong PPO and APPO learners on the device, fp32 and bf16 (ppo.precision): samples/s
-#                and the fraction of the device's own matmul rate (benchmarks/learner.py --peak)
+# The figures of a machine with a GPU and many cores, in one prepared run (about 10 minutes; --short:
+# about 6 on 2 cores, for trying it out on any machine first; --only STEP,... runs those steps only:
+# learner, ingest, training, acting). Each step writes its output under $OUT:
+#   learner.txt  the Pong PPO and APPO learners on the device, fp32 and bf16 (ppo.precision), eager and
+#                under torch.compile with CUDA graphs (ppo.compile=reduce-overhead): samples/s and the
+#                fraction of the device's own matmul rate (benchmarks/learner.py --peak --compile)
+#   ingest.txt   the trainer's receive path for pong-appo's and pong's results, before and after the
+#                ingest thread, alone and with the learner busy on the device (benchmarks/ingest.py)
 #   pong.txt     `rlfarm train --device DEVICE` with a local worker per core but two, for the presets
 #                pong-appo (ASYNC: every worker acts all the time) and pong (SYNC: a group is 2 tasks,
 #                so 2 workers act it whatever the farm's size), then SB3 PPO with the zoo's Atari
@@ -19,8 +23,16 @@
 # and the script exits 1, but the steps after it still run: the machine's minutes are scarce.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-short=0
-[ "${1:-}" = "--short" ] && short=1
+short=0 only="learner,ingest,training,acting"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --short) short=1 ;;
+    --only) only="$2"; shift ;;
+    *) echo "usage: $0 [--short] [--only learner,ingest,training,acting]" >&2; exit 2 ;;
+  esac
+  shift
+done
+runs() { [[ ",$only," == *",$1,"* ]]; }
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-benchmarks/results/gpu-machine-$(date +%F)}
 mkdir -p "$OUT"
@@ -31,9 +43,10 @@ cores=$(nproc)
 workers=$((cores > 3 ? cores - 2 : 1))  # a core each for the trainer and Redis
 if [ "$short" = 1 ]; then  # APPO's learner alone: bf16 on a CPU without bf16 units takes long
   batches=1 cases="pong-appo" seconds=10 warmup=10 sb3_envs=2 processes="1 2" act_seconds=4 act_warmup=8
+  ingest="--workloads pong-appo --seconds 2 --producers 2"
 else
   batches=5 cases="pong-sync pong-appo" seconds=60 warmup=15 sb3_envs=16 processes="1 2 4 8 14"
-  act_seconds=8 act_warmup=10
+  act_seconds=8 act_warmup=10 ingest="--workloads pong-appo pong --seconds 6 --producers 8"
 fi
 
 {
@@ -44,19 +57,32 @@ fi
   nvidia-smi 2>/dev/null || echo "(no nvidia-smi)"
 } >"$OUT/machine.txt"
 
-echo "== learner ($device), at ${SECONDS} s"
-# shellcheck disable=SC2086  # the list of cases is meant to split
-"$PYTHON" benchmarks/learner.py --device "$device" --precision fp32 bf16 --peak --batches "$batches" \
-  --cases $cases 2>&1 | tee "$OUT/learner.txt" || failed+=" learner"
+if runs learner; then
+  echo "== learner ($device), at ${SECONDS} s"
+  # shellcheck disable=SC2086  # the list of cases is meant to split
+  "$PYTHON" benchmarks/learner.py --device "$device" --precision fp32 bf16 --peak --batches "$batches" \
+    --compile none reduce-overhead --cases $cases 2>&1 | tee "$OUT/learner.txt" || failed+=" learner"
+fi
 
-echo "== training: rlfarm against SB3 ($device, $workers workers), at ${SECONDS} s"
-"$PYTHON" benchmarks/pong.py --preset pong-appo --preset pong --device "$device" --workers "$workers" --skip-alone \
-  --seconds "$seconds" --warmup "$warmup" --sb3-envs "$sb3_envs" --sb3-subproc 2>&1 | tee "$OUT/pong.txt" || failed+=" pong"
+if runs ingest; then
+  echo "== ingest ($device), at ${SECONDS} s"
+  # shellcheck disable=SC2086  # the options are meant to split
+  "$PYTHON" benchmarks/ingest.py $ingest --learner --device "$device" 2>&1 | tee "$OUT/ingest.txt" || failed+=" ingest"
+fi
 
-echo "== acting on N processes, at ${SECONDS} s"
-# shellcheck disable=SC2086  # the list of process counts is meant to split
-"$PYTHON" benchmarks/acting_scale.py --processes $processes --seconds "$act_seconds" \
-  --warmup "$act_warmup" 2>&1 | tee "$OUT/acting.txt" || failed+=" acting"
+if runs training; then
+  echo "== training: rlfarm against SB3 ($device, $workers workers), at ${SECONDS} s"
+  "$PYTHON" benchmarks/pong.py --preset pong-appo --preset pong --device "$device" --workers "$workers" \
+    --skip-alone --seconds "$seconds" --warmup "$warmup" --sb3-envs "$sb3_envs" --sb3-subproc 2>&1 |
+    tee "$OUT/pong.txt" || failed+=" pong"
+fi
+
+if runs acting; then
+  echo "== acting on N processes, at ${SECONDS} s"
+  # shellcheck disable=SC2086  # the list of process counts is meant to split
+  "$PYTHON" benchmarks/acting_scale.py --processes $processes --seconds "$act_seconds" \
+    --warmup "$act_warmup" 2>&1 | tee "$OUT/acting.txt" || failed+=" acting"
+fi
 
 echo "figures in $OUT/ after ${SECONDS} s"
 if [ -n "$failed" ]; then

@@ -69,8 +69,9 @@ class PPOConfig(AlgoSection):
     # tensor cores (benchmarks/learner.py --precision); it works on CPUs too, mostly slower there.
     precision: str = "fp32"
     # The network's layers in the learner's minibatches under torch.compile in this mode ("none":
-    # eager). It pays for CNNs (benchmarks/learner.py --compile), costs seconds to compile at the
-    # first update, and needs a C compiler (and Triton on CUDA); "reduce-overhead" adds CUDA graphs.
+    # eager). On CPU it gains little for a CNN (benchmarks/learner.py --compile); it is meant for GPUs,
+    # where kernel launches dominate at Pong's sizes and "reduce-overhead" adds CUDA graphs. It costs
+    # seconds of compiling at the first update and needs a C compiler (and Triton on CUDA).
     compile: str = "none"
 
     def check(self, run: RunConfig) -> None:
