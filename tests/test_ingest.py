@@ -188,3 +188,26 @@ def test_an_async_run_takes_every_result_in_and_resends_none(farm, tmp_path, ing
     assert summary["receive_cpu_seconds"] > 0
     client = redis.Redis.from_url(farm.redis_url)
     assert not client.exists(keys.taken(run_id), keys.results(run_id))
+
+
+def test_a_forged_taken_list_is_repaired_by_the_trainers_guard_and_results_still_arrive(run, redis_only):
+    """`taken` set to a string by someone without the secret: the thread's BLMOVE answers WRONGTYPE, and
+    the trainer's client (rlfarm.farm.guard) deletes the key, says so and moves the result again."""
+    from rlfarm.farm.guard import GuardedRetry, KeyGuard
+
+    plain, run_id = run
+    said: list[str] = []
+    guard = KeyGuard(run_id, notify=said.append)
+    client = resilient_client(redis_only.redis_url, GuardedRetry(5.0, guard=guard))
+    guard.client = client
+    ingest = Ingest(client, run_id, SECRET)
+    try:
+        plain.set(keys.taken(run_id), "forged")
+        plain.rpush(keys.results(run_id), sealed(run_id, 7))
+        what, result, _ = ingest.take(timeout=20.0)
+        assert what == "result" and result.iteration == 7
+        assert any(keys.taken(run_id) in line for line in said), said
+        assert plain.type(keys.taken(run_id)) in (b"list", b"none")
+    finally:
+        ingest.close()
+        client.close()
