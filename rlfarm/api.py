@@ -93,7 +93,7 @@ def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
     if cfg.farm.episodes == "continue":
         from rlfarm.envs import snapshot
 
-        snapshot.check(cfg.env.id, dataclasses.asdict(cfg.env))
+        snapshot.check(cfg.env.id, dataclasses.asdict(cfg.env), agents=spec.agents)
     if embedded and cfg.mode == "async":
         C.check_results_per_update(cfg, cfg.async_.tasks_in_flight or embedded_in_flight(cfg))
     if cfg.device == "cuda":

@@ -228,8 +228,8 @@ def test_a_run_whose_num_envs_does_not_fit_the_agents_is_refused_before_it_start
 
     with pytest.raises(ConfigError, match=r"env.num_envs = 5 is not a multiple of the env's 2 agents.*num_envs = 4"):
         check_config(make_config(None, env="tests.tiny_envs:echo", env__num_envs=5))
-    with pytest.raises(ConfigError, match='farm.episodes = "continue" is not supported for multi-agent'):
-        check_config(make_config(None, env="tests.tiny_envs:echo", env__num_envs=4, farm__episodes="continue"))
+    # "continue" is accepted: its games are saved and restored with their streams (test_snapshot.py)
+    check_config(make_config(None, env="tests.tiny_envs:echo", env__num_envs=4, farm__episodes="continue"))
 
 
 def test_an_evaluation_game_lasts_until_its_last_agent_is_done():

@@ -20,6 +20,13 @@ try:
 except ImportError:  # the mujoco extra: its tests run where it is installed (.ci/run installs it)
     pass
 try:
+    import mpe2  # noqa: F401
+
+    # Multi-agent envs (AgentVector): each game's PettingZoo objects, its agents' arrays.
+    ENVS += ["mpe2/simple_spread_v3", "mpe2/simple_tag_v3", "rlfarm/four_rooms_two_level"]
+except ImportError:  # the multiagent extra, likewise
+    pass
+try:
     import ale_py  # noqa: F401
 
     ENVS += ["ALE/Pong-v5"]  # AleVector: emulators, sticky actions, no-op starts, frame stacks
@@ -27,14 +34,21 @@ except ImportError:  # the atari extra, likewise
     pass
 
 
+# Envs that need options: agents of different spaces act with policies of their own.
+OPTIONS = {
+    "mpe2/simple_tag_v3": {"policy_map": ["adversary_*=adversary", "agent_*=agent"]},
+    "rlfarm/four_rooms_two_level": {"policy_map": ["upper=upper", "lower=lower"]},
+}
+
+
 def _actor(env_id: str):
     import torch
 
-    from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.algos import network_for
     from rlfarm.config import PolicyConfig
 
     torch.manual_seed(0)
-    return ActorCritic(describe(env_id), PolicyConfig(hidden_sizes=(16,))).actor_snapshot()
+    return network_for("ppo", describe(env_id, OPTIONS.get(env_id)), PolicyConfig(hidden_sizes=(16,))).actor_snapshot()
 
 
 def _tasks(env_id: str, n_envs: int, steps: int, tasks: int, move: bool) -> list[Rollout]:
@@ -42,7 +56,7 @@ def _tasks(env_id: str, n_envs: int, steps: int, tasks: int, move: bool) -> list
     processes, which restores the stream from the snapshot the last task saved (`move=True`)."""
     actor = _actor(env_id)
     seeds = stream_seeds(7, 0, 0, n_envs)
-    here = [EnvStream(make_vector_env(env_id, n_envs), seeds), EnvStream(make_vector_env(env_id, n_envs), seeds)]
+    here = [EnvStream(make_vector_env(env_id, n_envs, options=OPTIONS.get(env_id)), seeds) for _ in range(2)]
     out, blob, digest = [], None, None
     for task in range(tasks):
         stream = here[task % 2 if move else 0]
@@ -59,8 +73,9 @@ def test_a_stream_restored_in_another_process_goes_on_bit_for_bit(env_id):
     """Six tasks of one stream, each in the other of two processes, against the same six in one: every
     array of every task is equal, episodes spanning tasks included."""
     steps = 150 if env_id.endswith("-v5") else 90  # (Pong: 900 steps, a game's first points)
-    alone = _tasks(env_id, 2, steps, 6, move=False)
-    moved = _tasks(env_id, 2, steps, 6, move=True)
+    n_envs = 2 * describe(env_id, OPTIONS.get(env_id)).agents  # (a multi-agent game: a sub-env per agent)
+    alone = _tasks(env_id, n_envs, steps, 6, move=False)
+    moved = _tasks(env_id, n_envs, steps, 6, move=True)
     for a, b in zip(alone, moved):
         for name, value in a.to_dict().items():
             if value is not None:

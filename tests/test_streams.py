@@ -183,3 +183,38 @@ def test_a_lost_snapshot_restarts_its_stream_from_new_seeds_and_says_why(farm):
     np.testing.assert_allclose(batch.obs[0, :2, 0], 3 * 64 / 1000)  # stream 0 went on
     np.testing.assert_allclose(batch.obs[0, 2:, 0], 0.0)  # stream 1 began a new episode
     assert book.restarts == [0, 1] and book.stats.restarted == 1
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("mpe2") is None, reason="needs the multiagent extra")
+def test_a_multi_agent_games_continue_across_tasks_and_are_reported_whole(farm, tmp_path):
+    """simple_spread's 25-step games in 10-step tasks: "fresh" would end no game; "continue" saves each
+    game's PettingZoo objects with the stream, so every agent's episode is reported once, 25 steps."""
+    r = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--preset",
+        "spread-ppo",
+        "--set",
+        "env.num_envs=6",
+        "--set",
+        "farm.steps_per_env=10",
+        "--set",
+        "farm.episodes=continue",
+        "--set",
+        "eval.interval=0",
+        "--set",
+        "target_return=inf",
+        "--total-steps",
+        "1200",
+        "--run-id",
+        "continue-spread",
+        "--logdir",
+        str(tmp_path),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    episodes = read_csv(tmp_path / "continue-spread" / "episodes.csv")
+    steps = read_summary(tmp_path / "continue-spread")["env_steps"]
+    assert {int(e["episodic_length"]) for e in episodes} == {25}
+    # 2 tasks x 6 agents: each of the 12 agent streams leaves at most one game unfinished
+    assert steps // 25 >= len(episodes) >= (steps - 12 * 24) / 25

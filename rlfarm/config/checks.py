@@ -178,12 +178,10 @@ def check_results_per_update(config: RunConfig, tasks_in_flight: int) -> None:
 
 def check_agents(config: RunConfig, agents: int) -> None:
     """A multi-agent env of `agents` agents (rlfarm.envs.agents): each game fills one sub-env per
-    agent, so env.num_envs counts agents, and its env streams cannot be saved yet."""
+    agent, so env.num_envs counts agents."""
     if config.env.num_envs % agents:
         low = max(agents, config.env.num_envs // agents * agents)
         raise ConfigError(
             f"env.num_envs = {config.env.num_envs} is not a multiple of the env's {agents} agents (each game "
             f"fills one sub-env per agent): try env.num_envs = {low}"
         )
-    if config.farm.episodes == "continue":
-        raise ConfigError('farm.episodes = "continue" is not supported for multi-agent envs yet: use "fresh"')

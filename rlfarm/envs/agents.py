@@ -37,6 +37,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from rlfarm.envs import state
 from rlfarm.envs.errors import EnvError
 from rlfarm.envs.turns import is_turn_based, one_space
 
@@ -280,6 +281,27 @@ class AgentVector(VectorEnv):
         if game_ended.any():  # games that ended at this step and were reset (evaluations end there)
             info["game_ended"] = game_ended
         return self._obs.copy(), rewards, terminated, truncated, self._info(info)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The vector's complete state (rlfarm.envs.snapshot, "continue" episodes): its own arrays and
+        each game's objects."""
+        return {
+            "obs": self._obs.copy(),
+            "in_game": self._in_game.copy(),
+            "waiting": self._waiting.copy(),
+            "mask": None if self._mask is None else self._mask.copy(),
+            "games": [state.capture_object(game) for game in self.games],
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Put a vector made like the one `snapshot` saved into its state."""
+        if len(saved["games"]) != len(self.games) or np.shape(saved["obs"]) != self._obs.shape:
+            raise ValueError(f"env snapshot of {len(saved['games'])} games, not {len(self.games)}")
+        for name in ("obs", "in_game", "waiting", "mask"):
+            if getattr(self, f"_{name}") is not None:
+                np.copyto(getattr(self, f"_{name}"), saved[name])
+        for game, game_state in zip(self.games, saved["games"]):
+            state.restore_object(game, game_state)
 
     def render(self) -> Any:
         """The first game's frame (what `rlfarm eval --video` records: it plays one game)."""

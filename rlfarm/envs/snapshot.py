@@ -13,6 +13,10 @@ maps) that rlfarm.core.codec packs without pickle. Three kinds of env state are 
   `MjData` (every array field: the integration state and the quantities derived from it, which some
   envs read before their next step). An env of your own may define `rlfarm_snapshot()` returning such
   a tree and `rlfarm_restore(state)`;
+- a multi-agent env (rlfarm.envs.agents.AgentVector) saves its own arrays and each game's PettingZoo
+  env as an object graph (`capture_object`): every object's attributes, walked from the env through
+  its wrappers, world, agents and their states, as plain values; rendering state (pygame) and
+  configuration are skipped, and an object met twice is saved once;
 - anything else (an attribute holding an object that is not understood) cannot be saved: `capture`
   raises `Unsnapshotable` naming the attribute, and a run refuses `farm.episodes = "continue"` on it
   before it starts.
@@ -25,20 +29,15 @@ generators' states in place.
 from __future__ import annotations
 
 import sys
-from collections import deque
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import SyncVectorEnv
 
-from rlfarm.envs.errors import EnvError
+from rlfarm.envs.state import Unsnapshotable, is_configuration, plain, unplain
 
 FORMAT = 1  # the layout of a snapshot tree; a worker refuses another
-
-
-class Unsnapshotable(EnvError):
-    """An env whose state rlfarm cannot save and restore exactly."""
 
 
 # Attribute names that are configuration or rendering, never state, whatever their value.
@@ -117,10 +116,10 @@ def _capture_layer(layer: Any) -> dict[str, Any]:
         return {"class": name, "own": layer.rlfarm_snapshot()}
     out: dict[str, Any] = {"class": name, "attrs": {}}
     for attr, value in vars(layer).items():
-        if attr in _SKIP_NAMES or _is_configuration(value):
+        if attr in _SKIP_NAMES or is_configuration(value):
             continue
         try:
-            out["attrs"][attr] = _plain(value)
+            out["attrs"][attr] = plain(value)
         except Unsnapshotable as exc:
             raise Unsnapshotable(
                 f"{name}.{attr} holds {exc}, whose state rlfarm cannot save; give "
@@ -138,104 +137,13 @@ def _restore_layer(layer: Any, state: dict[str, Any]) -> None:
         return
     for attr, value in state["attrs"].items():
         current = vars(layer).get(attr)
-        restored = _unplain(value, current)
+        restored = unplain(value, current)
         if restored is not current:
             setattr(layer, attr, restored)
     if "mjdata" in state:
         if not _is_mujoco(layer):
             raise ValueError(f"env snapshot holds MuJoCo data, {type(layer).__name__} is no MuJoCo env")
         _restore_mjdata(layer.model, layer.data, state["mjdata"])
-
-
-def _is_configuration(value: Any) -> bool:
-    return (
-        isinstance(value, (gym.spaces.Space, gym.envs.registration.EnvSpec))
-        or callable(value)
-        and not isinstance(value, np.random.Generator)
-    )
-
-
-# ---- plain values --------------------------------------------------------------------------------
-# Tagged where msgpack would lose the type: tuples and deques would come back as lists, numpy scalars
-# as Python numbers (which promote differently), generators are objects.
-
-
-def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, str, bytes)):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, np.generic):
-        if isinstance(value, int) and not -(2**63) <= value < 2**64:
-            return {"~": "bigint", "v": str(value)}
-        return value
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind not in "biufc":
-            raise Unsnapshotable(f"an array of {value.dtype}")
-        return np.array(value, copy=True)
-    if isinstance(value, np.generic):
-        return {"~": "scalar", "v": np.asarray(value)}
-    if isinstance(value, np.random.Generator):
-        return {"~": "generator", "v": _plain(value.bit_generator.state)}
-    if isinstance(value, np.random.RandomState):
-        name, keys, pos, has_gauss, gauss = value.get_state()
-        return {"~": "randomstate", "v": [name, np.array(keys), pos, has_gauss, gauss]}
-    if isinstance(value, deque):
-        return {"~": "deque", "v": [_plain(v) for v in value], "maxlen": value.maxlen}
-    if isinstance(value, tuple):
-        return {"~": "tuple", "v": [_plain(v) for v in value]}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {"~": "dict", "v": [[_plain(k), _plain(v)] for k, v in value.items()]}
-    raise Unsnapshotable(f"a {type(value).__module__}.{type(value).__qualname__}")
-
-
-def _unplain(value: Any, current: Any = None) -> Any:
-    """The value `_plain` made `value` from; written into `current` where that keeps references
-    valid (arrays of the same shape and dtype, generators, deques), then `current` is returned."""
-    if isinstance(value, np.ndarray):
-        if (
-            isinstance(current, np.ndarray)
-            and current.shape == value.shape
-            and current.dtype == value.dtype
-            and current.flags.writeable
-        ):
-            np.copyto(current, value)
-            return current
-        return np.array(value, copy=True)
-    if isinstance(value, list):
-        return [_unplain(v) for v in value]
-    if not isinstance(value, dict) or "~" not in value:
-        return value
-    tag, inner = value["~"], value["v"]
-    if tag == "bigint":
-        return int(inner)
-    if tag == "scalar":
-        return np.asarray(inner)[()]
-    if tag == "generator":
-        state = _unplain(inner)
-        if isinstance(current, np.random.Generator) and type(current.bit_generator).__name__ == state["bit_generator"]:
-            current.bit_generator.state = state
-            return current
-        bit_generator = getattr(np.random, state["bit_generator"])()
-        bit_generator.state = state
-        return np.random.Generator(bit_generator)
-    if tag == "randomstate":
-        name, keys, pos, has_gauss, gauss = inner
-        target = current if isinstance(current, np.random.RandomState) else np.random.RandomState()
-        target.set_state((name, np.array(keys, np.uint32), pos, has_gauss, gauss))
-        return target
-    if tag == "deque":
-        items = [_unplain(v) for v in inner]
-        if isinstance(current, deque) and current.maxlen == value["maxlen"]:
-            current.clear()
-            current.extend(items)
-            return current
-        return deque(items, maxlen=value["maxlen"])
-    if tag == "tuple":
-        return tuple(_unplain(v) for v in inner)
-    if tag == "dict":
-        return {_unplain(k): _unplain(v) for k, v in inner}
-    raise ValueError(f"unknown snapshot value tag {tag!r:.40}")
 
 
 # ---- MuJoCo --------------------------------------------------------------------------------------
@@ -275,12 +183,13 @@ def _restore_mjdata(model: Any, data: Any, saved: dict[str, Any]) -> None:
     mujoco.mj_setState(model, data, state, spec)
 
 
-def check(env_id: str, options: dict[str, Any] | None = None) -> None:
+def check(env_id: str, options: dict[str, Any] | None = None, agents: int = 1) -> None:
     """Before a "continue" run starts: the env's state can be saved (`Unsnapshotable`, one line, if
-    not). Makes a one-env vector of it as workers would, steps it once, and captures it."""
+    not). Makes a one-env vector of it as workers would (one game of `agents` agents), steps it once,
+    and captures it."""
     from rlfarm.envs.make import make_vector_env
 
-    envs = make_vector_env(env_id, 1, options=options)
+    envs = make_vector_env(env_id, max(1, agents), options=options)  # one game: a sub-env per agent
     try:
         envs.reset(seed=0)
         envs.step(envs.action_space.sample())
