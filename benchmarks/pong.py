@@ -174,7 +174,9 @@ def rlfarm_sps(preset: str, seconds: float, warmup: float, extra: list[str]) -> 
                     raise RuntimeError(f"rlfarm train exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
                 if progress.exists():
                     rows = [r for r in csv.DictReader(progress.open()) if r.get("wall_time")]
-                    if rows and float(rows[-1]["wall_time"]) >= warmup + seconds:
+                    measured = [r for r in rows if float(r["wall_time"]) >= warmup]
+                    # two rows in the window at least: a SYNC iteration on a busy machine can outlast it
+                    if len(measured) >= 2 and float(rows[-1]["wall_time"]) >= warmup + seconds:
                         break
                 time.sleep(1.0)  # polling a file another process appends to
         finally:
