@@ -211,3 +211,22 @@ def test_a_forged_taken_list_is_repaired_by_the_trainers_guard_and_results_still
     finally:
         ingest.close()
         client.close()
+
+
+def test_an_async_trainer_touches_the_run_only_once_it_holds_it(run, redis_only, tmp_path):
+    """Built but not training (a second trainer of a run in use is refused only in `train`), an
+    ASYNC trainer starts no ingest thread and leaves the run's `taken` list, which the run's own
+    trainer counts on, as it is."""
+    from rlfarm.api import make_config
+    from rlfarm.trainer import make_trainer
+
+    client, run_id = run
+    client.rpush(keys.taken(run_id), b"a result the run's trainer is decoding")
+    cfg = make_config("cartpole-appo", run_id=run_id, logdir=str(tmp_path))
+    trainer = make_trainer(cfg, redis_only.redis_url, tmp_path / run_id)
+    try:
+        assert trainer.channel.ingest is None
+        assert not [t for t in threading.enumerate() if t.name.startswith("rlfarm-ingest")]
+        assert client.llen(keys.taken(run_id)) == 1
+    finally:
+        trainer.channel.close()

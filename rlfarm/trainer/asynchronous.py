@@ -50,8 +50,6 @@ class AsyncTrainer(Trainer):
         # Results received but not yet taken in by the learner. Bounded: while it is full, finished
         # tasks are not replaced, so a slow learner slows the farm down instead of piling results up.
         self.max_backlog = self.tasks_in_flight
-        if cfg.async_.ingest == "thread":  # decoded beside the learner (rlfarm.trainer.ingest)
-            self.channel.ingest_in_thread()
         self._backlog: deque[Result] = deque()
         self._owed: deque[float] = deque()  # when each not-yet-replaced task finished (worker clock)
         self._slot_wait = 0.0  # task-slot seconds spent waiting for the trainer, this log interval
@@ -141,6 +139,8 @@ class AsyncTrainer(Trainer):
 
     def train_loop(self) -> None:
         cfg = self.config
+        if cfg.async_.ingest == "thread":  # decoded beside the learner (rlfarm.trainer.ingest); the run is ours now
+            self.channel.ingest_in_thread()
         for _ in range(self.tasks_in_flight):
             self.dispatch_one()
         while self.env_steps < cfg.total_steps:
