@@ -119,3 +119,35 @@ def test_the_book_advances_each_stream_and_says_once_when_one_restarts():
     resumed.restore(book.state())
     assert [resumed.ref(i)["after"] for i in range(3)] == [None, "cc", None]
     assert book.summary()["restarted"] == 1 and book.summary()["tasks"] == 3
+
+
+def test_an_object_graph_comes_back_sharing_what_it_shared():
+    """rlfarm.envs.state: a list, an array and an object held twice are one again once restored into
+    a graph made anew, where nothing is shared yet; values, generators and tuples come back as saved."""
+    from rlfarm.envs import state
+
+    class Part:
+        def __init__(self):
+            self.pos = np.zeros(2)
+
+    class Game:
+        def __init__(self):
+            self.part = Part()
+            self.order, self.agents = ["a", "b"], ["a", "b"]
+            self.both = (self.part, 3)
+            self.rng = np.random.default_rng(0)
+            self.other = Part()
+
+    saved = Game()
+    saved.agents = saved.order  # one list under two names, as mpe2's agent selector holds it
+    saved.other = saved.part
+    saved.part.pos += 1.5
+    saved.rng.random(3)
+    blob = state.capture_object(saved)
+    fresh = Game()
+    state.restore_object(fresh, blob)
+    assert fresh.agents is fresh.order and fresh.other is fresh.part and fresh.both[0] is fresh.part
+    fresh.order.append("c")
+    fresh.part.pos += 1
+    assert fresh.agents == ["a", "b", "c"] and fresh.other.pos.tolist() == [2.5, 2.5]
+    assert fresh.rng.random() == saved.rng.random()

@@ -139,27 +139,27 @@ def restore_object(obj: Any, state: dict[str, Any]) -> None:
 _KEPT = {"~": "kept"}  # configuration or rendering: left as the object made anew has it
 
 
+def _kind(value: Any) -> str | None:
+    """What of `value` is numbered (`_state`): mutable containers, arrays and objects; None: a value."""
+    for cls, name in ((np.ndarray, "array"), (list, "list"), (dict, "dict"), (deque, "deque")):
+        if isinstance(value, cls):
+            return name
+    return "object" if _is_object(value) else None
+
+
 def _state(value: Any, memo: dict[int, int]) -> Any:
     if is_configuration(value) or type(value).__module__.split(".")[0] in _RENDERING:
         return _KEPT
     if isinstance(value, tuple):
         return {"~": "tuple", "v": [_state(v, memo) for v in value]}
-    kind = (
-        "list"
-        if isinstance(value, list)
-        else "dict"
-        if isinstance(value, dict)
-        else "deque"
-        if isinstance(value, deque)
-        else "object"
-        if _is_object(value)
-        else None
-    )
+    kind = _kind(value)
     if kind is None:
         return plain(value)
     if id(value) in memo:
         return {"~": "ref", "n": memo[id(value)]}
     n = memo[id(value)] = len(memo)
+    if kind == "array":  # (an array two objects hold is one array again when restored)
+        return {"~": "array", "n": n, "v": plain(value)}
     if kind == "list":
         return {"~": "list", "n": n, "v": [_state(v, memo) for v in value]}
     if kind == "deque":
@@ -188,6 +188,9 @@ def _restored(value: Any, current: Any, made: dict[int, Any]) -> Any:
     if tag == "kept":
         return current
     if tag == "ref":
+        return made[value["n"]]
+    if tag == "array":
+        made[value["n"]] = unplain(value["v"])
         return made[value["n"]]
     if tag == "tuple":
         olds = list(current) if isinstance(current, tuple) and len(current) == len(value["v"]) else []
