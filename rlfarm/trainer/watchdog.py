@@ -115,7 +115,9 @@ class Watchdog:
         pipe = self.client.pipeline(transaction=False)
         pipe.exists(keys.meta(self.run_id))
         pipe.llen(self.results)
-        pipe.llen(keys.taken(self.run_id))  # results the ingest thread took and is decoding: not lost
+        # Results the ingest thread took and is decoding: not lost. Read after `results`, so one it
+        # moves between the two reads is counted twice, never missed.
+        pipe.llen(keys.taken(self.run_id))
         pipe.smismember(self.outbox.wanted, texts)
         for text in texts:
             pipe.get(keys.lease(self.run_id, text))  # its holder: the worker process running it
