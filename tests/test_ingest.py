@@ -160,7 +160,7 @@ def test_freed_result_memory_is_kept_for_reuse_on_glibc():
 def test_an_async_run_takes_every_result_in_and_resends_none(farm, tmp_path, ingest):
     """APPO on the farm, its results taken in by the thread or between the learner's minibatches: no
     task is taken for lost (a result the thread holds is counted by the watchdog), nothing is
-    received twice, and the run's result lists are gone when it ends."""
+    received twice but a straggler's backup, and the run's result lists are gone when it ends."""
     run_id = f"ingest-run-{ingest}"
     result = run_cli(
         "train",
@@ -184,8 +184,10 @@ def test_an_async_run_takes_every_result_in_and_resends_none(farm, tmp_path, ing
     assert result.returncode == 0, result.stderr[-2000:]
     summary = read_summary(tmp_path / run_id)
     assert summary["env_steps"] >= 12000
-    assert summary["duplicates"] == 0
+    # What taking a result for lost would count; a straggler's backup (a slow machine) may add a
+    # duplicate, but nothing else may.
     assert summary["faults"]["leases_expired"] == summary["faults"]["messages_lost"] == 0
+    assert summary["duplicates"] <= summary["faults"]["stragglers"]
     assert summary["receive_cpu_seconds"] > 0
     client = redis.Redis.from_url(farm.redis_url)
     assert not client.exists(keys.taken(run_id), keys.results(run_id))
