@@ -19,7 +19,7 @@ rollouts into one batch, like the ASYNC trainer before an update, then drops it.
 Each consumer runs in a process of its own, in three ways: "before" (the receive path inline, with
 glibc's default heap, as the trainer was), "inline" (the heap kept for reuse, rlfarm.trainer.ingest.
 keep_freed_memory, as the trainer does now) and "thread" (rlfarm.trainer.ingest.Ingest, the ASYNC
-trainer's default: a thread takes and decodes, the main thread only stacks).
+trainer's with `async.ingest = "thread"`: a thread takes and decodes, the main thread only stacks).
 
 `--learner`: also with the learner busy at the same time, as in an ASYNC run: the preset's own
 learner (in async mode, on `--device`) learns from the decoded results, and between its minibatches
@@ -379,7 +379,7 @@ def main() -> None:
         )
     print(
         "before: the receive path inline, glibc's default heap; inline: the heap kept for reuse; thread: "
-        "the ingest thread (both as the trainer does now). CPU ms/result: the whole process's, stacking "
+        "the ingest thread (async.ingest = thread). CPU ms/result: the whole process's, stacking "
         "included; receive ms: receiving and decoding only. ceiling/core: env steps/s one trainer core "
         "could take in (steps per result / CPU per result); workers fed: that ceiling over a worker's "
         "rate. The measured rate shares this machine's cores with the producers and Redis."

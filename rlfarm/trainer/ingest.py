@@ -1,7 +1,8 @@
 """Taking results in beside the learner: a thread that moves each result out of the run's Redis list,
 checks its signature and decodes it while the trainer's main thread learns (`async.ingest =
-"thread"`, the default in ASYNC). The main thread only does the bookkeeping (which task, whose
-copy, what the watchdog makes of it), so a learner's minibatch is never held up by a decode.
+"thread"`; not the default yet: decision 30 in docs/architecture.md). The main thread only does the
+bookkeeping (which task, whose copy, what the watchdog makes of it), so a learner's minibatch is
+never held up by a decode.
 zstd's decompression, the HMAC and numpy's copies release the GIL: the decode runs on another core
 while torch computes (benchmarks/ingest.py, `--learner`).
 

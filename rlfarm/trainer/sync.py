@@ -77,7 +77,6 @@ class SyncTrainer(Trainer):
             self.version += 1
             self.iteration = iteration + 1
             self.publish()
-            self.save_checkpoint()
             self._sps = self.env_steps / (time.perf_counter() - self.start)
             farm = self.farm_scalars()
             ep = rollout.episode_returns
@@ -96,6 +95,9 @@ class SyncTrainer(Trainer):
                     **losses,
                 }
             )
+            # After the row: a kill between the two leaves a row the resumed run drops and writes
+            # again, never a checkpoint past a row that was not written.
+            self.save_checkpoint()
             self.heartbeat(farm=farm)
             self.on_event()
             if self._stop_requested:

@@ -236,7 +236,7 @@ class APPO(PPO):
                 to_device(actions, dev),
                 None if mask is None else to_device(mask, dev),
                 self.autocast,
-                self.layers,
+                **self.compiled,
             )
             newlogprob, entropy, newvalue = logprob[:steps], entropy[:steps], value[:steps]
             if boot is None:

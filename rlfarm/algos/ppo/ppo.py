@@ -99,6 +99,7 @@ class PPO(Algorithm):
         self.layers = None
         if self.config.compile != "none":
             self.layers = torch.compile(self.policy._heads, mode=self.config.compile, dynamic=False)
+        self.compiled = {} if self.layers is None else {"layers": self.layers}  # evaluate's keyword
 
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
         self._rollout = rollout
@@ -195,7 +196,7 @@ class PPO(Algorithm):
                 mb = order[start:end]
                 mb_masks = None if b_masks is None else b_masks[mb]
                 newlogprob, entropy, newvalue = self.policy.evaluate(
-                    b_obs[mb], b_actions[mb], mb_masks, self.autocast, self.layers
+                    b_obs[mb], b_actions[mb], mb_masks, self.autocast, **self.compiled
                 )
                 pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
                     newlogprob, entropy, newvalue, b_logprobs[mb], b_values[mb], b_adv[mb], b_returns[mb], impala_loss
