@@ -274,6 +274,7 @@ def run(
     from rlfarm.envs import allowed_modules_env
     from rlfarm.farm.claim import RunDirLock
     from rlfarm.local.cluster import LocalCluster
+    from rlfarm.runio.rundir import write_atomic
 
     lock = RunDirLock(run_dir)  # before anything is written into the directory (the farm's logs)
     lock.acquire()
@@ -297,7 +298,10 @@ def run(
     )
     try:
         cluster.start(wait=False)  # the workers start while the trainer builds its network
-        (run_dir / "cluster.json").write_text(json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
+        # Atomic: `rlfarm status` and tests read it while the run starts (a half-written file is no JSON).
+        write_atomic(
+            run_dir / "cluster.json", json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n"
+        )
         trainer = make_trainer(
             cfg, cluster.redis_url, run_dir, tasks_in_flight=embedded_in_flight(cfg), local_workers=workers, **options
         )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rlfarm.core.signing import SECRET_ENV, secret_from_env
 from rlfarm.farm.find import REDIS_ENV, UP_FARM, Farm, secret_mismatch
+from rlfarm.runio.rundir import write_atomic
 
 
 @contextmanager
@@ -56,7 +57,9 @@ def farm_for_trainers(
     )
     try:
         cluster.start()
-        (log_dir / "cluster.json").write_text(json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n")
+        write_atomic(
+            log_dir / "cluster.json", json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n"
+        )
         yield {REDIS_ENV: cluster.redis_url, SECRET_ENV: secret}
     finally:
         cluster.stop()
