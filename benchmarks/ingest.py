@@ -117,8 +117,6 @@ class Receiver:
         self.cpu = 0.0
 
     def take(self, timeout: float):
-        from rlfarm.core import codec, signing
-        from rlfarm.core.protocol import Result
         from rlfarm.core.rollout import Rollout
 
         if self.ingest is not None:
@@ -135,8 +133,7 @@ class Receiver:
             raw = self.client.lpop(self.key)
         if raw is None:
             return None
-        message = codec.unpack(signing.open_result(RUN, raw, SECRET))
-        rollout = Rollout.from_dict(Result.from_message(message).rollout)
+        rollout = decoded(raw)
         self.cpu += time.process_time() - t0
         return rollout
 
@@ -145,23 +142,37 @@ class Receiver:
             self.ingest.close()
 
 
-def busy_learner(preset: str, device: str, blob: bytes, stop: threading.Event, learned: list[int]) -> None:
-    """The preset's learner learning from copies of `blob`'s rollout, decoded once, until `stop`;
-    `learned[0]`: env steps learned so far."""
+def async_learner(preset: str, device: str):
+    """The preset's learner in async mode on `device`, one torch thread, as in an ASYNC run."""
     import torch
 
     from rlfarm import config as C
     from rlfarm.algos import learner
-    from rlfarm.core import codec, signing
-    from rlfarm.core.protocol import Result
-    from rlfarm.core.rollout import Rollout
     from rlfarm.envs import describe
 
     torch.set_num_threads(1)
     cfg = C.build(preset, ["mode=async"])
     algorithm = learner(cfg.algo, "async")(cfg, describe(cfg.env.id, C.to_dict(cfg)["env"]), torch.device(device))
     algorithm.on_farm(8)
-    rollout = Rollout.from_dict(Result.from_message(codec.unpack(signing.open_result(RUN, blob, SECRET))).rollout)
+    return algorithm
+
+
+def decoded(blob: bytes):
+    """`blob`'s rollout, opened and decoded as the trainer does."""
+    from rlfarm.core import codec, signing
+    from rlfarm.core.protocol import Result
+    from rlfarm.core.rollout import Rollout
+
+    return Rollout.from_dict(Result.from_message(codec.unpack(signing.open_result(RUN, blob, SECRET))).rollout)
+
+
+def busy_learner(preset: str, device: str, blob: bytes, stop: threading.Event, learned: list[int]) -> None:
+    """The preset's learner learning from copies of `blob`'s rollout, decoded once, until `stop`;
+    `learned[0]`: env steps learned so far."""
+    import torch
+
+    algorithm = async_learner(preset, device)
+    rollout = decoded(blob)
     while not stop.is_set():
         algorithm.observe(rollout, policy_lag=0)
         while algorithm.ready():
@@ -234,24 +245,13 @@ def learn(url: str | None, way: str, seconds: float, preset: str, device: str, b
     beforehand (the learner alone). Env steps learned per second and the receive path's CPU."""
     import torch
 
-    from rlfarm import config as C
-    from rlfarm.algos import learner
-    from rlfarm.core import codec, signing
-    from rlfarm.core.protocol import Result
-    from rlfarm.core.rollout import Rollout
-    from rlfarm.envs import describe
-
-    torch.set_num_threads(1)
-    cfg = C.build(preset, ["mode=async"])
-    spec = describe(cfg.env.id, C.to_dict(cfg)["env"])
-    algorithm = learner(cfg.algo, "async")(cfg, spec, torch.device(device))
-    algorithm.on_farm(8)
+    algorithm = async_learner(preset, device)
     backlog: list = []
     if url is None:
         from rlfarm.trainer.ingest import keep_freed_memory
 
         keep_freed_memory()
-        decoded = Rollout.from_dict(Result.from_message(codec.unpack(signing.open_result(RUN, blob, SECRET))).rollout)
+        alone = decoded(blob)
         receiver = None
     else:
         receiver = Receiver(url, way)
@@ -265,7 +265,7 @@ def learn(url: str | None, way: str, seconds: float, preset: str, device: str, b
 
     def next_rollout():
         if receiver is None:
-            return decoded
+            return alone
         while not backlog:
             rollout = receiver.take(timeout=1.0)
             if rollout is not None:
