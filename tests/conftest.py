@@ -407,15 +407,24 @@ def task_specs(iteration: int, n: int, steps: int, version: int = 0, seed: int =
     return [{"iteration": iteration, "index": i, "version": version, "steps": steps, "seed": seed} for i in range(n)]
 
 
-def running_tasks(app, run_id: str) -> list[tuple[int, str]]:
-    """(pool pid, task id) of the rlfarm rollouts the workers report as executing right now."""
+def running_tasks(
+    app, run_id: str, started_within: float | None = None, nodes: int | None = None
+) -> list[tuple[int, str]]:
+    """(pool pid, task id) of the rlfarm rollouts the workers report as executing right now; with
+    `started_within`, only those that started at most that many seconds before the reply arrived.
+    `nodes`: how many worker nodes reply, so that the call returns with the last reply rather than
+    after its whole timeout."""
     from rlfarm.farm.app import ROLLOUT_TASK
 
     running = []
-    for tasks in (app.control.inspect(timeout=0.3).active() or {}).values():
+    for tasks in (app.control.inspect(timeout=0.3, limit=nodes).active() or {}).values():
+        now = time.time()  # time_start is wall-clock time, of this same machine
         for t in tasks:
-            if t["name"] == ROLLOUT_TASK and t["kwargs"].get("run") == run_id:
-                running.append((t["worker_pid"], t["id"]))
+            if t["name"] != ROLLOUT_TASK or t["kwargs"].get("run") != run_id:
+                continue
+            if started_within is not None and (t.get("time_start") is None or now - t["time_start"] > started_within):
+                continue
+            running.append((t["worker_pid"], t["id"]))
     return running
 
 

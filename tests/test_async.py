@@ -93,25 +93,30 @@ def test_sigkilled_worker_during_async_run(farm, tmp_path):
         "--logdir",
         str(tmp_path),
         "--total-steps",
-        "6000",
+        "12000",
         *SMALL_DQN,
         "--env",
         "tests.tiny_envs:slow",
         "--set",
         "env.num_envs=1",
         "--set",
-        "farm.steps_per_env=250",
+        "farm.steps_per_env=500",
         "--set",
         "farm.task_timeout=4",
     ]
-    # The run (24 results of ~0.5 s on 2 processes) outlasts the 4 s deadline, so the killed task is
-    # replaced one way or the other before the end: redelivered by Celery (same task id) or, if that
+    # The run (24 results of at least 1 s on 2 processes) outlasts the 4 s deadline, so the killed task
+    # is replaced one way or the other before the end: redelivered by Celery (same task id) or, if that
     # is slow (a loaded machine restarting the pool process), re-sent by the trainer.
     proc = subprocess.Popen(
         rlfarm_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **WORKER_ENV}
     )
     app = make_app(farm.redis_url)
-    running = poll(lambda: running_tasks(app, run_id), "a task of the run running", proc)
+    # A task that started at most 0.5 s before the farm's one worker node's reply came has 0.5 s of
+    # sleeping steps left, so the kill lands inside it however slow the reply was; an older one may have
+    # ended in between (a CI run killed an idle pool process that way: no task lost, nothing to see).
+    running = poll(
+        lambda: running_tasks(app, run_id, started_within=0.5, nodes=1), "a task of the run just started", proc
+    )
     victim, task_id = running[0]
     os.kill(victim, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=600)
@@ -130,7 +135,7 @@ def test_sigkilled_worker_during_async_run(farm, tmp_path):
     poll(lost_with_a_job, f"pool process {victim} lost with its task")
     assert not pid_alive(victim)
     summary = read_summary(tmp_path / run_id)
-    assert summary["env_steps"] >= 6000
+    assert summary["env_steps"] >= 12000
     ids = summary["accepted_task_ids"]
     assert len(ids) == len(set(ids)) == summary["task_ids_accepted"]  # none counted twice
     # Its result was lost with the process, so what counts for it is a copy run again: redelivered by
