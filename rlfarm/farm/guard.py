@@ -12,6 +12,7 @@ running one again after a repair is safe.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -71,19 +72,31 @@ class GuardedRetry(OutageRetry):
     def __init__(self, *args: Any, guard: KeyGuard | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.guard = guard
-        self._repairing = False
+        # One repair at a time; a thread whose command failed while another repaired finds the repair
+        # done (`_repairs` moved on) and runs its command again instead of repairing nothing and failing.
+        self._repair_lock = threading.Lock()
+        self._repairs = 0
+        self._repairing = threading.local()  # the repair's own commands go through this client too
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[override]
+        repairs_before = self._repairs
         try:
             return super().call_with_retry(do, fail, is_retryable, with_failure_count)
         except redis.ResponseError as error:
-            if self.guard is None or self._repairing or not is_wrong_type(error):
+            if self.guard is None or getattr(self._repairing, "value", False) or not is_wrong_type(error):
                 raise
-            self._repairing = True  # the repair's own commands go through this client too
-            try:
-                repaired = self.guard.repair()
-            finally:
-                self._repairing = False
+            with self._repair_lock:
+                repaired = self._repairs != repairs_before or self._repair()
             if not repaired:
                 raise
             return super().call_with_retry(do, fail, is_retryable, with_failure_count)
+
+    def _repair(self) -> bool:
+        assert self.guard is not None
+        self._repairing.value = True
+        try:
+            repaired = self.guard.repair()
+        finally:
+            self._repairing.value = False
+        self._repairs += repaired
+        return repaired

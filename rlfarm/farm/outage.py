@@ -92,7 +92,10 @@ class OutageRetry(Retry):
 
     `notify(text)` is called once when an outage starts and once when it ends (console or log).
     Copies share one state: redis-py deep-copies its Retry into every connection, and an outage is a
-    property of the server, not of one connection.
+    property of the server, not of one connection. Threads share it too (the trainer's claim, share
+    and ingest threads use its client): a lock makes each failure's and recovery's reading and
+    writing of the outage one step, so one thread's recovery never ends an outage halfway through
+    another's failure (a CI run caught `now - None` there).
     """
 
     def __init__(
@@ -113,6 +116,8 @@ class OutageRetry(Retry):
         # redis-py runs a reconnect under the same Retry inside a command's retry: only the outermost
         # call of a thread may end an outage (a TCP connect to a stalled Redis succeeds at once).
         self._depth = threading.local()
+        # Re-entrant: `notify` may log through a handler that itself uses a client with this clock.
+        self._lock = threading.RLock()
         self.outages = 0  # outages ridden out so far (a trainer re-checks its run state after each)
         self.recovered_at = float("-inf")  # when the last outage ended (monotonic)
         self.outage_seconds = 0.0
@@ -131,12 +136,17 @@ class OutageRetry(Retry):
     def _failed(self, error: BaseException, failures: int, attempt_started: float) -> None:
         if is_oom(error):  # kombu may wrap Redis's answer in its own error: it is no outage
             raise error
+        with self._lock:  # the back-off sleeps outside it
+            self._count_failure(error, attempt_started)
+        time.sleep(self._backoff.compute(failures))
+
+    def _count_failure(self, error: BaseException, attempt_started: float) -> None:
+        """Start the outage's clock, or say that it goes on; RedisUnavailable past the limit."""
         now = time.monotonic()
         if self.outage_started is None and attempt_started < self.recovered_at:
             # Sent while the outage that has just ended lasted (another thread saw Redis back first):
             # a connect or command lost to that partition (a SYN dropped mid-backoff times out after
             # the heal), not a new outage; retried without a notice.
-            time.sleep(self._backoff.compute(failures))
             return
         if self.outage_started is None:
             timed_out = isinstance(error, STALL_ERRORS)
@@ -175,10 +185,13 @@ class OutageRetry(Retry):
             raise RedisUnavailable(
                 f"{self.where} {what} for more than {self.limit:g} s (last error: {type(error).__name__}: {error})"
             ) from None
-        time.sleep(self._backoff.compute(failures))
 
     def _recovered(self) -> None:
-        if self.outage_started is not None:
+        if self.outage_started is None:  # the common case, read without the lock
+            return
+        with self._lock:
+            if self.outage_started is None:  # another thread saw Redis back first
+                return
             self.recovered_at = time.monotonic()
             seconds = self.recovered_at - self.outage_started
             self.outage_started = None
