@@ -114,9 +114,9 @@ class AsyncConfig:
     # and less time (benchmarks/appo.py, sleep-bound env).
     refresh_steps: int = 64
     # "inline": results are taken out of Redis and decoded by the trainer's main thread, between the
-    # learner's steps; "thread": by a thread beside the learner (rlfarm.trainer.ingest). Not the
-    # default yet: the thread shares the trainer's Redis client, whose outage clock is not thread-safe.
-    ingest: str = "inline"
+    # learner's steps; "thread" (default): by a thread beside the learner (rlfarm.trainer.ingest), so
+    # a GPU learner's one Python thread never stops to decode (benchmarks/ingest.py --learner).
+    ingest: str = "thread"
 
 
 @dataclass(frozen=True)

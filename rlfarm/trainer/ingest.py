@@ -1,6 +1,6 @@
 """Taking results in beside the learner: a thread that moves each result out of the run's Redis list,
 checks its signature and decodes it while the trainer's main thread learns (`async.ingest =
-"thread"`; not the default yet: decision 30 in docs/architecture.md). The main thread only does the
+"thread"`, the default: decision 30 in docs/architecture.md). The main thread only does the
 bookkeeping (which task, whose copy, what the watchdog makes of it), so a learner's minibatch is
 never held up by a decode.
 zstd's decompression, the HMAC and numpy's copies release the GIL: the decode runs on another core
