@@ -85,8 +85,6 @@ def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
     check_env(cfg.algo, spec)
     if spec.agents > 1:
         C.check_agents(cfg, spec.agents)
-    if spec.action_mask:
-        C.check_turns(cfg)
     C.check_replay_memory(
         cfg, spec.obs_shape, spec.obs_dtype == "uint8", 1 if spec.discrete else spec.action_dim, C.machine_memory()
     )

@@ -24,6 +24,8 @@ try:
 
     # Multi-agent envs (AgentVector): each game's PettingZoo objects, its agents' arrays.
     ENVS += ["mpe2/simple_spread_v3", "mpe2/simple_tag_v3", "rlfarm/four_rooms_two_level"]
+    # A turn-based game (TurnVector): each game's board and turn, the seats, the opponents' generator.
+    ENVS += ["pettingzoo/classic/connect_four_v3"]
 except ImportError:  # the multiagent extra, likewise
     pass
 try:

@@ -235,6 +235,38 @@ def test_self_play_trains_through_the_farm_with_its_league_pinned_and_rated(farm
 
 
 @pytest.mark.farm
+@needs_classic
+def test_games_longer_than_a_task_go_on_in_the_next_task_and_are_reported_whole(farm, tmp_path):
+    """farm.episodes = "continue" with tasks of 2 of the learner's moves: a game takes at least 3 of
+    them, so "fresh" tasks would end none. Each game's board, turn, seat and the opponents' generator
+    go with its stream, so games end in later tasks, whole, and count for the league."""
+    from .conftest import read_csv, train_on
+
+    run_id = "c4-continue"
+    sets = {
+        "env.num_envs": 4,
+        "farm.steps_per_env": 2,
+        "farm.episodes": "continue",
+        "selfplay.league_every": 1,
+        "selfplay.league_size": 2,
+        "policy.hidden_sizes": "[32]",
+        "eval.interval": 0,
+        "target_return": "inf",
+    }
+    options = [part for key, value in sets.items() for part in ("--set", f"{key}={value}")]
+    result = train_on(farm, tmp_path, run_id, "--preset", "connect-four-ppo", "--total-steps", "320", *options)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lengths = [int(e["episodic_length"]) for e in read_csv(tmp_path / run_id / "episodes.csv")]
+    # 3 to 21 moves of the learner's: every game whole, none cut at a task's end
+    assert lengths and min(lengths) >= 3 and max(lengths) <= 21, lengths
+    # 320 moves in 8 streams (2 tasks x 4 games), each leaving at most one game of <= 20 moves unfinished
+    assert 320 - 8 * 20 <= sum(lengths) <= 320
+    with open(tmp_path / run_id / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[-1]["selfplay/elo"] != "" and 0.0 <= float(rows[-1]["selfplay/win_rate"]) <= 1.0
+
+
+@pytest.mark.farm
 def test_a_resumed_league_keeps_the_members_its_redis_holds_and_drops_the_others(redis_only):
     """A run resumed on a Redis that lost its versions (or on another one): members tasks could not
     fetch leave the league, the others are pinned again (held by the league, not the evaluations)."""

@@ -6,7 +6,7 @@ This module is the layer's face: import from it.
 """
 
 from rlfarm.config.bounds import check_replay_memory
-from rlfarm.config.checks import check_agents, check_results_per_update, check_turns, validate
+from rlfarm.config.checks import check_agents, check_results_per_update, validate
 from rlfarm.config.cores import (
     ACTING_FORWARDS,
     acting_share,
@@ -52,7 +52,6 @@ __all__ = [
     "build",
     "check_replay",
     "check_agents",
-    "check_turns",
     "check_replay_memory",
     "check_results_per_update",
     "flatten",

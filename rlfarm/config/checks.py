@@ -157,12 +157,6 @@ def check_selfplay(config: RunConfig) -> None:
         raise ConfigError(f"selfplay.scripted must be one of {', '.join(EVAL_OPPONENTS)}, got {sp.scripted!r}")
 
 
-def check_turns(config: RunConfig) -> None:
-    """A turn-based game (rlfarm.envs.turns): its games cannot be saved between tasks yet."""
-    if config.farm.episodes == "continue":
-        raise ConfigError('farm.episodes = "continue" is not supported for turn-based games yet: use "fresh"')
-
-
 def check_results_per_update(config: RunConfig, tasks_in_flight: int) -> None:
     """A batch of more results than can ever be in flight would never fill (0 in flight: not known yet)."""
     k = config.async_.results_per_update

@@ -32,6 +32,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from rlfarm.envs import state
 from rlfarm.envs.errors import EnvError
 from rlfarm.envs.opponents import RANDOM, Opponent, random_legal
 
@@ -136,6 +137,34 @@ class TurnVector(VectorEnv):
             final_info = {"action_mask": final_mask, "_action_mask": ended} if self.masked else {}
             info.update({"final_obs": final_obs, "_final_obs": ended, "final_info": final_info, "_final_info": ended})
         return self._obs.copy(), rewards, terminated, truncated, info
+
+    # ---- "continue" episodes (rlfarm.envs.snapshot) ----------------------------------------------
+    _ARRAYS = ("obs", "mask", "seat", "first_seat", "episodes", "reward", "return")
+
+    def snapshot(self) -> dict[str, Any]:
+        """The vector's complete state: its own arrays, the opponents' random generator and each game's
+        PettingZoo objects (the board, whose turn, the agents' rewards and dones). Not the opponents:
+        a task names its own (`set_opponents`), and a game that goes on into the next task is played
+        on by the opponent that task names for it (docs/multiagent.md)."""
+        return {
+            **{name: getattr(self, f"_{name}").copy() for name in self._ARRAYS},
+            "rng": state.plain(self._rng),
+            "games": [state.capture_object(game) for game in self.games],
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Put a vector made like the one `snapshot` saved into its state."""
+        if len(saved["games"]) != len(self.games) or np.shape(saved["obs"]) != self._obs.shape:
+            raise ValueError(f"env snapshot of {len(saved['games'])} games, not {len(self.games)}")
+        for name in self._ARRAYS:
+            np.copyto(getattr(self, f"_{name}"), saved[name])
+        self._rng = state.unplain(saved["rng"], self._rng)
+        for game, game_state in zip(self.games, saved["games"]):
+            # A game made but never reset lacks the objects a reset makes (the turn's agent selector);
+            # reset, they exist to be written into.
+            game.reset(seed=0)
+            state.restore_object(game, game_state)
+        self.finished = []
 
     def render(self) -> Any:
         """The first game's frame (what `rlfarm eval --video` records: it plays one game)."""

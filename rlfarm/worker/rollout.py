@@ -179,15 +179,21 @@ class RolloutWorker:
             if spec.version == "latest" and refresh_steps > 0:
                 refresh = self._refresher(spec, result)
             collect_kw = {"keep_next_obs": keep_next_obs, "refresh": refresh, "refresh_steps": refresh_steps}
+
+            def prepare(envs: Any) -> None:  # a turn-based game's opponents are the task's
+                if isinstance(envs, TurnVector):
+                    envs.finished = []  # the games this task ends (a continued stream held last task's)
+                    if opponents is not None:
+                        envs.set_opponents(opponents, players)
+
             if run_meta["config"]["farm"].get("episodes", "fresh") == "continue":
-                rollout = self.streams.collect(spec, env_cfg, actor, action_seed, result, collect_kw)
+                rollout, envs = self.streams.collect(spec, env_cfg, actor, action_seed, result, collect_kw, prepare)
             else:
                 envs = self._vector_env(env_cfg)
-                if opponents is not None:
-                    envs.set_opponents(opponents, players)
+                prepare(envs)
                 rollout = collect(actor, envs, spec.steps, env_seeds, action_seed, **collect_kw)
-                if isinstance(envs, TurnVector):
-                    result.games = outcomes(envs.finished)
+            if isinstance(envs, TurnVector):
+                result.games = outcomes(envs.finished)
             result.rollout = rollout.to_dict()
         result.duration = time.perf_counter() - started
         result.finished = time.time()

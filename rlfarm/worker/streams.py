@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -46,9 +47,11 @@ class EnvStreams:
         action_seed: int,
         result: Result,
         collect_kw: dict[str, Any],
-    ) -> Rollout:
-        """The task's steps of its stream; start it from its seeds when the spec names no snapshot (or
-        the snapshot is lost). The result says how (`result.stream`)."""
+        prepare: Callable[[Any], None] = lambda envs: None,
+    ) -> tuple[Rollout, Any]:
+        """The task's steps of its stream, and the stream's envs; start it from its seeds when the spec
+        names no snapshot (or the snapshot is lost). The result says how (`result.stream`). `prepare`
+        is called on the envs, where they stand, before the first step (a game's opponents)."""
         ref = spec.stream
         if not isinstance(ref, dict) or not isinstance(ref.get("index"), int):
             raise protocol.ProtocolError('a farm.episodes = "continue" task must name its env stream')
@@ -81,6 +84,7 @@ class EnvStreams:
                     log.warning("env stream %d of run %s restarts from new seeds: %s", index, spec.run, exc)
         restored = time.perf_counter() - started
         try:
+            prepare(stream.envs)
             rollout = collect(actor, stream.envs, spec.steps, [], action_seed, stream=stream, **collect_kw)
             saving = time.perf_counter()
             blob, digest = streams.encode(stream, snapshot.capture(stream.envs))
@@ -96,4 +100,4 @@ class EnvStreams:
             "bytes": len(blob),
             "seconds": restored + time.perf_counter() - saving,
         }
-        return rollout
+        return rollout, stream.envs
