@@ -12,8 +12,8 @@
 #                so 2 workers act it whatever the farm's size), then SB3 PPO with the zoo's Atari
 #                settings on 16 envs in subprocesses, learner on the same device, for the same seconds:
 #                env steps/s of each, their ratios, slots waiting and learner busy (benchmarks/pong.py)
-#   acting.txt   acting Pong on 1, 2, 4, 8 and 14 processes: efficiency against N x one process
-#                (benchmarks/acting_scale.py)
+#   acting.txt   acting Pong on 1, 2, 4, 8 and 14 processes: efficiency against N x one process,
+#                beside a pure Python loop's on the same N, the machine's own (acting_scale.py --reference)
 #   machine.txt  the card (nvidia-smi), the cores and their topology (lscpu), torch's version
 #
 #   OUT=/tmp/gpu PYTHON=.venv/bin/python bash benchmarks/gpu_machine.sh [--short]
@@ -81,7 +81,7 @@ if runs acting; then
   echo "== acting on N processes, at ${SECONDS} s"
   # shellcheck disable=SC2086  # the list of process counts is meant to split
   "$PYTHON" benchmarks/acting_scale.py --processes $processes --seconds "$act_seconds" \
-    --warmup "$act_warmup" 2>&1 | tee "$OUT/acting.txt" || failed+=" acting"
+    --warmup "$act_warmup" --reference 2>&1 | tee "$OUT/acting.txt" || failed+=" acting"
 fi
 
 echo "figures in $OUT/ after ${SECONDS} s"
