@@ -164,7 +164,6 @@ class TurnVector(VectorEnv):
             # reset, they exist to be written into.
             game.reset(seed=0)
             state.restore_object(game, game_state)
-        self.finished = []
 
     def render(self) -> Any:
         """The first game's frame (what `rlfarm eval --video` records: it plays one game)."""
