@@ -147,12 +147,14 @@ class PolicyGroup(Algorithm):
     def versions_per_result(self) -> float:
         return self.learners[self.trained[0]].versions_per_result()
 
-    def observe(self, rollout: Rollout, policy_lag: int) -> None:
+    def observe(self, rollout: Rollout, policy_lag: int | Mapping[str, int]) -> None:
+        """`policy_lag`: the result's, or each policy's on its own version line (rlfarm.farm.lines)."""
         for name in self.spec.policies:
             own = policy_rollout(rollout, self.spec, name)
             self._returns[name].extend(own.episode_returns.tolist())
             if name not in self.frozen:
-                self.learners[name].observe(own, policy_lag)
+                lag = policy_lag if isinstance(policy_lag, int) else policy_lag[name]
+                self.learners[name].observe(own, lag)
 
     def ready(self) -> bool:
         return any(self.learners[name].ready() for name in self.trained)

@@ -48,6 +48,7 @@ class Heartbeat:
     tasks_in_flight: int | None = None
     eval_mean_return: float | None = None  # None until a greedy evaluation has finished
     policy_evals: dict[str, float] | None = None  # several policies: each one's last evaluation
+    lines: dict[str, float] | None = None  # several policies: each one's newest version on its own line
     # ASYNC: fraction of the farm's task-slot time, over the last log interval, waiting for the trainer
     slots_waiting: float | None = None
     host: str | None = None
@@ -163,6 +164,7 @@ def parse_heartbeat(raw: Mapping[str, str], now: float) -> Heartbeat | None:
         tasks_in_flight=_num(raw, "tasks_in_flight", int),
         eval_mean_return=_num(raw, "eval_mean_return", float),
         policy_evals=_policy_evals(raw.get("policy_evals")),
+        lines=_policy_evals(raw.get("lines")),
         slots_waiting=_num(raw, "slots_waiting", float),
         host=raw.get("host"),
         pid=_num(raw, "pid", int),
@@ -362,6 +364,8 @@ def _run_row(r: RunStatus) -> dict[str, Any]:
     run.append(f"\n{(r.algo or '?').upper()} {r.mode or ''} · {r.env or '?'}", style="dim")
     policy = "-" if r.latest_version is None else f"v{r.latest_version}\n{narrow.age(r.policy_age_s)} ago"
     hb = r.heartbeat
+    if hb is not None and hb.lines:  # several policies: each one's own version line
+        policy += "".join(f"\n{name} v{number:.0f}" for name, number in hb.lines.items())
     if hb is None:
         # A trainer's last word (finished, failed, stopped) is kept: a run without any had its trainer
         # killed or its machine lost (or ended before rlfarm kept last words, or was resumed elsewhere).

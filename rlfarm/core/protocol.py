@@ -19,11 +19,12 @@ RELEASE = "0.1.0"  # this release of rlfarm (rlfarm.__version__; setup.cfg reads
 # worker. Bump it with any change a worker of the other version would misread or refuse (a new field of
 # TaskSpec, Result or the run meta, a changed config key). Tasks and run metadata carry it; a worker
 # refuses a task of another protocol in one line naming both (docs/architecture.md, decision 16).
-PROTOCOL = 7  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
+PROTOCOL = 8  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
 # 4: env streams of the run (TaskSpec.stream, Result.stream), ppo.vf_loss, ppo.anneal_clip, reference;
 # 5: tasks travel on the queue of their protocol (TASK_QUEUE), claims are signed; 6: turn-based games
 # (act["opponents"], Result.games, Rollout.action_masks, the [selfplay] section); 7: an evaluation of
-# several policies returns each one's (Result.policy_returns)
+# several policies returns each one's (Result.policy_returns); 8: a run of several policies has a
+# version line per policy (TaskSpec.lines, rlfarm.farm.lines)
 
 
 def task_queue(protocol: int) -> str:
@@ -97,6 +98,9 @@ class TaskSpec:
     # farm.episodes = "continue": the env stream the task continues (rlfarm.core.streams):
     # {"index": i, "after": snapshot digest or None (start it), "restarts": n (its seeds' restart count)}
     stream: dict[str, Any] | None = None
+    # A run of several policies: the version of each policy's own line that run version `version` is
+    # made of (rlfarm.farm.lines), e.g. {"adversary": 12, "agent": 0}; None: one policy, or "latest".
+    lines: dict[str, int] | None = None
     sig: str | None = None  # HMAC over all other fields (rlfarm.core.signing), when RLFARM_SECRET is set
 
     def __post_init__(self) -> None:
@@ -135,6 +139,8 @@ class TaskSpec:
             kwargs["incarnation"] = self.incarnation
         if self.stream is not None:
             kwargs["stream"] = dict(self.stream)
+        if self.lines is not None:
+            kwargs["lines"] = dict(self.lines)
         for name in ("env", "sig"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
@@ -159,6 +165,8 @@ class TaskSpec:
         `run=cartpole-1 v=latest it=12 idx=1 steps=256 seed=1 eps=0.05 env=CartPole-v1`.
         What varies from task to task comes before the env (Flower cuts a cell at ~50 characters)."""
         parts = [f"run={self.run}", f"v={self.version}", f"it={self.iteration}", f"idx={self.index}"]
+        if self.lines is not None:  # each policy's own version: `agent=v3` (Flower shows the pace of each)
+            parts[2:2] = [f"{name}=v{number}" for name, number in self.lines.items()]
         if self.stream is not None:
             parts.append(f"stream={self.stream.get('index')}")
         parts += [f"{name}={getattr(self, name)}" for name in ("steps", "episodes") if getattr(self, name)]

@@ -10,6 +10,7 @@ All under `rlfarm:<run>:` (besides the broker's own queue, `celery`, and kombu's
 | `policy:latest`     | string     | trainer, in the publishing transaction      | none                   |
 | `versions`          | sorted set | trainer (retained versions)                 | none                   |
 | `pinned`            | set        | trainer (best version, those in evaluation) | none                   |
+| `policy@<p>:<n>`, `policy@<p>:latest`, `versions@<p>`, `pinned@<p>` | as above | trainer: policy p's own version line, in a run of several policies (rlfarm.farm.lines) | as above |
 | `trainer`           | string     | trainer (the run's claim, rlfarm.farm.claim) | CLAIM_SECONDS, renewed |
 | `status`            | hash       | trainer (heartbeat for `rlfarm status`)     | STATUS_TTL; its last word (finished, failed, stopped): none |
 | `wanted`            | set        | trainer adds task keys and LIVE; a worker removes the key of the task whose result it pushed | none |
@@ -78,7 +79,7 @@ def expected_type(key: bytes | str) -> str | None:
     parts = text.split(":", 3)
     if len(parts) < 3 or parts[0] != NAMESPACE:
         return None
-    return TYPES.get(parts[2])
+    return TYPES.get(parts[2].split("@", 1)[0])  # `policy@<p>`: a policy's own line (`line`)
 
 
 def prefix(run: str) -> str:
@@ -95,20 +96,25 @@ def meta(run: str) -> str:
     return f"{prefix(run)}meta"
 
 
-def policy(run: str, version: int) -> str:
-    return f"{prefix(run)}policy:{version}"
+def _line(line: str | None) -> str:
+    """The suffix of a policy's own version line's keys (policy names are identifiers: no ':' or '@')."""
+    return "" if line is None else f"@{line}"
 
 
-def latest(run: str) -> str:
-    return f"{prefix(run)}policy:latest"
+def policy(run: str, version: int, line: str | None = None) -> str:
+    return f"{prefix(run)}policy{_line(line)}:{version}"
 
 
-def versions(run: str) -> str:
-    return f"{prefix(run)}versions"
+def latest(run: str, line: str | None = None) -> str:
+    return f"{prefix(run)}policy{_line(line)}:latest"
 
 
-def pinned(run: str) -> str:
-    return f"{prefix(run)}pinned"
+def versions(run: str, line: str | None = None) -> str:
+    return f"{prefix(run)}versions{_line(line)}"
+
+
+def pinned(run: str, line: str | None = None) -> str:
+    return f"{prefix(run)}pinned{_line(line)}"
 
 
 def claim(run: str) -> str:

@@ -59,11 +59,21 @@ def _show(raw: Any) -> str:
 
 
 class PolicyStore:
-    def __init__(self, client: redis.Redis, run_id: str, keep: int = 5, secret: bytes | str | None = FROM_ENV):
+    def __init__(
+        self,
+        client: redis.Redis,
+        run_id: str,
+        keep: int = 5,
+        secret: bytes | str | None = FROM_ENV,
+        line: str | None = None,
+    ):
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.client = client
         self.run_id = run_id
+        # None: the run's version line; a policy's name: that policy's own line (rlfarm.farm.lines),
+        # with keys of its own, and blobs that say whose line they are in their signed metadata.
+        self.line = line
         self.keep = keep
         # Signs what it writes and verifies what it reads (run meta, policies); None: neither.
         self.secret = signing.secret_from_env() if secret is FROM_ENV else secret
@@ -81,7 +91,26 @@ class PolicyStore:
         self.on_forged: Callable[[str], None] = lambda text: None  # a pointer it did not write, refused
 
     def _key(self, version: int) -> str:
-        return keys.policy(self.run_id, version)
+        return keys.policy(self.run_id, version, self.line)
+
+    @property
+    def _latest_key(self) -> str:
+        return keys.latest(self.run_id, self.line)
+
+    @property
+    def _versions_key(self) -> str:
+        return keys.versions(self.run_id, self.line)
+
+    @property
+    def _pinned_key(self) -> str:
+        return keys.pinned(self.run_id, self.line)
+
+    def _name(self, version: int | str) -> str:
+        """How errors name a version: `policy version 3`, `policy 'agent' version 3` (its own line)."""
+        return f"{self._what()} version {version}"
+
+    def _what(self) -> str:
+        return "policy" if self.line is None else f"policy {self.line!r}"
 
     # ---- run metadata --------------------------------------------------------------------------
     def set_run_meta(self, meta: Mapping[str, Any]) -> None:
@@ -97,19 +126,26 @@ class PolicyStore:
 
     # ---- versions ------------------------------------------------------------------------------
     def publish(
-        self, version: int, state: Mapping[str, torch.Tensor], algo: str, extra: Mapping[str, str] | None = None
+        self,
+        version: int,
+        state: Mapping[str, torch.Tensor],
+        algo: str,
+        extra: Mapping[str, str] | None = None,
+        pipe: redis.client.Pipeline | None = None,
     ) -> bytes:
-        """Store `version` and move `latest` to it in one transaction; trim beyond `keep`.
+        """Store `version` and move `latest` to it in one transaction; trim beyond `keep`. `pipe`: a
+        transaction of the caller's to add the writes to (it executes it), so that several lines'
+        versions are published as one (rlfarm.farm.lines).
 
         The store owns its version line: `latest` and the listing are written from what it published,
         never taken from Redis. One it did not write (`SET ...:policy:latest 9999`, a member added to
         `versions`) is refused: reported through `on_forged` and overwritten by this transaction."""
         if self.own is not None and version <= self.own[0]:
             raise ValueError(f"version {version} is not newer than the latest ({self.own[0]})")
-        pipe = self.client.pipeline(transaction=False)
-        pipe.get(keys.latest(self.run_id))
-        pipe.zrange(keys.versions(self.run_id), 0, -1)
-        raw_latest, raw_listed = pipe.execute()
+        reads = self.client.pipeline(transaction=False)
+        reads.get(self._latest_key)
+        reads.zrange(self._versions_key, 0, -1)
+        raw_latest, raw_listed = reads.execute()
         latest, listed = _as_int(raw_latest), {v for v in map(_as_int, raw_listed) if v is not None}
         if self.own is None:
             if latest is not None and version <= latest and self._genuine(latest):
@@ -118,12 +154,12 @@ class PolicyStore:
         else:
             if raw_latest is not None and latest != self.own[0]:  # None: flushed, not forged
                 self.on_forged(
-                    f"refused {keys.latest(self.run_id)} = {_show(raw_latest)}: this trainer "
+                    f"refused {self._latest_key} = {_show(raw_latest)}: this trainer "
                     f"published v{self.own[0]} last; writing v{version}"
                 )
             if raw_listed and (listed != self.listed or len(raw_listed) != len(listed)):
                 self.on_forged(
-                    f"refused {keys.versions(self.run_id)}: it lists "
+                    f"refused {self._versions_key}: it lists "
                     f"{sorted(_show(v) for v in raw_listed)[:8]}, this trainer "
                     f"{sorted(self.listed or ())}; writing its own"
                 )
@@ -132,6 +168,7 @@ class PolicyStore:
             "algo": algo,
             "run": self.run_id,
             "created": f"{time.time():.6f}",
+            **({"line": self.line} if self.line is not None else {}),
             **(extra or {}),
         }
         blob = codec.encode_policy(state, meta, self.secret)
@@ -139,16 +176,30 @@ class PolicyStore:
         self.listed.add(version)
         old = sorted(v for v in self.listed if v <= version - self.keep and v not in self.pinned)
         self.listed.difference_update(old)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.set(self._key(version), blob)
-        pipe.delete(keys.versions(self.run_id))
-        pipe.zadd(keys.versions(self.run_id), {str(v): v for v in self.listed})
-        pipe.set(keys.latest(self.run_id), version)
+        writes = self.client.pipeline(transaction=True) if pipe is None else pipe
+        writes.set(self._key(version), blob)
+        writes.delete(self._versions_key)
+        writes.zadd(self._versions_key, {str(v): v for v in self.listed})
+        writes.set(self._latest_key, version)
         if old:
-            pipe.delete(*[self._key(v) for v in old])
-        pipe.execute()
+            writes.delete(*[self._key(v) for v in old])
+        if pipe is None:
+            writes.execute()
         self.own = (version, blob)
         return blob
+
+    # ---- a version line per policy (rlfarm.farm.lines.LinedStore); one policy has none ----------------
+    def lines_of(self, version: int | str) -> dict[str, int] | None:
+        """The policies' line versions run version `version` is made of: None, one policy's run."""
+        return None
+
+    @property
+    def heads(self) -> dict[str, int]:
+        """Each policy's newest line version: none for one policy's run."""
+        return {}
+
+    def restore_heads(self, heads: Mapping[str, int] | None) -> None:
+        """A resumed trainer's lines go on numbering from the checkpoint's `heads`: nothing to do here."""
 
     def _genuine(self, version: int) -> bool:
         """Whether Redis holds a policy `version` that passes `check` (a pointer to nothing, or to a
@@ -173,7 +224,7 @@ class PolicyStore:
                 blob = self.get_blob(version)
                 self.check(version, blob)
                 self.pinned[version] = blob
-            self.client.sadd(keys.pinned(self.run_id), version)
+            self.client.sadd(self._pinned_key, version)
         return self.pinned[version]
 
     def unpin(self, version: int, holder: str = "") -> None:
@@ -187,11 +238,11 @@ class PolicyStore:
         if self.pinned.pop(version, None) is None:
             return
         pipe = self.client.pipeline(transaction=True)
-        pipe.srem(keys.pinned(self.run_id), version)
+        pipe.srem(self._pinned_key, version)
         latest = self.latest()
         if latest is not None and version <= latest - self.keep:
             pipe.delete(self._key(version))
-            pipe.zrem(keys.versions(self.run_id), str(version))
+            pipe.zrem(self._versions_key, str(version))
             if self.listed is not None:
                 self.listed.discard(version)
         pipe.execute()
@@ -205,14 +256,14 @@ class PolicyStore:
         version, blob = self.own
         pipe = self.client.pipeline(transaction=False)
         pipe.exists(self._key(version))
-        pipe.get(keys.latest(self.run_id))
+        pipe.get(self._latest_key)
         present, latest = pipe.execute()
         if present and latest is not None and int(latest) >= version:
             return None
         pipe = self.client.pipeline(transaction=True)
         pipe.set(self._key(version), blob)
-        pipe.zadd(keys.versions(self.run_id), {str(version): version})
-        pipe.set(keys.latest(self.run_id), version)
+        pipe.zadd(self._versions_key, {str(version): version})
+        pipe.set(self._latest_key, version)
         pipe.execute()
         return version
 
@@ -223,8 +274,8 @@ class PolicyStore:
         pipe = self.client.pipeline(transaction=True)
         for version, blob in self.pinned.items():
             pipe.set(self._key(version), blob)
-            pipe.zadd(keys.versions(self.run_id), {str(version): version})
-            pipe.sadd(keys.pinned(self.run_id), version)
+            pipe.zadd(self._versions_key, {str(version): version})
+            pipe.sadd(self._pinned_key, version)
         pipe.execute()
 
     def export(self, version: int | str) -> tuple[bytes, str]:
@@ -245,7 +296,7 @@ class PolicyStore:
         """Drop the pins a dead trainer of this run left (a resumed trainer: its evaluations are gone)."""
         self.pinned.clear()
         self.holders.clear()
-        self.client.delete(keys.pinned(self.run_id))
+        self.client.delete(self._pinned_key)
 
     def write_back(self) -> list[str]:
         """Put back what this store wrote that Redis no longer holds as written (the run metadata, the
@@ -255,7 +306,7 @@ class PolicyStore:
         if self.own_meta is not None:
             own[keys.meta(self.run_id)] = ("the run metadata", self.own_meta)
         for version, blob in ([self.own] if self.own else []) + list(self.pinned.items()):
-            own[self._key(version)] = (f"policy v{version}", blob)
+            own[self._key(version)] = (f"{self._what()} v{version}", blob)
         if not own:
             return []
         names = list(own)
@@ -271,11 +322,11 @@ class PolicyStore:
 
     def latest(self) -> int | None:
         """Redis's pointer to the newest version (None when absent or not a version number)."""
-        return _as_int(self.client.get(keys.latest(self.run_id)))
+        return _as_int(self.client.get(self._latest_key))
 
     def versions(self) -> list[int]:
         """The retained versions, oldest first (members that are not version numbers are skipped)."""
-        found = (_as_int(v) for v in self.client.zrange(keys.versions(self.run_id), 0, -1))
+        found = (_as_int(v) for v in self.client.zrange(self._versions_key, 0, -1))
         return sorted(v for v in found if v is not None)
 
     def get_blob(self, version: int | str) -> bytes:
@@ -292,12 +343,12 @@ class PolicyStore:
             retained = self.versions()
             if latest is not None and version < latest and (not retained or version < retained[0]):
                 raise PolicyTrimmed(
-                    f"run {self.run_id!r}: policy version {version} was trimmed; retained versions "
+                    f"run {self.run_id!r}: {self._name(version)} was trimmed; retained versions "
                     f"are {retained[0]}..{retained[-1]}"
                     if retained
-                    else f"run {self.run_id!r}: policy version {version} was trimmed"
+                    else f"run {self.run_id!r}: {self._name(version)} was trimmed"
                 )
-            raise PolicyNotFound(f"run {self.run_id!r}: no policy version {version} (latest is {latest})")
+            raise PolicyNotFound(f"run {self.run_id!r}: no {self._name(version)} (latest is {latest})")
         return blob
 
     def get(self, version: int | str, arrays: str = "torch") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -318,14 +369,18 @@ class PolicyStore:
         try:
             state, meta = codec.decode_policy(blob, self.secret, arrays)
         except codec.CodecError as exc:
-            raise PolicyCorrupt(f"run {self.run_id!r}: policy version {version} is corrupt: {exc}") from None
+            raise PolicyCorrupt(f"run {self.run_id!r}: {self._name(version)} is corrupt: {exc}") from None
         claimed, run = meta.get("version"), meta.get("run")
         if claimed != str(int(version)):
             raise PolicyCorrupt(
-                f"run {self.run_id!r}: policy stored as v{int(version)} but claims v{claimed}: refusing it"
+                f"run {self.run_id!r}: {self._what()} stored as v{int(version)} but claims v{claimed}: refusing it"
             )
         if run is not None and run != self.run_id:
-            raise PolicyCorrupt(f"run {self.run_id!r}: policy version {version} belongs to run {run!r}: refusing it")
+            raise PolicyCorrupt(f"run {self.run_id!r}: {self._name(version)} belongs to run {run!r}: refusing it")
+        if meta.get("line") != self.line:  # one policy's weights where another's (or the run's) belong
+            other = meta.get("line")
+            whose = "the run's version line" if other is None else f"the own line of policy {other!r}"
+            raise PolicyCorrupt(f"run {self.run_id!r}: {self._name(version)} belongs to {whose}: refusing it")
         return state, meta
 
     def info(self, version: int) -> dict[str, str]:

@@ -62,6 +62,7 @@ class AsyncTrainer(Trainer):
         self._free_streams: deque[int] = deque(range(self.tasks_in_flight))
         self._task_streams: dict[int, int] = {}  # task number -> its stream
         self._lags: list[int] = []
+        self._policy_lags: dict[str, list[int]] = {}  # several policies: each one's on its own line
         self._end_lags: list[int] = []
         self.results_refreshed = 0  # results whose task picked up a newer version while it ran
         self.results_unused = 0  # received after the run was over (discard_backlog)
@@ -175,6 +176,17 @@ class AsyncTrainer(Trainer):
         super().unused_result(message)
         self.results_unused += 1
 
+    def policy_lags(self, version: int) -> dict[str, int]:
+        """Several policies: each one's lag on its own line (its newest version minus the one the
+        result acted with), recorded for the log; {} for one policy, or a version not remembered."""
+        acted, heads = self.store.lines_of(version), self.store.heads
+        if not acted:
+            return {}
+        lags = {name: heads[name] - number for name, number in acted.items() if name in heads}
+        for name, lag in lags.items():
+            self._policy_lags.setdefault(name, []).append(lag)
+        return lags
+
     def consume(self, message: Result) -> None:
         """Lag accounting, then the algorithm takes the result in and runs what updates it is ready for."""
         lag = self.version - message.version
@@ -192,7 +204,7 @@ class AsyncTrainer(Trainer):
         self.took_result(message)
         self.env_steps += rollout.num_steps
         self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths, message.version)
-        self.algo.observe(rollout, policy_lag=lag)
+        self.algo.observe(rollout, policy_lag=self.policy_lags(message.version) or lag)
         while self.algo.ready():
             started, pumped = time.perf_counter(), self._pump_time
             self._losses = self.algo.update(self.progress, between=self.pump)
@@ -257,6 +269,8 @@ class AsyncTrainer(Trainer):
                 "farm/policy_lag_min": int(lags.min()),
                 "farm/policy_lag_max": int(lags.max()),
                 "farm/policy_lag_end": float(np.mean(self._end_lags or [0])),
+                **{f"{name}/policy_lag": float(np.mean(lags)) for name, lags in self._policy_lags.items() if lags},
+                **{f"{name}/policy_version": number for name, number in self.store.heads.items()},
                 "farm/results_dropped_stale": self.dropped_stale,
                 "farm/learner_busy": self.learner_busy(),
                 **farm,
@@ -269,5 +283,6 @@ class AsyncTrainer(Trainer):
         if self._lags:
             self.logger.histogram("farm/policy_lag_distribution", lags, self.env_steps)
         self._lags, self._end_lags = [], []
+        self._policy_lags = {}
         self.heartbeat(farm=farm)
         self.on_event()

@@ -222,6 +222,7 @@ class Trainer(Evaluating, RunKeeper):
             "run_id": self.config.run_id,
             "env_steps": self.env_steps,
             "version": self.version,
+            **({"lines": self.store.heads} if self.store.heads else {}),
             **self.evals.state(),
             "dispatch": {
                 "dispatched": stats.dispatched,
@@ -239,6 +240,7 @@ class Trainer(Evaluating, RunKeeper):
         self.algo.restore(tensors, state["algo"])
         torch.set_rng_state(tensors["rng.torch"])
         self.env_steps, self.version = state["env_steps"], state["version"]
+        self.store.restore_heads(state.get("lines"))
         self.evals.restore(state, task_offset=self.RESUME_TASK_OFFSET)
         if self.streams is not None:
             self.streams.restore(state.get("streams"))

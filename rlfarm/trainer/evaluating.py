@@ -5,6 +5,7 @@ what to unpin; this sends the tasks, records, writes best_policy.safetensors and
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlfarm.algos.group import policy_best_file, policy_tensors
@@ -68,8 +69,9 @@ class Evaluating:
         for decision in decisions:
             if isinstance(decision, Send):
                 self.store.pin(decision.version)  # retention must not trim it while its tasks run
+                lines = self.store.lines_of(decision.version)  # several policies: each one's own version
                 for spec in decision.tasks:
-                    self.channel.submit(spec)
+                    self.channel.submit(replace(spec, lines=lines) if lines else spec)
             elif isinstance(decision, Record):
                 self.logger.evaluation(
                     decision.env_steps,

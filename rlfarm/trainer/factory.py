@@ -28,6 +28,7 @@ from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.connection import connect, no_secret_warning, redact, refuse_eviction
 from rlfarm.farm.guard import GuardedRetry, KeyGuard
+from rlfarm.farm.lines import LinedStore
 from rlfarm.farm.outage import resilient_client
 from rlfarm.farm.store import FROM_ENV, PolicyStore
 from rlfarm.observe.metrics import RunLogger
@@ -117,7 +118,12 @@ def make_trainer(
     )
     client = resilient_client(redis_url, retry)
     guard.client = client
-    store = PolicyStore(client, config.run_id, keep=config.farm.keep_versions, secret=secret)
+    if len(space.policies) > 1:  # a version line per policy beside the run's (rlfarm.farm.lines)
+        store: PolicyStore = LinedStore(
+            client, config.run_id, space.policies, keep=config.farm.keep_versions, secret=secret
+        )
+    else:
+        store = PolicyStore(client, config.run_id, keep=config.farm.keep_versions, secret=secret)
     store.on_forged = refused.report
     claim = Claim(client, config.run_id, secret=store.secret, on_forged=refused.report)
     app = make_app(redis_url)

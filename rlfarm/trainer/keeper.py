@@ -217,6 +217,7 @@ class RunKeeper:
                 "eval_mean_return": f"{self.eval_mean_return:.2f}",
                 # several policies: each one's in the last evaluation (rlfarm status shows them)
                 **({"policy_evals": json.dumps(self.policy_eval_means)} if self.policy_eval_means else {}),
+                **({"lines": json.dumps(self.store.heads)} if self.store.heads else {}),
                 "host": socket.gethostname(),
                 **({"slots_waiting": f"{farm['farm/slots_waiting']:.3f}"} if "farm/slots_waiting" in farm else {}),
                 "pid": os.getpid(),

@@ -48,6 +48,7 @@ class SyncTrainer(Trainer):
                 steps=steps or cfg.farm.steps_per_env,
                 act=self.rollout_options(act, iteration, i),
                 stream=self.stream_ref(i),
+                lines=self.store.lines_of(self.version),
             )
             for i in range(cfg.farm.num_tasks)
         ]

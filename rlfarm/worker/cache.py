@@ -25,9 +25,10 @@ class PolicyCache:
         while len(self._items) > self.size:
             self._items.popitem(last=False)
 
-    def drop_run(self, run: str) -> None:
-        """Forget every version of `run` (a new trainer of that run id: rlfarm.farm.claim)."""
-        for key in [k for k in self._items if k[0] == run]:
+    def drop_run(self, run: str, lines: bool = False) -> None:
+        """Forget every version of `run` (a new trainer of that run id: rlfarm.farm.claim); `lines`:
+        keys are `run@policy` (each policy's own line)."""
+        for key in [k for k in self._items if k[0] == run or (lines and k[0].startswith(f"{run}@"))]:
             del self._items[key]
 
     def __len__(self) -> int:

@@ -81,8 +81,10 @@ class SharedPolicies:
                 self._usable = False
         return self._usable
 
-    def path(self, run: str, incarnation: str, version: int) -> Path:
-        return self.root / _name(run) / _name(incarnation) / f"{version}.safetensors"
+    def path(self, run: str, incarnation: str, version: int, line: str | None = None) -> Path:
+        """The file of a run version, or of a policy's own line version (`<policy>.<n>`)."""
+        stem = str(version) if line is None else f"{line}.{version}"
+        return self.root / _name(run) / _name(incarnation) / f"{stem}.safetensors"
 
     @contextmanager
     def locked(self, path: Path) -> Iterator[bool]:
@@ -105,7 +107,7 @@ class SharedPolicies:
         except OSError:
             return None
 
-    def write(self, path: Path, blob: bytes, version: int) -> None:
+    def write(self, path: Path, blob: bytes, version: int, line: str | None = None) -> None:
         """Store the blob (whole: written beside, then renamed) and trim what is no longer needed. A
         full or read-only disk only means no sharing."""
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -115,16 +117,17 @@ class SharedPolicies:
         except OSError:
             tmp.unlink(missing_ok=True)
             return
-        self._trim(path.parent, version)
+        self._trim(path.parent, version, line)
 
     @staticmethod
     def drop(path: Path) -> None:
         path.unlink(missing_ok=True)
 
-    def _trim(self, folder: Path, version: int) -> None:
+    def _trim(self, folder: Path, version: int, line: str | None = None) -> None:
         try:
             for old in folder.glob("*.safetensors"):
-                if int(old.stem) <= version - self.keep:
+                whose, _, number = old.stem.rpartition(".")  # "" (the run's line) or a policy's name
+                if whose == (line or "") and int(number) <= version - self.keep:
                     old.unlink(missing_ok=True)
                     (folder / f"{old.stem}.lock").unlink(missing_ok=True)
             for other in folder.parent.iterdir():  # earlier incarnations of this run id are over

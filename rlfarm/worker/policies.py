@@ -15,6 +15,7 @@ import redis
 from rlfarm.algos.acting import acts_without_torch, numpy_actor
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec
+from rlfarm.farm.lines import joined, latest_lines
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 from rlfarm.worker.cache import PolicyCache
 from rlfarm.worker.machine import SharedPolicies
@@ -41,6 +42,9 @@ class PolicyVersions:
         self.incarnations = incarnations
         self.counts = counts
         self.cache = PolicyCache(size=4)
+        # Each policy's own versions (rlfarm.farm.lines), keyed (run@policy, n): a policy that did not
+        # change is not fetched again, a frozen one once.
+        self.line_states = PolicyCache(size=16)
         # One network per run, built once and loaded with each new version's weights: building it
         # (torch's weight initialisation) was most of fetching a version, paid by every process for
         # every version (benchmarks/task_cost.py).
@@ -52,12 +56,20 @@ class PolicyVersions:
         """Forget the run's network and versions (another incarnation of it: rlfarm.farm.claim)."""
         self.networks.pop(run, None)
         self.cache.drop_run(run)
+        self.line_states.drop_run(run, lines=True)
 
-    def actor(self, run: str, version: int | str) -> tuple[Any, int, bool]:
+    def actor(self, run: str, version: int | str, lines: Mapping[str, int] | None = None) -> tuple[Any, int, bool]:
         """The acting snapshot of a version ("latest": the newest), its number, and whether it had to
-        be fetched."""
+        be fetched. A run of several policies acts with each policy's own version (`lines`, the
+        task's; for "latest" the lines' newest), fetched per policy (rlfarm.farm.lines); without
+        them (a league member), with the run version's blob."""
         store = PolicyStore(self.client, run)
-        if version == "latest":
+        meta = self.run_meta(run)
+        spec = SpaceSpec.from_dict(meta["space"])
+        if version == "latest" and len(spec.policies) > 1:
+            latest, lines = latest_lines(self.client, run, spec.policies)
+            version = latest if latest is not None else "latest"
+        elif version == "latest":
             latest = store.latest()
             version = latest if latest is not None else "latest"  # get() raises a clear error
         if version != "latest":
@@ -65,10 +77,12 @@ class PolicyVersions:
         cached = self.cache.get((run, version))  # type: ignore[arg-type]
         if cached is not None:
             return cached, int(version), False
-        meta = self.run_meta(run)
-        algo, spec = meta["config"]["algo"], SpaceSpec.from_dict(meta["space"])
+        algo = meta["config"]["algo"]
         arrays = "numpy" if acts_without_torch(spec) else "torch"
-        state, fetched = self._checked_version(store, run, int(version), arrays)
+        if lines and version != "latest":
+            state, fetched = self._lined_version(run, int(version), lines, arrays)
+        else:
+            state, fetched = self._checked_version(store, run, int(version), arrays)
         if arrays == "numpy":
             actor = numpy_actor(algo, spec, policy_config(meta["config"]["policy"]), state)
         else:
@@ -80,6 +94,22 @@ class PolicyVersions:
         self.cache.put((run, int(version)), actor)
         return actor, int(version), fetched
 
+    def _lined_version(
+        self, run: str, version: int, lines: Mapping[str, int], arrays: str
+    ) -> tuple[dict[str, Any], bool]:
+        """Run version `version`'s state made of its policies' line versions, each fetched once per
+        process (or machine) and kept while the process acts with it."""
+        parts, fetched = {}, False
+        for name, number in sorted(lines.items()):
+            key = (f"{run}@{name}", int(number))
+            own = self.line_states.get(key)
+            if own is None:
+                own, got = self._checked_version(PolicyStore(self.client, run, line=name), run, int(number), arrays)
+                self.line_states.put(key, own)
+                fetched = fetched or got
+            parts[name] = own
+        return joined(parts), fetched
+
     def _checked_version(self, store: PolicyStore, run: str, version: int, arrays: str) -> tuple[dict[str, Any], bool]:
         """A version's tensors, checked (sha256, the hmac with RLFARM_SECRET, that the blob is the
         version and run of its key), and whether this process fetched it from Redis: not when another
@@ -88,7 +118,7 @@ class PolicyVersions:
         incarnation = self.incarnations.get(run)
         if self.shared is None or incarnation is None or not self.shared.usable():
             return self._fetch(store, version, arrays)[0], True  # (no incarnation: not a task's; nothing to key by)
-        path = self.shared.path(run, incarnation, version)
+        path = self.shared.path(run, incarnation, version, store.line)
         blob = self.shared.read(path)  # whole or absent: files are written beside and renamed
         if blob is None:
             with self.shared.locked(path) as held:  # one process of the machine fetches, the others wait
@@ -96,7 +126,7 @@ class PolicyVersions:
                 if blob is None:
                     state, blob = self._fetch(store, version, arrays)
                     if held:
-                        self.shared.write(path, blob, version)
+                        self.shared.write(path, blob, version, store.line)
                     return state, True
         try:
             return store.check(version, blob, arrays)[0], False

@@ -122,9 +122,10 @@ class RolloutWorker:
             self.runs[run] = PolicyStore(self.client, run).run_meta()
         return self.runs[run]
 
-    def _actor_of(self, run: str, version: int | str) -> tuple[Any, int, bool]:
-        """The acting snapshot of a version, its number, and whether it had to be fetched."""
-        return self.versions.actor(run, version)
+    def _actor_of(self, run: str, version: int | str, lines: dict[str, int] | None = None) -> tuple[Any, int, bool]:
+        """The acting snapshot of a version (of each policy's line version, `lines`), its number, and
+        whether it had to be fetched."""
+        return self.versions.actor(run, version, lines)
 
     def _network(self, run: str) -> Any:
         return self.versions.network(run)
@@ -151,7 +152,7 @@ class RolloutWorker:
         self.counts["tasks"] += 1
         run_meta = self._run_meta(spec.run)
         env_cfg = run_meta["config"]["env"]
-        actor, version, fetched = self._actor_of(spec.run, spec.version)
+        actor, version, fetched = self._actor_of(spec.run, spec.version, spec.lines)
         acting = time.perf_counter()
         result = Result(
             spec.kind, spec.iteration, spec.index, version=version, worker=self.identity, policy_fetched=fetched
