@@ -55,6 +55,18 @@ def test_a_bad_map_or_frozen_entry_is_one_line_before_anything_starts():
         build(overrides=["env.policy_map=['*=red']", "frozen=['blue=x.safetensors']"])
     with pytest.raises(ConfigError, match="at least one must be trained"):
         build(overrides=["env.policy_map=['*=red']", "frozen=['red=x.safetensors']"])
+    two = "env.policy_map=['a*=red', '*=blue']"
+    for entry, error in (
+        ("red-ppo.gamma=0.9", "is not 'policy:key=value'"),
+        ("green:ppo.gamma=0.9", "names policy 'green', which is not in env.policy_map"),
+        ("red:farm.num_tasks=2", r"only keys of the run's algorithm section \[ppo\] may differ per policy"),
+        ("red:ppo.gama=0.9", "policy 'red': unknown config key 'ppo.gama' \\(did you mean ppo.gamma\\?\\)"),
+        ("red:ppo.gamma=high", "policy 'red': ppo.gamma: expected a number, got 'high'"),
+    ):
+        with pytest.raises(ConfigError, match=error):
+            build(overrides=[two, f"policy_settings=['{entry}']"])
+    with pytest.raises(ConfigError, match="that policy is frozen"):
+        build(overrides=[two, "frozen=['red=x.safetensors']", "policy_settings=['red:ppo.gamma=0.9']"])
 
 
 @needs_mpe2
@@ -151,6 +163,33 @@ def test_a_learner_per_policy_learns_from_its_columns_and_a_frozen_one_never_cha
         learner_.observe(again, 0)
         learner_.update(0.5)
     assert all(torch.equal(group.state()[k], twin.state()[k]) for k in group.state())
+
+
+@needs_mpe2
+def test_a_policy_learns_with_its_own_settings_of_the_algorithm_section():
+    """`policy_settings`: the agents' learner takes a learning rate of its own (so small its weights
+    barely move), the adversary's the run's; the value reaches the learner's optimizer."""
+    from rlfarm.algos import learner
+    from rlfarm.algos.group import PolicyGroup
+    from rlfarm.config import for_policy
+
+    config = dataclasses.replace(_config(), policy_settings=("agent:ppo.learning_rate=1e-9", "agent:ppo.ent_coef=0.5"))
+    assert for_policy(config, "agent").ppo.learning_rate == 1e-9 and for_policy(config, "agent").ppo.ent_coef == 0.5
+    assert for_policy(config, "adversary") == config
+    envs = make_vector_env(ADV, 6, options={"policy_map": MAP})
+    spec = space_spec(envs)
+    torch.manual_seed(0)
+    group = PolicyGroup(config, spec, torch.device("cpu"), learner("ppo", "sync"))
+    rollout = collect(_actor(group, spec), envs, 50, list(range(6)), 0)
+    before = {k: v.clone() for k, v in group.state().items()}
+    group.observe(rollout, 0)
+    group.update(0.0)
+    after = group.state()
+    moved = {
+        name: max((after[k] - before[k]).abs().max().item() for k in after if k.startswith(f"nets.{name}."))
+        for name in ("adversary", "agent")
+    }
+    assert moved["agent"] < 1e-7 < 1e-5 < moved["adversary"], moved
 
 
 def _actor(group, spec):

@@ -26,7 +26,7 @@ from torch import nn
 
 from rlfarm.algos.acting import GroupActor, policy_tensors  # noqa: F401  (policy_tensors: re-exported)
 from rlfarm.algos.base import Algorithm, prefixed, unprefixed
-from rlfarm.config import ConfigError, PolicyConfig, RunConfig
+from rlfarm.config import ConfigError, PolicyConfig, RunConfig, for_policy
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
 
@@ -110,7 +110,10 @@ class PolicyGroup(Algorithm):
         self.name = learner_class.name  # type: ignore[misc]
         self.head = learner_class.head  # type: ignore[misc]
         self.collect_next_obs = learner_class.collect_next_obs  # type: ignore[misc]
-        self.learners = {name: learner_class(config, spec.policy_spec(name), device) for name in spec.policies}
+        # Each learner with its policy's own settings of the algorithm section (`policy_settings`).
+        self.learners = {
+            name: learner_class(for_policy(config, name), spec.policy_spec(name), device) for name in spec.policies
+        }
         self.frozen = dict(frozen or {})
         for name, state in self.frozen.items():
             try:

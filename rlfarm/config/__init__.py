@@ -16,7 +16,17 @@ from rlfarm.config.cores import (
     trainer_threads,
 )
 from rlfarm.config.errors import ConfigError
-from rlfarm.config.keys import AUTO_KEYS, flatten, from_dict, from_flat, json_safe, policy_config, to_dict, valid_keys
+from rlfarm.config.keys import (
+    AUTO_KEYS,
+    flatten,
+    for_policy,
+    from_dict,
+    from_flat,
+    json_safe,
+    policy_config,
+    to_dict,
+    valid_keys,
+)
 from rlfarm.config.load import build, load_preset, parse_override, preset_description, preset_names
 from rlfarm.config.run import (
     ALGORITHMS,
@@ -33,6 +43,7 @@ from rlfarm.config.run import (
 from rlfarm.config.section import AlgoSection, at_least_1, check_replay, get
 
 __all__ = [
+    "for_policy",
     "ACTING_FORWARDS",
     "ALGORITHMS",
     "AUTO_KEYS",

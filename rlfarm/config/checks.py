@@ -116,6 +116,20 @@ def parse_frozen(entries: tuple[str, ...]) -> list[tuple[str, str]]:
     return pairs
 
 
+def parse_policy_settings(entries: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """`policy_settings`' "policy:key=value" entries as (policy, key, value text); ConfigError on a bad one."""
+    triples = []
+    for entry in entries:
+        policy, colon, rest = (part.strip() for part in str(entry).partition(":"))
+        key, equals, value = (part.strip() for part in rest.partition("="))
+        if not (colon and equals and policy and key and value):
+            raise ConfigError(
+                f"policy_settings entry {entry!r} is not 'policy:key=value' (e.g. 'agent:ppo.learning_rate=1e-4')"
+            )
+        triples.append((policy, key, value))
+    return triples
+
+
 def check_policies(config: RunConfig) -> None:
     """env.policy_map and frozen, as far as the config alone tells (the agents are matched once the env
     is made, rlfarm.envs.agents)."""
@@ -134,6 +148,20 @@ def check_policies(config: RunConfig) -> None:
         frozen.add(policy)
     if named and frozen == named:
         raise ConfigError("every policy of env.policy_map is frozen: at least one must be trained")
+    section = ALGORITHMS[config.algo].algo
+    for policy, key, _ in parse_policy_settings(config.policy_settings):
+        if policy not in named:
+            raise ConfigError(
+                f"policy_settings names policy {policy!r}, which is not in env.policy_map "
+                f"({', '.join(sorted(named)) or 'empty'})"
+            )
+        if key.partition(".")[0] != section:
+            raise ConfigError(
+                f"policy_settings entry for {policy!r}: only keys of the run's algorithm section [{section}] "
+                f"may differ per policy, got {key!r}"
+            )
+        if policy in frozen:
+            raise ConfigError(f"policy_settings entry for {policy!r}: that policy is frozen (it never learns)")
 
 
 SELFPLAY_OPPONENTS = ("league", "random", "lookahead")

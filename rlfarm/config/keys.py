@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any
 
-from rlfarm.config.checks import validate
+from rlfarm.config.checks import parse_policy_settings, validate
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.run import ALGORITHMS, PolicyConfig, RunConfig
 from rlfarm.config.section import FIELD as _FIELD
@@ -121,7 +121,34 @@ def from_flat(values: dict[str, Any], base: RunConfig | None = None) -> RunConfi
         top[head] = dataclasses.replace(getattr(base, head), **changes)
     config = dataclasses.replace(base, **top)
     validate(config)
+    for name in dict.fromkeys(policy for policy, _, _ in parse_policy_settings(config.policy_settings)):
+        for_policy(config, name)  # each policy's own values checked now, not when its learner is built
     return config
+
+
+def _toml_value(text: str) -> Any:
+    """A `policy_settings` value as TOML reads it (1e-4, true, "mse"); a bare word stays a string."""
+    import tomllib
+
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def for_policy(config: RunConfig, name: str) -> RunConfig:
+    """The run's config as policy `name`'s learner sees it: its `policy_settings` entries applied to
+    the run's algorithm section, checked as `--set` would check them."""
+    values = {
+        key: _toml_value(text) for policy, key, text in parse_policy_settings(config.policy_settings) if policy == name
+    }
+    if not values:
+        return config
+    try:
+        own = from_flat(values, dataclasses.replace(config, policy_settings=()))
+    except ConfigError as exc:
+        raise ConfigError(f"policy_settings of policy {name!r}: {exc}") from None
+    return dataclasses.replace(own, policy_settings=config.policy_settings)
 
 
 def to_dict(config: RunConfig) -> dict[str, Any]:

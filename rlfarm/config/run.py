@@ -177,6 +177,10 @@ class RunConfig:
     # Policies of env.policy_map that are not trained: "policy=file" entries, each acting with a saved
     # policy file's weights throughout the run (a fixed opponent or a fixed lower level).
     frozen: tuple[str, ...] = ()
+    # Keys of the run's algorithm section that differ for one policy of env.policy_map, "policy:key=value"
+    # entries (`agent:ppo.learning_rate=1e-4`, the value as TOML reads it): that policy's learner
+    # takes its own; the acting options and the publishing pace stay the run's (rlfarm.algos.group).
+    policy_settings: tuple[str, ...] = ()
     env: EnvConfig = field(default_factory=EnvConfig)
     farm: FarmConfig = field(default_factory=FarmConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
