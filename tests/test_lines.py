@@ -111,6 +111,12 @@ def test_workers_act_with_each_policys_line_and_fetch_an_unchanged_policy_once(r
     latest_actor, version, _ = fresh.actor("lines-fetch", "latest")
     assert version == 3 and other["policy_fetches"] == 2
     assert other["policy_fetch_bytes"] == len(client.get("rlfarm:lines-fetch:policy@adversary:3")) + line_bytes["agent"]
+    # A line's pointer gone (someone deleted it): "latest" acts with the run version's whole blob.
+    client.delete("rlfarm:lines-fetch:policy@agent:latest")
+    assert latest_lines(client, "lines-fetch", POLICIES) == (3, None)
+    spare: Counter[str] = Counter()
+    assert PolicyVersions(client, None, lambda run: meta, {}, spare).actor("lines-fetch", "latest")[1] == 3
+    assert spare["policy_fetch_bytes"] == len(store.get_blob(3))
     # Acting from the lines is acting from the whole version, bit for bit.
     whole, _, _ = PolicyVersions(client, None, lambda run: meta, {}, Counter()).actor("lines-fetch", 3)
     obs = envs.reset(seed=3)[0].astype(np.float32)

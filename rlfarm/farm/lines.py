@@ -48,17 +48,21 @@ def joined(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 def latest_lines(client: redis.Redis, run: str, policies: Sequence[str]) -> tuple[int | None, dict[str, int] | None]:
     """The run's newest version and the line versions it is made of, read in one transaction (the
-    trainer writes them in one): (None, None) before the first publish or with a line missing."""
+    trainer writes them in one): None for the version before the first publish, and for the lines
+    when one is missing (then the run version's whole blob is the one to act with)."""
     pipe = client.pipeline(transaction=True)
     pipe.get(keys.latest(run))
     for name in policies:
         pipe.get(keys.latest(run, name))
     raw = pipe.execute()
     try:
-        version, lines = int(raw[0]), {name: int(n) for name, n in zip(policies, raw[1:])}
+        version = int(raw[0])
     except (TypeError, ValueError):
         return None, None
-    return version, lines
+    try:
+        return version, {name: int(n) for name, n in zip(policies, raw[1:])}
+    except (TypeError, ValueError):
+        return version, None
 
 
 class LinedStore(PolicyStore):
@@ -133,7 +137,7 @@ class LinedStore(PolicyStore):
         number = self._heads.get(name, -1) + 1
         if line.own is None:
             latest = line.latest()
-            if latest is not None and latest >= number and line._genuine(latest):
+            if latest is not None and latest >= number and line.genuine(latest):
                 number = latest + 1
         return number
 

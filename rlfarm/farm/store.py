@@ -148,7 +148,7 @@ class PolicyStore:
         raw_latest, raw_listed = reads.execute()
         latest, listed = _as_int(raw_latest), {v for v in map(_as_int, raw_listed) if v is not None}
         if self.own is None:
-            if latest is not None and version <= latest and self._genuine(latest):
+            if latest is not None and version <= latest and self.genuine(latest):
                 raise ValueError(f"version {version} is not newer than the latest ({latest})")
             self.listed = {v for v in listed if v < version}  # a resumed run's; forged newer ones left out
         else:
@@ -201,7 +201,7 @@ class PolicyStore:
     def restore_heads(self, heads: Mapping[str, int] | None) -> None:
         """A resumed trainer's lines go on numbering from the checkpoint's `heads`: nothing to do here."""
 
-    def _genuine(self, version: int) -> bool:
+    def genuine(self, version: int) -> bool:
         """Whether Redis holds a policy `version` that passes `check` (a pointer to nothing, or to a
         forged blob, is not a newer version)."""
         try:
