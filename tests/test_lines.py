@@ -191,3 +191,80 @@ def test_an_async_run_measures_each_policys_lag_on_its_own_line(farm, tmp_path):
     assert status.returncode == 0, status.stderr
     [run] = [r for r in json.loads(status.stdout)["runs"] if r["run_id"] == "lines-async"]
     assert run["heartbeat"]["lines"]["agent"] == 0 and run["heartbeat"]["lines"]["adversary"] == adversary[-1]
+
+
+SECRET = "lines-farm-secret-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def signed_farm(tmp_path_factory):
+    """Redis and one worker holding the secret; every pool process fetches for itself
+    (RLFARM_POLICY_SHARE=off), so a replaced one must fetch the forged version."""
+    from rlfarm.local.cluster import LocalCluster
+
+    from .conftest import WORKER_ENV
+
+    env = {**WORKER_ENV, "RLFARM_SECRET": SECRET, "RLFARM_POLICY_SHARE": "off"}
+    with LocalCluster(
+        workers=1, name="rlfarm-test-lines", log_dir=tmp_path_factory.mktemp("lines"), extra_env=env
+    ) as cluster:
+        yield cluster
+
+
+@pytest.mark.fault  # a forged write to Redis, pool processes SIGKILLed
+def test_a_forged_version_of_a_frozen_policy_is_refused_written_back_and_the_run_ends_as_without_it(
+    signed_farm, tmp_path
+):
+    """The frozen policy's line holds one version all run long, which a worker fetches once: forged in
+    Redis mid-run (zeroed weights, sha256 recomputed) and the pool processes SIGKILLed, their
+    replacements fetch it and refuse it; the trainer writes its own copy back and sends the task
+    again, and the run ends with the very policy an unattacked one ends with."""
+    import os
+    import signal
+    import subprocess
+
+    from rlfarm.core import codec
+
+    from .conftest import WORKER_ENV, poll, read_summary, run_command, start_command
+
+    url = signed_farm.redis_url
+    client = connect(url)
+    env = {**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET}
+    sets = ["env.num_envs=6", f"env.policy_map={list(MAP)}", "farm.num_tasks=2", "farm.steps_per_env=100"]
+    sets += ["eval.interval=0", "eval.episodes=2"]
+    args = ["--redis", url, "--logdir", str(tmp_path), "--env", ADV]
+    args += [part for value in sets for part in ("--set", value)]
+    first = run_command("train", "--run-id", "prey", *args, "--total-steps", "1200", env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    frozen = ["--set", f"frozen=['agent={tmp_path / 'prey' / 'final_policy.safetensors'}']", "--total-steps", "48000"]
+    untouched = run_command("train", "--run-id", "untouched", *args, *frozen, env=env)
+    assert untouched.returncode == 0, untouched.stderr[-3000:]
+
+    log = tmp_path / "forged-stderr.txt"
+    with open(log, "w") as err:
+        proc = start_command(
+            "train", "--run-id", "forged", *args, *frozen, env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+    try:
+        key = "rlfarm:forged:policy@agent:0"
+        poll(lambda: client.exists(key), "the frozen policy's line version", proc, log)
+        state, meta = codec.decode_policy(client.get(key), SECRET)
+        client.set(key, codec.encode_policy({k: torch.zeros_like(v) for k, v in state.items()}, meta))
+        main_pid = signed_farm.worker_procs[0].pid
+        pool = subprocess.run(["ps", "-o", "pid=", "--ppid", str(main_pid)], capture_output=True, text=True).stdout
+        for pid in map(int, pool.split()):  # their replacements have no copy of the frozen policy
+            os.kill(pid, signal.SIGKILL)
+        refused = "policy 'agent' version 0 is corrupt: policy blob has a bad signature"
+        poll(lambda: refused in log.read_text(), "the forged version refused", proc, log)
+        assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = log.read_text()
+    assert "wrote back policy 'agent' v0 from the trainer's own copy" in stderr, stderr[-3000:]
+    summary, baseline = read_summary(tmp_path / "forged"), read_summary(tmp_path / "untouched")
+    assert summary["security"]["refused_policy"] >= 1
+    assert summary["env_steps"] == baseline["env_steps"]
+    assert summary["policy_sha256"] == baseline["policy_sha256"]  # learned exactly what it would have
+    PolicyStore(client, "forged", secret=SECRET, line="agent").get(0)  # the genuine one is back
