@@ -533,8 +533,10 @@ def test_one_lease_thread_renews_each_task_while_it_runs_and_not_after(redis_onl
 
 def test_queued_tasks_are_not_late(farm):
     """Six short tasks (10 env steps) wait in the queue behind two long ones of another run that
-    hold both pool processes for 6 s or more: three times their task_timeout of 2 s, which once made
-    them 'late' and re-sent. Now only time since a task started counts, so none is re-sent."""
+    hold both pool processes for 12 s or more: three times their task_timeout of 4 s, which once made
+    them 'late' and re-sent. Now only time since a task started counts, so none is re-sent. (With a
+    2 s timeout, a short task's first run in a pool process starved by a loaded CI machine once
+    took longer than that from its start.)"""
     from rlfarm.farm.connection import connect
     from rlfarm.trainer.channel import FarmLink
 
@@ -544,11 +546,11 @@ def test_queued_tasks_are_not_late(farm):
     make_run(farm.redis_url, "queued", ["env.id=tests.tiny_envs:slow", "env.num_envs=1"])
     blocker = task_channel(farm.redis_url, "blocker", timeout=600.0)
     blocker.submit_many(
-        [{"iteration": 0, "index": i, "version": 0, "steps": 3000, "seed": 1} for i in range(2)]
-    )  # SlowEnv busy-waits 2 ms a step: 6 s at the least
+        [{"iteration": 0, "index": i, "version": 0, "steps": 6000, "seed": 1} for i in range(2)]
+    )  # SlowEnv busy-waits 2 ms a step: 12 s at the least
     app = make_app(farm.redis_url)
     poll(lambda: len(running_tasks(app, "blocker")) == 2, "both blocking tasks running")
-    d = FarmLink(make_app(farm.redis_url), connect(farm.redis_url), "queued", task_timeout=2.0, max_redispatch=3).open()
+    d = FarmLink(make_app(farm.redis_url), connect(farm.redis_url), "queued", task_timeout=4.0, max_redispatch=3).open()
     specs = [{"iteration": 0, "index": i, "version": 0, "steps": 10, "seed": 1} for i in range(6)]
     sent = time.monotonic()
     results = d.gather_group(specs)
