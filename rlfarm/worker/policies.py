@@ -65,9 +65,9 @@ class PolicyVersions:
         them (a league member), with the run version's blob."""
         store = PolicyStore(self.client, run)
         meta = self.run_meta(run)
-        spec = SpaceSpec.from_dict(meta["space"])
-        if version == "latest" and len(spec.policies) > 1:
-            latest, lines = latest_lines(self.client, run, spec.policies)
+        policies = meta["space"].get("policies", ())  # the spec is built only on a cache miss, below
+        if version == "latest" and len(policies) > 1:
+            latest, lines = latest_lines(self.client, run, policies)
             version = latest if latest is not None else "latest"
         elif version == "latest":
             latest = store.latest()
@@ -77,7 +77,7 @@ class PolicyVersions:
         cached = self.cache.get((run, version))  # type: ignore[arg-type]
         if cached is not None:
             return cached, int(version), False
-        algo = meta["config"]["algo"]
+        algo, spec = meta["config"]["algo"], SpaceSpec.from_dict(meta["space"])
         arrays = "numpy" if acts_without_torch(spec) else "torch"
         if lines and version != "latest":
             state, fetched = self._lined_version(run, int(version), lines, arrays)
