@@ -10,8 +10,9 @@ found in the presets directory, so a new PPO preset is covered without a line he
 
 The batch is synthetic (an Atari rollout takes an emulator and minutes): random uint8 frames or
 plausible float observations; actions sampled from the network itself with its log-probabilities and
-values; rewards, episode ends and bootstrap values; advantages and returns from rlfarm's own GAE,
-handed to both sides. Unit tier (nothing starts a process), but for the presets whose env starts one
+values; rewards, episode ends and bootstrap values. Each reference computes its own advantages and
+returns from them (SB3's `RolloutBuffer.compute_returns_and_advantage`, CleanRL's GAE loop written
+out), so a bug in rlfarm's GAE shows as a different update. Unit tier (nothing starts a process), but for the presets whose env starts one
 when it is made (`case_of`).
 
 Both sides compute in float64 (the networks converted after they are built; the batch as float32
@@ -248,6 +249,23 @@ def check_equal(name: str, pairs: list[tuple[str, torch.Tensor, torch.Tensor]], 
 # ---- CleanRL: its update, written out -----------------------------------------------------------
 
 
+def cleanrl_gae(r: Rollout, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+    """CleanRL's GAE loop (ppo.py), its `next_done` the step's episode end; a truncated episode's
+    bootstrap value folded into its last reward, as SB3 does (CleanRL itself drops it)."""
+    T = len(r.rewards)
+    rewards = r.rewards.astype(np.float64) + gamma * np.where(r.dones, r.final_values, 0.0)
+    values = r.values.astype(np.float64)
+    advantages = np.zeros_like(values)
+    lastgaelam = 0.0
+    for t in reversed(range(T)):
+        nextnonterminal = 1.0 - r.dones[t]
+        nextvalues = r.last_values if t == T - 1 else values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    returns = advantages + values
+    return advantages.astype(np.float32), returns.astype(np.float32)
+
+
 def cleanrl_update(case: Case) -> ActorCritic:
     """CleanRL's PPO update (ppo.py, ppo_atari.py, ppo_continuous_action.py) on a copy of the
     network as the update began, with its own Adam (eps 1e-5): per epoch the minibatches of a
@@ -269,8 +287,9 @@ def cleanrl_update(case: Case) -> ActorCritic:
     b_actions = torch.from_numpy(r.actions.reshape(batch_size, *r.actions.shape[2:]))
     b_logprobs = torch.from_numpy(r.logprobs.reshape(-1))
     b_values = torch.from_numpy(r.values.reshape(-1))
-    b_advantages = torch.from_numpy(case.advantages.reshape(-1))
-    b_returns = torch.from_numpy(case.returns.reshape(-1))
+    advantages, returns = cleanrl_gae(r, p.gamma, p.gae_lambda)
+    b_advantages = torch.from_numpy(advantages.reshape(-1))
+    b_returns = torch.from_numpy(returns.reshape(-1))
     for b_inds in case.perms:
         for start in range(0, batch_size, minibatch_size):
             mb_inds = b_inds[start : start + minibatch_size]
@@ -453,8 +472,16 @@ def sb3_update(preset: str, vf_coef: float) -> nn.Module:
     buffer.observations[:] = r.obs
     buffer.actions[:] = r.actions.reshape(T, N, -1)
     buffer.values[:], buffer.log_probs[:] = r.values, r.logprobs
-    buffer.advantages[:], buffer.returns[:] = case.advantages, case.returns
+    # SB3 computes its own advantages and returns, as its collect_rollouts() leaves the buffer: a
+    # truncated episode's bootstrap is folded into its last reward (reward + gamma V(final obs)), and
+    # episode_starts[t] says the step before t ended an episode.
+    buffer.rewards[:] = r.rewards + p.gamma * np.where(r.dones, r.final_values, 0.0)
+    buffer.episode_starts[0] = 0.0
+    buffer.episode_starts[1:] = r.dones[:-1]
     buffer.full, buffer.pos = True, T
+    buffer.compute_returns_and_advantage(torch.from_numpy(r.last_values), r.dones[-1])
+    # rlfarm's GAE must not have been handed over: SB3's own targets agree with it (float32 arrays).
+    assert np.allclose(buffer.advantages, case.advantages, rtol=0, atol=1e-4), "SB3's advantages differ from rlfarm's"
 
     with torch.no_grad():  # the weights copied across: both networks compute the same outputs
         obs = torch.from_numpy(r.obs.reshape(T * N, *r.obs.shape[2:])[:16])
