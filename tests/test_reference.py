@@ -12,8 +12,8 @@ The batch is synthetic (an Atari rollout takes an emulator and minutes): random 
 plausible float observations; actions sampled from the network itself with its log-probabilities and
 values; rewards, episode ends and bootstrap values. Each reference computes its own advantages and
 returns from them (SB3's `RolloutBuffer.compute_returns_and_advantage`, CleanRL's GAE loop written
-out), so a bug in rlfarm's GAE shows as a different update. Unit tier (nothing starts a process), but for the presets whose env starts one
-when it is made (`case_of`).
+out), so a bug in rlfarm's GAE shows as a different update. Unit tier (nothing starts a process),
+but for the presets whose env starts one when it is made (`case_of`).
 
 Both sides compute in float64 (the networks converted after they are built; the batch as float32
 arrays, as on the farm). In float32 the Nature CNN's comparison measures rounding, not the update:
