@@ -5,6 +5,13 @@ and how much of the machine's attainable FLOP rate the learner and the actors us
     python benchmarks/pong.py                    # 240 s of each side, after a 30 s warm-up
     python benchmarks/pong.py --seconds 120 --skip-sb3
     python benchmarks/pong.py --preset pong --preset pong-appo   # each preset against one SB3 run
+    python benchmarks/pong.py --to-score 18 --preset pong-appo --minutes 90 --out runs/to-score
+
+With `--to-score T` the figure is wall time to a score instead: each preset (`rlfarm train --preset P
+--seed S`, the embedded default) and then SB3 PPO with the zoo's Atari settings train on this machine,
+one after the other, until the mean of their last 20 games reaches T or `--minutes` run out; the
+minutes and env steps at which each crossed -15, 0, +10 and T are printed side by side, and the
+curves kept under `--out` (rlfarm's run directory; SB3's sb3-seedS.csv, one row per game).
 
 1. Attainable FLOP rate: a 2048x2048 float32 matmul on 1 thread and on all cores (median of rounds).
 2. In isolation: one learner update of the `pong` preset as shipped (synthetic batch of its shape, the
@@ -203,6 +210,27 @@ def learner_busy(row: dict) -> float:
     return update / (update + collect) if update + collect > 0 else float("nan")
 
 
+def zoo_ppo(env, learning_rate, clip_range, seed: int, device: str):
+    """SB3 PPO with rl-baselines3-zoo's Atari settings on `env` (8 envs x 128 steps, 4 epochs of 256,
+    ent 0.01, vf 0.5; the schedules given)."""
+    from stable_baselines3 import PPO
+
+    return PPO(
+        "CnnPolicy",
+        env,
+        n_steps=128,
+        n_epochs=4,
+        batch_size=256,
+        learning_rate=learning_rate,
+        clip_range=clip_range,
+        vf_coef=0.5,
+        ent_coef=0.01,
+        verbose=0,
+        seed=seed,
+        device=device,
+    )
+
+
 def sb3_sps(seconds: float, warmup: float, n_envs: int = 8, subproc: bool = False, device: str = "cpu") -> float:
     """Env steps/s of SB3 PPO (zoo Atari settings) over `seconds` after `warmup` seconds of learning:
     `n_envs` envs in one process (DummyVecEnv) or one process each (`subproc`: SubprocVecEnv), the
@@ -210,7 +238,6 @@ def sb3_sps(seconds: float, warmup: float, n_envs: int = 8, subproc: bool = Fals
     import ale_py
     import gymnasium as gym
     import torch
-    from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack
@@ -236,26 +263,119 @@ def sb3_sps(seconds: float, warmup: float, n_envs: int = 8, subproc: bool = Fals
         def _on_step(self) -> bool:
             return time.perf_counter() - self.start < warmup + seconds
 
-    model = PPO(
-        "CnnPolicy",
-        env,
-        n_steps=128,
-        n_epochs=4,
-        batch_size=256,
-        learning_rate=linear(2.5e-4),
-        clip_range=linear(0.1),
-        vf_coef=0.5,
-        ent_coef=0.01,
-        verbose=0,
-        seed=0,
-        device=device,
-    )
+    model = zoo_ppo(env, linear(2.5e-4), linear(0.1), seed=0, device=device)
     model.learn(total_timesteps=10**8, callback=Clock())
     window = [m for m in marks if m[0] >= warmup]
     if len(window) < 2:  # a run too short for two rollouts after the warm-up
         window = marks[-2:]
     (t0, s0), (t1, s1) = window[0], window[-1]
     return (s1 - s0) / (t1 - t0)
+
+
+MARKS = (-15.0, 0.0, 10.0)  # the scores a to-score run reports crossing on its way to its target
+
+
+def crossings(games: list[tuple[int, float, float]], targets: list[float]) -> dict[float, tuple[int, float] | None]:
+    """(env steps, seconds) at which the mean of the last 20 games first reached each target, from
+    (env steps, seconds, score) rows in the order the games ended; None where it never did."""
+    found: dict[float, tuple[int, float] | None] = dict.fromkeys(targets)
+    last20: list[float] = []
+    for steps, seconds, score in games:
+        last20 = (last20 + [score])[-20:]
+        mean = sum(last20) / len(last20)
+        for target in targets:
+            if found[target] is None and len(last20) == 20 and mean >= target:
+                found[target] = (steps, seconds)
+    return found
+
+
+def rlfarm_to_score(preset: str, seed: int, target: float, minutes: float, out: Path, extra: list[str]) -> list:
+    """`rlfarm train --preset P --seed S` until its mean of 20 games reaches `target` (the run stops
+    itself there) or `minutes` pass (then stopped with SIGINT, as Ctrl-C); its games as crossings() rows."""
+    run_id = f"{preset}-seed{seed}"
+    cmd = [sys.executable, "-m", "cli", "train", "--preset", preset, "--seed", str(seed)]
+    cmd += ["--target-return", str(target), "--total-steps", str(10**9), "--logdir", str(out), "--run-id", run_id]
+    proc = subprocess.Popen([*cmd, *extra], cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc.wait(minutes * 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)  # a clean stop: workers and Redis go with it
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    episodes = out / run_id / "episodes.csv"
+    if not episodes.exists():
+        raise RuntimeError(f"rlfarm train --preset {preset} wrote no {episodes} (exit {proc.returncode})")
+    rows = csv.DictReader(episodes.open())
+    return [(int(r["global_step"]), float(r["wall_time"]), float(r["episodic_return"])) for r in rows]
+
+
+def sb3_to_score(seed: int, target: float, minutes: float, out: Path, device: str) -> list:
+    """SB3 PPO (zoo Atari settings, 8 envs in one process, its schedules over the zoo's 10M env
+    steps) until its mean of 20 games reaches `target` or `minutes` pass; its games, also written to
+    OUT/sb3-seedS.csv."""
+    import ale_py
+    import gymnasium as gym
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    gym.register_envs(ale_py)
+    torch.set_num_threads(os.cpu_count() or 1)
+    env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=8, seed=seed), n_stack=4)
+    zoo_steps = 10_000_000
+    games: list[tuple[int, float, float]] = []
+
+    class UntilScore(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.start = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    games.append((self.num_timesteps, time.perf_counter() - self.start, float(info["episode"]["r"])))
+            last20 = [g[2] for g in games[-20:]]
+            reached = len(last20) == 20 and sum(last20) / 20 >= target
+            return not reached and time.perf_counter() - self.start < minutes * 60
+
+    model = zoo_ppo(env, lambda left: left * 2.5e-4, lambda left: left * 0.1, seed=seed, device=device)
+    model.learn(total_timesteps=zoo_steps, callback=UntilScore())
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / f"sb3-seed{seed}.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["global_step", "wall_time", "episodic_return"])
+        writer.writerows((steps, round(seconds, 3), score) for steps, seconds, score in games)
+    return games
+
+
+def to_score(args) -> None:
+    """--to-score: each preset, then SB3, to the target or the budget; their crossings side by side."""
+    out = Path(args.out)
+    targets = [m for m in MARKS if m < args.to_score] + [args.to_score]
+    extra = [f"--set={o}" for o in args.overrides] + ([f"--workers={args.workers}"] if args.workers else [])
+    extra.append(f"--device={args.device}")
+    sides: dict[str, list] = {}
+    for preset in args.presets or ["pong-appo"]:
+        sides[f"rlfarm {preset}"] = rlfarm_to_score(preset, args.seed, args.to_score, args.minutes, out, extra)
+    if not args.skip_sb3:
+        sides["SB3 PPO (zoo)"] = sb3_to_score(args.seed, args.to_score, args.minutes, out, args.device)
+    print(
+        f"to a mean of 20 games >= {args.to_score:g} on {os.cpu_count()} cores, seed {args.seed}, at most "
+        f"{args.minutes:g} min each; minutes (M env steps) at each crossing:"
+    )
+    print(f"{'':28}" + "".join(f"{t:>18g}" for t in targets) + f"{'env steps/s':>14}")
+    for name, games in sides.items():
+        found = crossings(games, targets)
+        cells = "".join(
+            f"{'-':>18}" if found[t] is None else f"{found[t][1] / 60:>9.1f} ({found[t][0] / 1e6:.2f}M)"
+            for t in targets
+        )
+        rate = games[-1][0] / games[-1][1] if games and games[-1][1] > 0 else float("nan")
+        last = [g[2] for g in games[-20:]]
+        tail = f"  (mean of last 20: {sum(last) / len(last):.1f} after {games[-1][0] / 1e6:.2f}M)" if last else ""
+        print(f"{name:28}{cells}{rate:>14.0f}{tail}")
 
 
 def main() -> None:
@@ -283,7 +403,14 @@ def main() -> None:
     parser.add_argument("--sb3-envs", type=int, default=8, help="SB3's envs (the zoo's: 8)")
     parser.add_argument("--sb3-subproc", action="store_true", help="SB3's envs in subprocesses (SubprocVecEnv)")
     parser.add_argument("--skip-alone", action="store_true", help="skip the learner and actor measured alone")
+    parser.add_argument("--to-score", type=float, metavar="T", help="wall time to a mean of 20 games >= T instead")
+    parser.add_argument("--minutes", type=float, default=90, help="--to-score: each side's budget of wall time")
+    parser.add_argument("--seed", type=int, default=1, help="--to-score: the seed of each side's run")
+    parser.add_argument("--out", default="runs/to-score", help="--to-score: where the runs' curves are kept")
     args = parser.parse_args()
+    if args.to_score is not None:
+        to_score(args)
+        return
     cores = os.cpu_count() or 1
 
     peak1, peakn = matmul_gflops(1), matmul_gflops(cores)

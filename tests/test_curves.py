@@ -53,3 +53,23 @@ def test_a_run_that_never_reaches_its_target_and_wrote_a_summary(tmp_path, capsy
         sys.argv = argv
     out = capsys.readouterr().out
     assert "at 10 min" in out and "not reached" in out and "31,500" in out
+
+
+def test_to_score_crossings_are_where_the_mean_of_20_first_reaches_each_mark():
+    """benchmarks/pong.py --to-score's table: the first game at which the mean of the last 20 games
+    (20 of them at least) reaches each mark, as (env steps, seconds); None for a mark never reached."""
+    from benchmarks.pong import crossings
+
+    scores = [-21.0] * 20 + [21.0] * 20  # the k-th win makes the mean (42 k - 420) / 20
+    games = [(1000 * i, 10.0 * i, score) for i, score in enumerate(scores, start=1)]
+    found = crossings(games, [-15.0, 0.0, 10.0, 18.0, 21.0, 22.0])
+    # -15 needs k >= 120/42 (3 wins), 0 k >= 10, 10 k >= 620/42 (15), 18 k >= 780/42 (19), 21 k = 20
+    assert found == {
+        -15.0: (23_000, 230.0),
+        0.0: (30_000, 300.0),
+        10.0: (35_000, 350.0),
+        18.0: (39_000, 390.0),
+        21.0: (40_000, 400.0),
+        22.0: None,
+    }
+    assert crossings(games[:19], [-21.0]) == {-21.0: None}, "fewer than 20 games have no mean of 20"

@@ -637,7 +637,7 @@ def test_the_new_keys_defaults_and_checks():
             "(Stable-Baselines3: mean((V - R)^2)), got 'huber'",
         ),
         ("ppo.anneal_clip=1", "ppo.anneal_clip: expected true or false, got 1"),
-        ("reference=sb2", "reference must be sb3, cleanrl or \"\" (none), got 'sb2'"),
+        ("reference=sb2", "reference must be sb3, cleanrl, rllib or \"\" (none), got 'sb2'"),
         ("reference=1", "reference: expected a string, got 1"),
     ]:
         with pytest.raises(C.ConfigError) as err:

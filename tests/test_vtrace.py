@@ -218,5 +218,11 @@ def test_clipped_around_the_proximal_policy_a_lagged_batch_starts_unclipped(path
 def test_clip_to_is_checked():
     from rlfarm import config as C
 
-    with pytest.raises(C.ConfigError, match="ppo.clip_to must be behaviour or proximal"):
-        C.build("cartpole-appo", ["ppo.clip_to=target"])
+    with pytest.raises(C.ConfigError, match="ppo.clip_to must be behaviour, proximal or target, got 'targt'"):
+        C.build("cartpole-appo", ["ppo.clip_to=targt"])
+    assert C.build("cartpole-appo", ["ppo.clip_to=target"]).ppo.clip_to == "target"
+    with pytest.raises(C.ConfigError, match="ppo.clip_to = target is an ASYNC"):
+        C.build("cartpole-ppo", ["ppo.clip_to=target"])
+    for key in ("ppo.is_ratio_clip=0", "ppo.adam_eps=-1", "ppo.target_update_batches=0"):
+        with pytest.raises(C.ConfigError, match=key.split("=")[0]):
+            C.build("cartpole-appo", [key])

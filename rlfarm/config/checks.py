@@ -24,7 +24,7 @@ def validate(config: RunConfig) -> None:
     if config.mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {config.mode!r}")
     if config.reference not in REFERENCES:
-        raise ConfigError(f'reference must be sb3, cleanrl or "" (none), got {config.reference!r}')
+        raise ConfigError(f'reference must be sb3, cleanrl, rllib or "" (none), got {config.reference!r}')
     if config.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {config.device!r}")
     at_least_1(
@@ -86,6 +86,12 @@ def validate(config: RunConfig) -> None:
             "positive integers of the same length (one entry per convolution)"
         )
     at_least_1(config, "policy.cnn_features")
+    if policy.cnn_padding not in ("valid", "same"):
+        raise ConfigError(f"policy.cnn_padding must be valid or same, got {policy.cnn_padding!r}")
+    if policy.init not in ("orthogonal", "xavier"):
+        raise ConfigError(f"policy.init must be orthogonal or xavier, got {policy.init!r}")
+    if not policy.obs_scale > 0:
+        raise ConfigError(f"policy.obs_scale must be positive, got {policy.obs_scale}")
     if not config.policy.normalize_clip > 0:
         raise ConfigError(f"policy.normalize_clip must be positive, got {config.policy.normalize_clip}")
     if config.eval.confirm_episodes < 0:

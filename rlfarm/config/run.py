@@ -28,7 +28,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # codec (and torch with it); tests/test_wire.py checks the two agree.
 COMPRESS = ("auto", "none", "zstd")
 POLICY_DTYPES = ("float32", "float16")  # farm.policy_dtype: rlfarm.core.codec.wire_state
-REFERENCES = ("", "sb3", "cleanrl")  # `reference`: Stable-Baselines3, CleanRL, or none
+REFERENCES = ("", "sb3", "cleanrl", "rllib")  # `reference`: Stable-Baselines3, CleanRL, RLlib's APPO, or none
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,15 @@ class PolicyConfig:
     cnn_kernels: tuple[int, ...] = (8, 4, 3)
     cnn_strides: tuple[int, ...] = (4, 2, 1)
     cnn_features: int = 512  # the encoder's output size (a linear layer after the convolutions)
+    # How the CNN is built beyond its layers' sizes. The defaults are the Nature CNN as CleanRL and SB3
+    # build it; RLlib's vision network (its APPO on Pong) is cnn_padding "same", cnn_linear false,
+    # obs_scale 1 and init "xavier".
+    cnn_padding: str = "valid"  # valid | same (TF's "same", every convolution but the last)
+    cnn_linear: bool = True  # false: no linear layer after the convolutions; their flattened output is the features
+    obs_scale: float = 255.0  # pixels are divided by this before the first convolution (1: raw 0-255 values)
+    # orthogonal: PPO's implementation details (gain sqrt 2, heads 0.01 and 1); xavier: RLlib's
+    # (Xavier-uniform convolutions and action head, the value head normc(0.01), zero biases)
+    init: str = "orthogonal"
     # Vector observations: normalise by running mean and variance, kept in the network's state (so
     # every version carries the statistics it acts with) and updated by the learner (rlfarm.nn.normalize).
     normalize_obs: bool = False
@@ -161,7 +170,8 @@ class RunConfig:
     target_return: float = math.inf  # stop early once the mean of the last 20 episodes reaches it
     # The implementation whose update this config's matches, "sb3" (Stable-Baselines3) or "cleanrl",
     # on the same batch and weights (tests/test_reference.py checks every shipped SYNC PPO preset that
-    # way); "" for none. It changes nothing in a run: it says what the hyper-parameters may be compared to.
+    # way), or "rllib" (RLlib's APPO: tests/test_appo_reference.py); "" for none. It changes nothing
+    # in a run: it says what the hyper-parameters may be compared to.
     reference: str = ""
     device: str = "auto"
     run_id: str = ""  # empty: generated at start

@@ -25,6 +25,23 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
     return layer
 
 
+def normc_init(layer: nn.Module, std: float) -> nn.Module:
+    """RLlib's normc initializer: each output unit's weights drawn from N(0, 1), then scaled to norm
+    `std`; bias 0."""
+    with torch.no_grad():
+        weight = torch.randn_like(layer.weight)
+        layer.weight.copy_(weight * (std / weight.flatten(1).norm(dim=1).reshape(-1, *[1] * (weight.dim() - 1))))
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def xavier_init(layer: nn.Module) -> nn.Module:
+    """RLlib's default initializer of its convolutions (SlimConv2d): Xavier-uniform, bias 0."""
+    nn.init.xavier_uniform_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
 def mlp(sizes: list[int], activation: str, out_std: float) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 2):
@@ -42,6 +59,13 @@ def _conv_out(size: int, kernel: int, stride: int) -> int:
     return (size - kernel) // stride + 1
 
 
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """TF's (and RLlib's) "same" padding of one side length: the output is ceil(size / stride), the
+    padding its convolution needs split with the odd pixel after."""
+    total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
 def cnn_layers(spec: SpaceSpec, config: PolicyConfig) -> list[tuple[int, int, int]]:
     """(channels, kernel, stride) of each convolution for this image: the configured ones (Nature CNN
     by default) when the image is large enough for them, else SMALL_IMAGE_LAYERS (kernels capped
@@ -49,8 +73,11 @@ def cnn_layers(spec: SpaceSpec, config: PolicyConfig) -> list[tuple[int, int, in
     _, h, w = chw_shape(spec)
     configured = list(zip(config.cnn_channels, config.cnn_kernels, config.cnn_strides))
     size = min(h, w)
-    for _, kernel, stride in configured:
-        size = _conv_out(size, kernel, stride) if size >= kernel else 0
+    for i, (_, kernel, stride) in enumerate(configured):
+        if config.cnn_padding == "same" and i < len(configured) - 1:
+            size = -(-size // stride)
+        else:
+            size = _conv_out(size, kernel, stride) if size >= kernel else 0
     if size >= 1:
         return configured
     layers, size = [], min(h, w)
@@ -67,32 +94,56 @@ def chw_shape(spec: SpaceSpec) -> tuple[int, int, int]:
 
 
 class PixelConv2d(nn.Conv2d):
-    """A convolution on raw 0-255 pixels that sees them scaled to [0, 1]: the 1/255 is folded into
-    its weights (a few thousand multiplications per call instead of one per input value, a pass over
-    the batch that cost the learner as much as a layer: benchmarks/learner.py --profile)."""
+    """A convolution on raw 0-255 pixels that sees them divided by `obs_scale` (255: [0, 1]): the
+    scale is folded into its weights (a few thousand multiplications per call instead of one per
+    input value, a pass over the batch that cost the learner as much as a layer: benchmarks/learner.py
+    --profile)."""
+
+    def __init__(self, *args, obs_scale: float = 255.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scale = 1.0 / obs_scale
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self._conv_forward(pixels, self.weight * (1.0 / 255.0), self.bias)
+        weight = self.weight if self.scale == 1.0 else self.weight * self.scale
+        return self._conv_forward(pixels, weight, self.bias)
 
 
 class NatureCNN(nn.Module):
-    """uint8 images -> features: convolutions with ReLU, then one linear layer with ReLU."""
+    """uint8 images -> features: convolutions with ReLU, then one linear layer with ReLU (or, with
+    policy.cnn_linear false, the convolutions' flattened output: RLlib's vision network, whose last
+    convolution covers the whole map left)."""
 
     def __init__(self, spec: SpaceSpec, config: PolicyConfig):
         super().__init__()
         self.hwc = spec.image_layout == "HWC"
         c, h, w = chw_shape(spec)
+        init = xavier_init if config.init == "xavier" else layer_init
+        specs = cnn_layers(spec, config)
         layers: list[nn.Module] = []
-        for channels, kernel, stride in cnn_layers(spec, config):
-            conv = PixelConv2d if not layers else nn.Conv2d
-            layers += [layer_init(conv(c, channels, kernel, stride)), nn.ReLU()]
+        for i, (channels, kernel, stride) in enumerate(specs):
+            if config.cnn_padding == "same" and i < len(specs) - 1:
+                top, bottom = same_padding(h, kernel, stride)
+                left, right = same_padding(w, kernel, stride)
+                layers.append(nn.ZeroPad2d((left, right, top, bottom)))
+                h, w = -(-h // stride), -(-w // stride)
+            else:
+                h, w = _conv_out(h, kernel, stride), _conv_out(w, kernel, stride)
+            if i == 0:
+                conv = PixelConv2d(c, channels, kernel, stride, obs_scale=config.obs_scale)
+            else:
+                conv = nn.Conv2d(c, channels, kernel, stride)
+            layers += [init(conv), nn.ReLU()]
             c = channels
         layers.append(nn.Flatten())
         self.convs = nn.Sequential(*layers)
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, *chw_shape(spec))).shape[1]
-        self.linear = nn.Sequential(layer_init(nn.Linear(flat, config.cnn_features)), nn.ReLU())
-        self.features = config.cnn_features
+        if config.cnn_linear:
+            self.linear = nn.Sequential(init(nn.Linear(flat, config.cnn_features)), nn.ReLU())
+            self.features = config.cnn_features
+        else:
+            self.linear = nn.Identity()
+            self.features = flat
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.permute(0, 3, 1, 2) if self.hwc else obs  # an HWC batch is already NHWC in memory
@@ -102,7 +153,7 @@ class NatureCNN(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         # Pixels as the weights' floats (float32; a float64 copy computes in float64: tests/test_reference.py),
         # scaled to [0, 1] by the first layer (PixelConv2d).
-        return self.linear(self.convs(x.to(self.linear[0].weight.dtype)))
+        return self.linear(self.convs(x.to(self.convs[-3].weight.dtype)))
 
 
 def place(network: nn.Module, device: torch.device) -> nn.Module:

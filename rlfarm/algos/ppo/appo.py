@@ -14,19 +14,25 @@ last B batches and learns from them round robin, each P times before it leaves: 
 batch under the buffer's cursor, or a new one where that slot is spent (so it waits for results only
 then), and V-trace corrects for the versions published since the batch arrived.
 
+With `ppo.clip_to = "target"` (RLlib's APPO) a target network, a copy of the network taken as every
+`ppo.target_update_batches`-th new batch enters the buffer, is V-trace's target policy, and the
+surrogate's ratio is clip(mu/pi_target, 0, ppo.is_ratio_clip) * pi/mu, clipped around 1 as PPO's:
+each batch's passes stay near the policy the learner had when the batch came in, whatever its lag.
+
 With `ppo.vtrace = false` the data is treated as on-policy (GAE on the behaviour values, as SYNC
 does): the ablation that shows what the correction buys at high lag.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlfarm.algos.base import to_device
+from rlfarm.algos.base import prefixed, to_device, unprefixed
 from rlfarm.algos.ppo.ppo import PPO, compute_gae
 from rlfarm.config import RunConfig
 from rlfarm.core.rollout import Rollout, concat
@@ -64,6 +70,7 @@ def vtrace(
     continuation was computed first (0, the default, for the end of a task): chunks taken from the
     last backwards give the targets of the whole.
     """
+    values_dtype = values.dtype
     ratios = np.exp(target_logprobs.astype(np.float64) - behaviour_logprobs.astype(np.float64))
     rhos = np.minimum(rho_bar, ratios)
     cs = lam * np.minimum(c_bar, ratios)
@@ -86,7 +93,9 @@ def vtrace(
     next_vs[-1] = last_values + after
     next_vs = np.where(dones, final_values, next_vs)
     advantages = rhos * (rewards + gamma * next_vs - values)
-    return vs.astype(np.float32), advantages.astype(np.float32), ratios
+    # float32 as the learner's tensors, or float64 where the values are (tests/test_appo_reference.py)
+    dtype = np.result_type(values_dtype, np.float32)
+    return vs.astype(dtype), advantages.astype(dtype), ratios
 
 
 class APPO(PPO):
@@ -102,6 +111,11 @@ class APPO(PPO):
         self._slots: list[tuple[Rollout, list[int]] | None] = [None] * self.config.buffer_batches
         self._passes_left = [0] * self.config.buffer_batches
         self._cursor = 0
+        # clip_to "target": the target network (no gradients) and the batches it has seen since its copy.
+        self.target = None
+        self._batches_since_copy = 0
+        if self.config.clip_to == "target":
+            self.target = copy.deepcopy(self.policy).requires_grad_(False)
 
     def on_farm(self, tasks_in_flight: int) -> None:
         # auto: one result from each task in flight. Fewer per update (more, smaller updates) took more
@@ -130,6 +144,11 @@ class APPO(PPO):
             taken, self._results = self._results[: self.results_per_update], self._results[self.results_per_update :]
             self._slots[slot] = (concat([r for r, _ in taken]), [lag for _, lag in taken])
             self._passes_left[slot] = cfg.batch_passes
+            if self.target is not None:  # RLlib copies its target network after each training step's batch
+                self._batches_since_copy += 1
+                if self._batches_since_copy >= cfg.target_update_batches:
+                    self.target.load_state_dict(self.policy.state_dict())
+                    self._batches_since_copy = 0
         rollout, lags = self._slots[slot]  # type: ignore[misc]
         self._passes_left[slot] -= 1
         self._cursor = (slot + 1) % cfg.buffer_batches
@@ -165,6 +184,9 @@ class APPO(PPO):
                 }
             )
             slots.append({"fields": fields, "lags": list(lags)})
+        if self.target is not None:
+            tensors.update(prefixed("target", self.target.state_dict()))
+            state = {**state, "target_batches": self._batches_since_copy}
         return tensors, {
             **state,
             "buffer": {"slots": slots, "passes_left": list(self._passes_left), "cursor": self._cursor},
@@ -172,6 +194,10 @@ class APPO(PPO):
 
     def restore(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
         super().restore(tensors, state)
+        if self.target is not None:  # (a checkpoint without one: the target starts as the network)
+            saved = unprefixed("target", tensors)
+            self.target.load_state_dict(saved if saved else self.policy.state_dict())
+            self._batches_since_copy = int(state.get("target_batches", 0))
         buffer = state.get("buffer")
         if not buffer or len(buffer["slots"]) != len(self._slots):  # (another buffer size: start it empty)
             return
@@ -241,7 +267,11 @@ class APPO(PPO):
             newlogprob, entropy, newvalue = logprob[:steps], entropy[:steps], value[:steps]
             if boot is None:
                 boot = value[steps:].detach().cpu().numpy().astype(np.float64)
-            target = newlogprob.detach().cpu().numpy().reshape(chunk, N)
+            if self.target is None:
+                target = newlogprob.detach().cpu().numpy().reshape(chunk, N)
+            else:
+                target = self._target_logprobs(obs[:steps], actions[:steps], None if mask is None else mask[:steps])
+                target = target.reshape(chunk, N)
             values = newvalue.detach().cpu().numpy().reshape(chunk, N)
             behaviour = rollout.logprobs[rows]
             vs, advantages, raw = vtrace(
@@ -269,6 +299,7 @@ class APPO(PPO):
                 to_device(advantages.reshape(-1), dev),
                 to_device(vs.reshape(-1), dev),
                 impala_loss=cfg.pg_loss == "impala",
+                is_ratio=None if self.target is None else to_device(self._is_ratios(behaviour, target).ravel(), dev),
             )
             clipfracs.append(last[-1])
             ratios.append(raw.reshape(-1))
@@ -285,6 +316,12 @@ class APPO(PPO):
         """Targets for the whole batch from the network as the update begins, then PPO's epochs."""
         cfg = self.config
         target_logprobs, values, last_values = self._evaluate(rollout)
+        if self.target is not None:  # V-trace's target policy is the target network; the values stay the network's
+            T, N = rollout.rewards.shape
+            act = rollout.actions
+            target_logprobs = self._target_logprobs(
+                self._observations(rollout), act.reshape(T * N, *act.shape[2:]), self._action_masks(rollout)
+            ).reshape(T, N)
         if cfg.vtrace:
             returns, advantages, ratios = vtrace(
                 rollout.logprobs,
@@ -310,9 +347,32 @@ class APPO(PPO):
         # solved faster at low lag but collapsed in one of five runs at a lag of 10 (benchmarks/appo.py).
         clip_around = target_logprobs if cfg.clip_to == "proximal" else rollout.logprobs
         metrics = self._optimize(
-            rollout, clip_around, values, advantages, returns, impala_loss=cfg.pg_loss == "impala", between=between
+            rollout,
+            clip_around,
+            values,
+            advantages,
+            returns,
+            impala_loss=cfg.pg_loss == "impala",
+            between=between,
+            is_ratios=None if self.target is None else self._is_ratios(rollout.logprobs, target_logprobs),
         )
         return metrics, ratios
+
+    def _is_ratios(self, behaviour: np.ndarray, target: np.ndarray) -> np.ndarray:
+        """RLlib's is_ratio: mu/pi_target clipped to [0, is_ratio_clip], in the learner's precision."""
+        ratio = np.exp(behaviour.astype(np.float64) - target.astype(np.float64))
+        return np.clip(ratio, 0.0, self.config.is_ratio_clip).astype(np.result_type(target.dtype, np.float32))
+
+    @torch.no_grad()
+    def _target_logprobs(self, obs: Any, actions: Any, mask: Any) -> np.ndarray:
+        """Log-probabilities of the behaviour's actions under the target network (flat, numpy)."""
+        dev = self.device
+        obs = obs if isinstance(obs, torch.Tensor) else pixel_layout(to_device(obs, dev), self.spec)
+        actions = actions if isinstance(actions, torch.Tensor) else to_device(actions, dev)
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            mask = to_device(mask, dev)
+        logprob, _, _ = self.target.evaluate(obs, actions, mask, self.autocast)
+        return logprob.cpu().numpy()
 
     @torch.no_grad()
     def _evaluate(self, rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

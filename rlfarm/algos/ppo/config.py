@@ -58,7 +58,13 @@ class PPOConfig(AlgoSection):
     # ASYNC only: what the surrogate's ratio is clipped around. "behaviour": the policy that acted (APPO);
     # "proximal": the network as the update begins (Hilton et al. 2021's decoupled PPO), so a lagged
     # result keeps PPO's full trust region and V-trace's truncated weights pi/mu do the correction.
+    # "target" (RLlib's APPO): around a target network, a copy of the network taken as each new batch
+    # comes in (every `target_update_batches` batches), which is also V-trace's target policy; the
+    # ratio is min(is_ratio_clip, mu/pi_target) * pi/mu, clipped at 1 +- clip_coef.
     clip_to: str = "behaviour"
+    target_update_batches: int = 1
+    is_ratio_clip: float = 2.0
+    adam_eps: float = 1e-5  # Adam's epsilon (PPO's implementation details; torch's and RLlib's default: 1e-8)
     # ASYNC only: a circular buffer of the last `buffer_batches` batches, each learned from in
     # `batch_passes` updates, round robin, before it leaves (RLlib's circular_buffer_num_batches and
     # circular_buffer_iterations_per_batch, with which its APPO solves Pong). 1 and 1: each batch once.
@@ -111,12 +117,21 @@ class PPOConfig(AlgoSection):
             raise ConfigError(f"ppo.compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"ppo.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.clip_to not in ("behaviour", "proximal"):
-            raise ConfigError(f"ppo.clip_to must be behaviour or proximal, got {self.clip_to!r}")
+        if self.clip_to not in ("behaviour", "proximal", "target"):
+            raise ConfigError(f"ppo.clip_to must be behaviour, proximal or target, got {self.clip_to!r}")
+        if self.clip_to == "target" and run.mode != "async":
+            raise ConfigError(
+                "ppo.clip_to = target is an ASYNC (APPO) setting: SYNC PPO clips around the acting policy"
+            )
+        at_least_1(run, "ppo.target_update_batches")
+        for key in ("is_ratio_clip", "adam_eps"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"ppo.{key} must be positive, got {getattr(self, key)}")
 
     def learner_forwards(self, run: RunConfig) -> float | None:
         # Each epoch is a forward-backward per sample; in ASYNC, V-trace's targets take one more forward
         # over the batch first, except in APPO's one pass (rlfarm.algos.ppo.appo), where the loss's
         # forward gives them (SYNC learns from the values the workers computed).
         targets = run.mode == "async" and not (self.update_epochs == 1 and self.vtrace)
-        return (3.0 * self.update_epochs + (1.0 if targets else 0.0)) * self.batch_passes
+        target_net = 1.0 if run.mode == "async" and self.clip_to == "target" else 0.0  # its forward per pass
+        return (3.0 * self.update_epochs + (1.0 if targets else 0.0) + target_net) * self.batch_passes

@@ -19,7 +19,7 @@ from rlfarm.algos.ppo.acting import NumpyActor, PolicyActor
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.nn.actors import OnnxGraph, numpy_state, onnx_graph
-from rlfarm.nn.layers import NatureCNN, layer_init, mlp, obs_normalizer
+from rlfarm.nn.layers import NatureCNN, layer_init, mlp, normc_init, obs_normalizer, xavier_init
 
 
 class ActorCritic(nn.Module):
@@ -31,8 +31,12 @@ class ActorCritic(nn.Module):
         self.spec, self.config = spec, config
         if spec.is_image:
             self.encoder = NatureCNN(spec, config)
-            self.critic = nn.Sequential(layer_init(nn.Linear(self.encoder.features, 1), std=1.0))
-            self.actor = nn.Sequential(layer_init(nn.Linear(self.encoder.features, spec.action_dim), std=0.01))
+            critic, actor = nn.Linear(self.encoder.features, 1), nn.Linear(self.encoder.features, spec.action_dim)
+            if config.init == "xavier":  # RLlib's vision network: its logits a 1x1 convolution, its value normc(0.01)
+                critic, actor = normc_init(critic, 0.01), xavier_init(actor)
+            else:
+                critic, actor = layer_init(critic, std=1.0), layer_init(actor, std=0.01)
+            self.critic, self.actor = nn.Sequential(critic), nn.Sequential(actor)
         else:
             self.encoder = None
             hidden = list(config.hidden_sizes)

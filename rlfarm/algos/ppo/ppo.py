@@ -85,7 +85,7 @@ class PPO(Algorithm):
         super().__init__(config, spec, device)
         self.policy = place(self.build_network(spec, config.policy), device)
         # fused: one kernel for all parameters; per-op overhead dominates for networks this small.
-        self.optimizer = Adam(self.policy.parameters(), lr=self.config.learning_rate, eps=1e-5)
+        self.optimizer = Adam(self.policy.parameters(), lr=self.config.learning_rate, eps=self.config.adam_eps)
         # Minibatch order from a private generator: reproducible, untouched by anything else.
         self.generator = torch.Generator().manual_seed(config.seed)
         # The surrogate's clip range in force (ppo.anneal_clip), set with the learning rate by `_anneal`.
@@ -161,9 +161,11 @@ class PPO(Algorithm):
         returns: np.ndarray,
         impala_loss: bool = False,
         between: Callable[[], None] | None = None,
+        is_ratios: np.ndarray | None = None,
     ) -> dict[str, float]:
         """Minibatch epochs on (T, N) arrays, a `_step` per minibatch of samples drawn across the batch.
-        `between()` runs after each minibatch (the ASYNC trainer keeps the farm fed there)."""
+        `between()` runs after each minibatch (the ASYNC trainer keeps the farm fed there).
+        `is_ratios` (T, N): weights on each sample's ratio (APPO's target network, `_step`)."""
         cfg = self.config
         dev = self.device
         b_obs = self._observations(rollout)
@@ -174,6 +176,7 @@ class PPO(Algorithm):
         b_adv = to_device(advantages.reshape(-1), dev)
         b_returns = to_device(returns.reshape(-1), dev)
         b_masks = self._action_masks(rollout)
+        b_weights = None if is_ratios is None else to_device(is_ratios.reshape(-1), dev)
         if rollout.active is not None:  # agents out of their game: their steps teach nothing
             keep = to_device(np.flatnonzero(rollout.active.reshape(-1)), dev)
             b_obs, b_actions, b_logprobs, b_values, b_adv, b_returns = (
@@ -181,6 +184,8 @@ class PPO(Algorithm):
             )
             if b_masks is not None:
                 b_masks = b_masks[keep]
+            if b_weights is not None:
+                b_weights = b_weights[keep]
 
         batch_size = len(b_obs)
         # A batch that is not a multiple of the minibatches (a SYNC run's shorter last iteration; the
@@ -199,7 +204,15 @@ class PPO(Algorithm):
                     b_obs[mb], b_actions[mb], mb_masks, self.autocast, **self.compiled
                 )
                 pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
-                    newlogprob, entropy, newvalue, b_logprobs[mb], b_values[mb], b_adv[mb], b_returns[mb], impala_loss
+                    newlogprob,
+                    entropy,
+                    newvalue,
+                    b_logprobs[mb],
+                    b_values[mb],
+                    b_adv[mb],
+                    b_returns[mb],
+                    impala_loss,
+                    None if b_weights is None else b_weights[mb],
                 )
                 clipfracs.append(clipfrac)
                 if between is not None:
@@ -252,15 +265,20 @@ class PPO(Algorithm):
         advantages: torch.Tensor,
         returns: torch.Tensor,
         impala_loss: bool = False,
+        is_ratio: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One gradient step on a minibatch's loss: the clipped surrogate against `logprobs` (or, with
         `impala_loss`, the IMPALA policy gradient -log pi(a) * advantage), the value loss towards
         `returns` (clipped around `values` with clip_vloss; its factor by vf_loss) and the entropy
-        bonus. Returns the policy, value and entropy terms, approx_kl and the clip fraction."""
+        bonus. Returns the policy, value and entropy terms, approx_kl and the clip fraction.
+        `is_ratio` (APPO's clip_to = "target"): a weight on the ratio pi/mu, clip(mu/pi_target)."""
         cfg = self.config
         clip = self.clip_coef  # the surrogate's, annealed with anneal_clip; the value clip stays clip_coef
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
+        if is_ratio is not None:
+            ratio = is_ratio * ratio
+            logratio = ratio.clamp_min(1e-30).log()
         with torch.no_grad():
             approx_kl = ((ratio - 1) - logratio).mean()  # http://joschu.net/blog/kl-approx.html
             clipfrac = ((ratio - 1.0).abs() > clip).float().mean()  # a tensor: no host sync per minibatch
