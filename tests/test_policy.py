@@ -1,6 +1,7 @@
 """Networks and acting: numpy snapshot agrees with torch; sampling follows the distribution."""
 
 import numpy as np
+import pytest
 import torch
 
 from rlfarm.algos.ppo.policies import ActorCritic
@@ -49,10 +50,21 @@ def test_gaussian_sampling_uses_log_std():
 # ---- CNNs: the layout the learner computes in, and ONNX Runtime for acting ---------------------------
 
 
-def _pong_like_spec():
+def _pong_like_spec(size: int = 84):
     from rlfarm.envs import SpaceSpec
 
-    return SpaceSpec(4 * 84 * 84, True, 6, obs_shape=(4, 84, 84), obs_dtype="uint8")
+    return SpaceSpec(4 * size * size, True, 6, obs_shape=(4, size, size), obs_dtype="uint8")
+
+
+# RLlib's vision network for 42x42 frames (pong-appo): "same" padding, no linear layer, Xavier init.
+RLLIB_NET = PolicyConfig(
+    cnn_channels=(16, 32, 256),
+    cnn_kernels=(4, 4, 11),
+    cnn_strides=(2, 2, 1),
+    cnn_padding="same",
+    cnn_linear=False,
+    init="xavier",
+)
 
 
 def test_the_cnn_computes_the_same_in_channels_last_with_the_pixel_scale_in_its_first_layer():
@@ -79,18 +91,18 @@ def test_the_cnn_computes_the_same_in_channels_last_with_the_pixel_scale_in_its_
     torch.testing.assert_close(value, net.critic(h).squeeze(-1), rtol=1e-4, atol=1e-5)
 
 
-def test_onnx_actor_acts_as_torch_does_for_every_version_loaded_into_the_network():
+@pytest.mark.parametrize("size, config", [(84, PolicyConfig()), (42, RLLIB_NET)], ids=["nature", "rllib"])
+def test_onnx_actor_acts_as_torch_does_for_every_version_loaded_into_the_network(size, config):
     """The worker exports the CNN's heads once per network and loads each version's weights into the
-    graph: actions, log-probabilities and values agree with the torch actor for each version."""
-    import pytest
-
+    graph: actions, log-probabilities and values agree with the torch actor for each version (the
+    Nature CNN, and RLlib's network with its asymmetric zero padding)."""
     pytest.importorskip("onnxruntime", reason="ONNX Runtime acting needs the atari extra (onnx, onnxruntime)")
     from rlfarm.algos.ppo.policies import ActorCritic, OnnxPolicyActor, TorchPolicyActor
 
-    spec = _pong_like_spec()
+    spec = _pong_like_spec(size)
     torch.manual_seed(0)
-    net = ActorCritic(spec, PolicyConfig())
-    obs = np.random.default_rng(0).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8)
+    net = ActorCritic(spec, config)
+    obs = np.random.default_rng(0).integers(0, 256, (8, 4, size, size), dtype=np.uint8)
     for version in range(3):
         actor = net.actor_snapshot()
         assert isinstance(actor, OnnxPolicyActor)
@@ -120,7 +132,6 @@ def test_loading_versions_into_the_onnx_graph_does_not_grow_the_process():
     import gc
     import os
 
-    import pytest
 
     pytest.importorskip("onnxruntime", reason="ONNX Runtime acting needs the atari extra (onnx, onnxruntime)")
     from rlfarm.algos.ppo.policies import ActorCritic, OnnxPolicyActor
