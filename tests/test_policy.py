@@ -132,7 +132,6 @@ def test_loading_versions_into_the_onnx_graph_does_not_grow_the_process():
     import gc
     import os
 
-
     pytest.importorskip("onnxruntime", reason="ONNX Runtime acting needs the atari extra (onnx, onnxruntime)")
     from rlfarm.algos.ppo.policies import ActorCritic, OnnxPolicyActor
 
