@@ -205,10 +205,12 @@ def test_ppo_learners_take_continuous_actions(mode):
     assert any(not torch.equal(before[k], v) for k, v in algorithm.state().items())
 
 
-def test_appos_circular_buffer_learns_each_batch_its_passes_round_robin_and_resumes_bit_identically():
+@pytest.mark.parametrize("target", [(), ("ppo.clip_to=target", "ppo.target_update_batches=3")], ids=["", "target"])
+def test_appos_circular_buffer_learns_each_batch_its_passes_round_robin_and_resumes_bit_identically(target):
     """ppo.buffer_batches = 3, ppo.batch_passes = 2 (RLlib's circular buffer, in small): the first three
     batches are learned from as they come, then each again in turn; every batch gets exactly 2 updates.
-    A learner checkpointed with a batch still in its buffer goes on exactly as one never stopped."""
+    A learner checkpointed with a batch still in its buffer goes on exactly as one never stopped, with
+    its target network (clip_to = "target") and the batches it has seen since its copy."""
     env = "CartPole-v1"
 
     def appo(seed: int = 0):
@@ -226,6 +228,7 @@ def test_appos_circular_buffer_learns_each_batch_its_passes_round_robin_and_resu
                 "ppo.batch_passes=2",
                 "async.results_per_update=1",
                 "policy.hidden_sizes=[32, 32]",
+                *target,
             ],
             seed=seed,
         )
@@ -245,6 +248,9 @@ def test_appos_circular_buffer_learns_each_batch_its_passes_round_robin_and_resu
     assert [feed(whole, r) for r in rollouts[:4]] == [1, 1, 4, 1]
     tensors, state = whole.checkpoint()
     tensors = {k: v.clone() for k, v in tensors.items()}
+    if target:  # the target is a copy from before the last update: it must travel in the checkpoint
+        policy, copy = whole.policy.state_dict(), whole.target.state_dict()
+        assert any(not torch.equal(policy[k], copy[k]) for k in policy)
     assert [feed(whole, r) for r in rollouts[4:]] == [1, 4]  # 12 updates for 6 batches
     assert whole.versions_per_result() == 2
 
