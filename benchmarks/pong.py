@@ -374,7 +374,11 @@ def to_score(args) -> None:
         )
         rate = games[-1][0] / games[-1][1] if games and games[-1][1] > 0 else float("nan")
         last = [g[2] for g in games[-20:]]
-        tail = f"  (mean of last 20: {sum(last) / len(last):.1f} after {games[-1][0] / 1e6:.2f}M)" if last else ""
+        tail = (
+            f"  (mean of the last {len(last)} games: {sum(last) / len(last):.1f} at {games[-1][0] / 1e6:.2f}M)"
+            if last
+            else ""
+        )
         print(f"{name:28}{cells}{rate:>14.0f}{tail}")
 
 
