@@ -42,6 +42,7 @@ from rlfarm.algos.ppo.policies import ActorCritic
 from rlfarm.config.keys import to_dict
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import make_env, space_spec
+from tests.test_reference import _one_thread_own_rng  # noqa: F401  (autouse: one torch thread, the RNG given back)
 
 TOLERANCE = 1e-8  # max |difference| of any parameter after the batch's passes (float64 both sides)
 DTYPE = torch.float64
@@ -50,17 +51,6 @@ STEPS = 16  # steps per env of the batch (the preset's 96 cost seconds in float6
 
 def rllib_presets() -> list[str]:
     return [name for name in C.preset_names() if C.build(name).reference == "rllib"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread_own_rng():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def spec_of(cfg: C.RunConfig):
