@@ -223,6 +223,16 @@ def test_clip_to_is_checked():
     assert C.build("cartpole-appo", ["ppo.clip_to=target"]).ppo.clip_to == "target"
     with pytest.raises(C.ConfigError, match="ppo.clip_to = target is an ASYNC"):
         C.build("cartpole-ppo", ["ppo.clip_to=target"])
-    for key in ("ppo.is_ratio_clip=0", "ppo.adam_eps=-1", "ppo.target_update_batches=0"):
+    for key in (
+        "ppo.is_ratio_clip=0",
+        "ppo.adam_eps=0",
+        "ppo.target_update_batches=0",
+        "policy.obs_scale=0",
+        "policy.cnn_padding=full",
+        "policy.init=normal",
+    ):
         with pytest.raises(C.ConfigError, match=key.split("=")[0]):
             C.build("cartpole-appo", [key])
+    # the smallest accepted values (the bounds are "positive" and "at least 1")
+    C.build("cartpole-appo", ["ppo.is_ratio_clip=1e-9", "ppo.adam_eps=1e-12", "ppo.target_update_batches=1"])
+    C.build("cartpole-appo", ["policy.obs_scale=1e-9", "policy.cnn_padding=same", "policy.init=xavier"])
