@@ -257,13 +257,10 @@ class APPO(PPO):
                 actions = np.concatenate([actions, np.zeros((N, *act.shape[2:]), actions.dtype)])
                 if mask is not None:  # (only their values are used: any mask will do)
                     mask = np.concatenate([mask, np.ones((N, masks.shape[-1]), bool)])
-            logprob, entropy, value = self.policy.evaluate(
-                pixel_layout(to_device(obs, dev), self.spec),
-                to_device(actions, dev),
-                None if mask is None else to_device(mask, dev),
-                self.autocast,
-                **self.compiled,
-            )
+            # on the device once: the target network's forward takes the same tensors
+            obs, actions = pixel_layout(to_device(obs, dev), self.spec), to_device(actions, dev)
+            mask = None if mask is None else to_device(mask, dev)
+            logprob, entropy, value = self.policy.evaluate(obs, actions, mask, self.autocast, **self.compiled)
             newlogprob, entropy, newvalue = logprob[:steps], entropy[:steps], value[:steps]
             if boot is None:
                 boot = value[steps:].detach().cpu().numpy().astype(np.float64)
@@ -320,7 +317,9 @@ class APPO(PPO):
             T, N = rollout.rewards.shape
             act = rollout.actions
             target_logprobs = self._target_logprobs(
-                self._observations(rollout), act.reshape(T * N, *act.shape[2:]), self._action_masks(rollout)
+                self._observations(rollout),
+                to_device(act.reshape(T * N, *act.shape[2:]), self.device),
+                self._action_masks(rollout),
             ).reshape(T, N)
         if cfg.vtrace:
             returns, advantages, ratios = vtrace(
@@ -364,13 +363,9 @@ class APPO(PPO):
         return np.clip(ratio, 0.0, self.config.is_ratio_clip).astype(np.result_type(target.dtype, np.float32))
 
     @torch.no_grad()
-    def _target_logprobs(self, obs: Any, actions: Any, mask: Any) -> np.ndarray:
-        """Log-probabilities of the behaviour's actions under the target network (flat, numpy)."""
-        dev = self.device
-        obs = obs if isinstance(obs, torch.Tensor) else pixel_layout(to_device(obs, dev), self.spec)
-        actions = actions if isinstance(actions, torch.Tensor) else to_device(actions, dev)
-        if mask is not None and not isinstance(mask, torch.Tensor):
-            mask = to_device(mask, dev)
+    def _target_logprobs(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None) -> np.ndarray:
+        """Log-probabilities of the behaviour's actions under the target network (flat, numpy), from
+        tensors already on the device."""
         logprob, _, _ = self.target.evaluate(obs, actions, mask, self.autocast)
         return logprob.cpu().numpy()
 
