@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The figures of a machine with a GPU and many cores, in one prepared run (about 10 minutes; --short:
 # about 6 on 2 cores, for trying it out on any machine first; --only STEP,... runs those steps only:
-# learner, ingest, training, acting, pong-to-score; the last is not run unless named, as it takes
-# up to 8 minutes of its own). Each step writes its output under $OUT:
+# learner, ingest, training, acting, lag, pong-to-score; the last two are not run unless named, as
+# they take up to 2 and 8 minutes of their own). Each step writes its output under $OUT:
 #   learner.txt  the Pong PPO and APPO learners on the device, fp32 and bf16 (ppo.precision), eager and
 #                under torch.compile with CUDA graphs (ppo.compile=reduce-overhead): samples/s and the
 #                fraction of the device's own matmul rate (benchmarks/learner.py --peak --compile)
@@ -15,9 +15,14 @@
 #                env steps/s of each, their ratios, slots waiting and learner busy (benchmarks/pong.py)
 #   acting.txt   acting Pong on 1, 2, 4, 8 and 14 processes: efficiency against N x one process,
 #                beside a pure Python loop's on the same N, the machine's own (acting_scale.py --reference)
-#   to-score.txt `rlfarm train --preset pong-appo` with a worker per core but two until the mean of 20
-#                games reaches 18 or 8 minutes pass (--short: -20.5 or 1 minute): minutes and env steps
-#                at -15, 0, +10 and 18 (benchmarks/pong.py --to-score; the curve under $OUT/to-score/)
+#   lag.txt      `rlfarm train --preset pong-fast` with a worker per core but two, learning each result
+#                as it comes (the preset) and 4 results an update in minibatches of the same 256
+#                (async.results_per_update=4, ppo.num_minibatches=16): env steps/s, policy lag, tasks
+#                in flight, who waits
+#   to-score.txt `rlfarm train --preset pong-fast` (4 results an update) with a worker per core but
+#                two until the mean of 20 games reaches 18 or 8 minutes pass (--short: -20.5 or 1
+#                minute): minutes and env steps at -15, 0, +10 and 18, policy lag (benchmarks/pong.py
+#                --to-score; the curve under $OUT/to-score/)
 #   machine.txt  the card (nvidia-smi), the cores and their topology (lscpu), torch's version
 #
 #   OUT=/tmp/gpu PYTHON=.venv/bin/python bash benchmarks/gpu_machine.sh [--short]
@@ -32,7 +37,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --short) short=1 ;;
     --only) only="$2"; shift ;;
-    *) echo "usage: $0 [--short] [--only learner,ingest,training,acting,pong-to-score]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--short] [--only learner,ingest,training,acting,lag,pong-to-score]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -47,12 +52,17 @@ cores=$(nproc)
 workers=$((cores > 3 ? cores - 2 : 1))  # a core each for the trainer and Redis
 if [ "$short" = 1 ]; then  # APPO's learner alone: bf16 on a CPU without bf16 units takes long
   batches=1 cases="pong-appo" seconds=10 warmup=10 sb3_envs=2 processes="1 2" act_seconds=4 act_warmup=8
-  ingest="--workloads pong-appo --seconds 2 --producers 2" score=-20.5 score_minutes=1
+  ingest="--workloads pong-appo --seconds 2 --producers 2" score=-20.5 score_minutes=1 lag_seconds=5 lag_warmup=10
 else
   batches=5 cases="pong-sync pong-appo" seconds=60 warmup=15 sb3_envs=16 processes="1 2 4 8 14"
   act_seconds=8 act_warmup=10 ingest="--workloads pong-appo pong --seconds 6 --producers 8"
-  score=18 score_minutes=8
+  score=18 score_minutes=8 lag_seconds=40 lag_warmup=15
 fi
+# A farm's many workers each learned as it comes lag by about one version a worker; 4 results an
+# update, in minibatches of the same size, keep the gradient steps per env step and quarter the lag.
+# (--short: 2, as 1 worker has 2 tasks in flight.)
+k=$([ "$short" = 1 ] && echo 2 || echo 4)
+farm_batches=(--set "async.results_per_update=$k" --set "ppo.num_minibatches=$((4 * k))")
 
 {
   date -u
@@ -89,11 +99,22 @@ if runs acting; then
     --warmup "$act_warmup" --reference 2>&1 | tee "$OUT/acting.txt" || failed+=" acting"
 fi
 
+if runs lag; then
+  echo "== policy lag: pong-fast ($device, $workers workers), 1 and 4 results an update, at ${SECONDS} s"
+  : >"$OUT/lag.txt"
+  for sets in "" "${farm_batches[*]}"; do
+    # shellcheck disable=SC2086  # the options are meant to split
+    "$PYTHON" benchmarks/pong.py --preset pong-fast --skip-sb3 --skip-alone --seconds "$lag_seconds" \
+      --warmup "$lag_warmup" --device "$device" --workers "$workers" $sets 2>&1 | tee -a "$OUT/lag.txt" ||
+      failed+=" lag"
+  done
+fi
+
 if runs pong-to-score; then
-  echo "== pong-appo to $score ($device, $workers workers, at most $score_minutes min), at ${SECONDS} s"
-  "$PYTHON" benchmarks/pong.py --to-score "$score" --minutes "$score_minutes" --preset pong-appo --skip-sb3 \
-    --device "$device" --workers "$workers" --out "$OUT/to-score" 2>&1 | tee "$OUT/to-score.txt" ||
-    failed+=" pong-to-score"
+  echo "== pong-fast to $score ($device, $workers workers, at most $score_minutes min), at ${SECONDS} s"
+  "$PYTHON" benchmarks/pong.py --to-score "$score" --minutes "$score_minutes" --preset pong-fast --skip-sb3 \
+    "${farm_batches[@]}" --device "$device" --workers "$workers" --out "$OUT/to-score" 2>&1 |
+    tee "$OUT/to-score.txt" || failed+=" pong-to-score"
 fi
 
 echo "figures in $OUT/ after ${SECONDS} s"

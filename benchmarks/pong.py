@@ -198,7 +198,24 @@ def rlfarm_sps(preset: str, seconds: float, warmup: float, extra: list[str]) -> 
         sps = (float(last["global_step"]) - float(first["global_step"])) / (
             float(last["wall_time"]) - float(first["wall_time"])
         )
-        return sps, last
+        return sps, {**last, **farm_means(window)}
+
+
+FARM_KEYS = ("farm/policy_lag", "farm/policy_lag_end", "farm/learner_busy", "farm/slots_waiting", "farm/window")
+
+
+def farm_means(rows: list[dict]) -> dict[str, float]:
+    """ASYNC's farm figures (policy lag, tasks in flight, who waits) as means over progress.csv rows,
+    and the largest lag: one log interval's figures swing with the update that fell into it."""
+    means: dict[str, float] = {}
+    for key in FARM_KEYS:
+        values = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+        if values:
+            means[key] = sum(values) / len(values)
+    lag_max = [float(r["farm/policy_lag_max"]) for r in rows if r.get("farm/policy_lag_max") not in (None, "")]
+    if lag_max:
+        means["farm/policy_lag_max"] = max(lag_max)
+    return means
 
 
 def learner_busy(row: dict) -> float:
@@ -357,8 +374,19 @@ def to_score(args) -> None:
     extra = [f"--set={o}" for o in args.overrides] + ([f"--workers={args.workers}"] if args.workers else [])
     extra.append(f"--device={args.device}")
     sides: dict[str, list] = {}
+    farm_lines = []
     for preset in args.presets or ["pong-appo"]:
         sides[f"rlfarm {preset}"] = rlfarm_to_score(preset, args.seed, args.to_score, args.minutes, out, extra)
+        progress = out / f"{preset}-seed{args.seed}" / "progress.csv"
+        if progress.exists():
+            rows = list(csv.DictReader(progress.open()))
+            m = dict.fromkeys([*FARM_KEYS, "farm/policy_lag_max"], float("nan"))
+            m.update(farm_means(rows[len(rows) // 10 :]))  # past the first tenth: the run's start aside
+            farm_lines.append(
+                f"rlfarm {preset} {' '.join(extra)}: policy lag {m['farm/policy_lag']:.1f} "
+                f"(max {m['farm/policy_lag_max']:.0f}), tasks in flight {m['farm/window']:.1f}, "
+                f"learner busy {m['farm/learner_busy']:.2f}, slots waiting {m['farm/slots_waiting']:.2f}"
+            )
     if not args.skip_sb3:
         sides["SB3 PPO (zoo)"] = sb3_to_score(args.seed, args.to_score, args.minutes, out, args.device)
     print(
@@ -380,6 +408,8 @@ def to_score(args) -> None:
             else ""
         )
         print(f"{name:28}{cells}{rate:>14.0f}{tail}")
+    for line in farm_lines:
+        print(line)
 
 
 def main() -> None:
@@ -487,7 +517,8 @@ def measure_preset(preset: str, args, cores: int, peak1: float, peakn: float) ->
         f"rlfarm train --preset {preset} {' '.join(extra)}: {sps:.0f} env steps/s "
         f"(slots waiting {float(last.get('farm/slots_waiting') or 0):.2f}, learner busy "
         f"{learner_busy(last):.2f}, policy lag "
-        f"{float(last.get('farm/policy_lag') or 0):.1f})",
+        f"{float(last.get('farm/policy_lag') or 0):.1f} (max {float(last.get('farm/policy_lag_max') or 0):.0f}), "
+        f"tasks in flight {float(last.get('farm/window') or 0):.1f})",
         flush=True,
     )
     print(

@@ -238,6 +238,47 @@ def test_a_slow_learner_applies_back_pressure_and_says_how_long_the_farm_waited(
     assert b"slots_waiting" in status
 
 
+def test_auto_tasks_in_flight_follow_a_slow_learner_down_to_one(farm, tmp_path):
+    """`async.tasks_in_flight = "auto"` on a farm of 2 processes whose learner is the slower side
+    (60 epochs a result): the window falls to the one task that keeps it fed, and the lag with it,
+    where a fixed 2 keeps a result and a task waiting behind every one (2 or more versions)."""
+    run_id = "paced"
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--mode",
+        "async",
+        "--total-steps",
+        "8192",
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        "farm.steps_per_env=256",
+        "--set",
+        "ppo.num_minibatches=2",
+        "--set",
+        "ppo.update_epochs=60",
+        "--set",
+        "async.tasks_in_flight=auto",
+        "--set",
+        "async.results_per_update=1",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = list(csv.DictReader(open(tmp_path / run_id / "progress.csv")))
+    windows = [int(r["farm/window"]) for r in rows]
+    assert windows[0] == 2 and windows[-1] == 1, windows  # the farm's 2 processes, then the pace's 1
+    summary = read_summary(tmp_path / run_id)
+    assert summary["tasks_in_flight"] == {"cap": 2, "paced": True, "last": 1}
+    late = [float(r["farm/policy_lag"]) for r in rows[len(rows) // 2 :] if int(r["farm/window"]) == 1]
+    assert late and max(late) <= 1.5, late
+    assert summary["env_steps"] >= 8192
+
+
 def test_tasks_pick_up_newer_versions_while_they_run(farm, tmp_path):
     """async.refresh_steps: APPO with 8 tasks in flight on 2 workers and a version per result. Tasks
     started with an old version switch to the newest every 16 steps, so results end acting with newer

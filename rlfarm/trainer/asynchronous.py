@@ -20,6 +20,7 @@ from rlfarm.config import check_results_per_update
 from rlfarm.core.protocol import Result, TaskSpec
 from rlfarm.core.rollout import Rollout
 from rlfarm.trainer.base import Trainer, log
+from rlfarm.trainer.pace import InFlightPace
 
 
 def auto_policy_lag(tasks_in_flight: int, versions_per_result: float) -> int:
@@ -47,9 +48,16 @@ class AsyncTrainer(Trainer):
         self.max_policy_lag = cfg.async_.max_policy_lag or auto_policy_lag(
             self.tasks_in_flight, self.algo.versions_per_result()
         )
+        # "auto": tasks in flight sized by the learner's pace (rlfarm.trainer.pace), the farm's
+        # worker processes at most; a number given in the config is kept as given.
+        self.pace = InFlightPace(self.tasks_in_flight) if not cfg.async_.tasks_in_flight else None
+        self.window = self.tasks_in_flight  # tasks kept in flight now
         # Results received but not yet taken in by the learner. Bounded: while it is full, finished
         # tasks are not replaced, so a slow learner slows the farm down instead of piling results up.
-        self.max_backlog = self.tasks_in_flight
+        self.max_backlog = self.window
+        self._sent: dict[int, float] = {}  # task number -> when it was sent, for the pace
+        self._paced_results, self._paced_task_seconds, self._waited = 0, 0.0, 0.0  # this log interval
+        self._slot_seconds = 0.0  # task-slot seconds open over the run, for slots_waiting
         self._backlog: deque[Result] = deque()
         self._owed: deque[float] = deque()  # when each not-yet-replaced task finished (worker clock)
         self._slot_wait = 0.0  # task-slot seconds spent waiting for the trainer, this log interval
@@ -98,6 +106,7 @@ class AsyncTrainer(Trainer):
                 stream=self.stream_ref(stream) if stream is not None else None,
             )
         )
+        self._sent[self._task_counter] = time.perf_counter()
         self._task_counter += 1
         if self._owed:  # this task takes the slot a finished one left: it waited this long
             waited = max(0.0, time.time() - self._owed.popleft())
@@ -105,9 +114,15 @@ class AsyncTrainer(Trainer):
             self._slot_wait_total += waited
 
     def refill(self) -> None:
-        """Keep `tasks_in_flight` rollout tasks on the farm while the backlog has room."""
+        """Keep `window` rollout tasks on the farm while the backlog has room. A slot is running or
+        owed a replacement; a window that shrank closes owed slots, one that grew opens some."""
         running = self.channel.outstanding("rollout")  # held back for the run's share included
-        while self._owed and running < self.tasks_in_flight and len(self._backlog) < self.max_backlog:
+        if self.pace is not None:
+            while self._owed and running + len(self._owed) > self.window:
+                self._owed.popleft()
+            for _ in range(self.window - running - len(self._owed)):
+                self._owed.append(time.time())
+        while self._owed and running < self.window and len(self._backlog) < self.max_backlog:
             self.dispatch_one()
             running += 1
 
@@ -127,6 +142,17 @@ class AsyncTrainer(Trainer):
                     self._free_streams.append(stream)
                 self._backlog.append(message)
                 self._owed.append(message.finished or time.time())
+                # A task's time is its acting on the worker: sent to received would count the
+                # wait behind the worker's other task, and keep a window that large by itself.
+                sent = self._sent.pop(message.iteration, None)
+                took = (
+                    message.duration
+                    if message.duration is not None
+                    else (None if sent is None else time.perf_counter() - sent)
+                )
+                if took is not None:
+                    self._paced_results += 1
+                    self._paced_task_seconds += took
             timeout = 0
         self.refill()
 
@@ -146,7 +172,9 @@ class AsyncTrainer(Trainer):
             self.dispatch_one()
         while self.env_steps < cfg.total_steps:
             if not self._backlog:
+                waiting = time.perf_counter()
                 self.receive(timeout=1.0)
+                self._waited += time.perf_counter() - waiting
             if self._backlog:
                 self.consume(self._backlog.popleft())
                 self.refill()
@@ -221,7 +249,7 @@ class AsyncTrainer(Trainer):
         """The fraction of the farm's task-slot time, over the last log interval, spent waiting for
         the trainer (a task finished, its replacement not yet sent)."""
         elapsed = time.perf_counter() - self._interval_start
-        return min(1.0, self._slot_wait / (self.tasks_in_flight * elapsed)) if elapsed > 0 else 0.0
+        return min(1.0, self._slot_wait / (self.window * elapsed)) if elapsed > 0 else 0.0
 
     def learner_busy(self) -> float:
         """The fraction of the last log interval the learner spent computing updates."""
@@ -247,19 +275,35 @@ class AsyncTrainer(Trainer):
         self.lag_counts = {int(k): v for k, v in state["lag_counts"].items()}
 
     def summary_extras(self) -> dict[str, Any]:
-        elapsed = time.perf_counter() - self.start
         return {
             "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
             "results_refreshed": self.results_refreshed,
             "results_unused": self.results_unused,
             "max_policy_lag": self.max_policy_lag,
-            "slots_waiting": round(self._slot_wait_total / (self.tasks_in_flight * elapsed), 4) if elapsed > 0 else 0.0,
+            "slots_waiting": round(self._slot_wait_total / self._slot_seconds, 4) if self._slot_seconds > 0 else 0.0,
+            "tasks_in_flight": {"cap": self.tasks_in_flight, "paced": self.pace is not None, "last": self.window},
         }
+
+    def repace(self) -> None:
+        """The log interval's results, task times and waits to the pace, and its window obeyed."""
+        now = time.perf_counter()
+        elapsed = now - self._interval_start
+        self._slot_seconds += self.window * elapsed
+        if self.pace is not None and self._paced_results:
+            busy = max(0.0, elapsed - self._waited)
+            self.window = self.pace.observe(self._paced_results, self._paced_task_seconds / self._paced_results, busy)
+            self.max_backlog = self.window
+        self._paced_results, self._paced_task_seconds, self._waited = 0, 0.0, 0.0
 
     def log(self) -> None:
         self._last_log = time.perf_counter()
         lags = np.asarray(self._lags or [0])
-        farm = {**self.farm_scalars(), "farm/slots_waiting": self.slots_waiting(), "farm/backlog": len(self._backlog)}
+        farm = {
+            **self.farm_scalars(),
+            "farm/slots_waiting": self.slots_waiting(),
+            "farm/backlog": len(self._backlog),
+            "farm/window": self.window,
+        }
         self.log_step(
             {
                 "policy_version": self.version,
@@ -278,6 +322,7 @@ class AsyncTrainer(Trainer):
                 **self._losses,
             }
         )
+        self.repace()
         self._slot_wait, self._interval_start = 0.0, time.perf_counter()
         self._learn_time = self._pump_time = 0.0
         if self._lags:

@@ -1,0 +1,55 @@
+"""`async.tasks_in_flight = "auto"`: the arithmetic of tasks in flight sized by the learner's pace."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlfarm.trainer.pace import InFlightPace
+
+
+def test_the_window_is_the_farm_until_results_are_measured():
+    pace = InFlightPace(cap=14)
+    assert pace.window == 14
+    assert pace.observe(results=0, task_seconds=9.0, busy_seconds=1.0) == 14  # nothing measured
+
+
+def test_a_learner_slower_than_a_task_keeps_one_task_in_flight():
+    """2 cores, a CNN's learner: a result takes the trainer longer than a task takes to act."""
+    pace = InFlightPace(cap=2)
+    for _ in range(5):
+        pace.observe(results=2, task_seconds=0.5, busy_seconds=1.4)  # 0.7 s a result
+    assert pace.window == 1
+
+
+def test_a_fast_learner_keeps_every_worker_busy():
+    pace = InFlightPace(cap=14)
+    pace.observe(results=20, task_seconds=1.3, busy_seconds=1.0)  # 0.05 s a result: 26 would fit
+    assert pace.window == 14
+
+
+def test_the_window_is_what_keeps_the_learner_fed():
+    """Tasks of 1 s, 0.25 s of the trainer's a result: 4 tasks deliver one result per learner step."""
+    pace = InFlightPace(cap=14, smoothing=1.0)
+    assert pace.observe(results=4, task_seconds=1.0, busy_seconds=1.0) == 4
+    assert pace.observe(results=4, task_seconds=1.1, busy_seconds=1.0) == 5  # rounded up: never short
+
+
+def test_the_figures_are_smoothed_so_one_odd_interval_does_not_swing_the_window():
+    pace = InFlightPace(cap=14, smoothing=0.3)
+    for _ in range(20):
+        pace.observe(results=4, task_seconds=1.0, busy_seconds=1.0)
+    assert pace.window == 4
+    pace.observe(results=1, task_seconds=1.0, busy_seconds=1.0)  # one slow update: 1 s a result
+    assert pace.window in (2, 3, 4) and pace.window > 1
+    assert pace.busy_seconds == pytest.approx(0.25 + 0.3 * 0.75)
+
+
+def test_a_trainer_that_never_computes_keeps_the_farm():
+    pace = InFlightPace(cap=3)
+    assert pace.observe(results=5, task_seconds=1.0, busy_seconds=0.0) == 3
+
+
+@pytest.mark.parametrize("cap, smoothing", [(0, 0.3), (2, 0.0), (2, 1.5)])
+def test_bad_arguments_are_refused(cap, smoothing):
+    with pytest.raises(ValueError):
+        InFlightPace(cap=cap, smoothing=smoothing)
