@@ -26,6 +26,7 @@
 #   machine.txt  the card (nvidia-smi), the cores and their topology (lscpu), torch's version
 #
 #   OUT=/tmp/gpu PYTHON=.venv/bin/python bash benchmarks/gpu_machine.sh [--short]
+# (SCORE_MINUTES and LAG_SECONDS change those budgets, to fit a lease's minutes.)
 #
 # Needs rlfarm installed with the atari and bench extras in $PYTHON's environment and redis-server on
 # the PATH. The device is cuda where torch sees one, else cpu. A step that fails is named at the end
@@ -56,7 +57,7 @@ if [ "$short" = 1 ]; then  # APPO's learner alone: bf16 on a CPU without bf16 un
 else
   batches=5 cases="pong-sync pong-appo" seconds=60 warmup=15 sb3_envs=16 processes="1 2 4 8 14"
   act_seconds=8 act_warmup=10 ingest="--workloads pong-appo pong --seconds 6 --producers 8"
-  score=18 score_minutes=8 lag_seconds=40 lag_warmup=15
+  score=18 score_minutes=${SCORE_MINUTES:-8} lag_seconds=${LAG_SECONDS:-40} lag_warmup=15
 fi
 # A farm's many workers each learned as it comes lag by about one version a worker; 4 results an
 # update, in minibatches of the same size, keep the gradient steps per env step and quarter the lag.
