@@ -74,9 +74,8 @@ def make_config(
     return C.from_flat(config_values(preset, overrides, **options), base)
 
 
-def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
-    """What can be checked before anything starts: mode and algorithm, the env and its spaces, CUDA.
-    `embedded`: the run will start its own `farm.workers` workers (so the tasks in flight are known)."""
+def check_config(cfg: C.RunConfig) -> None:
+    """What can be checked before anything starts: mode and algorithm, the env and its spaces, CUDA."""
     from rlfarm.algos import check_env, check_mode
     from rlfarm.envs import describe
 
@@ -92,8 +91,6 @@ def check_config(cfg: C.RunConfig, embedded: bool = False) -> None:
         from rlfarm.envs import snapshot
 
         snapshot.check(cfg.env.id, dataclasses.asdict(cfg.env), agents=spec.agents)
-    if embedded and cfg.mode == "async":
-        C.check_results_per_update(cfg, cfg.async_.tasks_in_flight or embedded_in_flight(cfg))
     if cfg.device == "cuda":
         from rlfarm.trainer import resolve_device
 
@@ -360,7 +357,7 @@ def train(
     from rlfarm.farm.find import find_farm
 
     farm = find_farm(redis_url, environ={})
-    check_config(cfg, embedded=farm.url is None)
+    check_config(cfg)
     tracking = check_extras(cfg, capture_video, track or None)
     cfg = with_run_id(cfg)
     check_new_run(cfg)

@@ -279,6 +279,37 @@ def test_auto_tasks_in_flight_follow_a_slow_learner_down_to_one(farm, tmp_path):
     assert summary["env_steps"] >= 8192
 
 
+def test_a_batch_of_more_results_than_tasks_in_flight_fills_over_rounds(farm, tmp_path):
+    """5 results an update with 2 tasks in flight: each update waits for a third round of tasks,
+    as a farm of 5 would fill it in one; the run learns what its config says on either."""
+    run_id = "k5"
+    result = run_cli(
+        "train",
+        "--redis",
+        farm.redis_url,
+        "--run-id",
+        run_id,
+        "--logdir",
+        str(tmp_path),
+        "--mode",
+        "async",
+        "--total-steps",
+        "20480",
+        "--set",
+        "async.results_per_update=5",
+        "--set",
+        "async.tasks_in_flight=2",
+        "--set",
+        "eval.interval=0",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = read_summary(tmp_path / run_id)
+    steps_per_result = 4 * 512  # cartpole-ppo: a task is 4 envs x 512 steps
+    assert summary["env_steps"] >= 20480
+    # 10 results learned 5 at a time, a version each: 2, and none for a part batch left over
+    assert summary["final_version"] == summary["env_steps"] // (5 * steps_per_result)
+
+
 def test_tasks_pick_up_newer_versions_while_they_run(farm, tmp_path):
     """async.refresh_steps: APPO with 8 tasks in flight on 2 workers and a version per result. Tasks
     started with an old version switch to the newest every 16 steps, so results end acting with newer

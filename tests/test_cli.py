@@ -60,8 +60,8 @@ def test_presets_lists_each_with_a_line():
             "async.max_policy_lag and eval.interval cannot be negative",
         ),
         (
-            ["--mode", "async", "--set", "async.results_per_update=5", "--workers", "2"],
-            "async.results_per_update (5) is more than the tasks ever in flight (2)",
+            ["--mode", "async", "--set", "async.results_per_update=-1"],
+            "async.results_per_update and async.tasks_in_flight cannot be negative",
         ),
         (["--redis", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
         (["--set", "ppo.num_minibatches=3"], "must divide the steps per iteration"),

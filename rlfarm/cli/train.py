@@ -251,7 +251,7 @@ def train(
         # The trainer takes the farm's secret from the Farm (rlfarm.api.run), not from RLFARM_SECRET,
         # which signs the run directory's files. Farm(None): the embedded default.
         farm = train_farm(redis_url)
-        check_config(cfg, embedded=farm.url is None)
+        check_config(cfg)
         tracking = check_extras(cfg, capture_video, track_uri or track, track_experiment)
     except (C.ConfigError, EnvError) as exc:
         fail(str(exc))

@@ -6,7 +6,7 @@ This module is the layer's face: import from it.
 """
 
 from rlfarm.config.bounds import check_replay_memory
-from rlfarm.config.checks import check_agents, check_results_per_update, validate
+from rlfarm.config.checks import check_agents, validate
 from rlfarm.config.cores import (
     ACTING_FORWARDS,
     acting_share,
@@ -64,7 +64,6 @@ __all__ = [
     "check_replay",
     "check_agents",
     "check_replay_memory",
-    "check_results_per_update",
     "flatten",
     "from_dict",
     "from_flat",

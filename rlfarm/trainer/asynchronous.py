@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfarm.config import check_results_per_update
 from rlfarm.core.protocol import Result, TaskSpec
 from rlfarm.core.rollout import Rollout
 from rlfarm.trainer.base import Trainer, log
@@ -43,7 +42,6 @@ class AsyncTrainer(Trainer):
         super().__init__(*args, **kwargs)
         cfg = self.config
         self.tasks_in_flight = cfg.async_.tasks_in_flight or tasks_in_flight or 2
-        check_results_per_update(cfg, self.tasks_in_flight)
         self.algo.on_farm(self.tasks_in_flight)
         self.max_policy_lag = cfg.async_.max_policy_lag or auto_policy_lag(
             self.tasks_in_flight, self.algo.versions_per_result()
