@@ -308,6 +308,8 @@ def test_a_batch_of_more_results_than_tasks_in_flight_fills_over_rounds(farm, tm
     assert summary["env_steps"] >= 20480
     # 10 results learned 5 at a time, a version each: 2, and none for a part batch left over
     assert summary["final_version"] == summary["env_steps"] // (5 * steps_per_result)
+    rows = list(csv.DictReader(open(tmp_path / run_id / "progress.csv")))
+    assert max(int(r["farm/backlog"]) for r in rows) <= 5  # a batch waits for the learner, no more
 
 
 def test_tasks_pick_up_newer_versions_while_they_run(farm, tmp_path):

@@ -87,6 +87,11 @@ class Algorithm(ABC):
         """ASYNC: updates between published versions."""
         return self.run_config.async_.publish_interval
 
+    def batch_results(self) -> int:
+        """ASYNC: results an update takes at once (APPO: `async.results_per_update`); the trainer's
+        backlog holds that many, so the farm acts the next batch while the learner learns this one."""
+        return 1
+
     def versions_per_result(self) -> float:
         """ASYNC: policy versions published per result taken in, what a result's policy lag grows by
         for each result learned from while it is in flight (`async.max_policy_lag = "auto"`)."""

@@ -147,6 +147,9 @@ class PolicyGroup(Algorithm):
     def publish_every(self) -> int:
         return self.learners[self.trained[0]].publish_every
 
+    def batch_results(self) -> int:
+        return max((self.learners[name].batch_results() for name in self.trained), default=1)
+
     def versions_per_result(self) -> float:
         return self.learners[self.trained[0]].versions_per_result()
 

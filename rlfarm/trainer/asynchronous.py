@@ -52,7 +52,10 @@ class AsyncTrainer(Trainer):
         self.window = self.tasks_in_flight  # tasks kept in flight now
         # Results received but not yet taken in by the learner. Bounded: while it is full, finished
         # tasks are not replaced, so a slow learner slows the farm down instead of piling results up.
-        self.max_backlog = self.window
+        # It holds a whole batch at least: while the learner spends an update on K results, the farm
+        # acts the next K (one window of tasks at a time) instead of stopping after one window.
+        self.batch_results = self.algo.batch_results()
+        self.max_backlog = max(self.window, self.batch_results)
         self._sent: dict[int, float] = {}  # task number -> when it was sent, for the pace
         self._paced_results, self._paced_task_seconds, self._waited = 0, 0.0, 0.0  # this log interval
         self._slot_seconds = 0.0  # task-slot seconds open over the run, for slots_waiting
@@ -290,7 +293,7 @@ class AsyncTrainer(Trainer):
         if self.pace is not None and self._paced_results:
             busy = max(0.0, elapsed - self._waited)
             self.window = self.pace.observe(self._paced_results, self._paced_task_seconds / self._paced_results, busy)
-            self.max_backlog = self.window
+            self.max_backlog = max(self.window, self.batch_results)
         self._paced_results, self._paced_task_seconds, self._waited = 0, 0.0, 0.0
 
     def log(self) -> None:

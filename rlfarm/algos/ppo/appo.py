@@ -127,6 +127,9 @@ class APPO(PPO):
     def publish_every(self) -> int:
         return 1  # every update is a batch of whole results: publish it, so lag stays small
 
+    def batch_results(self) -> int:
+        return self.results_per_update
+
     def versions_per_result(self) -> float:
         return self.config.batch_passes / self.results_per_update
 
