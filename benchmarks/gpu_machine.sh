@@ -15,14 +15,13 @@
 #                env steps/s of each, their ratios, slots waiting and learner busy (benchmarks/pong.py)
 #   acting.txt   acting Pong on 1, 2, 4, 8 and 14 processes: efficiency against N x one process,
 #                beside a pure Python loop's on the same N, the machine's own (acting_scale.py --reference)
-#   lag.txt      `rlfarm train --preset pong-fast` with a worker per core but two, learning each result
-#                as it comes (the preset) and 4 results an update in minibatches of the same 256
-#                (async.results_per_update=4, ppo.num_minibatches=16): env steps/s, policy lag, tasks
-#                in flight, who waits
-#   to-score.txt `rlfarm train --preset pong-fast` (4 results an update) with a worker per core but
-#                two until the mean of 20 games reaches 18 or 8 minutes pass (--short: -20.5 or 1
-#                minute): minutes and env steps at -15, 0, +10 and 18, policy lag (benchmarks/pong.py
-#                --to-score; the curve under $OUT/to-score/)
+#   lag.txt      `rlfarm train --preset pong-fast` (each result learned as it comes) and `--preset
+#                pong-fast-farm` (8 results an update) with a worker per core but two: env steps/s,
+#                policy lag, tasks in flight, who waits
+#   to-score.txt `rlfarm train --preset pong-fast-farm` with a worker per core but two until the mean
+#                of 20 games reaches 18 or 8 minutes pass (--short: -20.5 or 1 minute): minutes and
+#                env steps at -15, 0, +10 and 18, policy lag (benchmarks/pong.py --to-score; the curve
+#                under $OUT/to-score/)
 #   machine.txt  the card (nvidia-smi), the cores and their topology (lscpu), torch's version
 #
 #   OUT=/tmp/gpu PYTHON=.venv/bin/python bash benchmarks/gpu_machine.sh [--short]
@@ -59,11 +58,6 @@ else
   act_seconds=8 act_warmup=10 ingest="--workloads pong-appo pong --seconds 6 --producers 8"
   score=18 score_minutes=${SCORE_MINUTES:-8} lag_seconds=${LAG_SECONDS:-40} lag_warmup=15
 fi
-# A farm's many workers each learned as it comes lag by about one version a worker; 4 results an
-# update, in minibatches of the same size, keep the gradient steps per env step and quarter the lag.
-# (--short: 2, as 1 worker has 2 tasks in flight.)
-k=$([ "$short" = 1 ] && echo 2 || echo 4)
-farm_batches=(--set "async.results_per_update=$k" --set "ppo.num_minibatches=$((4 * k))")
 
 {
   date -u
@@ -101,20 +95,16 @@ if runs acting; then
 fi
 
 if runs lag; then
-  echo "== policy lag: pong-fast ($device, $workers workers), 1 and 4 results an update, at ${SECONDS} s"
-  : >"$OUT/lag.txt"
-  for sets in "" "${farm_batches[*]}"; do
-    # shellcheck disable=SC2086  # the options are meant to split
-    "$PYTHON" benchmarks/pong.py --preset pong-fast --skip-sb3 --skip-alone --seconds "$lag_seconds" \
-      --warmup "$lag_warmup" --device "$device" --workers "$workers" $sets 2>&1 | tee -a "$OUT/lag.txt" ||
-      failed+=" lag"
-  done
+  echo "== policy lag: pong-fast and pong-fast-farm ($device, $workers workers), at ${SECONDS} s"
+  "$PYTHON" benchmarks/pong.py --preset pong-fast --preset pong-fast-farm --skip-sb3 --skip-alone \
+    --seconds "$lag_seconds" --warmup "$lag_warmup" --device "$device" --workers "$workers" 2>&1 |
+    tee "$OUT/lag.txt" || failed+=" lag"
 fi
 
 if runs pong-to-score; then
-  echo "== pong-fast to $score ($device, $workers workers, at most $score_minutes min), at ${SECONDS} s"
-  "$PYTHON" benchmarks/pong.py --to-score "$score" --minutes "$score_minutes" --preset pong-fast --skip-sb3 \
-    "${farm_batches[@]}" --device "$device" --workers "$workers" --out "$OUT/to-score" 2>&1 |
+  echo "== pong-fast-farm to $score ($device, $workers workers, at most $score_minutes min), at ${SECONDS} s"
+  "$PYTHON" benchmarks/pong.py --to-score "$score" --minutes "$score_minutes" --preset pong-fast-farm \
+    --skip-sb3 --device "$device" --workers "$workers" --out "$OUT/to-score" 2>&1 |
     tee "$OUT/to-score.txt" || failed+=" pong-to-score"
 fi
 
