@@ -38,6 +38,8 @@ KEYS = [
     ("cartpole-ppo", "policy.hidden_sizes", B.MAX_LAYER_WIDTH, {}),
     ("cartpole-ppo", "policy.cnn_channels", B.MAX_LAYER_WIDTH, {}),
     ("cartpole-appo", "ppo.buffer_batches", B.MAX_BUFFER_BATCHES, {}),
+    ("cartpole-ppo", "ppo.update_epochs", B.MAX_PASSES, {}),
+    ("cartpole-appo", "ppo.batch_passes", B.MAX_PASSES, {}),
     *(
         (preset, f"{algo}.{key}", bound, {})
         for preset, algo in (("cartpole-dqn", "dqn"), ("pendulum-sac", "sac"), ("pendulum-td3", "td3"))
@@ -61,6 +63,20 @@ def test_a_key_at_its_bound_is_accepted_and_above_it_refused_in_one_line(preset,
         build(preset, key, bound + 1, extra)
     message = str(err.value)
     assert "\n" not in message and f"{key} = {bound + 1:,} is above its bound of {bound:,}" in message
+
+
+@pytest.mark.parametrize("preset, algo", [("cartpole-dqn", "dqn"), ("pendulum-sac", "sac"), ("pendulum-td3", "td3")])
+def test_gradient_steps_per_env_step_are_bounded(preset, algo):
+    C.build(preset, [f"{algo}.replay_ratio={B.MAX_REPLAY_RATIO}"])
+    with pytest.raises(C.ConfigError, match=rf"{algo}.replay_ratio = 256.5 is above its bound of 256 "):
+        C.build(preset, [f"{algo}.replay_ratio=256.5"])
+
+
+def test_a_policys_own_settings_meet_the_same_bounds():
+    """`policy_settings` per policy: 1e9 epochs for one agent spun its learner until killed."""
+    with pytest.raises(C.ConfigError, match="policy_settings of policy 'agent': ppo.update_epochs = 1,001 is above"):
+        C.build("tag-ppo", ["policy_settings=['agent:ppo.update_epochs=1001']"])
+    C.build("tag-ppo", ["policy_settings=['agent:ppo.update_epochs=1000']"])
 
 
 def test_a_task_and_a_sync_iteration_are_bounded_in_env_steps():
@@ -277,3 +293,20 @@ def test_a_fork_failure_under_train_seeds_is_one_line(tmp_path, monkeypatch):
         "were stopped; this machine's process limit (ulimit -u, a container's pids limit) or memory is reached: "
         "lower --parallel (it was 2)"
     ]
+
+
+def test_an_env_id_longer_than_any_is_refused_without_echoing_it():
+    """A 50 MB env.id came back as one 50 MB error line."""
+    C.build("cartpole-ppo", ["env.id=CartPole-v1"])
+    with pytest.raises(C.ConfigError, match="env.id is 5,000,000 characters long, above its bound of 256") as err:
+        C.from_flat({**C.load_preset("cartpole-ppo"), "env.id": "x" * 5_000_000})
+    assert len(str(err.value)) < 200
+
+
+def test_a_worker_refuses_an_overlong_env_id_without_echoing_it():
+    """An id read from Redis meets the same bound where the env is built (rlfarm.envs.make)."""
+    from rlfarm.envs import EnvError, make_env
+
+    with pytest.raises(EnvError, match="an env id of 1,000,000 characters, above its bound of 256") as err:
+        make_env("x" * 1_000_000)
+    assert len(str(err.value)) < 100

@@ -128,3 +128,29 @@ def test_auto_threads_and_workers_split_the_cores():
     assert C.local_workers(C.build("cartpole-ppo"), 16) == 2  # presets that name a count keep it
     assert C.local_workers(C.build("cartpole-dqn", ["farm.workers=auto"]), 16) == 8  # no cost model: half
     assert 1 <= C.machine_cores()
+
+
+@pytest.mark.parametrize(
+    "toml",
+    [
+        'algo = "ppo"\n[' + ".".join(["t"] * 5000) + "]\nx = 1\n",  # 5,000 tables deep
+        'algo = "ppo"\nseed = ' + "[" * 3000 + "]" * 3000 + "\n",  # an array 3,000 deep
+        'algo = "ppo"\nseed = ' + "[" * 17 + "]" * 17 + "\n",  # past the bound, within Python's stack
+    ],
+    ids=["tables", "arrays", "just-past"],
+)
+def test_a_preset_nested_deeper_than_a_config_is_one_line(tmp_path, toml):
+    """They overflowed Python's stack in tracebacks of 53 and 2,998 lines (config/load.py, keys.py)."""
+    path = tmp_path / "deep.toml"
+    path.write_text(toml)
+    with pytest.raises(C.ConfigError, match="nests tables or arrays more than 16 deep") as err:
+        C.load_preset(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_an_override_or_a_policy_setting_nested_too_deep_is_one_line():
+    with pytest.raises(C.ConfigError, match="the value of override seed nests"):
+        C.build("cartpole-ppo", ["seed=" + "[" * 3000 + "]" * 3000])
+    with pytest.raises(C.ConfigError, match="policy_settings value nests arrays too deep"):
+        C.build("tag-ppo", ["policy_settings=['agent:ppo.update_epochs=" + "[" * 3000 + "]" * 3000 + "']"])
+    assert C.build("cartpole-ppo", ["policy.hidden_sizes=[32, 32]"]).policy.hidden_sizes == (32, 32)

@@ -62,6 +62,15 @@ MAX_FRAME_STACK = 64
 MAX_SCREEN_SIZE = 1024
 # A result's size on the wire: Redis refuses a value over 512 MiB.
 MAX_RESULT_BYTES = 512 * 2**20
+# Passes over one batch (ppo.update_epochs, APPO's ppo.batch_passes): each is a forward and backward
+# over the whole batch; published settings use 1-32, and 1e9 spun the learner until it was killed.
+MAX_PASSES = 1000
+# Gradient steps per env step of an off-policy learner (replay_ratio): the usual 0.25-1, the
+# high-replay-ratio papers 16-128.
+MAX_REPLAY_RATIO = 256
+# Characters of env.id, a gymnasium id or "module:callable" (the longest registered ids are ~40): a
+# 50 MB id was echoed whole in its error line.
+MAX_ENV_ID_CHARS = 256
 # Learning rates: (0, 1]. Adam moves each weight by about the learning rate per step, so above 1 every
 # step rewrites the network; 1e6 (a typo for 1e-6) only produced NaNs after the farm had started.
 MAX_LEARNING_RATE = 1.0
@@ -99,6 +108,11 @@ def at_most(config: RunConfig, key: str, bound: int | float) -> None:
 
 def check_config_bounds(config: RunConfig) -> None:
     """Every run-wide key's upper bound, and the batch a task and a SYNC iteration hold."""
+    if len(config.env.id) > MAX_ENV_ID_CHARS:
+        raise ConfigError(
+            f"env.id is {len(config.env.id):,} characters long, above its bound of {MAX_ENV_ID_CHARS} "
+            f"(it begins {config.env.id[:40]!r})"
+        )
     for key, bound in CONFIG_BOUNDS.items():
         at_most(config, key, bound)
     for key in ("policy.hidden_sizes", "policy.cnn_channels"):
@@ -134,6 +148,7 @@ def check_replay_bounds(config: RunConfig, section: str) -> None:
     """An off-policy section's replay buffer and minibatch."""
     at_most(config, f"{section}.buffer_size", MAX_BUFFER_SIZE)
     at_most(config, f"{section}.batch_size", MAX_BATCH_SIZE)
+    at_most(config, f"{section}.replay_ratio", MAX_REPLAY_RATIO)
 
 
 def check_replay_memory(

@@ -131,9 +131,12 @@ def _toml_value(text: str) -> Any:
     import tomllib
 
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        raise ConfigError("a policy_settings value nests arrays too deep; a config needs 3") from None
+    return value
 
 
 def for_policy(config: RunConfig, name: str) -> RunConfig:

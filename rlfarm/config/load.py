@@ -15,6 +15,36 @@ from rlfarm.config.errors import ConfigError
 from rlfarm.config.keys import flatten, from_flat
 from rlfarm.config.run import RunConfig
 
+# How deep a preset's tables and a value's arrays may nest: a config nests 3 levels (a section, a
+# list of lists); 5,000 nested tables or 3,000 nested arrays overflowed Python's stack in a traceback.
+MAX_NESTING = 16
+
+
+def nesting(value: Any) -> int:
+    """How many tables and arrays deep `value` goes (0 for a scalar), without recursing."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_NESTING:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def read_toml(text: str, what: str) -> dict[str, Any]:
+    """TOML text as a dict, refused in one line when it nests deeper than a config can."""
+    try:
+        tree = tomllib.loads(text)
+    except RecursionError:
+        tree = None
+    if tree is None or nesting(tree) > MAX_NESTING:
+        raise ConfigError(f"{what} nests tables or arrays more than {MAX_NESTING} deep; a config needs 3")
+    return tree
+
 
 def _preset_dir() -> Path:
     return Path(str(resources.files("rlfarm.config") / "presets"))
@@ -35,7 +65,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"unknown preset {name_or_path!r}{hint}; available: {', '.join(names)}")
     try:
-        tree = tomllib.loads(path.read_text())
+        tree = read_toml(path.read_text(), f"preset {path}")
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"preset {path}: invalid TOML: {exc}") from None
     return flatten(tree)
@@ -49,7 +79,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r} is not of the form key=value")
     raw = raw.strip()
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        value = read_toml(f"v = {raw}", f"the value of override {key}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
     return key, value

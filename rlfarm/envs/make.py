@@ -22,10 +22,16 @@ from rlfarm.envs.allowlist import ALLOWED_MODULES_VAR, check_env_allowed, module
 from rlfarm.envs.errors import EnvError
 from rlfarm.envs.turns import TurnVector, is_turn_based
 
+# Characters of an env id (rlfarm.config.bounds refuses longer ones in a config; this module sees ids
+# from Redis too, and never imports the config).
+MAX_ENV_ID_CHARS = 256
+
 
 def _factory(env_id: str, trusted: bool = True) -> Callable[..., gym.Env]:
     """A constructor for `env_id`. `trusted=False` (an id read from Redis or a file): allowlist first
     (check_env_allowed), and never a "module:..." string to gym.make, which would import the module."""
+    if len(env_id) > MAX_ENV_ID_CHARS:  # an id read from Redis too: never echoed whole
+        raise EnvError(f"an env id of {len(env_id):,} characters, above its bound of {MAX_ENV_ID_CHARS}")
     if _is_atari_id(env_id) and env_id not in gym.registry:
         from rlfarm.envs import atari
 

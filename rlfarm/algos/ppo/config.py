@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from rlfarm.config.bounds import MAX_BUFFER_BATCHES, at_most, check_learning_rate
+from rlfarm.config.bounds import MAX_BUFFER_BATCHES, MAX_PASSES, at_most, check_learning_rate
 from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import AlgoSection, at_least_1, check_replay  # noqa: F401
 
@@ -84,6 +84,8 @@ class PPOConfig(AlgoSection):
         at_least_1(run, "ppo.update_epochs", "ppo.num_minibatches", "ppo.buffer_batches", "ppo.batch_passes")
         check_learning_rate(run, "ppo.learning_rate")
         at_most(run, "ppo.buffer_batches", MAX_BUFFER_BATCHES)
+        at_most(run, "ppo.update_epochs", MAX_PASSES)
+        at_most(run, "ppo.batch_passes", MAX_PASSES)
         if run.mode == "sync" and (self.buffer_batches, self.batch_passes) != (1, 1):
             raise ConfigError(
                 "ppo.buffer_batches and ppo.batch_passes are ASYNC (APPO) settings: SYNC PPO "
