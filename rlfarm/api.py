@@ -84,6 +84,7 @@ def check_config(cfg: C.RunConfig) -> None:
     check_env(cfg.algo, spec)
     if spec.agents > 1:
         C.check_agents(cfg, spec.agents)
+    check_game_settings(cfg, spec)
     C.check_replay_memory(
         cfg, spec.obs_shape, spec.obs_dtype == "uint8", 1 if spec.discrete else spec.action_dim, C.machine_memory()
     )
@@ -95,6 +96,24 @@ def check_config(cfg: C.RunConfig) -> None:
         from rlfarm.trainer import resolve_device
 
         resolve_device(cfg.device)
+
+
+def check_game_settings(cfg: C.RunConfig, spec: Any) -> None:
+    """Settings of multi-agent envs and turn-based games on an env that has neither were ignored in
+    silence, and a scripted opponent the game lacks failed on the worker after the run had started."""
+    sp = cfg.selfplay
+    if spec.seats > 1:
+        from rlfarm.envs.opponents import scripted
+
+        used = {sp.eval_opponent} | ({sp.opponents} - {"league"}) | ({sp.scripted} if sp.scripted_share else set())
+        for name in sorted(used):
+            scripted(name, cfg.env.id)  # EnvError: this game has no such player
+    elif sp != C.RunConfig().selfplay:
+        raise C.ConfigError(
+            f"selfplay.* settings are for turn-based games; env {cfg.env.id!r} has one player (leave [selfplay] out)"
+        )
+    if cfg.env.policy_map and not spec.policies:
+        raise C.ConfigError(f"env.policy_map is for multi-agent envs; env {cfg.env.id!r} has one agent (leave it out)")
 
 
 def embedded_in_flight(cfg: C.RunConfig) -> int:

@@ -64,6 +64,11 @@ def test_presets_lists_each_with_a_line():
             "async.results_per_update and async.tasks_in_flight cannot be negative",
         ),
         (["--redis", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
+        # Settings of games and multi-agent envs on an env that is neither were ignored in silence.
+        (["--set", "selfplay.league_size=3"], "selfplay.* settings are for turn-based games; env 'CartPole-v1'"),
+        (["--set", "env.policy_map=['*=a']"], "env.policy_map is for multi-agent envs; env 'CartPole-v1'"),
+        (["--env", "x" * 100_000], "env.id is 100,000 characters long, above its bound of 256"),
+        (["--set", "seed=" + "[" * 3000 + "]" * 3000], "the value of override seed nests tables or arrays"),
         (["--set", "ppo.num_minibatches=3"], "must divide the steps per iteration"),
         (["--preset", "cartpole-dqn", "--mode", "sync"], "algo 'dqn' cannot run in --mode sync"),
         (["--preset", "cartpole-dqn", "--env", "Pendulum-v1"], "needs a discrete action space"),

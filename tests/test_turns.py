@@ -285,3 +285,27 @@ def test_a_resumed_league_keeps_the_members_its_redis_holds_and_drops_the_others
     assert selfplay.league.members == [10, 11] and set(store.pinned) == {10, 11}
     store.unpin(10)  # an evaluation's unpin does not release the league's hold
     assert 10 in store.pinned
+
+
+@pytest.mark.process
+@needs_classic
+def test_a_scripted_opponent_the_game_lacks_is_refused_before_the_run_starts(tmp_path):
+    """`selfplay.opponents=lookahead` on tic-tac-toe failed on the worker after the run's directory
+    and keys were made; now one line before anything starts."""
+    from .conftest import run_cli
+
+    result = run_cli(
+        "train",
+        "--logdir",
+        str(tmp_path),
+        "--preset",
+        "connect-four-ppo",
+        "--env",
+        "pettingzoo/classic/tictactoe_v3",
+        "--set",
+        "selfplay.opponents=lookahead",
+    )
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "opponent 'lookahead' plays connect four only" in lines[0], result.stderr
+    assert not any(tmp_path.iterdir())
