@@ -53,3 +53,13 @@ def test_a_trainer_that_never_computes_keeps_the_farm():
 def test_bad_arguments_are_refused(cap, smoothing):
     with pytest.raises(ValueError):
         InFlightPace(cap=cap, smoothing=smoothing)
+
+
+@pytest.mark.parametrize("bound", [1, 4, 48])
+def test_the_lag_bound_learns_at_the_bound_and_drops_past_it(bound):
+    """The edge of async.max_policy_lag: a bound moved off by one passed every farm test, whose lags
+    were far past it (issue 50)."""
+    from rlfarm.trainer.asynchronous import too_stale
+
+    assert not too_stale(0, bound) and not too_stale(bound, bound)
+    assert too_stale(bound + 1, bound)

@@ -34,6 +34,11 @@ def auto_policy_lag(tasks_in_flight: int, versions_per_result: float) -> int:
     return max(1, math.ceil(2 * tasks_in_flight * versions_per_result))
 
 
+def too_stale(lag: int, max_policy_lag: int) -> bool:
+    """A result acted `lag` versions ago is dropped past the bound, and learned from at it."""
+    return lag > max_policy_lag
+
+
 class AsyncTrainer(Trainer):
     LOG_SECONDS = 1.0
     PUMP_SECONDS = 0.005  # during a long update, look for results and send tasks this often
@@ -226,7 +231,7 @@ class AsyncTrainer(Trainer):
         self._end_lags.append(self.version - last)
         self.results_refreshed += last != message.version
         self.lag_counts[lag] = self.lag_counts.get(lag, 0) + 1
-        if lag > self.max_policy_lag:
+        if too_stale(lag, self.max_policy_lag):
             self.dropped_stale += 1
             return
         rollout = Rollout.from_dict(message.rollout)
