@@ -153,3 +153,24 @@ def test_an_object_graph_comes_back_sharing_what_it_shared():
     fresh.part.pos += 1
     assert fresh.agents == ["a", "b", "c"] and fresh.other.pos.tolist() == [2.5, 2.5]
     assert fresh.rng.random() == saved.rng.random()
+
+
+@pytest.mark.parametrize("name", ["test", "seed", "__class__", "default_rng"])
+def test_a_snapshot_names_only_numpys_bit_generators(monkeypatch, name):
+    """A blob's bit generator name reached getattr(np.random, name)(): "test" ran numpy's test suite
+    on a worker (issue 50). Only numpy's bit generator classes are built now."""
+    import copy
+
+    import numpy as np
+
+    from rlfarm.envs.state import plain, unplain
+
+    called = []
+    monkeypatch.setattr(np.random, "test", lambda *a, **k: called.append(a), raising=False)
+    blob = plain(np.random.default_rng(3))
+    forged = copy.deepcopy(blob)
+    forged["v"]["v"][0][1] = name
+    with pytest.raises(ValueError, match="not one of numpy's"):
+        unplain(forged)
+    assert not called
+    assert unplain(copy.deepcopy(blob)).integers(1000) == np.random.default_rng(3).integers(1000)

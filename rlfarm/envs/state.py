@@ -16,6 +16,13 @@ import numpy as np
 
 from rlfarm.envs.errors import EnvError
 
+# The bit generators a snapshot may name, each numpy's own class: a blob named a function of
+# np.random (np.random.test() ran numpy's test suite on a worker).
+BIT_GENERATORS = {
+    cls.__name__: cls
+    for cls in (np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937, np.random.Philox, np.random.SFC64)
+}
+
 
 class Unsnapshotable(EnvError):
     """An env whose state rlfarm cannot save and restore exactly."""
@@ -90,7 +97,10 @@ def unplain(value: Any, current: Any = None) -> Any:
         if isinstance(current, np.random.Generator) and type(current.bit_generator).__name__ == state["bit_generator"]:
             current.bit_generator.state = state
             return current
-        bit_generator = getattr(np.random, state["bit_generator"])()
+        name = state.get("bit_generator") if isinstance(state, dict) else None
+        if name not in BIT_GENERATORS:  # a name from the blob: never any other attribute of np.random
+            raise ValueError(f"a snapshot names bit generator {str(name)[:40]!r}, not one of numpy's")
+        bit_generator = BIT_GENERATORS[name]()
         bit_generator.state = state
         return np.random.Generator(bit_generator)
     if tag == "randomstate":
