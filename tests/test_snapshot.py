@@ -174,3 +174,23 @@ def test_a_snapshot_names_only_numpys_bit_generators(monkeypatch, name):
         unplain(forged)
     assert not called
     assert unplain(copy.deepcopy(blob)).integers(1000) == np.random.default_rng(3).integers(1000)
+
+
+def test_a_snapshots_arrays_are_bounded_by_the_snapshot_limit_not_a_results(monkeypatch):
+    """A 173-byte blob declared arrays that took each pool process to 1.93 GiB: the blob's own
+    decompression was bounded, its arrays only by the codec's 2 GiB for results (issue 50)."""
+    import hashlib
+
+    import numpy as np
+    import zstandard
+
+    from rlfarm.core import codec, streams
+
+    message = {"env": {}, "obs": np.zeros(1_000_000, np.float32)}  # 4 MB of zeros: a few KB packed
+    blob = zstandard.ZstdCompressor().compress(codec.pack(message))
+    digest = hashlib.sha256(blob).hexdigest()
+    assert streams.decode(blob, digest)["obs"].shape == (1_000_000,)
+    monkeypatch.setattr(streams, "MAX_SNAPSHOT_BYTES", 1_000_000)
+    assert len(blob) < 1_000
+    with pytest.raises(streams.SnapshotError, match="declares 4,000,027 bytes, above the 1,000,000"):
+        streams.decode(blob, digest)  # zstd's max_output_size alone let the declared 4 MB through

@@ -185,6 +185,44 @@ def test_a_lost_snapshot_restarts_its_stream_from_new_seeds_and_says_why(farm):
     assert book.restarts == [0, 1] and book.stats.restarted == 1
 
 
+@pytest.mark.parametrize("depth", [900])
+def test_a_snapshot_that_fails_half_way_restarts_its_stream_on_fresh_envs(farm, depth):
+    """On a farm without a secret anyone who can write to Redis can name their own blob. One whose
+    sub-env state nests 900 deep overflowed the restore's stack (RecursionError ended the run, and the
+    half-restored env stayed cached). Now the stream restarts
+    from new seeds, on envs made anew, and says why (issue 50)."""
+    import hashlib
+
+    import redis as redis_py
+    import zstandard
+
+    from rlfarm.core import codec, streams
+    from rlfarm.farm import keys
+
+    run = f"forged-{depth}"
+    make_run(farm.redis_url, run, LONG_RUN)
+    *_, (_, _, book) = _iterations(farm.redis_url, run, 2)
+    client = redis_py.Redis.from_url(farm.redis_url)
+    message = streams.decode(client.get(keys.stream(run, book.after[1])), book.after[1])
+    deep: list = []
+    for _ in range(depth):
+        deep = [deep]
+    message["env"]["envs"][1][-1]["attrs"]["t"] = deep
+    blob = zstandard.ZstdCompressor().compress(codec.pack(message))
+    forged = hashlib.sha256(blob).hexdigest()
+    client.set(keys.stream(run, forged), blob)
+    book.after[1] = forged
+    batch, results, book = next(_iterations(farm.redis_url, run, 1, book, first=2))
+    assert results[0].stream["restarts"] == 0 and results[0].stream.get("restart") is None
+    assert results[1].stream["restarts"] == 1 and results[1].stream["restart"], results[1].stream
+    np.testing.assert_allclose(batch.obs[0, :2, 0], 2 * 64 / 1000)  # stream 0 went on
+    np.testing.assert_allclose(batch.obs[0, 2:, 0], 0.0)  # stream 1 began anew, at step 0
+    # and the next task of stream 1 goes on from the fresh start's snapshot
+    batch, results, book = next(_iterations(farm.redis_url, run, 1, book, first=3))
+    assert results[1].stream["restarts"] == 1 and results[1].stream.get("restart") is None
+    np.testing.assert_allclose(batch.obs[0, 2:, 0], 64 / 1000)
+
+
 @pytest.mark.skipif(__import__("importlib").util.find_spec("mpe2") is None, reason="needs the multiagent extra")
 def test_a_multi_agent_games_continue_across_tasks_and_are_reported_whole(farm, tmp_path):
     """simple_spread's 25-step games in 10-step tasks: "fresh" would end no game; "continue" saves each

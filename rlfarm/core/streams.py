@@ -88,11 +88,22 @@ def decode(blob: bytes, digest: str) -> dict[str, Any]:
     if hashlib.sha256(blob).hexdigest() != digest:
         raise SnapshotError(f"snapshot {digest[:12]} does not match its digest (written by someone else?)")
     try:
+        # A frame that declares its size is decompressed to that size whatever max_output_size says:
+        # the declared size is checked first (a 169-byte blob declared 4 MB and got it).
+        declared = zstandard.frame_content_size(blob)
+        if declared > MAX_SNAPSHOT_BYTES:
+            raise SnapshotError(
+                f"snapshot {digest[:12]} declares {declared:,} bytes, above the "
+                f"{MAX_SNAPSHOT_BYTES:,} a snapshot may hold"
+            )
         raw = zstandard.ZstdDecompressor().decompress(blob, max_output_size=MAX_SNAPSHOT_BYTES)
     except zstandard.ZstdError as exc:
         raise SnapshotError(f"snapshot {digest[:12]} does not decompress: {exc}") from None
-    message = codec.unpack(raw)
-    if not isinstance(message.get("env"), dict) or message.get("obs") is None:
+    try:  # its arrays within the same bound as the whole (codec's default is a result's 2 GiB)
+        message = codec.unpack(raw, max_bytes=MAX_SNAPSHOT_BYTES)
+    except (ValueError, RecursionError) as exc:
+        raise SnapshotError(f"snapshot {digest[:12]} does not decode: {str(exc)[:200]}") from None
+    if not isinstance(message, dict) or not isinstance(message.get("env"), dict) or message.get("obs") is None:
         raise SnapshotError(f"snapshot {digest[:12]} is not a stream's")
     return message
 

@@ -5,6 +5,7 @@ new snapshot goes to Redis with the task's result (rlfarm.worker.results.push), 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -76,12 +77,20 @@ class EnvStreams:
                         )
                     streams.resume(stream, streams.decode(blob, after), snapshot.restore)
                     report["restored"] = True
-                except (streams.SnapshotError, ValueError) as exc:  # lost or not ours: start it anew
+                except Exception as exc:  # lost, not ours, or not data it restores: start it anew
+                    # on fresh envs: a restore that failed half way may have written some of the
+                    # blob's values into these (a forged blob nested too deep, a wrong sub-env count).
                     restarts += 1
-                    stream.first_seeds = stream_seeds(spec.seed, index, restarts, env_cfg["num_envs"])
-                    stream.obs = None
-                    report["restart"] = str(exc)
-                    log.warning("env stream %d of run %s restarts from new seeds: %s", index, spec.run, exc)
+                    with contextlib.suppress(Exception):
+                        stream.envs.close()
+                    envs = make_vector_env(env_cfg["id"], env_cfg["num_envs"], trusted=False, options=env_cfg)
+                    stream = EnvStream(envs, stream_seeds(spec.seed, index, restarts, env_cfg["num_envs"]))
+                    self.cache.put(spec.run, index, stream)
+                    why = exc if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+                    report["restart"] = str(why)[:300]
+                    log.warning(
+                        "env stream %d of run %s restarts from new seeds: %s", index, spec.run, report["restart"]
+                    )
         restored = time.perf_counter() - started
         try:
             prepare(stream.envs)
