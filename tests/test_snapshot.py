@@ -194,3 +194,49 @@ def test_a_snapshots_arrays_are_bounded_by_the_snapshot_limit_not_a_results(monk
     assert len(blob) < 1_000
     with pytest.raises(streams.SnapshotError, match="declares 4,000,027 bytes, above the 1,000,000"):
         streams.decode(blob, digest)  # zstd's max_output_size alone let the declared 4 MB through
+
+
+# ---- each restore check at its edge: a blob that passes every other check (issue 50) -----------
+class _Board:
+    def __init__(self):
+        self.cells = [0, 0, 0]
+
+
+class _Seat:
+    def __init__(self):
+        self.cells = [0, 0, 0]
+
+
+class _Game:
+    def __init__(self, inner):
+        self.inner = inner
+        self.moves = 0
+
+
+def test_a_restored_object_must_be_of_the_class_it_was_saved_from():
+    """Removing the class check passed the suite: its one mismatch (CartPole into Pendulum) is refused
+    earlier, by the wrapper chain. Here the outer object matches and only an inner one does not."""
+    from rlfarm.envs.state import capture_object, restore_object
+
+    saved = _Game(_Board())
+    saved.inner.cells, saved.moves = [1, 2, 1], 3
+    state = capture_object(saved)
+    into = _Game(_Board())
+    restore_object(into, state)
+    assert into.inner.cells == [1, 2, 1] and into.moves == 3  # the same classes: restored
+    with pytest.raises(ValueError, match="env snapshot of a _Board, not of a _Seat"):
+        restore_object(_Game(_Seat()), state)
+
+
+def test_a_vector_snapshot_restores_only_into_as_many_sub_envs():
+    """Removing the sub-env count check passed the suite: zip() would restore 2 of 3 and leave the
+    third as it was."""
+    from rlfarm.envs import make_vector_env, snapshot
+
+    env_id = "tests.tiny_envs:long_episodes"
+    two = make_vector_env(env_id, 2, options={"id": env_id, "num_envs": 2})
+    two.reset(seed=1)
+    state = snapshot.capture(two)
+    snapshot.restore(make_vector_env(env_id, 2, options={"id": env_id, "num_envs": 2}), state)
+    with pytest.raises(ValueError, match="env snapshot of 2 sub-envs, not 3"):
+        snapshot.restore(make_vector_env(env_id, 3, options={"id": env_id, "num_envs": 3}), state)
