@@ -193,13 +193,9 @@ def test_redis_memory_stays_bounded_in_a_1_minute_async_run(tmp_path):
     assert_cleaned_up(run_dir, run_id)
 
 
-def test_a_slow_learner_applies_back_pressure_and_says_how_long_the_farm_waited(farm, tmp_path):
-    """APPO with a deliberately slow update (many epochs): results keep being taken in between its
-    minibatches, but never more than a bounded backlog; finished tasks wait for replacement, and the
-    fraction of slot time they waited is logged, in summary.json, and in the trainer's heartbeat, with
-    the fraction of the time the learner computed."""
-    run_id = "slow-learner"
-    result = run_cli(
+# APPO with a deliberately slow update (60 epochs of a 256-step result): the learner sets the pace.
+def slow_learner_run(farm, tmp_path, run_id: str, tasks_in_flight: str):
+    return run_cli(
         "train",
         "--redis",
         farm.redis_url,
@@ -211,19 +207,19 @@ def test_a_slow_learner_applies_back_pressure_and_says_how_long_the_farm_waited(
         "async",
         "--total-steps",
         "8192",
-        "--set",
-        "env.num_envs=1",
-        "--set",
-        "farm.steps_per_env=256",
-        "--set",
-        "ppo.num_minibatches=2",
-        "--set",
-        "ppo.update_epochs=60",
-        "--set",
-        "async.tasks_in_flight=4",
-        "--set",
-        "async.results_per_update=1",
+        *("--set", "env.num_envs=1", "--set", "farm.steps_per_env=256"),
+        *("--set", "ppo.num_minibatches=2", "--set", "ppo.update_epochs=60"),
+        *("--set", f"async.tasks_in_flight={tasks_in_flight}", "--set", "async.results_per_update=1"),
     )
+
+
+def test_a_slow_learner_applies_back_pressure_and_says_how_long_the_farm_waited(farm, tmp_path):
+    """APPO with a deliberately slow update (many epochs): results keep being taken in between its
+    minibatches, but never more than a bounded backlog; finished tasks wait for replacement, and the
+    fraction of slot time they waited is logged, in summary.json, and in the trainer's heartbeat, with
+    the fraction of the time the learner computed."""
+    run_id = "slow-learner"
+    result = slow_learner_run(farm, tmp_path, run_id, "4")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = list(csv.DictReader(open(tmp_path / run_id / "progress.csv")))
     assert max(int(r["farm/backlog"]) for r in rows) <= 4  # bounded: max_backlog = tasks in flight
@@ -243,31 +239,7 @@ def test_auto_tasks_in_flight_follow_a_slow_learner_down_to_one(farm, tmp_path):
     (60 epochs a result): the window falls to the one task that keeps it fed, and the lag with it,
     where a fixed 2 keeps a result and a task waiting behind every one (2 or more versions)."""
     run_id = "paced"
-    result = run_cli(
-        "train",
-        "--redis",
-        farm.redis_url,
-        "--run-id",
-        run_id,
-        "--logdir",
-        str(tmp_path),
-        "--mode",
-        "async",
-        "--total-steps",
-        "8192",
-        "--set",
-        "env.num_envs=1",
-        "--set",
-        "farm.steps_per_env=256",
-        "--set",
-        "ppo.num_minibatches=2",
-        "--set",
-        "ppo.update_epochs=60",
-        "--set",
-        "async.tasks_in_flight=auto",
-        "--set",
-        "async.results_per_update=1",
-    )
+    result = slow_learner_run(farm, tmp_path, run_id, "auto")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = list(csv.DictReader(open(tmp_path / run_id / "progress.csv")))
     windows = [int(r["farm/window"]) for r in rows]

@@ -61,7 +61,6 @@ class AsyncTrainer(Trainer):
         # acts the next K (one window of tasks at a time) instead of stopping after one window.
         self.batch_results = self.algo.batch_results()
         self.max_backlog = max(self.window, self.batch_results)
-        self._sent: dict[int, float] = {}  # task number -> when it was sent, for the pace
         self._paced_results, self._paced_task_seconds, self._waited = 0, 0.0, 0.0  # this log interval
         self._slot_seconds = 0.0  # task-slot seconds open over the run, for slots_waiting
         self._backlog: deque[Result] = deque()
@@ -112,7 +111,6 @@ class AsyncTrainer(Trainer):
                 stream=self.stream_ref(stream) if stream is not None else None,
             )
         )
-        self._sent[self._task_counter] = time.perf_counter()
         self._task_counter += 1
         if self._owed:  # this task takes the slot a finished one left: it waited this long
             waited = max(0.0, time.time() - self._owed.popleft())
@@ -148,17 +146,12 @@ class AsyncTrainer(Trainer):
                     self._free_streams.append(stream)
                 self._backlog.append(message)
                 self._owed.append(message.finished or time.time())
-                # A task's time is its acting on the worker: sent to received would count the
-                # wait behind the worker's other task, and keep a window that large by itself.
-                sent = self._sent.pop(message.iteration, None)
-                took = (
-                    message.duration
-                    if message.duration is not None
-                    else (None if sent is None else time.perf_counter() - sent)
-                )
-                if took is not None:
+                # A task's time is its acting on the worker (every rollout result says it): sent to
+                # received would count the wait behind the worker's other task, and keep a window
+                # that large by itself.
+                if message.duration is not None:
                     self._paced_results += 1
-                    self._paced_task_seconds += took
+                    self._paced_task_seconds += message.duration
             timeout = 0
         self.refill()
 
