@@ -310,3 +310,10 @@ def test_a_worker_refuses_an_overlong_env_id_without_echoing_it():
     with pytest.raises(EnvError, match="an env id of 1,000,000 characters, above its bound of 256") as err:
         make_env("x" * 1_000_000)
     assert len(str(err.value)) < 100
+
+
+def test_the_env_id_bound_is_256_characters():
+    at = {**C.load_preset("cartpole-ppo"), "env.id": "x" * B.MAX_ENV_ID_CHARS}
+    assert C.from_flat(at).env.id == "x" * 256  # the config accepts it (the env is checked later)
+    with pytest.raises(C.ConfigError, match="env.id is 257 characters long"):
+        C.from_flat({**at, "env.id": "x" * 257})

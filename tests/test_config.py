@@ -154,3 +154,12 @@ def test_an_override_or_a_policy_setting_nested_too_deep_is_one_line():
     with pytest.raises(C.ConfigError, match="policy_settings value nests arrays too deep"):
         C.build("tag-ppo", ["policy_settings=['agent:ppo.update_epochs=" + "[" * 3000 + "]" * 3000 + "']"])
     assert C.build("cartpole-ppo", ["policy.hidden_sizes=[32, 32]"]).policy.hidden_sizes == (32, 32)
+
+
+def test_the_nesting_bound_is_16_levels_the_file_itself_one_of_them():
+    from rlfarm.config.load import MAX_NESTING, nesting, read_toml
+
+    deepest_ok = "v = " + "[" * (MAX_NESTING - 1) + "]" * (MAX_NESTING - 1)  # the file's table + 15 arrays
+    assert nesting(read_toml(deepest_ok, "x")) == MAX_NESTING
+    with pytest.raises(C.ConfigError, match="more than 16 deep"):
+        read_toml("v = " + "[" * MAX_NESTING + "]" * MAX_NESTING, "x")
