@@ -20,7 +20,7 @@ from rlfarm.config import RunConfig, to_dict
 from rlfarm.core.protocol import TaskSpec
 from rlfarm.envs import make_vector_env, space_spec
 from rlfarm.farm.connection import connect
-from rlfarm.farm.lines import LinedStore, latest_lines
+from rlfarm.farm.lines import LinedStore
 from rlfarm.farm.store import PolicyCorrupt, PolicyStore
 
 pytestmark = [
@@ -73,7 +73,6 @@ def test_a_policy_gets_a_new_version_only_when_its_weights_change_and_pins_hold_
             store.pin(1, "league")
     assert store.lines_of(1) == {"adversary": 1, "agent": 0}
     assert store.lines_of(5) == {"adversary": 5, "agent": 1} == store.heads
-    assert latest_lines(client, "lines-pace", POLICIES) == (5, {"adversary": 5, "agent": 1})
     lines = {name: PolicyStore(client, "lines-pace", line=name) for name in POLICIES}
     assert lines["adversary"].versions() == [1, 5] and lines["agent"].versions() == [0, 1]  # keep=1, and v1's pinned
     # A line version holds its policy's weights alone, named as the line's and the run version's.
@@ -105,18 +104,18 @@ def test_workers_act_with_each_policys_line_and_fetch_an_unchanged_policy_once(r
     assert counts["policy_fetches"] == 4 + 1  # the adversary's four versions, the agents' one
     line_bytes = {name: len(client.get(f"rlfarm:lines-fetch:policy@{name}:0")) for name in POLICIES}
     assert counts["policy_fetch_bytes"] < 4 * len(store.get_blob(3))  # less than the run's blobs
-    # An ASYNC task's "latest": the pointers of the run and of each line, read in one transaction.
+    # An ASYNC task's "latest": the run's pointer, and the line versions its metadata names (read
+    # from the blob's header: its tensors are not fetched).
     other: Counter[str] = Counter()
     fresh = PolicyVersions(client, None, lambda run: meta, {}, other)
     latest_actor, version, _ = fresh.actor("lines-fetch", "latest")
-    assert version == 3 and other["policy_fetches"] == 2
+    assert version == 3 and other["policy_fetches"] == 2 and fresh.acted_lines("lines-fetch", 3) == store.lines_of(3)
     assert other["policy_fetch_bytes"] == len(client.get("rlfarm:lines-fetch:policy@adversary:3")) + line_bytes["agent"]
-    # A line's pointer gone (someone deleted it): "latest" acts with the run version's whole blob.
+    # A line's pointer gone (someone deleted it) changes nothing: it is never read.
     client.delete("rlfarm:lines-fetch:policy@agent:latest")
-    assert latest_lines(client, "lines-fetch", POLICIES) == (3, None)
     spare: Counter[str] = Counter()
     assert PolicyVersions(client, None, lambda run: meta, {}, spare).actor("lines-fetch", "latest")[1] == 3
-    assert spare["policy_fetch_bytes"] == len(store.get_blob(3))
+    assert spare["policy_fetch_bytes"] == other["policy_fetch_bytes"]
     # Acting from the lines is acting from the whole version, bit for bit.
     whole, _, _ = PolicyVersions(client, None, lambda run: meta, {}, Counter()).actor("lines-fetch", 3)
     obs = envs.reset(seed=3)[0].astype(np.float32)
@@ -124,6 +123,42 @@ def test_workers_act_with_each_policys_line_and_fetch_an_unchanged_policy_once(r
         a, logp, values = actor.act(obs, np.random.default_rng(1))
         b, logq, others = whole.act(obs, np.random.default_rng(1))
         assert (a == b).all() and np.array_equal(logp, logq) and np.array_equal(values, others)
+
+
+@pytest.mark.parametrize("secret", [None, "lines-secret"], ids=["unsigned", "signed"])
+def test_latest_acts_with_the_line_versions_its_run_version_names_never_a_lines_own_pointer(
+    redis_only, monkeypatch, secret
+):
+    """Issue 50: a worker that read each line's `latest` pointer acted with whatever it said. Held at
+    0 while both policies learned, the agents' stale weights were mixed into a fresh run version
+    and credited as fresh. Now the run version's metadata names its line versions (signed with a
+    secret), the pointer is never read, and the worker says which line versions acted."""
+    from rlfarm.worker.policies import PolicyVersions
+
+    if secret:
+        monkeypatch.setenv("RLFARM_SECRET", secret)
+    client = connect(redis_only.redis_url)
+    envs, spec, network = _group()
+    store = LinedStore(client, "lines-held", POLICIES, keep=5)
+    meta = {"config": to_dict(_config()), "space": spec.to_dict()}
+    for v in range(4):  # both policies learn every version
+        store.publish(v, _state(network, adversary=float(v), agent=float(v)), "ppo")
+    client.set("rlfarm:lines-held:policy@agent:latest", 0)  # held back at the first
+    counts: Counter[str] = Counter()
+    worker = PolicyVersions(client, None, lambda run: meta, {}, counts)
+    actor, version, _ = worker.actor("lines-held", "latest")
+    whole, _, _ = PolicyVersions(client, None, lambda run: meta, {}, Counter()).actor("lines-held", 3)
+    obs = envs.reset(seed=3)[0].astype(np.float32)  # acts as run version 3's whole blob does
+    assert np.array_equal(actor.act(obs, np.random.default_rng(1))[2], whole.act(obs, np.random.default_rng(1))[2])
+    assert version == 3 and worker.acted_lines("lines-held", 3) == {"adversary": 3, "agent": 3} == store.lines_of(3)
+    if secret:  # the lines a run version names are signed with it: rewritten, the version is refused
+        from rlfarm.core import codec
+
+        state, signed = codec.decode_policy(store.get_blob(3), secret)
+        held = {**signed, "lines": json.dumps({"adversary": 3, "agent": 0})}  # its hmac kept as it was
+        client.set("rlfarm:lines-held:policy:3", codec.encode_policy(state, held))
+        with pytest.raises(PolicyCorrupt, match="policy version 3 is corrupt: policy blob has a bad signature"):
+            PolicyVersions(client, None, lambda run: meta, {}, Counter()).actor("lines-held", "latest")
 
 
 def test_a_forged_version_of_one_policy_is_refused_and_written_back(redis_only, monkeypatch):

@@ -63,3 +63,21 @@ def test_the_lag_bound_learns_at_the_bound_and_drops_past_it(bound):
 
     assert not too_stale(0, bound) and not too_stale(bound, bound)
     assert too_stale(bound + 1, bound)
+
+
+def test_each_policys_line_is_bounded_by_what_acted_as_the_run_version_is():
+    """Several policies: a result whose run version is fresh but whose line version of one policy was
+    held back (a worker that read a forged or stale pointer) is dropped at max + 1 on that line, and
+    one whose line versions are not versions of each line is dropped (issue 50)."""
+    from rlfarm.trainer.asynchronous import line_lags, stale_result
+
+    heads = {"adversary": 40, "agent": 12}
+    assert line_lags(None, heads) == {} and line_lags({}, heads) == {}  # one policy: nothing to say
+    assert line_lags({"adversary": 39, "agent": 8}, heads) == {"adversary": 1, "agent": 4}
+    assert not stale_result(1, line_lags({"adversary": 39, "agent": 8}, heads), 4)  # at the bound
+    assert stale_result(1, line_lags({"adversary": 39, "agent": 7}, heads), 4)  # max + 1 on one line
+    assert stale_result(5, {"adversary": 0, "agent": 0}, 4) and not stale_result(4, {}, 4)  # the run's
+    for forged in ({"adversary": 39}, {"adversary": 39, "agent": "8"}, {"adversary": 41, "agent": 8}):
+        assert line_lags(forged, heads) is None  # a line missing, not a number, newer than the head
+    assert line_lags({"adversary": 39, "agent": -1}, heads) is None and line_lags({"adversary": 39, "agent": True}, heads) is None
+    assert stale_result(0, None, 4)

@@ -256,6 +256,23 @@ def encode_policy(
     return st_save(tensors, metadata=meta)
 
 
+# Bound on a policy blob's JSON header: a few hundred bytes a tensor, so a network of thousands of
+# tensors fits; a forged length beyond it is refused before it is read.
+MAX_POLICY_HEADER = 16 * 2**20
+
+
+def policy_header_size(prefix: bytes) -> int:
+    """How many bytes of a safetensors blob hold its header (the length field and the JSON), from its
+    first 8 or more bytes: what a reader of a version's metadata alone fetches."""
+    try:
+        (n,) = struct.unpack("<Q", prefix[:8])
+    except struct.error:
+        raise CodecError("not a safetensors blob: shorter than its header's length field") from None
+    if n > MAX_POLICY_HEADER:
+        raise CodecError(f"not a safetensors blob: a header of {n} bytes (at most {MAX_POLICY_HEADER})")
+    return 8 + n
+
+
 def policy_metadata(blob: bytes) -> dict[str, str]:
     """The metadata of a safetensors blob, read from its JSON header without touching the tensors."""
     try:
@@ -263,7 +280,10 @@ def policy_metadata(blob: bytes) -> dict[str, str]:
         header = json.loads(blob[8 : 8 + n])
     except (struct.error, ValueError) as exc:
         raise CodecError(f"not a safetensors blob: {exc}") from None
-    return dict(header.get("__metadata__", {}))
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CodecError("not a safetensors blob: its metadata is not a map of strings")
+    return dict(meta)
 
 
 def decode_policy(

@@ -19,12 +19,13 @@ RELEASE = "0.1.0"  # this release of rlfarm (rlfarm.__version__; setup.cfg reads
 # worker. Bump it with any change a worker of the other version would misread or refuse (a new field of
 # TaskSpec, Result or the run meta, a changed config key). Tasks and run metadata carry it; a worker
 # refuses a task of another protocol in one line naming both (docs/architecture.md, decision 16).
-PROTOCOL = 8  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
+PROTOCOL = 9  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (float16 versions);
 # 4: env streams of the run (TaskSpec.stream, Result.stream), ppo.vf_loss, ppo.anneal_clip, reference;
 # 5: tasks travel on the queue of their protocol (TASK_QUEUE), claims are signed; 6: turn-based games
 # (act["opponents"], Result.games, Rollout.action_masks, the [selfplay] section); 7: an evaluation of
 # several policies returns each one's (Result.policy_returns); 8: a run of several policies has a
-# version line per policy (TaskSpec.lines, rlfarm.farm.lines)
+# version line per policy (TaskSpec.lines, rlfarm.farm.lines); 9: a policy blob's signature covers its
+# line fields, workers act with the lines a run version's metadata names, results say which (Result.lines)
 
 
 def task_queue(protocol: int) -> str:
@@ -193,6 +194,9 @@ class Result:
     worker: str = ""
     version: int | None = None  # the version acted with (for "latest": the one it resolved to)
     last_version: int | None = None  # ASYNC with async.refresh_steps: the version acting at the end
+    # Several policies (env.policy_map): each policy's line version `version` was made of, as acted
+    # (rlfarm.farm.lines): the trainer measures and bounds each policy's lag from it.
+    lines: dict[str, int] | None = None
     duration: float | None = None  # seconds the task ran on its worker
     finished: float | None = None  # when the worker pushed it (its wall clock, epoch seconds)
     policy_fetched: bool = False  # the worker fetched the policy from Redis (not from its cache)

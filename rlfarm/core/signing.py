@@ -16,7 +16,9 @@ made for one kind of object never verifies as another):
   wrapper that does not verify; a reader without one reads both forms (`open_run_meta`).
 - Policy blobs (safetensors): the metadata field `hmac` signs `b"rlfarm-policy\\0" +
   canonical({...})` of the fields in POLICY_SIGNED_FIELDS that the blob carries (run, version,
-  sha256 of the tensors, algo, and for exported files env and policy config). The sha256 is the
+  sha256 of the tensors, algo, for exported files env and policy config, and in a run of several
+  policies the line a blob is of, the line versions a run version is made of and the run version a
+  line version was published with: rlfarm.farm.lines). The sha256 is the
   digest codec computes anyway, so signing costs one HMAC over a few hundred bytes, not a second
   pass over the weights. A blob cannot be replayed under another version or run, and weights with a
   recomputed sha256 no longer pass.
@@ -39,7 +41,9 @@ from collections.abc import Mapping
 from typing import Any
 
 SECRET_ENV = "RLFARM_SECRET"
-POLICY_SIGNED_FIELDS = ("run", "version", "sha256", "algo", "env", "policy")
+# A field a blob carries is signed with it; one it lacks is left out of the message, so a field
+# stripped from a signed blob, or added to it, no longer verifies.
+POLICY_SIGNED_FIELDS = ("run", "version", "sha256", "algo", "env", "policy", "line", "lines", "run_version")
 
 _META_TAG = b"rlfarm-run-meta\0"
 _POLICY_TAG = b"rlfarm-policy\0"

@@ -6,13 +6,14 @@ The run's version line stays what it is for one policy: version v is every polic
 a line of its own (`PolicyStore(..., line=p)`: keys `policy@<p>:<n>`, `versions@<p>`, ...), which gets
 a new version only when that policy's weights changed: a frozen policy's line holds one version for
 the whole run, a policy whose learner was not ready keeps its last. Workers act with the policies'
-own versions (`TaskSpec.lines`, or each line's `latest` for an ASYNC task), fetched and cached per
-policy, so an unchanged policy is never fetched again, and the trainer measures each policy's lag on
-its own line.
+own versions (`TaskSpec.lines`, or for an ASYNC task the ones the newest run version's signed
+metadata names, never a line's own `latest` pointer), fetched and cached per policy, so an unchanged
+policy is never fetched again; results say which line versions acted, and the trainer measures and
+bounds each policy's lag on its own line from them.
 
 `LinedStore` is the run's store with its lines: one transaction publishes run version v and the
-line versions it is made of (so a worker that reads the pointers in one transaction sees a matching
-set), and pinning, retention, write-back and restore go to the lines with the run version.
+line versions it is made of (a worker that reads the run's pointer finds the line versions published
+with it), and pinning, retention, write-back and restore go to the lines with the run version.
 Everything each line holds is signed and checked as a run version is, and a blob is refused under
 another line's key (its metadata names its line).
 """
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from rlfarm.core import codec
-from rlfarm.farm import keys
 from rlfarm.farm.store import FROM_ENV, PolicyStore
 
 if TYPE_CHECKING:
@@ -46,23 +46,19 @@ def joined(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return {f"nets.{name}.{key}": value for name, own in parts.items() for key, value in own.items()}
 
 
-def latest_lines(client: redis.Redis, run: str, policies: Sequence[str]) -> tuple[int | None, dict[str, int] | None]:
-    """The run's newest version and the line versions it is made of, read in one transaction (the
-    trainer writes them in one): None for the version before the first publish, and for the lines
-    when one is missing (then the run version's whole blob is the one to act with)."""
-    pipe = client.pipeline(transaction=True)
-    pipe.get(keys.latest(run))
-    for name in policies:
-        pipe.get(keys.latest(run, name))
-    raw = pipe.execute()
+def lines_named(meta: Mapping[str, str], policies: Sequence[str]) -> dict[str, int] | None:
+    """The line versions a run version's metadata names (`lines`), one per policy of `policies`;
+    None when it names none, or not one whole number per policy (then the run version's whole blob
+    is the one to act with)."""
     try:
-        version = int(raw[0])
-    except (TypeError, ValueError):
-        return None, None
-    try:
-        return version, {name: int(n) for name, n in zip(policies, raw[1:])}
-    except (TypeError, ValueError):
-        return version, None
+        lines = json.loads(meta["lines"])
+    except (KeyError, ValueError):
+        return None
+    if not isinstance(lines, dict) or set(lines) != set(policies):
+        return None
+    if not all(type(n) is int and n >= 0 for n in lines.values()):
+        return None
+    return {name: lines[name] for name in policies}
 
 
 class LinedStore(PolicyStore):

@@ -370,6 +370,33 @@ class PolicyStore:
             state, meta = codec.decode_policy(blob, self.secret, arrays)
         except codec.CodecError as exc:
             raise PolicyCorrupt(f"run {self.run_id!r}: {self._name(version)} is corrupt: {exc}") from None
+        self._check_claims(version, meta)
+        return state, meta
+
+    def signed_meta(self, version: int) -> dict[str, str]:
+        """Version `version`'s metadata, read from its blob's header alone (its tensors stay in Redis)
+        and checked as `check` checks a whole blob, but for the tensors' sha256: with a secret, the
+        hmac over the signed fields (rlfarm.core.signing), and the version, run and line it claims.
+        What a worker reads to learn which line versions a run version is made of (rlfarm.farm.lines)."""
+        key = self._key(int(version))
+        prefix = self.client.getrange(key, 0, 4095)
+        if not prefix:
+            self.get_blob(version)  # absent: its clear error (trimmed, or not published)
+            raise PolicyCorrupt(f"run {self.run_id!r}: {self._name(version)} is empty: refusing it")
+        try:
+            size = codec.policy_header_size(prefix)
+            if size > len(prefix):
+                prefix += self.client.getrange(key, len(prefix), size - 1)
+            meta = codec.policy_metadata(prefix)
+            if self.secret is not None:
+                signing.verify_policy(meta, self.secret, "policy blob")
+        except (codec.CodecError, signing.SignatureError) as exc:
+            raise PolicyCorrupt(f"run {self.run_id!r}: {self._name(version)} is corrupt: {exc}") from None
+        self._check_claims(version, meta)
+        return meta
+
+    def _check_claims(self, version: int | str, meta: Mapping[str, str]) -> None:
+        """PolicyCorrupt unless the blob's metadata says it is `version` of this run and line."""
         claimed, run = meta.get("version"), meta.get("run")
         if claimed != str(int(version)):
             raise PolicyCorrupt(
@@ -381,7 +408,6 @@ class PolicyStore:
             other = meta.get("line")
             whose = "the run's version line" if other is None else f"the own line of policy {other!r}"
             raise PolicyCorrupt(f"run {self.run_id!r}: {self._name(version)} belongs to {whose}: refusing it")
-        return state, meta
 
     def info(self, version: int) -> dict[str, str]:
         meta = codec.policy_metadata(self.get_blob(version))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,28 @@ def auto_policy_lag(tasks_in_flight: int, versions_per_result: float) -> int:
 def too_stale(lag: int, max_policy_lag: int) -> bool:
     """A result acted `lag` versions ago is dropped past the bound, and learned from at it."""
     return lag > max_policy_lag
+
+
+def stale_result(lag: int, lags: Mapping[str, int] | None, max_policy_lag: int) -> bool:
+    """A result is dropped when its version or any policy's line version it acted with (`lags`, from
+    `line_lags`) is past the bound, or when what acted cannot be read (`lags` None)."""
+    return lags is None or too_stale(max([lag, *lags.values()]), max_policy_lag)
+
+
+def line_lags(acted: Mapping[str, Any] | None, heads: Mapping[str, int]) -> dict[str, int] | None:
+    """Several policies: each one's lag on its own line (rlfarm.farm.lines), its newest version
+    `heads` minus the one that acted; {} when nothing says what acted (one policy). None when what
+    acted is not a version of each line (a result written by someone else on a farm without a
+    secret): such a result is dropped."""
+    if not acted:
+        return {}
+    lags = {}
+    for name, head in heads.items():
+        number = acted.get(name)
+        if type(number) is not int or not 0 <= number <= head:
+            return None
+        lags[name] = head - number
+    return lags
 
 
 class AsyncTrainer(Trainer):
@@ -203,14 +226,13 @@ class AsyncTrainer(Trainer):
         super().unused_result(message)
         self.results_unused += 1
 
-    def policy_lags(self, version: int) -> dict[str, int]:
-        """Several policies: each one's lag on its own line (its newest version minus the one the
-        result acted with), recorded for the log; {} for one policy, or a version not remembered."""
-        acted, heads = self.store.lines_of(version), self.store.heads
-        if not acted:
-            return {}
-        lags = {name: heads[name] - number for name, number in acted.items() if name in heads}
-        for name, lag in lags.items():
+    def policy_lags(self, message: Result) -> dict[str, int] | None:
+        """Several policies: each one's lag on its own line, from the line versions the result says
+        acted (else those its version was published with, a whole blob's), recorded for the log; {}
+        for one policy, or a version not remembered; None: what acted is not a version of each line."""
+        acted = message.lines if message.lines is not None else self.store.lines_of(message.version)
+        lags = line_lags(acted, self.store.heads)
+        for name, lag in (lags or {}).items():
             self._policy_lags.setdefault(name, []).append(lag)
         return lags
 
@@ -224,14 +246,17 @@ class AsyncTrainer(Trainer):
         self._end_lags.append(self.version - last)
         self.results_refreshed += last != message.version
         self.lag_counts[lag] = self.lag_counts.get(lag, 0) + 1
-        if too_stale(lag, self.max_policy_lag):
+        # Each policy's line is bounded as the run's version is: a line version held back while the
+        # run's moved on is stale data, whatever version the result names.
+        lags = self.policy_lags(message)
+        if stale_result(lag, lags, self.max_policy_lag):
             self.dropped_stale += 1
             return
         rollout = Rollout.from_dict(message.rollout)
         self.took_result(message)
         self.env_steps += rollout.num_steps
         self.logger.episodes(self.env_steps, rollout.episode_returns, rollout.episode_lengths, message.version)
-        self.algo.observe(rollout, policy_lag=self.policy_lags(message.version) or lag)
+        self.algo.observe(rollout, policy_lag=lags or lag)
         while self.algo.ready():
             started, pumped = time.perf_counter(), self._pump_time
             self._losses = self.algo.update(self.progress, between=self.pump)

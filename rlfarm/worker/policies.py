@@ -15,8 +15,8 @@ import redis
 from rlfarm.algos.acting import acts_without_torch, numpy_actor
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec
-from rlfarm.farm.lines import joined, latest_lines
-from rlfarm.farm.store import PolicyCorrupt, PolicyStore
+from rlfarm.farm.lines import joined, lines_named
+from rlfarm.farm.store import PolicyCorrupt, PolicyNotFound, PolicyStore, PolicyTrimmed
 from rlfarm.worker.cache import PolicyCache
 from rlfarm.worker.machine import SharedPolicies
 
@@ -45,6 +45,7 @@ class PolicyVersions:
         # Each policy's own versions (rlfarm.farm.lines), keyed (run@policy, n): a policy that did not
         # change is not fetched again, a frozen one once.
         self.line_states = PolicyCache(size=16)
+        self.made_of = PolicyCache(size=64)  # (run, version) -> the line versions its actor acts with
         # One network per run, built once and loaded with each new version's weights: building it
         # (torch's weight initialisation) was most of fetching a version, paid by every process for
         # every version (benchmarks/task_cost.py).
@@ -56,33 +57,40 @@ class PolicyVersions:
         """Forget the run's network and versions (another incarnation of it: rlfarm.farm.claim)."""
         self.networks.pop(run, None)
         self.cache.drop_run(run)
+        self.made_of.drop_run(run)
         self.line_states.drop_run(run, lines=True)
 
     def actor(self, run: str, version: int | str, lines: Mapping[str, int] | None = None) -> tuple[Any, int, bool]:
         """The acting snapshot of a version ("latest": the newest), its number, and whether it had to
-        be fetched. A run of several policies acts with each policy's own version (`lines`, the
-        task's; for "latest" the lines' newest), fetched per policy (rlfarm.farm.lines); without
-        them (a league member), with the run version's blob."""
+        be fetched. A run of several policies acts with each policy's own version, fetched per policy
+        (rlfarm.farm.lines): the task's `lines`, else the ones the run version's metadata names, read
+        from its blob's header and checked as the blob is (signed with a secret): a line's own
+        pointer is never read, so one held back or forged cannot mix stale weights into a fresh
+        version. Which line versions acted: `acted_lines`."""
         store = PolicyStore(self.client, run)
         meta = self.run_meta(run)
         policies = meta["space"].get("policies", ())  # the spec is built only on a cache miss, below
-        if version == "latest" and len(policies) > 1:
-            latest, lines = latest_lines(self.client, run, policies)
-            version = latest if latest is not None else "latest"
-        elif version == "latest":
+        if version == "latest":
             latest = store.latest()
-            version = latest if latest is not None else "latest"  # get() raises a clear error
-        if version != "latest":
-            version = int(version)
-        cached = self.cache.get((run, version))  # type: ignore[arg-type]
+            if latest is None:
+                raise PolicyNotFound(f"run {run!r} has no published policy")
+            version = latest
+        version = int(version)
+        cached = self.cache.get((run, version))
         if cached is not None:
-            return cached, int(version), False
+            return cached, version, False
+        if len(policies) > 1 and not lines:
+            lines = lines_named(store.signed_meta(version), policies)
         algo, spec = meta["config"]["algo"], SpaceSpec.from_dict(meta["space"])
         arrays = "numpy" if acts_without_torch(spec) else "torch"
-        if lines and version != "latest":
-            state, fetched = self._lined_version(run, int(version), lines, arrays)
-        else:
-            state, fetched = self._checked_version(store, run, int(version), arrays)
+        state = None
+        if lines:
+            try:
+                state, fetched = self._lined_version(run, version, lines, arrays)
+            except (PolicyNotFound, PolicyTrimmed):  # a line version retention let go: the whole blob
+                lines = None
+        if state is None:
+            state, fetched = self._checked_version(store, run, version, arrays)
         if arrays == "numpy":
             actor = numpy_actor(algo, spec, policy_config(meta["config"]["policy"]), state)
         else:
@@ -91,8 +99,14 @@ class PolicyVersions:
             network = self.network(run)
             network.load_state_dict(state)
             actor = learner(algo).actor_snapshot(network)
-        self.cache.put((run, int(version)), actor)
-        return actor, int(version), fetched
+        self.cache.put((run, version), actor)
+        self.made_of.put((run, version), dict(lines) if lines else None)
+        return actor, version, fetched
+
+    def acted_lines(self, run: str, version: int) -> dict[str, int] | None:
+        """The line versions run version `version`'s actor was made of (None: one policy, or its
+        whole blob), for the result to say what acted."""
+        return self.made_of.get((run, version))
 
     def _lined_version(
         self, run: str, version: int, lines: Mapping[str, int], arrays: str

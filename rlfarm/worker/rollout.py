@@ -157,6 +157,7 @@ class RolloutWorker:
         result = Result(
             spec.kind, spec.iteration, spec.index, version=version, worker=self.identity, policy_fetched=fetched
         )
+        result.lines = self.versions.acted_lines(spec.run, version)
         if spec.kind == "eval":
             env = self._single_env(env_cfg)
             if isinstance(env, TurnVector):  # evaluation games: against the run's eval opponent
