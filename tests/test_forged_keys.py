@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 
 import pytest
@@ -143,3 +144,41 @@ def test_one_forged_write_of_any_key_leaves_a_signed_run_as_it_would_have_ended(
     if read_by_trainer:
         assert summary["security"]["refused_key"] >= 1, stderr[-3000:]
         assert any(line.startswith("rlfarm: warning: refused rlfarm:") for line in stderr.splitlines()), stderr
+
+
+def test_a_forged_env_stream_snapshot_is_counted_under_security_and_its_stream_restarts(signed_farm, tmp_path):
+    """farm.episodes = "continue" on a signed run: a snapshot's digest travels in signed specs, so a
+    blob put under its key by someone without the secret is a forgery. It was counted only as a
+    stream restart; now also as `security/refused_snapshot`, and the run goes on (issue 50)."""
+    url, run_id = signed_farm.redis_url, "forged-snapshot"
+    client = connect(url)
+    args = [*ARGS, "--set", "farm.episodes=continue"]
+    log = tmp_path / f"{run_id}.txt"
+    proc = start_command(
+        "train", "--redis", url, "--logdir", str(tmp_path), "--run-id", run_id, *args,
+        env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET}, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+    )  # fmt: skip
+    try:
+        poll(lambda: next(client.scan_iter(f"{keys.prefix(run_id)}stream:*"), None), "a stream snapshot", proc, log)
+        # The trainer held still while every snapshot of the run is overwritten and the pool processes,
+        # which hold the streams, are SIGKILLed: their replacements must read the snapshots back.
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            forged = sum(
+                client.set(key, b"forged", xx=True) or 0 for key in client.scan_iter(f"{keys.prefix(run_id)}stream:*")
+            )
+            for worker in signed_farm.worker_procs:
+                pool = subprocess.run(["ps", "-o", "pid=", "--ppid", str(worker.pid)], capture_output=True, text=True)
+                for pid in map(int, pool.stdout.split()):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = log.read_text()
+    assert forged and "does not match its digest" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr and "rlfarm: error" not in stderr, stderr[-3000:]
+    assert read_summary(tmp_path / run_id)["security"]["refused_snapshot"] >= 1

@@ -77,7 +77,8 @@ def test_each_policys_line_is_bounded_by_what_acted_as_the_run_version_is():
     assert not stale_result(1, line_lags({"adversary": 39, "agent": 8}, heads), 4)  # at the bound
     assert stale_result(1, line_lags({"adversary": 39, "agent": 7}, heads), 4)  # max + 1 on one line
     assert stale_result(5, {"adversary": 0, "agent": 0}, 4) and not stale_result(4, {}, 4)  # the run's
-    for forged in ({"adversary": 39}, {"adversary": 39, "agent": "8"}, {"adversary": 41, "agent": 8}):
-        assert line_lags(forged, heads) is None  # a line missing, not a number, newer than the head
-    assert line_lags({"adversary": 39, "agent": -1}, heads) is None and line_lags({"adversary": 39, "agent": True}, heads) is None
+    # a line missing, not a number, newer than the head, negative, a bool
+    for agent in (None, "8", 13, -1, True):
+        assert line_lags({"adversary": 39, **({} if agent is None else {"agent": agent})}, heads) is None
+    assert line_lags({"adversary": 41, "agent": 8}, heads) is None
     assert stale_result(0, None, 4)

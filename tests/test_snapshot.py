@@ -59,11 +59,14 @@ def _tasks(env_id: str, n_envs: int, steps: int, tasks: int, move: bool) -> list
     actor = _actor(env_id)
     seeds = stream_seeds(7, 0, 0, n_envs)
     here = [EnvStream(make_vector_env(env_id, n_envs, options=OPTIONS.get(env_id)), seeds) for _ in range(2)]
+    # What a worker checks a snapshot against: the env's configuration, learned on a probe of one game.
+    per_game = getattr(here[0].envs, "k", 1) if type(here[0].envs).__name__ == "AgentVector" else 1
+    config = snapshot.configuration(make_vector_env(env_id, per_game, options=OPTIONS.get(env_id)))
     out, blob, digest = [], None, None
     for task in range(tasks):
         stream = here[task % 2 if move else 0]
-        if blob is not None and stream.digest != digest:
-            streams.resume(stream, streams.decode(blob, digest), snapshot.restore)
+        if blob is not None and stream.digest != digest:  # a genuine snapshot changes no configuration
+            streams.resume(stream, streams.decode(blob, digest), lambda e, s: snapshot.restore(e, s, config))
         out.append(collect(actor, stream.envs, steps, [], task_seeds(7, task, 0, n_envs)[1], stream=stream))
         blob, digest = streams.encode(stream, snapshot.capture(stream.envs))
         stream.digest = digest
@@ -240,3 +243,70 @@ def test_a_vector_snapshot_restores_only_into_as_many_sub_envs():
     snapshot.restore(make_vector_env(env_id, 2, options={"id": env_id, "num_envs": 2}), state)
     with pytest.raises(ValueError, match="env snapshot of 2 sub-envs, not 3"):
         snapshot.restore(make_vector_env(env_id, 3, options={"id": env_id, "num_envs": 3}), state)
+
+
+# ---- a snapshot is state, never configuration (issue 50) --------------------------------------------
+def _cartpole_snapshot():
+    envs = make_vector_env("CartPole-v1", 2)
+    stream = EnvStream(envs, [0, 1])
+    collect(_actor("CartPole-v1"), envs, 30, [], 0, stream=stream)
+    return snapshot.capture(envs)
+
+
+@pytest.mark.parametrize(
+    "layer, attr, value",
+    [(-1, "x_threshold", 1e9), (-1, "theta_threshold_radians", 1e9), (0, "_max_episode_steps", 10**9)],
+)
+def test_a_snapshot_that_sets_an_envs_configuration_is_refused_before_anything_is_written(layer, attr, value):
+    """A genuine CartPole snapshot with its thresholds or its time limit set to 1e9 was restored in
+    silence: the run's episodes never ended (greedy eval 9.5 against 418). The worker learns the env's
+    configuration on a probe (values that never change from the reset through its first episodes),
+    and a snapshot that changes one is refused, naming it, before any value is written."""
+    import copy
+
+    config = snapshot.configuration(make_vector_env("CartPole-v1", 1))
+    genuine = _cartpole_snapshot()
+    into = make_vector_env("CartPole-v1", 2)
+    snapshot.restore(into, copy.deepcopy(genuine), config)  # what a worker saved: restored
+    forged = copy.deepcopy(genuine)
+    forged["envs"][1][layer]["attrs"][attr] = value
+    fresh = make_vector_env("CartPole-v1", 2)
+    before = snapshot.capture(fresh)
+    owner = forged["envs"][1][layer]["class"]
+    with pytest.raises(ValueError, match=f"sets {owner}.{attr}, which is the env's configuration"):
+        snapshot.restore(fresh, forged, config)
+    assert (
+        streams.encode(EnvStream(fresh, [0, 0]), snapshot.capture(fresh))[1]
+        == streams.encode(EnvStream(make_vector_env("CartPole-v1", 2), [0, 0]), before)[1]
+    )  # nothing of it written
+
+
+@pytest.mark.parametrize("attr", ["step", "env", "spec", "observation_space", "np_random"])
+def test_a_snapshot_never_sets_a_method_a_property_or_configuration(attr):
+    """Even without a probe: a value over a method, a property or configuration (the wrapped env,
+    a space) is refused, not written."""
+    import copy
+
+    forged = copy.deepcopy(_cartpole_snapshot())
+    forged["envs"][0][-1]["attrs"][attr] = 1.0
+    with pytest.raises(ValueError, match=f"sets CartPoleEnv.{attr}, which is configuration"):
+        snapshot.restore(make_vector_env("CartPole-v1", 2), forged)
+
+
+def test_a_snapshot_holds_only_attributes_the_env_has():
+    """A name the env never had in its probe (from its reset through its first episodes) is refused;
+    one its reset makes (Pendulum's `state`, absent from an env not yet reset) is restored."""
+    import copy
+
+    config = snapshot.configuration(make_vector_env("CartPole-v1", 1))
+    forged = copy.deepcopy(_cartpole_snapshot())
+    forged["envs"][0][-1]["attrs"]["no_such_attribute"] = 1.0
+    with pytest.raises(ValueError, match="sets CartPoleEnv.no_such_attribute, which the env has not"):
+        snapshot.restore(make_vector_env("CartPole-v1", 2), forged, config)
+    pendulum = make_vector_env("Pendulum-v1", 1)
+    pendulum.reset(seed=0)
+    saved = snapshot.capture(pendulum)
+    fresh = make_vector_env("Pendulum-v1", 1)
+    assert "state" not in vars(fresh.envs[0].unwrapped)
+    snapshot.restore(fresh, saved, snapshot.configuration(make_vector_env("Pendulum-v1", 1)))
+    np.testing.assert_array_equal(fresh.envs[0].unwrapped.state, pendulum.envs[0].unwrapped.state)

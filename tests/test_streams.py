@@ -223,6 +223,41 @@ def test_a_snapshot_that_fails_half_way_restarts_its_stream_on_fresh_envs(farm, 
     np.testing.assert_allclose(batch.obs[0, 2:, 0], 64 / 1000)
 
 
+def test_a_snapshot_is_state_only_and_one_not_its_digests_is_said_to_be_forged(farm):
+    """On a farm without a secret anyone who can write to Redis can name their own blob: a genuine
+    snapshot with the env's configuration changed (LongEnv's step_seconds, what each step sleeps) was
+    restored in silence. Now the worker refuses it, naming the attribute, and the stream restarts on
+    fresh envs; a blob under a snapshot's key that is not the one its digest names is reported as
+    forged (counted under security/* on a signed run: test_forged_keys.py) (issue 50)."""
+    import hashlib
+
+    import redis as redis_py
+    import zstandard
+
+    from rlfarm.core import codec, streams
+    from rlfarm.farm import keys
+
+    run = "forged-config"
+    make_run(farm.redis_url, run, LONG_RUN)
+    *_, (_, _, book) = _iterations(farm.redis_url, run, 2)
+    client = redis_py.Redis.from_url(farm.redis_url)
+    message = streams.decode(client.get(keys.stream(run, book.after[1])), book.after[1])
+    assert message["env"]["envs"][1][-1]["attrs"]["step_seconds"] == 0.0
+    message["env"]["envs"][1][-1]["attrs"]["step_seconds"] = 0.002
+    blob = zstandard.ZstdCompressor().compress(codec.pack(message))
+    book.after[1] = hashlib.sha256(blob).hexdigest()
+    client.set(keys.stream(run, book.after[1]), blob)
+    batch, results, book = next(_iterations(farm.redis_url, run, 1, book, first=2))
+    assert results[0].stream.get("restart") is None
+    assert "sets LongEnv.step_seconds, which is the env's configuration" in results[1].stream["restart"]
+    assert results[1].stream["restarts"] == 1 and not results[1].stream.get("forged")
+    np.testing.assert_allclose(batch.obs[0, 2:, 0], 0.0)  # stream 1 began anew
+    client.set(keys.stream(run, book.after[0]), blob)  # another blob under stream 0's snapshot key
+    batch, results, book = next(_iterations(farm.redis_url, run, 1, book, first=3))
+    assert results[0].stream["forged"] is True and "does not match its digest" in results[0].stream["restart"]
+    assert results[1].stream.get("restart") is None
+
+
 @pytest.mark.skipif(__import__("importlib").util.find_spec("mpe2") is None, reason="needs the multiagent extra")
 def test_a_multi_agent_games_continue_across_tasks_and_are_reported_whole(farm, tmp_path):
     """simple_spread's 25-step games in 10-step tasks: "fresh" would end no game; "continue" saves each

@@ -82,11 +82,16 @@ class SnapshotError(ValueError):
     """A snapshot blob that is not the one its digest names, or does not decode."""
 
 
+class SnapshotForged(SnapshotError):
+    """A blob under a snapshot's key that is not the snapshot its digest names: written by someone
+    else (with a secret the digest travels in signed specs, so this is a forgery: `security/*`)."""
+
+
 def decode(blob: bytes, digest: str) -> dict[str, Any]:
     """The snapshot `digest` names, from `blob` read back: its sha256 checked first (a blob someone
     else wrote under the key never reaches a decoder), then decompressed within MAX_SNAPSHOT_BYTES."""
     if hashlib.sha256(blob).hexdigest() != digest:
-        raise SnapshotError(f"snapshot {digest[:12]} does not match its digest (written by someone else?)")
+        raise SnapshotForged(f"snapshot {digest[:12]} does not match its digest (written by someone else?)")
     try:
         # A frame that declares its size is decompressed to that size whatever max_output_size says:
         # the declared size is checked first (a 169-byte blob declared 4 MB and got it).

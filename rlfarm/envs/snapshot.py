@@ -29,6 +29,8 @@ generators' states in place.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -67,13 +69,17 @@ def capture(envs: Any) -> dict[str, Any]:
     raise Unsnapshotable(f"a {type(envs).__name__} cannot be saved and restored")
 
 
-def restore(envs: Any, snapshot: dict[str, Any]) -> None:
-    """Put `envs` (made like those captured) into the captured state."""
+def restore(envs: Any, snapshot: dict[str, Any], config: Configuration | None = None) -> None:
+    """Put `envs` (made like those captured) into the captured state. `config`: what a probe of the env
+    showed (`configuration`): a snapshot that holds an attribute the env never had, or gives its
+    configuration another value, is refused (ValueError) before anything is written."""
     if snapshot.get("format") != FORMAT:
         raise ValueError(f"env snapshot of format {snapshot.get('format')!r}, this worker reads {FORMAT}")
     kind = snapshot.get("kind")
     if kind != ("SyncVectorEnv" if isinstance(envs, SyncVectorEnv) else type(envs).__name__):
         raise ValueError(f"env snapshot of a {kind!r}, not of a {type(envs).__name__}")
+    if config is not None:
+        config.check(snapshot)
     if kind != "SyncVectorEnv":
         envs.restore(snapshot["state"])
         return
@@ -136,6 +142,12 @@ def _restore_layer(layer: Any, state: dict[str, Any]) -> None:
         layer.rlfarm_restore(state["own"])
         return
     for attr, value in state["attrs"].items():
+        # Only what `_capture_layer` saves: never configuration, a method or a property (an attribute
+        # of a fresh env's its reset makes, as Pendulum's `state`, is not there yet: `known` has it).
+        if not isinstance(attr, str) or attr in _SKIP_NAMES:
+            raise ValueError(f"env snapshot sets {type(layer).__name__}.{str(attr)[:40]}, which is configuration")
+        if is_configuration(getattr(layer, attr, None)) or isinstance(getattr(type(layer), attr, None), property):
+            raise ValueError(f"env snapshot sets {type(layer).__name__}.{attr}, which is configuration")
         current = vars(layer).get(attr)
         restored = unplain(value, current)
         if restored is not current:
@@ -144,6 +156,137 @@ def _restore_layer(layer: Any, state: dict[str, Any]) -> None:
         if not _is_mujoco(layer):
             raise ValueError(f"env snapshot holds MuJoCo data, {type(layer).__name__} is no MuJoCo env")
         _restore_mjdata(layer.model, layer.data, state["mjdata"])
+
+
+# ---- configuration: what a snapshot never sets ------------------------------------------------------
+# A snapshot holds an env's state, but saved as plain values it also holds values the env was made
+# with and never changes (CartPole's thresholds, TimeLimit's _max_episode_steps): a blob that set
+# them would change the env under a run (CartPole ending at x = 1e9). Which is which is learned by
+# watching the env, as no list per env family could keep up with user envs: a probe of one sub-env
+# (or game) is reset and stepped with random actions through its first episodes; a value that never
+# changed is configuration, and a snapshot must hold it as the probe did.
+Path = tuple[Any, ...]
+_EACH = "*"  # a sub-env's or game's place in a path: configuration is the same for each
+
+
+def _leaves(tree: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
+    """The plain values (numbers, strings, arrays) of a snapshot tree, each with its path. Generators
+    are left out: one used only at a reset keeps its state through a long episode, yet is state."""
+    if isinstance(tree, dict):
+        tag = tree.get("~")
+        if tag in ("generator", "randomstate", "ref", "kept"):
+            return
+        if tag in ("scalar", "bigint"):
+            yield path, tree
+            return
+        for key, value in tree.items():
+            if key not in ("~", "n", "maxlen"):
+                yield from _leaves(value, (*path, key))
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            yield from _leaves(value, (*path, i))
+    else:
+        yield path, tree
+
+
+def _units(tree: Any) -> dict[Path, list[tuple[Path, Any]]]:
+    """A snapshot tree's values grouped by the attribute that holds them (the path up to the last
+    attribute name in it): configuration is an attribute's whole value (a board's empty top row is
+    not), and a sub-env's or game's only, since the vector's own arrays are sized by its count."""
+    units: dict[Path, list[tuple[Path, Any]]] = {}
+    for path, value in _leaves(tree):
+        if _EACH not in _normal(path) or "mjdata" in path:  # MuJoCo's data: the physics' state, contacts and all
+            continue
+        cut = max((i + 2 for i, key in enumerate(path[:-1]) if key == "attrs"), default=len(path))
+        units.setdefault(path[:cut], []).append((path[cut:], value))
+    return units
+
+
+def _normal(path: Path) -> Path:
+    """`path` with its sub-env's or game's index as _EACH: configuration is the same for each."""
+    for head in (("envs",), ("state", "games")):
+        if path[: len(head)] == head and len(path) > len(head):
+            return (*head, _EACH, *path[len(head) + 1 :])
+    return path
+
+
+def _same_unit(a: list[tuple[Path, Any]], b: list[tuple[Path, Any]]) -> bool:
+    return len(a) == len(b) and all(pa == pb and _same(va, vb) for (pa, va), (pb, vb) in zip(a, b))
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if type(a) is not type(b):
+        return False
+    return a == b or (isinstance(a, float) and a != a and b != b)
+
+
+def _shape(path: Path) -> Path:
+    """An attribute's place whatever the index of each list on the way (a list of agents may grow)."""
+    return tuple("#" if isinstance(key, int) else key for key in path)
+
+
+@dataclass
+class Configuration:
+    """What a probe of an env showed (`configuration`): `fixed`, the attributes that kept their value
+    (by path, a sub-env's or game's index as _EACH), and `known`, every attribute it had (`_shape`)."""
+
+    fixed: dict[Path, list[tuple[Path, Any]]] = field(default_factory=dict)
+    known: set[Path] = field(default_factory=set)
+
+    def check(self, snapshot: dict[str, Any]) -> None:
+        """ValueError, naming it, for the first attribute of `snapshot` the env never had or that
+        holds another value of its configuration."""
+        for path, unit in _units(snapshot).items():
+            normal = _normal(path)
+            if self.known and _shape(normal) not in self.known:
+                raise ValueError(f"env snapshot sets {_name(snapshot, path)}, which the env has not")
+            if normal in self.fixed and not _same_unit(unit, self.fixed[normal]):
+                raise ValueError(f"env snapshot sets {_name(snapshot, path)}, which is the env's configuration")
+
+
+def configuration(envs: Any, seed: int = 0, episodes: int = 2, max_steps: int = 2000) -> Configuration:
+    """What of `capture(envs)` is configuration: the attributes that kept their value from the first
+    reset through `episodes` episodes of random actions (at most `max_steps` steps), and which
+    attributes the env has at all. `envs`: a probe made like the stream's envs, with one sub-env (or
+    game); it is stepped. An env that saves its own state (AleVector, `rlfarm_snapshot`) answers for
+    it: nothing is learned of it."""
+    envs.reset(seed=seed)
+    envs.action_space.seed(seed)
+    first = capture(envs)
+    if "envs" not in first and "games" not in first.get("state", {}):
+        return Configuration()
+    fixed = {_normal(path): unit for path, unit in _units(first).items()}
+    known = {_shape(path) for path in fixed}
+    ended = 0
+    for _ in range(max_steps):
+        _, _, terminated, truncated, _ = envs.step(envs.action_space.sample())
+        ended += int(np.any(terminated) or np.any(truncated))
+        now = {_normal(path): unit for path, unit in _units(capture(envs)).items()}
+        known.update(_shape(path) for path in now)
+        fixed = {path: unit for path, unit in fixed.items() if path in now and _same_unit(unit, now[path])}
+        if ended >= episodes:
+            break
+    return Configuration(fixed, known)
+
+
+def _name(snapshot: dict[str, Any], path: Path) -> str:
+    """`CartPoleEnv.x_threshold` for the path of an attribute of a wrapper layer or object."""
+    node: Any = snapshot
+    owner = None
+    for key in path:
+        if isinstance(node, dict) and "class" in node:
+            owner = node["class"]
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            break
+    attr = next((path[i + 1] for i in range(len(path) - 1, -1, -1) if path[i] == "attrs" and i + 1 < len(path)), None)
+    return f"{owner}.{attr}" if owner and attr is not None else "/".join(map(str, path))[:120]
 
 
 # ---- MuJoCo --------------------------------------------------------------------------------------

@@ -153,6 +153,8 @@ class Trainer(Evaluating, RunKeeper):
         old, notice = self.streams.advance(message.stream, index)
         if notice:
             self.warn(f"run {self.config.run_id}: {notice}")
+        if notice and message.stream.get("forged") and self.store.secret is not None:
+            self.channel.stats.forged_snapshots += 1  # its digest came in a signed spec: a forgery
         if old is not None:
             self.client.delete(keys.stream(self.config.run_id, old))
 

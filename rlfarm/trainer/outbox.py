@@ -78,6 +78,7 @@ class DispatchStats:
     held: int = 0  # tasks held back for a while because the run had its share of the farm's slots
     forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
     forged_keys: int = 0  # keys of the run found as the trainer did not write them: refused, written back
+    forged_snapshots: int = 0  # env stream snapshots not the blob their signed digest names (restarted)
     # Task inputs workers refused as not signed by the farm (Result.unverified), by kind; re-sent.
     unverified: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("policy", "meta", "spec"), 0))
     state_restored: int = 0  # times the run's state was found lost in Redis and written back
@@ -95,6 +96,7 @@ class DispatchStats:
         return {
             "security/refused_result": self.forged,
             "security/refused_key": self.forged_keys,
+            "security/refused_snapshot": self.forged_snapshots,
             **{f"security/refused_{kind}": n for kind, n in self.unverified.items()},
         }
 

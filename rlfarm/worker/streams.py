@@ -6,6 +6,7 @@ new snapshot goes to Redis with the task's result (rlfarm.worker.results.push), 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from rlfarm.core.protocol import Result, TaskSpec
 from rlfarm.core.rollout import Rollout, collect
 from rlfarm.core.streams import EnvStream, StreamCache, stream_seeds
 from rlfarm.envs import make_vector_env, snapshot
+from rlfarm.envs.agents import AgentVector
 from rlfarm.farm import keys
 
 MAX_STREAMS = 8  # env streams one process keeps, of any runs; LRU beyond (then restored)
@@ -30,10 +32,25 @@ class EnvStreams:
         self.client = client
         self.cache = StreamCache(size)  # (run, stream) -> its envs here
         self.snapshot: tuple[str, bytes] | None = None  # the last task's stream snapshot: key, blob
+        self.configs: dict[str, snapshot.Configuration] = {}  # what a probe of each env showed
 
     def drop(self, run: str) -> None:
         """Forget the run's streams (another incarnation of it)."""
         self.cache.drop(run)
+
+    def configuration(self, env_cfg: dict[str, Any], envs: Any) -> snapshot.Configuration:
+        """The env's configuration, which no snapshot may change (rlfarm.envs.snapshot.configuration),
+        learned once per process and env on a probe of one sub-env or game."""
+        key = json.dumps(env_cfg, sort_keys=True, default=str)
+        if key not in self.configs:
+            per_game = envs.k if isinstance(envs, AgentVector) else 1
+            probe = make_vector_env(env_cfg["id"], per_game, trusted=False, options=env_cfg)
+            try:
+                self.configs[key] = snapshot.configuration(probe)
+            finally:
+                with contextlib.suppress(Exception):
+                    probe.close()
+        return self.configs[key]
 
     def take_snapshot(self) -> tuple[str, bytes] | None:
         """The snapshot the last task left for its result's push, handed over once."""
@@ -75,7 +92,9 @@ class EnvStreams:
                         raise streams.SnapshotError(
                             f"snapshot {after[:12]} is not in Redis (expired, or Redis lost its data)"
                         )
-                    streams.resume(stream, streams.decode(blob, after), snapshot.restore)
+                    message = streams.decode(blob, after)
+                    config = self.configuration(env_cfg, stream.envs)
+                    streams.resume(stream, message, lambda envs, state: snapshot.restore(envs, state, config))
                     report["restored"] = True
                 except Exception as exc:  # lost, not ours, or not data it restores: start it anew
                     # on fresh envs: a restore that failed half way may have written some of the
@@ -88,6 +107,8 @@ class EnvStreams:
                     self.cache.put(spec.run, index, stream)
                     why = exc if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
                     report["restart"] = str(why)[:300]
+                    if isinstance(exc, streams.SnapshotForged):
+                        report["forged"] = True
                     log.warning(
                         "env stream %d of run %s restarts from new seeds: %s", index, spec.run, report["restart"]
                     )
