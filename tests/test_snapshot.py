@@ -310,3 +310,38 @@ def test_a_snapshot_holds_only_attributes_the_env_has():
     assert "state" not in vars(fresh.envs[0].unwrapped)
     snapshot.restore(fresh, saved, snapshot.configuration(make_vector_env("Pendulum-v1", 1)))
     np.testing.assert_array_equal(fresh.envs[0].unwrapped.state, pendulum.envs[0].unwrapped.state)
+
+
+def test_a_restored_object_gets_no_value_over_a_method_a_property_or_configuration():
+    """A game's objects (PettingZoo's) are written back attribute by attribute: a blob naming a
+    method (`move`), a property or a space would have replaced it with a value."""
+    import copy
+
+    import gymnasium as gym
+
+    from rlfarm.envs.state import capture_object, restore_object
+
+    class Piece:
+        space = gym.spaces.Discrete(3)
+
+        def __init__(self):
+            self.at = 0
+            self.box = gym.spaces.Discrete(2)
+
+        def move(self):
+            self.at += 1
+
+        @property
+        def where(self):
+            return self.at
+
+    saved = Piece()
+    saved.move()
+    state = capture_object(saved)
+    restore_object(into := Piece(), copy.deepcopy(state))
+    assert into.at == 1
+    for name in ("move", "where", "box", "space"):
+        forged = copy.deepcopy(state)
+        forged["attrs"][name] = 5
+        with pytest.raises(ValueError, match=f"Piece.{name}, which is configuration"):
+            restore_object(Piece(), forged)

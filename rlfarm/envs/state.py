@@ -189,6 +189,14 @@ def _state(value: Any, memo: dict[int, int]) -> Any:
     return {"~": "object", "n": n, "class": type(value).__qualname__, "attrs": attrs}
 
 
+def _is_behaviour(obj: Any, name: str) -> bool:
+    """Whether `name` is one of `obj`'s methods, properties or configuration, which a value written
+    into its __dict__ would replace."""
+    if name not in vars(obj) and isinstance(getattr(type(obj), name, None), property):
+        return True
+    return is_configuration(getattr(obj, name, None))
+
+
 def _restored(value: Any, current: Any, made: dict[int, Any]) -> Any:
     """`_state`'s `value` made anew, objects written back into `current` (the live one at the same
     place: objects cannot be made from a snapshot); `made`: what each number was restored as."""
@@ -229,6 +237,8 @@ def _restored(value: Any, current: Any, made: dict[int, Any]) -> Any:
         made[value["n"]] = current
         attrs = vars(current)
         for name, state in value["attrs"].items():
+            if not isinstance(name, str) or name in _OBJECT_SKIP_NAMES or _is_behaviour(current, name):
+                raise ValueError(f"env snapshot sets {value['class']}.{str(name)[:40]}, which is configuration")
             attrs[name] = _restored(state, attrs.get(name), made)
         return current
     return unplain(value, current)
