@@ -19,6 +19,8 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
+from rlfarm.core import codec
+from rlfarm.farm import keys
 from rlfarm.farm.app import make_app
 from rlfarm.local.cluster import LocalCluster
 
@@ -307,6 +309,39 @@ def test_a_task_that_hangs_once_is_replaced_and_the_run_goes_on(tmp_path):
         assert s["faults"]["time_limits"] == 1
         assert "exceeded its time limit" in stderr or "TimeLimitExceeded" in stderr  # said on the console
         assert_nothing_lost_or_double_counted(s, 250)
+    finally:
+        farm.stop()
+
+
+def test_a_stragglers_late_copy_leaves_no_env_stream_snapshot_behind(tmp_path):
+    """farm.episodes = "continue": a straggler's copy saves its stream's snapshot with its result,
+    which counts for nothing once the backup's has. It stayed in Redis for its 6 h expiry (issue 50);
+    now the trainer deletes it when the late copy comes in, unless a stream stands at it. The first
+    step of the run stalls 4 s; its backup (farm.task_timeout 0.5 s) goes on meanwhile."""
+    marker = tmp_path / "stalled-once"
+    env = {"RLFARM_TEST_HANG_MARKER": str(marker), "RLFARM_TEST_STALL_SECONDS": "4"}
+    farm = Farm(tmp_path, worker_env=env)
+    try:
+        run = "late-snapshot"
+        sets = ["farm.episodes=continue", "farm.num_tasks=1", "farm.steps_per_env=64", "farm.task_timeout=0.5"]
+        sets += ["ppo.num_minibatches=2"]
+        args = ["--preset", "cartpole-ppo", "--env", "tests.tiny_envs:stall_once", "--set", "env.num_envs=1"]
+        args += [part for value in [*sets, "eval.interval=0", "target_return=inf"] for part in ("--set", value)]
+        proc = farm.train(run, *args, "--total-steps", "2000")
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert marker.exists()
+        summary = read_summary(tmp_path / run)
+        assert summary["faults"]["stragglers"] >= 1 and summary["duplicates"] >= 1
+        assert summary["streams"]["late_dropped"] >= 1
+        client = farm.client()
+        # Copies that came back after the trainer stopped reading are still in the results list: only
+        # theirs may be left (nothing else is, the finished run deleted its streams' own).
+        unread = {
+            (codec.unpack(raw).get("stream") or {}).get("digest") for raw in client.lrange(keys.results(run), 0, -1)
+        }
+        left = {key.decode().rsplit(":", 1)[-1] for key in client.scan_iter(f"{keys.prefix(run)}stream:*")}
+        assert left <= unread, (left, unread)
     finally:
         farm.stop()
 

@@ -186,6 +186,25 @@ def hang_once() -> gym.Env:
     return TimeLimit(HangingEnv(once=True), max_episode_steps=EPISODE_STEPS)
 
 
+class StallingEnv(SlowEnv):
+    """The first step any process of the machine takes (marker file RLFARM_TEST_HANG_MARKER) sleeps
+    RLFARM_TEST_STALL_SECONDS, then steps on: a straggler that finishes, late (a simulator that
+    stalled on a slow disk)."""
+
+    def step(self, action):
+        import os
+        import time
+
+        marker = os.environ.get("RLFARM_TEST_HANG_MARKER", "")
+        if marker and _first_to_create(marker):
+            time.sleep(float(os.environ.get("RLFARM_TEST_STALL_SECONDS", "5")))
+        return super().step(action)
+
+
+def stall_once() -> gym.Env:
+    return TimeLimit(StallingEnv(), max_episode_steps=EPISODE_STEPS)
+
+
 class WideEnv(SlowEnv):
     """CartPole-shaped actions, 30,000 float32 observations: 120 KB per step, for huge results."""
 

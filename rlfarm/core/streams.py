@@ -17,6 +17,7 @@ process's cache of streams, and the trainer's book of where each stream stands.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 # A snapshot decodes to at most this: Atari's 4 envs are ~0.3 MB raw, MuJoCo's a few KB; a blob that
 # declares more is not one of ours.
 MAX_SNAPSHOT_BYTES = 256 * 2**20
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # a snapshot's name (its digest), as a result reports it
 ZSTD_LEVEL = 3
 
 
@@ -170,6 +172,7 @@ class StreamStats:
     tasks: int = 0  # results that reported a stream
     moved: int = 0  # of those, tasks whose process restored the stream from its snapshot
     restarted: int = 0  # streams restarted from seeds: their snapshot was lost
+    late_dropped: int = 0  # snapshots late copies of tasks left, which no task will read: deleted
     snapshot_bytes: int = 0  # over all results
     snapshot_seconds: float = 0.0  # workers' time saving and restoring snapshots, over all results
 
@@ -218,6 +221,7 @@ class StreamBook:
             "tasks": s.tasks,
             "moved": s.moved,
             "restarted": s.restarted,
+            "late_dropped": s.late_dropped,
             "snapshot_bytes_mean": round(s.snapshot_bytes / s.tasks) if s.tasks else 0,
             "snapshot_ms_mean": round(1000 * s.snapshot_seconds / s.tasks, 3) if s.tasks else 0.0,
         }

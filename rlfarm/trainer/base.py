@@ -26,7 +26,7 @@ from rlfarm.algos.saved import describe_policy
 from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.core import codec
 from rlfarm.core.protocol import Result
-from rlfarm.core.streams import StreamBook
+from rlfarm.core.streams import SHA256_HEX, StreamBook
 from rlfarm.evaluation.bookkeeping import Evaluations
 from rlfarm.farm import keys
 from rlfarm.farm.store import PolicyCorrupt
@@ -132,6 +132,7 @@ class Trainer(Evaluating, RunKeeper):
         self._target_reached_at: dict[str, float] | None = None  # when the run first saw it (summary.json)
         # farm.episodes = "continue": the run's env streams (rlfarm.core.streams); a mode sizes them.
         self.streams: StreamBook | None = None
+        self._accepted_snapshots: dict[Any, str] = {}  # accepted results' snapshots, until their stream advances
         # Turn-based games: the opponents of the learner's games, and their league (rlfarm.core.league).
         self.selfplay = SelfPlay(config, store) if space.seats > 1 else None
 
@@ -150,6 +151,7 @@ class Trainer(Evaluating, RunKeeper):
         accepted is skipped by its worker, so nothing will read it)."""
         if self.streams is None:
             return
+        self._accepted_snapshots.pop(message.key, None)
         old, notice = self.streams.advance(message.stream, index)
         if notice:
             self.warn(f"run {self.config.run_id}: {notice}")
@@ -158,10 +160,30 @@ class Trainer(Evaluating, RunKeeper):
         if old is not None:
             self.client.delete(keys.stream(self.config.run_id, old))
 
+    def late_copy(self, message: Result) -> None:
+        """A straggler's copy, or an earlier trainer's, pushed its stream's snapshot with its result
+        (rlfarm.worker.results), which counts for nothing: deleted, unless a stream stands at it or
+        an accepted result names it (a copy continued from the same snapshot with the same seeds
+        saves the very same bytes, under the same digest). Before, each stayed its 6 hours."""
+        digest = (message.stream or {}).get("digest") if isinstance(message.stream, dict) else None
+        if self.streams is None or not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
+            return
+        if digest in self.streams.after or digest in self._accepted_snapshots.values():
+            return
+        self.client.delete(keys.stream(self.config.run_id, digest))
+        self.streams.stats.late_dropped += 1
+
+    def accepted_snapshot(self, message: Result) -> None:
+        """An accepted result's snapshot, named until its stream advances to it (`advance_stream`)."""
+        digest = (message.stream or {}).get("digest") if isinstance(message.stream, dict) else None
+        if self.streams is not None and isinstance(digest, str):
+            self._accepted_snapshots[message.key] = digest
+
     def drop_streams(self) -> None:
         """A finished run's snapshots (an interrupted one keeps them for --resume; they expire)."""
         if self.streams is not None:
-            names = [keys.stream(self.config.run_id, d) for d in self.streams.after if d]
+            digests = {d for d in self.streams.after if d} | set(self._accepted_snapshots.values())
+            names = [keys.stream(self.config.run_id, d) for d in sorted(digests)]
             if names:
                 self.client.delete(*names)
 

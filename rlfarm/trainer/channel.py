@@ -226,6 +226,7 @@ class TaskChannel:
         key = message.key
         if message.incarnation is not None and message.incarnation != self.outbox.claim.incarnation:
             self.stats.duplicates += 1  # sent by an earlier trainer of this run id: not ours
+            self.owner.late_copy(message)
             return None
         if message.policy_fetched:
             self.stats.policy_fetches += 1
@@ -239,6 +240,7 @@ class TaskChannel:
             return None
         if p is None:
             self.stats.duplicates += 1  # a late copy of a task that already counted
+            self.owner.late_copy(message)
             return None
         if message.handed_back or message.refused or legacy_refusal(message.error) or message.error is not None:
             self.watchdog.failed(key, p, message)
@@ -253,6 +255,7 @@ class TaskChannel:
         self.stats.accepted += 1
         if message.kind != "eval":
             self.stats.accepted_task_ids.append(message.task_id)
+        self.owner.accepted_snapshot(message)
         self.owner.on_event()
         return message
 

@@ -128,6 +128,13 @@ class RunOwner(Protocol):
         """A worker refused the run's "policy", "meta" or "spec" as not signed by the farm: put back
         what the trainer wrote and say what (None: nobody holds a genuine copy; the task fails)."""
 
+    def accepted_snapshot(self, message: Result) -> None:
+        """An accepted result: the env stream snapshot it names is the stream's next (not a late copy's)."""
+
+    def late_copy(self, message: Result) -> None:
+        """A copy of a task that already counted, or of an earlier trainer: what it left in Redis
+        that no task will read (its env stream's snapshot) goes."""
+
 
 class Unowned:
     """No trainer behind the dispatch (tests, benchmarks): nothing is said or written back, and a
@@ -153,6 +160,12 @@ class Unowned:
 
     def write_back(self, kind: str) -> str | None:
         return None
+
+    def accepted_snapshot(self, message: Result) -> None:
+        pass
+
+    def late_copy(self, message: Result) -> None:
+        pass
 
 
 class RefusedKeys:
