@@ -4,6 +4,7 @@ by its prefetch, forged ones reported, and Redis's failure raised in the main th
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -233,3 +234,79 @@ def test_an_async_trainer_touches_the_run_only_once_it_holds_it(run, redis_only,
         assert client.llen(keys.taken(run_id)) == 1
     finally:
         trainer.channel.close()
+
+
+class ReplyCutter:
+    """A TCP proxy in front of Redis on 127.0.0.1 that, armed, cuts the client's connection once right
+    after Redis has run a BLMOVE that moved a result: the command ran, its reply never arrives."""
+
+    def __init__(self, port: int):
+        import socket
+
+        self.target = port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.armed, self.cut = threading.Event(), threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                near, _ = self.server.accept()
+            except OSError:
+                return
+            far = socket.create_connection(("127.0.0.1", self.target))
+            pending = threading.Event()  # a BLMOVE went to Redis on this connection, its reply not yet back
+            threading.Thread(target=self._pump, args=(near, far, pending, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(far, near, pending, False), daemon=True).start()
+
+    def _pump(self, source, sink, pending: threading.Event, to_redis: bool) -> None:
+        import socket
+
+        try:
+            while data := source.recv(65536):
+                if to_redis and re.match(rb"\*\d+\r\n\$6\r\nBLMOVE\r\n", data, re.IGNORECASE):  # the command's name
+                    pending.set()
+                elif not to_redis and pending.is_set():
+                    pending.clear()
+                    nil = data.startswith((b"*-1", b"$-1", b"_"))
+                    if not nil and self.armed.is_set() and not self.cut.is_set():
+                        self.cut.set()  # Redis moved a result; its reply is dropped with the connection
+                        raise OSError("cut")
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):  # shut down, not only closed: the other pump may be in recv()
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                end.close()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_blmove_whose_reply_was_lost_loses_no_result_and_keeps_the_order(run, redis_only):
+    """The connection cut after Redis ran a BLMOVE: the outage retry sends it again, which moves the
+    next result, and the first stayed in `taken` unseen; trimming by position then dropped the wrong
+    one from `taken`, and its task was re-sent as lost (issue 50). Now every result arrives once, in
+    order, and neither list keeps any."""
+    client, run_id = run
+    for i in range(4):
+        client.rpush(keys.results(run_id), sealed(run_id, i))
+    proxy = ReplyCutter(int(redis_only.redis_url.rsplit(":", 1)[1].split("/")[0]))
+    through = resilient_client(f"redis://127.0.0.1:{proxy.port}/0", OutageRetry(30.0, where="test Redis"))
+    proxy.armed.set()
+    ingest = Ingest(through, run_id, SECRET, prefetch=2)
+    try:
+        got = [ingest.take(timeout=10.0) for _ in range(4)]
+    finally:
+        ingest.close()
+        proxy.close()
+    assert [item and item[1].iteration for item in got] == [0, 1, 2, 3]
+    assert proxy.cut.is_set() and through.get_retry().failures >= 1  # the fault happened, and was retried
+    assert client.llen(keys.taken(run_id)) == 0 and client.llen(keys.results(run_id)) == 0

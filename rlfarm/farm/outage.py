@@ -119,6 +119,9 @@ class OutageRetry(Retry):
         # Re-entrant: `notify` may log through a handler that itself uses a client with this clock.
         self._lock = threading.RLock()
         self.outages = 0  # outages ridden out so far (a trainer re-checks its run state after each)
+        # Commands that failed and were sent again: one whose reply was lost may have run twice
+        # (rlfarm.trainer.ingest reconciles its BLMOVE when this moved under it).
+        self.failures = 0
         self.recovered_at = float("-inf")  # when the last outage ended (monotonic)
         self.outage_seconds = 0.0
         # Whether Redis accepts a new connection right now (set by resilient_client, which knows the
@@ -137,6 +140,7 @@ class OutageRetry(Retry):
         if is_oom(error):  # kombu may wrap Redis's answer in its own error: it is no outage
             raise error
         with self._lock:  # the back-off sleeps outside it
+            self.failures += 1
             self._count_failure(error, attempt_started)
         time.sleep(self._backoff.compute(failures))
 

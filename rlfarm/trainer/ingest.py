@@ -11,7 +11,10 @@ Nothing leaves the farm's view on the way. The thread takes a result with BLMOVE
 when it takes the decoded result in. So a result is always in one of the two lists until its task is
 settled, and the watchdog, which counts both in one pipeline, never takes a finished task for a lost
 one. The thread holds at most `prefetch` results, so a learner behind still leaves them in Redis
-(back-pressure as before). An error in the thread (Redis gone past the outage limit, an unreadable
+(back-pressure as before). A BLMOVE whose reply was lost (the connection cut after Redis ran it) is
+sent again by the client's outage retry and moves a second result: after any retry the thread reads
+what `taken` holds beyond the results it knows of, and takes those in too, in order, so none waits
+there unseen until its task is re-sent as lost. An error in the thread (Redis gone past the outage limit, an unreadable
 message) is raised in the main thread where the inline path would have raised it.
 
 `keep_freed_memory` is the other half of a fast ingest: a decoded Pong result is 14.6 MB, and by
@@ -70,6 +73,12 @@ class Ingest:
         self._room = threading.Semaphore(prefetch)
         self._ready: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
         self._stop = threading.Event()
+        # Results at the head of `taken` that the thread received and the main thread has not trimmed:
+        # `taken` beyond them holds only what a BLMOVE moved whose reply was lost.
+        self._held = 0
+        self._lock = threading.Lock()
+        retry = client.get_retry() if hasattr(client, "get_retry") else None
+        self._failures = (lambda: retry.failures) if hasattr(retry, "failures") else (lambda: 0)
         # A trainer of this run that died left its taken results behind: their tasks are resent.
         client.delete(self.taken)
         self._thread = threading.Thread(target=self._run, name=f"rlfarm-ingest-{run_id}", daemon=True)
@@ -79,15 +88,28 @@ class Ingest:
         while not self._stop.is_set():
             if not self._room.acquire(timeout=WAIT_SECONDS):
                 continue
+            failures = self._failures()
             try:
                 raw = self.client.blmove(self.results, self.taken, WAIT_SECONDS, "LEFT", "RIGHT")
+                moved = [raw] if failures == self._failures() else self._moved()
             except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
                 self._ready.put(("error", exc, None))
                 return
-            if raw is None:
+            if not moved or moved == [None]:
                 self._room.release()
                 continue
-            self._ready.put(self._decode(raw))
+            for i, item in enumerate(moved):
+                if i:  # a lost reply's result beside this one: room for it is waited for
+                    self._room.acquire()
+                with self._lock:
+                    self._held += 1
+                self._ready.put(self._decode(item))
+
+    def _moved(self) -> list[bytes]:
+        """What `taken` holds beyond the results the thread received: the result of a BLMOVE whose
+        reply was lost, then that of the one sent again (if it moved one)."""
+        with self._lock:  # the main thread trims the head meanwhile otherwise
+            return self.client.lrange(self.taken, self._held, -1)
 
     def _decode(self, raw: bytes) -> tuple[str, Any, Any]:
         t0 = time.thread_time()
@@ -113,7 +135,9 @@ class Ingest:
         pipe = self.client.pipeline(transaction=False)
         pipe.ltrim(self.taken, 1, -1)
         pipe.expire(self.taken, keys.RESULTS_TTL)  # what a dead trainer leaves goes by itself
-        pipe.execute()
+        with self._lock:
+            pipe.execute()
+            self._held -= 1
         self._room.release()
         return item
 
