@@ -47,8 +47,8 @@ class SentinelGroup:
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
         )
 
-    def _server(self, name: str, *args: str) -> None:
-        port = self.ports[name] = free_port()
+    def _server(self, name: str, *args: str, port: int | None = None) -> None:
+        port = self.ports[name] = port or free_port()
         data = self.root / name
         data.mkdir(exist_ok=True)
         self._spawn(
@@ -168,6 +168,38 @@ class SentinelGroup:
         self.procs[name].send_signal(signal.SIGKILL)
         self.procs[name].wait()
         return port
+
+    def revive(self, port: int) -> None:
+        """Start the redis-server killed at `port` again, on that port, as a replica of the master the
+        sentinels name now (a lost machine back), and wait until it has copied the master: the group can
+        fail over once more."""
+        name = next(n for n, p in self.ports.items() if p == port)
+        master = self.master_port()
+        self._server(name, "--replicaof", LOOPBACK, str(master), port=port)
+        client = redis.Redis(host=LOOPBACK, port=port, socket_connect_timeout=1)
+        try:
+            self._wait(
+                lambda: (
+                    client.info("replication").get("master_link_status") == "up"
+                    and all(self._knows_replica(i, port) for i in range(3))
+                ),
+                f"the revived redis-server on {port} a replica again, known to every sentinel",
+            )
+        finally:
+            client.close()
+
+    def _knows_replica(self, i: int, port: int) -> bool:
+        """Sentinel `i` lists the replica at `port` as up (no s_down flag): it may promote it."""
+        client = self.sentinel_client(i)
+        try:
+            replicas = client.execute_command("SENTINEL", "REPLICAS", MASTER_NAME)
+        finally:
+            client.close()
+        for replica in replicas:
+            info = dict(zip(replica[::2], replica[1::2])) if isinstance(replica, list) else replica
+            if int(info.get("port", 0)) == port and "s_down" not in info.get("flags", ""):
+                return True
+        return False
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -61,7 +61,8 @@ class VersionInfo(bootsteps.StartStopStep):
 
 class RolloutRequest(Request):
     """Caps a message's hard time limit at the worker's own (`rlfarm worker --time-limit`,
-    RLFARM_TASK_TIME_LIMIT): a worker owner bounds what any trainer may ask of its processes."""
+    RLFARM_TASK_TIME_LIMIT): a worker owner bounds what any trainer may ask of its processes. Its
+    message's ack and reject survive the broker connection they came on being replaced (`guard_settlement`)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -69,6 +70,74 @@ class RolloutRequest(Request):
         hard, soft = self.time_limits
         if cap > 0 and not (hard and hard <= cap):
             self.time_limits = (cap, soft)
+        guard_settlement(self.message, self.id)
+
+
+# The one line a settlement on a replaced broker connection logs (tests/test_sentinel.py counts it).
+STALE_SETTLEMENT = "broker connection replaced before this task's"
+
+
+def connection_gone(message: Any) -> bool:
+    """Whether the broker connection `message` came on has been torn down: kombu closes a lost
+    connection's transport by setting its `client` (the kombu Connection) to None, and a closed
+    channel drops its transport. Public attributes of kombu's Message, Channel and Transport;
+    `tests/test_sentinel.py::test_a_settlement_knows_when_its_broker_connection_is_gone` fails if they change."""
+    channel = getattr(message, "channel", None)
+    transport = getattr(channel, "connection", None)
+    return transport is None or getattr(transport, "client", None) is None
+
+
+def guard_settlement(message: Any, task_id: str) -> None:
+    """Make this one message's ack and reject survive the loss of the connection it came on.
+
+    With acks late, a task that runs across a broker reconnect (a Redis Sentinel failover, a
+    restart) is acked on the channel it came on, which kombu closed at the reconnect after putting
+    its unacked messages back on the queue. kombu's Redis channel then rebuilds a connection pool
+    from its transport's connection, which the close set to None; when the close had already
+    dropped the channel's pool (a teardown that failed half-way during the failover), the ack
+    raised AttributeError("'NoneType' object has no attribute 'hostname'") in the consumer's event
+    loop, which Celery takes for an unrecoverable error: the worker stopped consuming and its runs
+    waited for it forever. Such an error on a message whose connection is gone is logged as one
+    line and dropped: the message is no longer this worker's to settle (kombu restored it, or
+    restores it after the visibility timeout), its task may run again, and the trainer keeps the
+    first result of a task only. Any other error is raised as before; connection errors are
+    Celery's to log (`Message.ack_log_error`)."""
+    import functools
+
+    for name in ("ack", "reject"):
+        settle = getattr(message, name)
+        setattr(message, name, functools.partial(_settle, message, task_id, name, settle))
+
+
+def _settle(message: Any, task_id: str, what: str, settle: Any, *args: Any, **kwargs: Any) -> None:
+    gone = connection_gone(message)
+    try:
+        settle(*args, **kwargs)
+    except Exception as exc:
+        if not gone and not connection_gone(message):
+            raise
+        errors = getattr(getattr(message, "channel", None), "connection_errors", ())
+        if isinstance(exc, tuple(errors)):
+            raise
+        import logging
+
+        logging.getLogger("rlfarm.worker").warning(
+            "%s %s (task %s): not sent (%s: %s); the broker keeps its message, so the task may run "
+            "again, and its trainer takes the first result only",
+            STALE_SETTLEMENT,
+            what,
+            task_id,
+            type(exc).__name__,
+            exc,
+        )
+        return
+    if gone:
+        import logging
+
+        # kombu rebuilt the closed channel's pool, through the sentinels: the new master has it.
+        logging.getLogger("rlfarm.worker").warning(
+            "%s %s (task %s): sent on a new connection", STALE_SETTLEMENT, what, task_id
+        )
 
 
 @task_failure.connect
