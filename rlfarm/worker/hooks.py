@@ -16,6 +16,8 @@ Both read the worker's settings (rlfarm.worker.settings) once, when they first n
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import signal
 import socket
@@ -102,8 +104,6 @@ def guard_settlement(message: Any, task_id: str) -> None:
     restores it after the visibility timeout), its task may run again, and the trainer keeps the
     first result of a task only. Any other error is raised as before; connection errors are
     Celery's to log (`Message.ack_log_error`)."""
-    import functools
-
     for name in ("ack", "reject"):
         settle = getattr(message, name)
         setattr(message, name, functools.partial(_settle, message, task_id, name, settle))
@@ -119,8 +119,6 @@ def _settle(message: Any, task_id: str, what: str, settle: Any, *args: Any, **kw
         errors = getattr(getattr(message, "channel", None), "connection_errors", ())
         if isinstance(exc, tuple(errors)):
             raise
-        import logging
-
         logging.getLogger("rlfarm.worker").warning(
             "%s %s (task %s): not sent (%s: %s); the broker keeps its message, so the task may run "
             "again, and its trainer takes the first result only",
@@ -132,8 +130,6 @@ def _settle(message: Any, task_id: str, what: str, settle: Any, *args: Any, **kw
         )
         return
     if gone:
-        import logging
-
         # kombu rebuilt the closed channel's pool, through the sentinels: the new master has it.
         logging.getLogger("rlfarm.worker").warning(
             "%s %s (task %s): sent on a new connection", STALE_SETTLEMENT, what, task_id
