@@ -257,7 +257,6 @@ def _keep_leases(sender=None, **_: object) -> None:
 def _serve_metrics(node: str, slots: int, listen: str) -> None:
     """This worker's Prometheus metrics (`rlfarm worker --metrics-port`), from its main process: slots
     from its pool, busy ones from Celery's running requests, the rest from its pool processes' counts."""
-    import logging
 
     from rlfarm.core.protocol import PROTOCOL, RELEASE
     from rlfarm.runio import exporter
@@ -337,7 +336,6 @@ def _running_tasks(only: set[str] | None = None) -> list:
 
 
 def _hand_back(node: str) -> None:
-    import logging
     import time
 
     from rlfarm.worker import node as N
