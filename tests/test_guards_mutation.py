@@ -13,6 +13,8 @@ testing"; scripts/mutation.sh). Each test here failed with the mutant or guard r
 
 from __future__ import annotations
 
+import hmac
+import json
 import signal
 import threading
 
@@ -280,3 +282,47 @@ def test_the_auto_lag_bound_is_two_results_in_flight_worth_of_versions_at_least_
     from rlfarm.trainer.asynchronous import auto_policy_lag
 
     assert auto_policy_lag(tasks, versions) == bound
+
+
+# ---- the signed messages, byte for byte -------------------------------------------------------------
+GOLDEN = b"golden"
+
+
+def _documented(tag: bytes, obj) -> str:
+    """The HMAC of `tag + canonical(obj)` as rlfarm.core.signing's docstring spells canonical out."""
+    return hmac.new(GOLDEN, tag + json.dumps(obj, sort_keys=True, separators=(",", ":")).encode(), "sha256").hexdigest()
+
+
+def test_each_signature_covers_the_documented_bytes():
+    """Signer and checker share each message function, so a changed tag, key or encoding passed every
+    other test; workers and trainers of two releases would refuse each other's data. Non-ASCII values
+    hold the encoding (canonical is ASCII-only)."""
+    spec = {"run": "ré", "seed": 1, "version": 0}
+    assert signing.sign_spec(spec, GOLDEN)["sig"] == _documented(b"rlfarm-spec\0", spec)
+    meta = json.loads(signing.seal_run_meta("ré", {"env": "café"}, GOLDEN))
+    assert meta["hmac"] == _documented(b"rlfarm-run-meta\0", {"run": "ré", "meta": json.dumps({"env": "café"})})
+    policy = {"run": "ré", "version": "3", "sha256": "ab", "algo": "ppo", "env": "é", "policy": "{}", "created": "1"}
+    signed = {k: v for k, v in policy.items() if k != "created"}
+    assert signing.policy_hmac(policy, GOLDEN) == _documented(b"rlfarm-policy\0", signed)
+    holder = {"host": "h", "pid": 1}
+    assert signing.sign_claim("ré", holder, GOLDEN)["hmac"] == _documented(
+        b"rlfarm-claim\0", {"run": "ré", "holder": holder}
+    )
+    params = {"lr": 0.1, "note": "é"}
+    assert signing.trial_signature("sé", 2, params, GOLDEN) == _documented(
+        b"rlfarm-sweep-trial\0", {"study": "sé", "number": 2, "params": params}
+    )
+    mac = hmac.new(GOLDEN, b"rlfarm-result\0r\xc3\xa9\0payload", "sha256").hexdigest()
+    assert signing.seal_result("ré", b"payload", GOLDEN) == b"RLFS1" + mac.encode() + b"payload"
+
+
+def test_a_signature_that_is_not_ascii_is_refused_as_a_bad_signature():
+    """A forged signature of any characters is a SignatureError, never a UnicodeEncodeError that the
+    callers (which catch SignatureError) would let end the run."""
+    message = b"rlfarm-spec\0{}"
+    good = signing.sign(message, GOLDEN)
+    for forged in ["é" * 64, good[:-1] + "é", "\udcff"]:
+        with pytest.raises(SignatureError, match="bad signature"):
+            signing.verify(message, forged, GOLDEN, "task spec")
+    signing.verify(message, good, GOLDEN, "task spec")
+
