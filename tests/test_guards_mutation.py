@@ -325,4 +325,3 @@ def test_a_signature_that_is_not_ascii_is_refused_as_a_bad_signature():
         with pytest.raises(SignatureError, match="bad signature"):
             signing.verify(message, forged, GOLDEN, "task spec")
     signing.verify(message, good, GOLDEN, "task spec")
-
