@@ -337,3 +337,11 @@ def test_a_network_of_exactly_max_layers_is_accepted():
 
     layers = "[" + ", ".join(["8"] * B.MAX_LAYERS) + "]"
     assert len(C.build("cartpole-ppo", [f"policy.hidden_sizes={layers}"]).policy.hidden_sizes) == B.MAX_LAYERS
+
+
+def test_a_result_whose_signature_bytes_are_not_ascii_is_refused_as_forged():
+    """Non-ASCII bytes where a result's HMAC belongs are a SignatureError (the result is dropped and
+    counted), never a UnicodeDecodeError, which the ingest raises in the main thread (the run ends)."""
+    payload = codec.pack({"kind": "rollout", "iteration": 0, "index": 0})
+    with pytest.raises(SignatureError, match="bad signature"):
+        signing.open_result(RUN, b"RLFS1" + b"\xff" * 64 + payload, SECRET)
