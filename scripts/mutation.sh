@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Mutation testing of the modules that guard a run (docs/reliability.md, "Mutation testing"). Not part
+# of the test suite: it takes minutes on one core. mutmut (`pip install -e .[mutation]`) reads the
+# [mutmut] section of setup.cfg, copies the project into mutants/ (git-ignored), and runs each mutant
+# against the fast unit tests listed there that reach its function, one process at a time, forked from
+# a server process (a plain fork of a process that ran torch and MuJoCo hung).
+#
+#   scripts/mutation.sh                    every guard below
+#   scripts/mutation.sh signing lag        some of: signing snapshot lag ingest bounds
+#
+# Then the score per module: killed / mutants, and how many no unit test reaches ("no tests").
+# `mutmut results` lists the survivors, `mutmut show NAME` shows one. Results are kept in mutants/:
+# a second run tests only mutants of functions (or tests) that changed; remove mutants/ to start over.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MUTMUT=${MUTMUT:-mutmut}
+PYTHON=${PYTHON:-python}
+
+declare -A GUARDS=(
+    [signing]="rlfarm.core.signing.*"
+    [snapshot]="rlfarm.envs.snapshot.* rlfarm.envs.state.* rlfarm.core.streams.*"
+    # The lag bound lives in a large module: only its two functions are mutated.
+    [lag]="rlfarm.trainer.asynchronous.x_too_stale__mutmut_* rlfarm.trainer.asynchronous.x_auto_policy_lag__mutmut_*"
+    [ingest]="rlfarm.trainer.ingest.*"
+    [bounds]="rlfarm.config.bounds.*"
+)
+wanted=("$@")
+[ ${#wanted[@]} -eq 0 ] && wanted=(signing snapshot lag ingest bounds)
+patterns=()
+for guard in "${wanted[@]}"; do
+    [ -n "${GUARDS[$guard]:-}" ] || { echo "no guard named $guard (one of: ${!GUARDS[*]})" >&2; exit 2; }
+    read -ra more <<<"${GUARDS[$guard]}"
+    patterns+=("${more[@]}")
+done
+
+"$MUTMUT" run --max-children 1 "${patterns[@]}"
+"$MUTMUT" results --all true | "$PYTHON" -c '
+import fnmatch, sys
+from collections import Counter, defaultdict
+
+patterns = sys.argv[1:]
+by_module = defaultdict(Counter)
+for line in sys.stdin:
+    name, _, status = line.strip().rpartition(": ")
+    if name and any(fnmatch.fnmatch(name, p) for p in patterns):
+        by_module[name.split(".x_")[0]][status] += 1
+print(f"{\"module\":32} {\"killed\":>8} {\"mutants\":>8} {\"score\":>7} {\"survived\":>9} {\"no tests\":>9}")
+for module, counts in sorted(by_module.items()):
+    total = sum(counts.values())
+    killed = counts["killed"] + counts["timeout"] + counts["segfault"]
+    print(f"{module:32} {killed:8} {total:8} {killed / total:7.0%} {counts[\"survived\"]:9} {counts[\"no tests\"]:9}")
+' "${patterns[@]}"
