@@ -1,10 +1,8 @@
 """Guards held at their edges by unit tests, found by mutation testing (docs/reliability.md, "Mutation
 testing"; scripts/mutation.sh). Each test here failed with the mutant or guard removal it names applied.
 
-- the ingest thread's task accounting (rlfarm.trainer.ingest), against a Redis list in memory: only
-  process tests held it before;
-- results signing (rlfarm.core.signing.open_result) as a function, and a forged result refused by the
-  ingest thread that calls it;
+- results signing (rlfarm.core.signing.open_result) as a function (tests/test_ingest.py refuses a
+  forged result in the ingest thread that calls it, against a real redis-server);
 - the signed version field of a policy blob: a genuine blob relabelled as another version is refused
   by the store's check, not only by the codec;
 - a second SIGTERM inside Celery's handler does not run it again (rlfarm.worker.hooks._term_once);
@@ -16,7 +14,6 @@ from __future__ import annotations
 import hmac
 import json
 import signal
-import threading
 
 import numpy as np
 import pytest
@@ -24,7 +21,6 @@ import pytest
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
 from rlfarm.core.signing import SignatureError
-from rlfarm.farm import keys
 
 SECRET = b"guards-test-secret-0123456789abcdef"
 RUN = "guarded"
@@ -34,166 +30,6 @@ def sealed(iteration: int, run: str = RUN, secret: bytes | None = SECRET) -> byt
     """A rollout result as a worker pushes it (signed with `secret`; None: unsigned)."""
     result = Result("rollout", iteration, 0, version=0, worker="w@test", rollout={"obs": np.zeros(3, np.float32)})
     return signing.seal_result(run, codec.pack(result.to_message()), secret)
-
-
-class MemoryRedis:
-    """The few list commands the ingest thread uses, on lists in memory; BLMOVE blocks as Redis's does."""
-
-    def __init__(self) -> None:
-        self.lists: dict[str, list[bytes]] = {}
-        self.expiry: dict[str, int] = {}
-        self.most_taken = 0  # the longest `taken` list seen, after each move
-        self.fail: BaseException | None = None  # raised by the next BLMOVE
-        self.changed = threading.Condition()
-
-    def rpush(self, key: str, *values: bytes) -> None:
-        with self.changed:
-            self.lists.setdefault(key, []).extend(values)
-            self.changed.notify_all()
-
-    def delete(self, *names: str) -> None:
-        with self.changed:
-            for name in names:
-                self.lists.pop(name, None)
-
-    def blmove(self, source: str, destination: str, timeout: float, src: str, dest: str) -> bytes | None:
-        assert (src, dest) == ("LEFT", "RIGHT")
-        with self.changed:
-            self.changed.wait_for(lambda: self.fail is not None or self.lists.get(source), timeout)
-            if self.fail is not None:
-                raise self.fail
-            if not self.lists.get(source):
-                return None
-            value = self.lists[source].pop(0)
-            self.lists.setdefault(destination, []).append(value)
-            self.most_taken = max(self.most_taken, len(self.lists[destination]))
-            self.changed.notify_all()
-            return value
-
-    def pipeline(self, transaction: bool = True) -> MemoryPipeline:
-        return MemoryPipeline(self)
-
-    def wait(self, predicate, what: str) -> None:
-        """Until `predicate()` holds (checked on every change); a guard against a hang, not a measurement."""
-        with self.changed:
-            assert self.changed.wait_for(predicate, 60), what
-
-    def get(self, key: str) -> list[bytes]:
-        with self.changed:
-            return list(self.lists.get(key, []))
-
-
-class MemoryPipeline:
-    def __init__(self, client: MemoryRedis) -> None:
-        self.client = client
-        self.commands: list[tuple] = []
-
-    def ltrim(self, key: str, start: int, end: int) -> None:
-        self.commands.append(("ltrim", key, start, end))
-
-    def expire(self, key: str, seconds: int) -> None:
-        self.commands.append(("expire", key, seconds))
-
-    def execute(self) -> None:
-        with self.client.changed:
-            for command in self.commands:
-                if command[0] == "ltrim":
-                    _, key, start, end = command
-                    values = self.client.lists.get(key, [])
-                    stop = len(values) if end == -1 else end + 1
-                    self.client.lists[key] = values[start:stop]
-                else:
-                    self.client.expiry[command[1]] = command[2]
-            self.client.changed.notify_all()
-
-
-@pytest.fixture
-def ingest_of():
-    from rlfarm.trainer.ingest import Ingest
-
-    made = []
-
-    def make(client: MemoryRedis, secret=SECRET, prefetch: int = 4) -> Ingest:
-        made.append(Ingest(client, RUN, secret, prefetch=prefetch))
-        return made[-1]
-
-    yield make
-    for ingest in made:
-        ingest.close()
-
-
-def take(ingest):
-    """The next item the thread hands over: `take` blocks until it has one (60 s: a guard against a
-    hang, not a measurement)."""
-    item = ingest.take(60)
-    assert item is not None, "the ingest thread handed nothing over"
-    return item
-
-
-# ---- the ingest thread's accounting ----------------------------------------------------------------
-
-
-def test_what_a_dead_trainer_left_taken_is_cleared_when_the_ingest_starts(ingest_of):
-    client = MemoryRedis()
-    client.rpush(keys.taken(RUN), b"left by a dead trainer")
-    ingest_of(client)
-    assert client.get(keys.taken(RUN)) == []
-
-
-def test_each_result_is_in_results_or_taken_until_taken_in_and_comes_in_push_order(ingest_of):
-    client = MemoryRedis()
-    pushed = [sealed(i) for i in range(3)]
-    client.rpush(keys.results(RUN), *pushed)
-    ingest = ingest_of(client)
-    for i in range(3):
-        client.wait(lambda n=3 - i: len(client.get(keys.taken(RUN))) == n, "the thread moves what is left to taken")
-        assert client.get(keys.taken(RUN)) == pushed[i:]  # not yet taken in: still in Redis, in order
-        kind, result, cpu = take(ingest)
-        assert kind == "result" and result.iteration == i and cpu >= 0
-        assert client.get(keys.taken(RUN)) == pushed[i + 1 :]  # trimmed from the left, one at a time
-        assert client.expiry[keys.taken(RUN)] == keys.RESULTS_TTL
-    assert ingest.take(0) is None
-
-
-def test_the_thread_holds_at_most_prefetch_results(ingest_of):
-    client = MemoryRedis()
-    client.rpush(keys.results(RUN), *[sealed(i) for i in range(5)])
-    ingest = ingest_of(client, prefetch=2)
-    client.wait(lambda: len(client.get(keys.taken(RUN))) >= 2, "the thread takes its prefetch")
-    assert [take(ingest)[1].iteration for _ in range(5)] == [0, 1, 2, 3, 4]
-    assert client.most_taken == 2  # a learner behind leaves the rest in Redis
-
-
-def test_a_forged_result_is_handed_over_as_forged_and_the_next_still_arrives(ingest_of):
-    client = MemoryRedis()
-    unsigned, other_run, good = sealed(0, secret=None), sealed(1, run="other"), sealed(2)
-    client.rpush(keys.results(RUN), unsigned, other_run, good)
-    ingest = ingest_of(client)
-    for raw, why in [(unsigned, "not signed"), (other_run, "bad signature")]:
-        kind, got, exc = take(ingest)
-        assert kind == "forged" and got == raw and isinstance(exc, SignatureError) and why in str(exc)
-    kind, result, _ = take(ingest)
-    assert kind == "result" and result.iteration == 2
-
-
-def test_without_a_secret_the_ingest_takes_unsigned_and_signed_results(ingest_of):
-    client = MemoryRedis()
-    client.rpush(keys.results(RUN), sealed(0, secret=None), sealed(1))
-    ingest = ingest_of(client, secret=None)
-    assert [take(ingest)[1].iteration for _ in range(2)] == [0, 1]
-
-
-def test_an_unreadable_result_and_a_redis_error_are_raised_in_the_main_thread(ingest_of):
-    client = MemoryRedis()
-    client.rpush(keys.results(RUN), signing.seal_result(RUN, b"\xc1 not msgpack", SECRET))
-    ingest = ingest_of(client)
-    with pytest.raises(Exception) as raised:
-        take(ingest)
-    assert not isinstance(raised.value, SignatureError)
-    client.fail = ConnectionError("redis gone")
-    client.rpush(keys.results(RUN), sealed(1))  # wakes the thread's BLMOVE, which fails
-    with pytest.raises(ConnectionError, match="redis gone"):
-        take(ingest)
 
 
 # ---- results signing ------------------------------------------------------------------------------

@@ -82,6 +82,34 @@ def test_results_arrive_decoded_in_push_order_and_are_always_in_one_of_the_two_l
     assert not [t for t in threading.enumerate() if t.name.startswith("rlfarm-ingest")]
 
 
+def test_what_a_dead_trainer_leaves_in_taken_expires_by_itself(run):
+    """Each take renews `taken`'s expiry, so what a trainer that died held there goes by itself."""
+    client, run_id = run
+    for i in range(2):
+        client.rpush(keys.results(run_id), sealed(run_id, i))
+    ingest = Ingest(client, run_id, SECRET, prefetch=2)
+    try:
+        assert ingest.take(timeout=5.0)[1].iteration == 0
+        wait_for(lambda: client.llen(keys.taken(run_id)) == 1)
+        assert 0 < client.ttl(keys.taken(run_id)) <= keys.RESULTS_TTL
+    finally:
+        ingest.close()
+
+
+def test_without_a_secret_unsigned_and_signed_results_are_taken_in_and_an_unreadable_one_raised(run):
+    client, run_id = run
+    client.rpush(keys.results(run_id), sealed(run_id, 0, secret=None), sealed(run_id, 1))
+    client.rpush(keys.results(run_id), signing.seal_result(run_id, b"\xc1 not msgpack", None))
+    ingest = Ingest(client, run_id, None)
+    try:
+        assert [ingest.take(timeout=5.0)[1].iteration for _ in range(2)] == [0, 1]
+        with pytest.raises(Exception) as raised:  # raised in the main thread, as the inline path does
+            ingest.take(timeout=5.0)
+        assert not isinstance(raised.value, signing.SignatureError)
+    finally:
+        ingest.close()
+
+
 def test_a_learner_behind_leaves_results_in_redis(run):
     client, run_id = run
     for i in range(10):

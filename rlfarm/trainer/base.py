@@ -26,9 +26,8 @@ from rlfarm.algos.saved import describe_policy
 from rlfarm.config import ConfigError, RunConfig, to_dict
 from rlfarm.core import codec
 from rlfarm.core.protocol import Result
-from rlfarm.core.streams import SHA256_HEX, StreamBook
+from rlfarm.core.streams import StreamBook
 from rlfarm.evaluation.bookkeeping import Evaluations
-from rlfarm.farm import keys
 from rlfarm.farm.store import PolicyCorrupt
 from rlfarm.runio import logs
 from rlfarm.runio.rundir import write_atomic
@@ -36,6 +35,7 @@ from rlfarm.trainer import resume as checkpoint
 from rlfarm.trainer.evaluating import Evaluating
 from rlfarm.trainer.keeper import RunKeeper, log
 from rlfarm.trainer.selfplay import SelfPlay
+from rlfarm.trainer.streams import Streams
 from rlfarm.trainer.summary import TrainResult
 from rlfarm.trainer.summary import build as build_summary
 from rlfarm.trainer.summary import write as write_summary
@@ -63,7 +63,7 @@ class LogStep:
     extra: dict[str, float] = field(default_factory=dict)  # yours to fill: logged as custom/<key>
 
 
-class Trainer(Evaluating, RunKeeper):
+class Trainer(Evaluating, Streams, RunKeeper):
     """What both modes share: store, farm client, network, metrics, evaluation, the final save; what
     it does for its run's keys in Redis, as their owner, is RunKeeper's (rlfarm.trainer.keeper)."""
 
@@ -135,57 +135,6 @@ class Trainer(Evaluating, RunKeeper):
         self._accepted_snapshots: dict[Any, str] = {}  # accepted results' snapshots, until their stream advances
         # Turn-based games: the opponents of the learner's games, and their league (rlfarm.core.league).
         self.selfplay = SelfPlay(config, store) if space.seats > 1 else None
-
-    # ---- env streams ("continue" episodes) -----------------------------------------------------------
-    def open_streams(self, count: int) -> None:
-        if self.config.farm.episodes == "continue":
-            self.streams = StreamBook(count)
-
-    def stream_ref(self, index: int) -> dict[str, Any] | None:
-        """What a rollout task on stream `index` carries; None in "fresh" mode."""
-        return self.streams.ref(index) if self.streams is not None else None
-
-    def advance_stream(self, message: Result, index: int) -> None:
-        """The accepted result of a task on stream `index`: its next task continues from the snapshot
-        this one saved; the one before is deleted from Redis (a copy still running of the task just
-        accepted is skipped by its worker, so nothing will read it)."""
-        if self.streams is None:
-            return
-        self._accepted_snapshots.pop(message.key, None)
-        old, notice = self.streams.advance(message.stream, index)
-        if notice:
-            self.warn(f"run {self.config.run_id}: {notice}")
-        if notice and message.stream.get("forged") and self.store.secret is not None:
-            self.channel.stats.forged_snapshots += 1  # its digest came in a signed spec: a forgery
-        if old is not None:
-            self.client.delete(keys.stream(self.config.run_id, old))
-
-    def late_copy(self, message: Result) -> None:
-        """A straggler's copy, or an earlier trainer's, pushed its stream's snapshot with its result
-        (rlfarm.worker.results), which counts for nothing: deleted, unless a stream stands at it or
-        an accepted result names it (a copy continued from the same snapshot with the same seeds
-        saves the very same bytes, under the same digest). Before, each stayed its 6 hours."""
-        digest = (message.stream or {}).get("digest") if isinstance(message.stream, dict) else None
-        if self.streams is None or not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
-            return
-        if digest in self.streams.after or digest in self._accepted_snapshots.values():
-            return
-        self.client.delete(keys.stream(self.config.run_id, digest))
-        self.streams.stats.late_dropped += 1
-
-    def accepted_snapshot(self, message: Result) -> None:
-        """An accepted result's snapshot, named until its stream advances to it (`advance_stream`)."""
-        digest = (message.stream or {}).get("digest") if isinstance(message.stream, dict) else None
-        if self.streams is not None and isinstance(digest, str):
-            self._accepted_snapshots[message.key] = digest
-
-    def drop_streams(self) -> None:
-        """A finished run's snapshots (an interrupted one keeps them for --resume; they expire)."""
-        if self.streams is not None:
-            digests = {d for d in self.streams.after if d} | set(self._accepted_snapshots.values())
-            names = [keys.stream(self.config.run_id, d) for d in sorted(digests)]
-            if names:
-                self.client.delete(*names)
 
     def publish(self) -> None:
         # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.
