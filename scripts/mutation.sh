@@ -19,8 +19,8 @@ PYTHON=${PYTHON:-python}
 declare -A GUARDS=(
     [signing]="rlfarm.core.signing.*"
     [snapshot]="rlfarm.envs.snapshot.* rlfarm.envs.state.* rlfarm.core.streams.*"
-    # The lag bound lives in a large module: only its two functions are mutated.
-    [lag]="rlfarm.trainer.asynchronous.x_too_stale__mutmut_* rlfarm.trainer.asynchronous.x_auto_policy_lag__mutmut_*"
+    # The lag bound lives in a large module: only its functions are mutated.
+    [lag]="rlfarm.trainer.asynchronous.x_too_stale__mutmut_* rlfarm.trainer.asynchronous.x_auto_policy_lag__mutmut_* rlfarm.trainer.asynchronous.x_stale_result__mutmut_* rlfarm.trainer.asynchronous.x_line_lags__mutmut_*"
     [ingest]="rlfarm.trainer.ingest.*"
     [bounds]="rlfarm.config.bounds.*"
 )

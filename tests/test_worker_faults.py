@@ -26,6 +26,7 @@ from .conftest import (
     ROOT,
     WORKER_ENV,
     TaskEvents,
+    assert_nothing_lost_or_double_counted,
     one_error_line,
     poll,
     read_summary,
@@ -85,6 +86,30 @@ def train(c: LocalCluster, tmp_path: Path, run_id: str, *args: str) -> subproces
 
 def worker_log(c: LocalCluster, proc: subprocess.Popen) -> str:
     return (c.log_dir / f"worker-{c.worker_procs.index(proc)}.log").read_text(errors="replace")
+
+
+def test_a_worker_stopped_by_an_unrecoverable_error_starts_again_and_its_run_finishes(tmp_path):
+    """Celery stops a worker whose consumer meets an error it cannot recover from ("Unrecoverable
+    error", exit 1): after a Sentinel failover, an ack on a connection kombu had torn down half-way
+    raised AttributeError 'hostname', and the run waited forever for the worker (issue 50). Now
+    `rlfarm worker` starts again in the same process, says so in one line, and the run finishes.
+    The first ack on the machine raises that very error (tests/worker_consumer_crash.py)."""
+    marker = tmp_path / "crashed-once"
+    c = cluster(tmp_path, "unrecoverable")
+    try:
+        worker = c.add_worker(
+            1, command=[sys.executable, "-m", "tests.worker_consumer_crash", str(marker), "worker", "-l", "INFO"]
+        )
+        proc = train(c, tmp_path, "unrecoverable", *SLOW_PPO, "--total-steps", "2000")
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        log = worker_log(c, worker)
+        assert marker.exists() and "Unrecoverable error: AttributeError" in log, log[-3000:]
+        assert "the worker stopped on an error it cannot recover from" in log and "(1 of at most 20" in log
+        assert worker.poll() is None  # the same process, started again
+        assert_nothing_lost_or_double_counted(read_summary(tmp_path / "unrecoverable"), 250)
+    finally:
+        c.stop()
 
 
 # ---- item 9: a worker of another version ---------------------------------------------------------

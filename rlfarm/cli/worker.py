@@ -146,7 +146,7 @@ def worker(
     app.conf.update(celery_settings(redis_url))
     # Without gossip and mingle: rlfarm needs neither, and kombu's gossip teardown during a Redis
     # restart can kill the worker's main process ('NoneType' object has no attribute 'hostname').
-    app.worker_main(
+    app.start(
         [
             "worker",
             "--pool",
@@ -166,3 +166,33 @@ def worker(
             *(["-E"] if events else []),
         ]
     )
+    restart_after_unrecoverable()
+
+
+RESTARTS_ENV = "RLFARM_WORKER_RESTARTS"
+MAX_RESTARTS = 20  # in a row without a task finished between: past them the error is this machine's
+
+
+def restart_after_unrecoverable() -> None:
+    """Celery stops a worker whose consumer met an error it cannot recover from (logged "Unrecoverable
+    error", exit code 1), and nothing starts it again outside a supervisor: its runs waited for it
+    forever. Without a signal having asked it to stop, the worker starts anew in this process (exec):
+    its pool finished its tasks first, and one whose ack was lost runs again (a copy its trainer
+    skips or drops)."""
+    import sys
+
+    from rlfarm.worker import hooks
+
+    if not hooks.stopped_by_itself():
+        return
+    restarts = int(os.environ.get(RESTARTS_ENV, "0") or 0)
+    if restarts >= MAX_RESTARTS:
+        fail(f"the worker stopped on an unrecoverable error {restarts + 1} times in a row; not starting it again", 1)
+    os.environ[RESTARTS_ENV] = str(restarts + 1)
+    click.echo(
+        "rlfarm worker: the worker stopped on an error it cannot recover from (above); "
+        f"starting it again ({restarts + 1} of at most {MAX_RESTARTS} in a row)",
+        err=True,
+    )
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "rlfarm.cli", *sys.argv[1:]])

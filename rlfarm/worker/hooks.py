@@ -245,6 +245,7 @@ def _keep_leases(sender=None, **_: object) -> None:
 
     # Its pool processes are the farm's slots, which runs training at once divide (rlfarm.farm.shares).
     controller = getattr(sender, "controller", None)
+    _controller[:] = [controller]
     slots = int(getattr(controller, "concurrency", 0) or _app.conf.worker_concurrency or os.cpu_count() or 1)
     node = str(getattr(sender, "hostname", sender))
     LeaseKeeper(farm_url(_app), _running_tasks, node=node, slots=slots).start()
@@ -301,12 +302,24 @@ def _term_once() -> None:
         pass
 
 
+_stop_asked: list[str] = []  # how a signal asked the worker to stop (none: it stopped by itself)
+_controller: list[Any] = []  # Celery's WorkController, once the worker is ready
+
+
+def stopped_by_itself() -> bool:
+    """Whether the worker, once ready, stopped with an error code (Celery's "Unrecoverable error")
+    and no signal (SIGTERM, SIGINT, SIGQUIT) had asked it to: rlfarm.cli.worker starts it again."""
+    code = getattr(_controller[0], "exitcode", None) if _controller else None
+    return bool(code) and not _stop_asked
+
+
 @worker_shutting_down.connect
 def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
     """SIGTERM (or SIGINT) to the worker's main process: Celery's warm shutdown would wait for the
     running tasks, minutes for an Atari or MuJoCo task, past a spot instance's notice. Hand them back
     at once instead (the trainer re-sends them immediately) and exit within the shutdown grace
     (RLFARM_SHUTDOWN_GRACE s). Runs in a signal handler: the work is done on a thread."""
+    _stop_asked.append(str(how))
     if how != "Warm":
         return
     import threading
