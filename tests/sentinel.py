@@ -171,20 +171,33 @@ class SentinelGroup:
 
     def revive(self, port: int) -> None:
         """Start the redis-server killed at `port` again, on that port, as a replica of the master the
-        sentinels name now (a lost machine back), and wait until it has copied the master: the group can
-        fail over once more."""
+        sentinels name now (a lost machine back), and wait until the group is whole again: every
+        sentinel names one master, the other server copies it, and every sentinel knows that one as
+        a replica it may promote, so the group can fail over once more. On a loaded machine the
+        sentinels may fail over again meanwhile (a new master slow to answer): the revived server is
+        then the master, and the group is whole all the same."""
         name = next(n for n, p in self.ports.items() if p == port)
-        master = self.master_port()
-        self._server(name, "--replicaof", LOOPBACK, str(master), port=port)
-        client = redis.Redis(host=LOOPBACK, port=port, socket_connect_timeout=1)
+        self._server(name, "--replicaof", LOOPBACK, str(self.master_port()), port=port)
+        self._wait(self._whole, f"the revived redis-server on {port} back in the group, known to every sentinel")
+
+    def _whole(self) -> bool:
+        masters = {self._master_of(i) for i in range(3)}
+        if len(masters) != 1 or None in masters:
+            return False
+        [master] = masters
+        [other] = [p for n, p in self.ports.items() if n in ("master", "replica") and p != master]
+        client = redis.Redis(host=LOOPBACK, port=other, socket_connect_timeout=1, socket_timeout=2)
         try:
-            self._wait(
-                lambda: (
-                    client.info("replication").get("master_link_status") == "up"
-                    and all(self._knows_replica(i, port) for i in range(3))
-                ),
-                f"the revived redis-server on {port} a replica again, known to every sentinel",
-            )
+            info = client.info("replication")
+        finally:
+            client.close()
+        copying = info.get("master_link_status") == "up" and int(info.get("master_port", 0)) == master
+        return copying and all(self._knows_replica(i, other) for i in range(3))
+
+    def _master_of(self, i: int) -> int | None:
+        client = self.sentinel_client(i)
+        try:
+            return int(client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME)[1])
         finally:
             client.close()
 
