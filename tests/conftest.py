@@ -42,8 +42,10 @@ WORKER_ENV = {
 }
 
 
-# Debian packages some tests need (README: the test command installs them). Checked once the tests
-# are collected, so a missing one is reported in the first seconds, not after minutes of tests.
+# Debian packages some tests need (README: the test command installs them). A test of a tier that
+# starts processes fails at once with one line naming what is missing (a failure, which the parallel
+# runner reports as any other: stopping the session hid the message behind an INTERNALERROR); unit
+# tests, which start nothing, never need them.
 SYSTEM_PACKAGES = {  # test module -> (what it needs, how to check)
     "test_compose": [
         ("docker-compose", lambda: shutil.which("docker-compose")),
@@ -59,25 +61,28 @@ SYSTEM_PACKAGES = {  # test module -> (what it needs, how to check)
         ("openssl", lambda: shutil.which("openssl")),
     ],
 }
+INSTALL_HINT = (
+    "On Debian/Ubuntu: sudo apt-get install -y redis-server redis-sentinel docker-compose openssl "
+    "(the README's test command does), or run the unit tier alone: python -m pytest -m unit"
+)
 
 
-def pytest_collection_finish(session):
-    modules = {Path(str(item.fspath)).stem for item in session.items}
-    missing = sorted(
-        {
-            name
-            for module in modules & set(SYSTEM_PACKAGES)
-            for name, present in SYSTEM_PACKAGES[module]
-            if not present()
-        }
-    )
-    if missing:
-        pytest.exit(
-            f"missing system packages: {', '.join(missing)}. On Debian/Ubuntu: sudo apt-get "
-            f"install -y redis-server redis-sentinel docker-compose openssl (the README's test command does), "
-            f"or deselect tests/test_compose.py and tests/test_security.py",
-            returncode=4,
-        )
+def missing_system_packages(module: str) -> list[str]:
+    return [name for name, present in SYSTEM_PACKAGES.get(module, ()) if not present()]
+
+
+def fail_for_missing_packages(items) -> None:
+    """Tests of a process tier whose module needs a system package that is missing fail in one line."""
+    missing: dict[str, list[str]] = {}
+    for item in items:
+        module = Path(str(item.fspath)).stem
+        if module not in SYSTEM_PACKAGES or not any(item.get_closest_marker(tier) for tier in TIERS):
+            continue
+        if module not in missing:
+            missing[module] = missing_system_packages(module)
+        if missing[module]:
+            text = f"missing system packages: {', '.join(missing[module])}. {INSTALL_HINT}"
+            item.runtest = lambda text=text: pytest.fail(text, pytrace=False)
 
 
 # Test tiers (setup.cfg): a test with none of these is a unit test, and must start no process.
@@ -91,6 +96,7 @@ TIER_ORDER = ("learning", "fault", "farm", "process", "unit")
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    fail_for_missing_packages(items)
     for item in items:
         if item.get_closest_marker("learning") and not item.get_closest_marker("deterministic"):
             item.add_marker(pytest.mark.xdist_group(LEARNING_GROUP))

@@ -166,3 +166,17 @@ def test_the_architecture_parts_table_is_the_tree():
     }
     assert not missing, f"modules missing from docs/architecture.md's parts table: {missing}"
     assert not stale, f"modules named in the parts table that do not exist: {stale}"
+
+
+def test_the_readme_says_how_rlfarm_gets_on_the_path_before_its_first_bare_command():
+    """`rlfarm: command not found` for every command of the daily workflow: nothing said to activate
+    the venv (issue 51)."""
+    readme = (ROOT / "README.md").read_text()
+    lines, fenced = readme.splitlines(), False
+    for first_bare, line in enumerate(lines):  # the first command typed as `rlfarm ...` in a code block
+        fenced ^= line.startswith("```")
+        if fenced and line.startswith("rlfarm "):
+            break
+    before = "\n".join(lines[:first_bare])
+    assert "source .venv/bin/activate" in before and ".venv/bin/rlfarm" in before
+    assert '.venv/bin/pip install -q -e ".[test]" && .venv/bin/python -m pytest -m unit' in readme
