@@ -239,7 +239,9 @@ def test_ctrl_c_stops_everything(tmp_path, fork):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
-    assert "interrupted" in stderr
+    # The embedded default says how to continue too (issue 51: it printed no resume hint).
+    assert f"rlfarm: interrupted; workers and Redis stopped; run {run} can continue from its checkpoint at" in stderr
+    assert f"with: rlfarm train --resume {run} --logdir {tmp_path}" in stderr
     assert_cleaned_up(tmp_path / run, run)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import socketserver
 import subprocess
@@ -172,12 +173,21 @@ def test_ctrl_c_on_a_farm_says_how_to_resume(farm, tmp_path):
     _, stderr = proc.communicate()
     assert proc.returncode == 130, stderr
     command = f"rlfarm train --resume {run_id} --logdir {tmp_path} --redis {farm.redis_url}"
-    assert f"rlfarm: interrupted; run {run_id} can continue with: {command}" in stderr
+    steps = checkpoint.load(tmp_path / run_id)[1]["env_steps"]
+    line = next(line for line in stderr.splitlines() if line.startswith("rlfarm: interrupted"))
+    # How many env steps the resumed run collects again: those done since the checkpoint (issue 51).
+    match = re.fullmatch(
+        rf"rlfarm: interrupted; run {run_id} can continue from its checkpoint at ([\d,]+) env steps "
+        rf"\(([\d,]+) of the ([\d,]+) done are collected again\) with: (.*)",
+        line,
+    )
+    assert match and match[4] == command, line
+    saved, again, done = (int(match[i].replace(",", "")) for i in (1, 2, 3))
+    assert saved == steps and again == done - saved and done >= saved
     assert "workers and Redis stopped" not in stderr
     client = connect(farm.redis_url)  # the farm is not this trainer's to stop
     assert client.ping() and read_status(client, run_id)["state"] != "running"
     # The command it printed works: the run continues from its checkpoint.
-    steps = checkpoint.load(tmp_path / run_id)[1]["env_steps"]
     resumed = run_cli(*command.split()[1:], "--total-steps", str(steps + 4096))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert strict_json((tmp_path / run_id / "summary.json").read_text())["env_steps"] == steps + 4096

@@ -270,11 +270,11 @@ def train(
     sigterm_to_interrupt()
     try:
         result = _train(cfg, farm, resume=bool(resume), metrics=listen, capture_video=capture_video, tracking=tracking)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        line = _interrupted(farm, cfg, run_dir, getattr(stop, "rlfarm_env_steps", None))
         if not farm.url:  # only the embedded default owns (and has now stopped) its workers and Redis
-            click.echo("rlfarm: interrupted; workers and Redis stopped", err=True)
-        else:
-            click.echo(_interrupted_on_redis(farm, cfg, run_dir), err=True)
+            line = line.replace("rlfarm: interrupted", "rlfarm: interrupted; workers and Redis stopped", 1)
+        click.echo(line, err=True)
         sys.exit(130)
     evaluated = (
         ""
@@ -301,9 +301,10 @@ def train(
     exit_now()
 
 
-def _interrupted_on_redis(farm, cfg, run_dir: Path) -> str:
-    """The line for a run on a farm (--redis) stopped by Ctrl-C: its workers and Redis are not this
-    process's and keep running; say how to continue the run from its checkpoint."""
+def _interrupted(farm, cfg, run_dir: Path, env_steps: int | None) -> str:
+    """The line for a run stopped by Ctrl-C, on any farm: how to continue it from its checkpoint, and
+    how many env steps, collected since that checkpoint, the resumed run collects again (a checkpoint
+    is written at a published version, every farm.checkpoint_interval seconds)."""
     import shlex
 
     from rlfarm.config import RunConfig
@@ -319,9 +320,13 @@ def _interrupted_on_redis(farm, cfg, run_dir: Path) -> str:
     command = f"rlfarm train --resume {cfg.run_id}"
     if Path(cfg.logdir) != Path(RunConfig.logdir):
         command += f" --logdir {shlex.quote(cfg.logdir)}"
-    if farm.source.startswith("--redis"):  # RLFARM_REDIS_URL and the up farm are found again by themselves
+    if farm.url and (farm.source or "").startswith("--redis"):  # RLFARM_REDIS_URL, the up farm: found again
         command += f" --redis {shlex.quote(redact(farm.url))}"  # password masked: retype it
-    return f"rlfarm: interrupted; run {cfg.run_id} can continue with: {command}"
+    saved = checkpoint.saved_steps(run_dir)
+    where = f" from its checkpoint at {saved:,} env steps" if saved is not None else ""
+    if saved is not None and env_steps is not None:
+        where += f" ({max(env_steps - saved, 0):,} of the {env_steps:,} done are collected again)"
+    return f"rlfarm: interrupted; run {cfg.run_id} can continue{where} with: {command}"
 
 
 def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = None, **extras):

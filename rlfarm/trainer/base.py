@@ -310,8 +310,9 @@ class Trainer(Evaluating, Streams, RunKeeper):
             state = "finished"
             self.drop_streams()
             return result
-        except KeyboardInterrupt:  # Ctrl-C, SIGTERM (the CLI's), a sweep's pruning: stopped, not failed
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM (the CLI's), a sweep's pruning: stopped, not failed
             state = "stopped"
+            stop.rlfarm_env_steps = self.env_steps  # what the CLI says a resume does again
             raise
         finally:
             if state != "finished":

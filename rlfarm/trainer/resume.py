@@ -42,6 +42,16 @@ def save(run_dir: Path, tensors: Mapping[str, torch.Tensor], state: Mapping[str,
     return write_atomic(path_in(run_dir), blob)
 
 
+def saved_steps(run_dir: Path) -> int | None:
+    """The env steps the run's checkpoint holds, read from its header alone (no torch); None without one."""
+    try:
+        with open(path_in(run_dir), "rb") as f:
+            header = f.read(int.from_bytes(f.read(8), "little"))
+        return int(json.loads(json.loads(header)["__metadata__"]["state"])["env_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     from safetensors.torch import load as st_load
 
