@@ -79,10 +79,22 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 
 
 def _unknown_key(key: str) -> ConfigError:
+    """One line: the key it likely is; else the keys of its section; else the sections (every key of
+    every section, some 150, was a screenful after the right suggestion)."""
     keys = valid_keys()
     close = difflib.get_close_matches(key, keys, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return ConfigError(f"unknown config key {key!r}{hint}; valid keys: {', '.join(keys)}")
+    if close:
+        return ConfigError(f"unknown config key {key!r} (did you mean {close[0]}?)")
+    section = key.split(".", 1)[0] if "." in key else None
+    same = [k for k in keys if section and k.startswith(f"{section}.")]
+    if same:
+        return ConfigError(f"unknown config key {key!r}; the keys of [{section}]: {', '.join(same)}")
+    sections = sorted({k.split(".", 1)[0] for k in keys if "." in k})
+    top = [k for k in keys if "." not in k]
+    return ConfigError(
+        f"unknown config key {key!r}; keys are section.name, with sections {', '.join(sections)}, or one of "
+        f"{', '.join(top)} (every key: docs/configuration.md)"
+    )
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
