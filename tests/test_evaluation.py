@@ -446,7 +446,7 @@ class TestEvalCommand:
             "--episodes",
             "2",
             "--video",
-            str(videos),
+            f"{videos}/",  # as a user types a directory (it said `DIR//`)
         )
         assert result.returncode == 0, result.stderr[-3000:]
         files = sorted(videos.glob("*.mp4"))
@@ -456,7 +456,7 @@ class TestEvalCommand:
         for f in files:
             head = f.read_bytes()[:12]
             assert head[4:8] == b"ftyp", (f, head)  # an MP4 container
-        assert f"recorded 2 episodes to {videos}/" in result.stdout
+        assert f"recorded 2 episodes to {videos}/ (2 .mp4 files there)" in result.stdout
 
     @pytest.mark.skipif(not HAS_MOVIEPY, reason=NO_MOVIEPY)
     def test_video_of_cartpole_records_or_names_the_missing_renderer(self, runs, farm, tmp_path):

@@ -137,7 +137,8 @@ def _train_error(args: list[str]) -> str:
     from cli import main
 
     result = CliRunner().invoke(main, ["train", *args])
-    assert result.exit_code == 2, result.output
+    # A package missing here is no usage error: 1, as `rlfarm eval --video` exits (issue 51: 2 here).
+    assert result.exit_code == 1, result.output
     [line] = result.output.strip().splitlines()
     assert line.startswith("rlfarm: error: "), line
     return line

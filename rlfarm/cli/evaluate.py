@@ -162,6 +162,10 @@ def eval_(
         click.echo(f"against {opponent or 'random'}: {wins} won, {draws} drawn, {losses} lost")
     if video_dir:
         videos = sorted(Path(video_dir).glob("*.mp4"))
-        click.echo(
-            f"recorded {episodes} episode{'s' if episodes > 1 else ''} to {video_dir}/ ({len(videos)} .mp4 files there)"
-        )
+        where = video_dir.rstrip("/")  # `videos/` said `videos//`
+        click.echo(f"recorded {plural(episodes, 'episode')} to {where}/ ({plural(len(videos), '.mp4 file')} there)")
+
+
+def plural(n: int, what: str) -> str:
+    """`1 episode`, `3 episodes`."""
+    return f"{n} {what}{'' if n == 1 else 's'}"

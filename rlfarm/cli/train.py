@@ -19,6 +19,7 @@ from rlfarm.cli.common import (
     sigterm_to_interrupt,
 )
 from rlfarm.config import bounds as B  # pure and light: the upper bounds of the options below
+from rlfarm.config.errors import MissingPackage
 
 
 def _modes_help() -> str:
@@ -254,7 +255,7 @@ def train(
         check_config(cfg)
         tracking = check_extras(cfg, capture_video, track_uri or track, track_experiment)
     except (C.ConfigError, EnvError) as exc:
-        fail(str(exc))
+        fail(str(exc), 1 if isinstance(exc, MissingPackage) else 2)  # as `rlfarm eval --video` does
     for level, note in run_length_notes(cfg):  # iterations rounded up; episodes longer than a task
         log.log(level, "%s", note)
     cfg = with_run_id(cfg)

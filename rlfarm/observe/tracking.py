@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from rlfarm.config import ConfigError, flatten
+from rlfarm.config.errors import MissingPackage
 from rlfarm.observe.metrics import Sink
 
 TRACK_EXTRA = 'pip install -e ".[track]"'
@@ -41,6 +42,10 @@ log = logging.getLogger("rlfarm.tracking")
 
 class TrackingError(ConfigError):
     """--track cannot log: MLflow not installed, or its tracking store refuses."""
+
+
+class TrackingPackageMissing(TrackingError, MissingPackage):
+    """MLflow is not installed."""
 
 
 def shown(uri: str) -> str:
@@ -81,7 +86,7 @@ class Tracking:
         try:
             from mlflow.tracking import MlflowClient
         except ImportError:
-            raise TrackingError(
+            raise TrackingPackageMissing(
                 f"--track logs to MLflow, which is not installed: {TRACK_EXTRA} (or pip install mlflow-skinny)"
             ) from None
         if self.is_file_store:  # MLflow 3 refuses its file store unless asked for it (module doc)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfarm.config import ConfigError, RunConfig, to_dict
+from rlfarm.config.errors import MissingPackage
 from rlfarm.observe.metrics import Sink
 
 VIDEO_DIR = "videos"
@@ -30,6 +31,10 @@ log = logging.getLogger("rlfarm.video")
 
 class VideoError(ConfigError):
     """--capture-video cannot record here: a missing package, an env that draws no frames."""
+
+
+class VideoPackageMissing(VideoError, MissingPackage):
+    """moviepy is not installed."""
 
 
 def render_offscreen() -> None:
@@ -54,7 +59,7 @@ def check(config: RunConfig) -> None:
     try:
         import moviepy  # noqa: F401 - RecordVideo writes the .mp4 files with it
     except ImportError:
-        raise VideoError(f"--capture-video needs moviepy, which is not installed: {VIDEO_EXTRA}") from None
+        raise VideoPackageMissing(f"--capture-video needs moviepy, which is not installed: {VIDEO_EXTRA}") from None
     env_id = config.env.id
     try:
         env = _make(config)
