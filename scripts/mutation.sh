@@ -34,19 +34,4 @@ for guard in "${wanted[@]}"; do
 done
 
 "$MUTMUT" run --max-children 1 "${patterns[@]}"
-"$MUTMUT" results --all true | "$PYTHON" -c '
-import fnmatch, sys
-from collections import Counter, defaultdict
-
-patterns = sys.argv[1:]
-by_module = defaultdict(Counter)
-for line in sys.stdin:
-    name, _, status = line.strip().rpartition(": ")
-    if name and any(fnmatch.fnmatch(name, p) for p in patterns):
-        by_module[name.split(".x_")[0]][status] += 1
-print(f"{\"module\":32} {\"killed\":>8} {\"mutants\":>8} {\"score\":>7} {\"survived\":>9} {\"no tests\":>9}")
-for module, counts in sorted(by_module.items()):
-    total = sum(counts.values())
-    killed = counts["killed"] + counts["timeout"] + counts["segfault"]
-    print(f"{module:32} {killed:8} {total:8} {killed / total:7.0%} {counts[\"survived\"]:9} {counts[\"no tests\"]:9}")
-' "${patterns[@]}"
+"$MUTMUT" results --all true | "$PYTHON" scripts/mutation_scores.py "${patterns[@]}"

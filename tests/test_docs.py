@@ -172,11 +172,11 @@ def test_the_readme_says_how_rlfarm_gets_on_the_path_before_its_first_bare_comma
     """`rlfarm: command not found` for every command of the daily workflow: nothing said to activate
     the venv (issue 51)."""
     readme = (ROOT / "README.md").read_text()
-    lines, fenced = readme.splitlines(), False
-    for first_bare, line in enumerate(lines):  # the first command typed as `rlfarm ...` in a code block
+    lines, fenced, in_code = readme.splitlines(), False, []
+    for line in lines:  # whether each line is inside a fenced code block
         fenced ^= line.startswith("```")
-        if fenced and line.startswith("rlfarm "):
-            break
+        in_code.append(fenced)
+    first_bare = next(i for i, line in enumerate(lines) if in_code[i] and line.startswith("rlfarm "))
     before = "\n".join(lines[:first_bare])
     assert "source .venv/bin/activate" in before and ".venv/bin/rlfarm" in before
     assert '.venv/bin/pip install -q -e ".[test]" && .venv/bin/python -m pytest -m unit' in readme

@@ -74,6 +74,7 @@ def test_each_policys_line_is_bounded_by_what_acted_as_the_run_version_is():
     heads = {"adversary": 40, "agent": 12}
     assert line_lags(None, heads) == {} and line_lags({}, heads) == {}  # one policy: nothing to say
     assert line_lags({"adversary": 39, "agent": 8}, heads) == {"adversary": 1, "agent": 4}
+    assert line_lags({"adversary": 0, "agent": 12}, heads) == {"adversary": 40, "agent": 0}  # the edges
     assert not stale_result(1, line_lags({"adversary": 39, "agent": 8}, heads), 4)  # at the bound
     assert stale_result(1, line_lags({"adversary": 39, "agent": 7}, heads), 4)  # max + 1 on one line
     assert stale_result(5, {"adversary": 0, "agent": 0}, 4) and not stale_result(4, {}, 4)  # the run's
