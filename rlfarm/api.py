@@ -287,6 +287,7 @@ def run(
     from rlfarm.core.signing import SECRET_ENV, secret_from_env
     from rlfarm.envs import allowed_modules_env
     from rlfarm.farm.claim import RunDirLock
+    from rlfarm.farm.find import register_embedded
     from rlfarm.local.cluster import LocalCluster
     from rlfarm.runio.rundir import write_atomic
 
@@ -310,18 +311,22 @@ def run(
     cluster = LocalCluster(
         workers=workers, name=f"rlfarm-{cfg.run_id}", log_dir=run_dir, extra_env=extra_env, fork_workers=fork
     )
+    registered = None
     try:
         cluster.start(wait=False)  # the workers start while the trainer builds its network
         # Atomic: `rlfarm status` and tests read it while the run starts (a half-written file is no JSON).
         write_atomic(
             run_dir / "cluster.json", json.dumps({"redis_url": cluster.redis_url, "pids": cluster.pids}) + "\n"
         )
+        registered = register_embedded(run_dir)  # `rlfarm status` finds this run's Redis by it
         trainer = make_trainer(
             cfg, cluster.redis_url, run_dir, tasks_in_flight=embedded_in_flight(cfg), local_workers=workers, **options
         )
         cluster.wait_ready()
         return _train_serving(trainer, metrics, notify)
     finally:
+        if registered is not None:
+            registered.unlink(missing_ok=True)
         cluster.stop()
         lock.release()
 

@@ -33,7 +33,17 @@ from rlfarm.farm.connection import connect
 from rlfarm.farm.runs import write_status
 from rlfarm.local.cluster import LocalCluster
 
-from .conftest import WORKER_ENV, error_line, make_run, pid_alive, rlfarm_cmd, run_cli, start_command, usage_error_line
+from .conftest import (
+    WORKER_ENV,
+    error_line,
+    make_run,
+    pid_alive,
+    poll,
+    rlfarm_cmd,
+    run_cli,
+    start_command,
+    usage_error_line,
+)
 
 
 def status_json(url: str) -> dict:
@@ -494,3 +504,31 @@ def test_the_broadcast_expects_the_registered_workers_only():
             return [b"2@rlfarm-7@host-a", b"1@celery@host-b", b"2@rlfarm-7@host-a", b"5", b"x@y", b"0@z@h"]
 
     assert live_nodes(Registry(), now=0.0) == ["celery@host-b", "rlfarm-7@host-a"]
+
+
+@pytest.mark.farm  # the embedded default: its own redis-server and workers
+def test_status_finds_a_run_training_on_its_embedded_default(tmp_path):
+    """`rlfarm status` with no farm named, while a run trains on its embedded default, said "no farm
+    found" (issue 51: the user copied redis_url out of cluster.json). Now it finds that run's Redis."""
+    home = tmp_path / "home"
+    env = {**os.environ, **WORKER_ENV, "RLFARM_HOME": str(home)}
+    env.pop("RLFARM_REDIS_URL", None)
+    run = "status-embedded"
+    train = start_command(
+        "train", "--run-id", run, "--logdir", str(tmp_path / "runs"), "--total-steps", "10000000",
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        progress = tmp_path / "runs" / run / "progress.csv"
+        poll(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 2, "a logged iteration", train)
+        result = run_cli("status", "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        snap = json.loads(result.stdout)
+        assert snap["farm"]["source"] == f"run {run}'s embedded Redis"
+        assert run_entry(snap, run)["heartbeat"]["state"] == "running"
+    finally:
+        train.send_signal(signal.SIGINT)
+        train.communicate(timeout=120)
+    assert not list((home / "embedded").glob("*.json"))  # gone with its run
+    gone = run_cli("status", "--json", env=env)
+    assert gone.returncode == 1 and "no farm found" in gone.stderr

@@ -46,17 +46,18 @@ def fail(message: str, code: int = 2) -> NoReturn:  # noqa: F821
     sys.exit(code)
 
 
-def find_farm(redis_url: str | None, run_id: str | None = None, needed: bool = True):
+def find_farm(redis_url: str | None, run_id: str | None = None, needed: bool = True, any_run: bool = False):
     """The farm a command works on (rlfarm.farm.find): --redis, RLFARM_REDIS_URL, the `rlfarm up` farm,
     or the live embedded Redis of the run named. Its secret goes into this process's environment, for
     the worker processes it starts and the signed data it reads; a different RLFARM_SECRET of the user's
-    is said in one warning line. `needed`: fail in one line (exit 1) when none is found."""
+    is said in one warning line. `needed`: fail in one line (exit 1) when none is found. `any_run`: with
+    no farm named, also the embedded Redis of a run training on this machine (`rlfarm status`)."""
     from rlfarm.config import RunConfig
+    from rlfarm.farm.find import find_any_farm, not_found, use_secret
     from rlfarm.farm.find import find_farm as find
-    from rlfarm.farm.find import not_found, use_secret
 
     run_dir = Path(RunConfig.logdir) / run_id if run_id else None
-    farm = find(redis_url, run_dir)
+    farm = find_any_farm(redis_url) if any_run and run_dir is None else find(redis_url, run_dir)
     if farm.url is None:
         if needed:
             fail(not_found(run_dir), 1)

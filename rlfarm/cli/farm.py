@@ -84,7 +84,7 @@ def status(redis_url: str | None, watch: bool, interval: float, as_json: bool) -
 
     if not interval > 0:  # also rejects NaN
         fail(f"--interval must be a positive number of seconds, got {interval}")
-    farm = find_farm(redis_url)
+    farm = find_farm(redis_url, any_run=True)  # a run on its embedded default too (no farm named)
     redis_url = farm.url
     try:
         client = connect(redis_url)

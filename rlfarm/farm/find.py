@@ -1,5 +1,6 @@
 """One way to find the farm, for every command: `--redis`, else RLFARM_REDIS_URL, else the local farm of
-`rlfarm up`, else (when a run is named) the embedded Redis of that run if it still lives.
+`rlfarm up`, else (when a run is named) the embedded Redis of that run if it still lives (and, for
+`rlfarm status`, of any run training on its embedded default on this machine).
 
 A farm is found with the secret that goes with it: the `rlfarm up` farm keeps its RLFARM_SECRET in its
 state file (written by rlfarm.local.farm, read here), and its workers sign and check with it, so a
@@ -144,6 +145,42 @@ def embedded_farm(run_dir: Path) -> Farm | None:
     return Farm(url, state.get("secret") or None, f"run {Path(run_dir).name}'s embedded Redis")
 
 
+# Runs training on their embedded default now, each a file naming its run directory (rlfarm.api writes
+# it while the run lives): how `rlfarm status` with no farm named finds one.
+def embedded_registry() -> Path:
+    return home() / "embedded"
+
+
+def register_embedded(run_dir: Path) -> Path:
+    """Name this process's embedded run for commands that look for a farm; returns the file to remove."""
+    path = embedded_registry() / f"{os.getpid()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"run_dir": str(Path(run_dir).resolve()), "pid": os.getpid()}) + "\n")
+    return path
+
+
+def live_embedded() -> Farm | None:
+    """The embedded Redis of the newest run training on its embedded default on this machine (files of
+    trainers that are gone are removed on the way)."""
+    try:
+        entries = sorted(embedded_registry().glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for path in entries:
+        try:
+            entry = json.loads(path.read_text())
+            pid, run_dir = int(entry["pid"]), Path(entry["run_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not alive(pid):
+            path.unlink(missing_ok=True)
+            continue
+        farm = embedded_farm(run_dir)
+        if farm is not None:
+            return farm
+    return None
+
+
 def find_farm(redis_url: str | None, run_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> Farm:
     """The farm a command works on: `redis_url` (--redis), else RLFARM_REDIS_URL of `environ` (default
     os.environ), else the `rlfarm up` farm, else the live embedded Redis of the run in `run_dir`, else
@@ -162,6 +199,15 @@ def find_farm(redis_url: str | None, run_dir: Path | None = None, environ: Mappi
         if embedded is not None:
             return embedded
     return Farm(None)
+
+
+def find_any_farm(redis_url: str | None, environ: Mapping[str, str] | None = None) -> Farm:
+    """find_farm for a command that looks at whatever runs (`rlfarm status`): with no farm named and no
+    `rlfarm up` farm, the embedded Redis of a run training on its embedded default on this machine."""
+    farm = find_farm(redis_url, None, environ)
+    if farm.url is None:
+        return live_embedded() or farm
+    return farm
 
 
 def require_farm(redis_url: str | None, run_dir: Path | None = None) -> Farm:
