@@ -16,7 +16,7 @@ from rlfarm.cli.checkpoints import checkpoints
 from rlfarm.cli.common import OneLineErrors
 from rlfarm.cli.evaluate import eval_
 from rlfarm.cli.farm import down, status, up
-from rlfarm.cli.misc import plot, presets
+from rlfarm.cli.misc import plot, presets, runs
 from rlfarm.cli.sweep import sweep
 from rlfarm.cli.train import train
 from rlfarm.cli.worker import worker
@@ -47,7 +47,7 @@ def main(verbose: int, quiet: int) -> None:
     setup_logging(verbose - quiet)
 
 
-for _command in (train, worker, up, down, eval_, checkpoints, status, plot, sweep, presets):
+for _command in (train, worker, up, down, eval_, checkpoints, status, runs, plot, sweep, presets):
     main.add_command(_command)
 
 

@@ -90,14 +90,13 @@ RUN_POLICY_FILES = ("best_policy.safetensors", "final_policy.safetensors")
 
 
 def run_dir_of(run: str, logdir: str | None = None) -> Path:
-    """The run directory `run` names: itself if it is one (it has config.json), else LOGDIR/run."""
-    from rlfarm.config import RunConfig
+    """The run directory `run` names (rlfarm.runio.runs.resolve, as every command reads RUN)."""
+    from rlfarm.runio.runs import NoRun, resolve
 
-    given, under = Path(run), Path(logdir or RunConfig.logdir) / run
-    for candidate in (given, under):
-        if (candidate / "config.json").is_file():
-            return candidate
-    raise PlaybackError(f"no run {run!r}: neither {given}/ nor {under}/ is a run directory (one with config.json)")
+    try:
+        return resolve(run, logdir)
+    except NoRun as exc:
+        raise PlaybackError(str(exc)) from None
 
 
 def from_run_dir(run: str, logdir: str | None = None) -> StoredPolicy:
