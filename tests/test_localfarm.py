@@ -125,11 +125,17 @@ def test_up_then_train_on_it_then_down(tmp_path):
         meta = client.get("rlfarm:first:meta")
         assert set(json.loads(meta)) == {"signed", "hmac"}
     finally:
+        down = cli("down")  # the joined worker still runs: `down` tells it to stop (issue 51: it
+        # retried the farm's gone Redis for good)
         if joiner is not None:
-            joiner.terminate()
-            joiner.wait()
-        down = cli("down")
+            try:
+                joiner.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                joiner.terminate()
+                joiner.wait()
     assert down.returncode == 0 and "local farm stopped (2 processes)" in down.stdout
+    assert "told the workers that joined it to stop: joiner@" in down.stdout, down.stdout
+    assert joiner.returncode == 0, log.read_text(errors="replace")[-3000:]  # it stopped by itself, cleanly
     assert not [pid for pid in state["pids"] if pid_alive(pid)]
     assert not state_file.exists()
     assert "no local farm was up" in cli("down").stdout

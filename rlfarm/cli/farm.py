@@ -61,8 +61,10 @@ def down() -> None:
     """Stop the local farm started by `rlfarm up`."""
     from rlfarm.local import farm as localfarm
 
-    pids = localfarm.down()
+    pids, joined = localfarm.down()
     click.echo(f"local farm stopped ({len(pids)} processes)" if pids else "no local farm was up")
+    if joined:
+        click.echo(f"told the workers that joined it to stop: {', '.join(joined)}")
 
 
 @click.command()

@@ -24,6 +24,9 @@ class LocalFarmError(RuntimeError):
     pass
 
 
+FARM_NAME = "rlfarm-local"  # its LocalCluster: its own workers are FARM_NAME-<i>@host
+
+
 def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Start the local farm (Redis + one Celery worker with `workers` pool processes), wait until it
     answers, write its state file and return the state. An already running farm is an error."""
@@ -36,7 +39,7 @@ def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     secret = (secret_from_env() or secrets.token_hex(32).encode()).decode()
     cluster = LocalCluster(
         workers=workers,
-        name="rlfarm-local",
+        name=FARM_NAME,
         log_dir=log_dir,
         extra_env={**(extra_env or {}), SECRET_ENV: secret},
         detached=True,
@@ -62,14 +65,16 @@ def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     return state
 
 
-def down(grace: float = 10.0) -> list[int]:
-    """Stop the local farm's processes (by process group: each leads one) and forget it. Returns the
-    pids that were stopped; [] when none was up."""
+def down(grace: float = 10.0) -> tuple[list[int], list[str]]:
+    """Stop the local farm's processes (by process group: each leads one) and forget it, after telling
+    the workers that joined it to stop. Returns the pids stopped ([] when none was up) and the joined
+    workers told."""
     path = state_path()
     if not path.is_file():
-        return []
+        return [], []
     state = json.loads(path.read_text())
     pids = [pid for pid in state["pids"] if alive(pid)]
+    joined = stop_joined_workers(state["redis_url"], pids)
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGTERM)
@@ -84,4 +89,24 @@ def down(grace: float = 10.0) -> list[int]:
         except (ProcessLookupError, PermissionError):
             pass
     path.unlink()
-    return pids
+    return pids, joined
+
+
+def stop_joined_workers(redis_url: str, own: list[int]) -> list[str]:
+    """Tell the workers that joined the farm (`rlfarm worker` on this machine or another) to stop,
+    before its Redis goes: they would retry it for good. Returns their node names (its own workers,
+    stopped by their pids, are not among them)."""
+    if not own:
+        return []
+    try:
+        from rlfarm.farm.app import make_app
+
+        app = make_app(redis_url)
+        answers = app.control.ping(timeout=1.0) or []
+        nodes = sorted(name for answer in answers for name in answer)
+        theirs = [n for n in nodes if not n.startswith(f"{FARM_NAME}-")]  # its own: FARM_NAME-<i>@host
+        if theirs:
+            app.control.broadcast("shutdown", destination=theirs)
+        return theirs
+    except Exception:  # noqa: BLE001 - Redis already gone: nothing to tell anyone
+        return []

@@ -310,7 +310,8 @@ def stopped_by_itself() -> bool:
     """Whether the worker, once ready, stopped with an error code (Celery's "Unrecoverable error")
     and no signal (SIGTERM, SIGINT, SIGQUIT) had asked it to: rlfarm.cli.worker starts it again."""
     code = getattr(_controller[0], "exitcode", None) if _controller else None
-    return bool(code) and not _stop_asked
+    # EX_FAILURE (1) exactly: a remote `shutdown` (rlfarm down) stops it with a message as its code
+    return code == 1 and not _stop_asked
 
 
 @worker_shutting_down.connect
