@@ -51,6 +51,7 @@ def test_up_then_train_on_it_then_down(tmp_path):
         assert "local farm up" in up.stdout and ":***@127.0.0.1" in up.stdout
         # how to add workers here, and where its URL and secret are kept (for Flower)
         assert "`rlfarm worker -c N`" in up.stdout and str(state_file) in up.stdout
+        assert "other machines: this farm listens on 127.0.0.1 only" in up.stdout  # said, not promised
         assert state["redis_url"].split("@")[0] not in up.stdout  # the password is not printed
         assert state["secret"] not in up.stdout
         assert stat.S_IMODE(state_file.stat().st_mode) == 0o600  # it holds the password

@@ -54,6 +54,10 @@ def up(workers: int, modules: tuple[str, ...]) -> None:
         f"itself, as status, eval --run, checkpoints and sweep do); its URL and secret, e.g. for "
         f"Flower (RLFARM_REDIS_URL): {localfarm.state_path()} (redis_url, secret)"
     )
+    click.echo(
+        "other machines: this farm listens on 127.0.0.1 only; a farm they join is the compose stack "
+        "(docker compose up, docs/deploy.md), whose workers they add with rlfarm worker --redis URL"
+    )
 
 
 @click.command()
