@@ -52,6 +52,11 @@ def test_up_then_train_on_it_then_down(tmp_path):
         # how to add workers here, and where its URL and secret are kept (for Flower)
         assert "`rlfarm worker -c N`" in up.stdout and str(state_file) in up.stdout
         assert "other machines: this farm listens on 127.0.0.1 only" in up.stdout  # said, not promised
+        # Flower, the dashboard, behind the password `up` prints (issue 51: started by hand before)
+        dash = state["flower"]
+        assert f"Flower: {dash['url']} (user rlfarm, password {dash['password']})" in up.stdout
+        poll(lambda: _http_status(dash["url"] + "/workers") == 401, "Flower answering, behind its password")
+        assert _http_status(dash["url"] + "/workers", ("rlfarm", dash["password"])) == 200
         assert state["redis_url"].split("@")[0] not in up.stdout  # the password is not printed
         assert state["secret"] not in up.stdout
         assert stat.S_IMODE(state_file.stat().st_mode) == 0o600  # it holds the password
@@ -134,7 +139,8 @@ def test_up_then_train_on_it_then_down(tmp_path):
             except subprocess.TimeoutExpired:
                 joiner.terminate()
                 joiner.wait()
-    assert down.returncode == 0 and "local farm stopped (2 processes)" in down.stdout
+    assert down.returncode == 0 and "local farm stopped (3 processes)" in down.stdout  # Redis, worker, Flower
+    assert not pid_alive(state["flower"]["pid"])
     assert "told the workers that joined it to stop: joiner@" in down.stdout, down.stdout
     assert joiner.returncode == 0, log.read_text(errors="replace")[-3000:]  # it stopped by itself, cleanly
     assert not [pid for pid in state["pids"] if pid_alive(pid)]
@@ -144,3 +150,21 @@ def test_up_then_train_on_it_then_down(tmp_path):
         none = cli(*command)
         assert none.returncode == 1, (command, none.stderr)
         assert "no farm found: no --redis, no RLFARM_REDIS_URL, no `rlfarm up` farm" in error_line(none), command
+
+
+def _http_status(url: str, auth: tuple[str, str] | None = None) -> int | None:
+    """The HTTP status `url` answers with (None: nothing answers yet)."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None

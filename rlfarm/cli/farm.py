@@ -29,7 +29,8 @@ from rlfarm.config import bounds as B  # pure and light: the upper bounds of the
     metavar="MODULE",
     help="Let its workers build 'MODULE:callable' envs (repeatable).",
 )
-def up(workers: int, modules: tuple[str, ...]) -> None:
+@click.option("--flower/--no-flower", default=True, show_default=True, help="Start Flower, the dashboard, on the farm.")
+def up(workers: int, modules: tuple[str, ...], flower: bool) -> None:
     """Start a local farm that stays up: a Redis on 127.0.0.1 and WORKERS worker processes.
 
     Until `rlfarm down`, every command without --redis or RLFARM_REDIS_URL uses it: `rlfarm train`
@@ -42,7 +43,7 @@ def up(workers: int, modules: tuple[str, ...]) -> None:
 
     env = allowed_env_modules(modules)
     try:
-        state = localfarm.up(workers, extra_env=env)
+        state = localfarm.up(workers, extra_env=env, flower=flower)
     except (localfarm.LocalFarmError, OSError) as exc:
         fail(str(exc), 1)
     click.echo(
@@ -54,6 +55,9 @@ def up(workers: int, modules: tuple[str, ...]) -> None:
         f"itself, as status, eval --run, checkpoints and sweep do); its URL and secret, e.g. for "
         f"Flower (RLFARM_REDIS_URL): {localfarm.state_path()} (redis_url, secret)"
     )
+    if "flower" in state:
+        dash = state["flower"]
+        click.echo(f"Flower: {dash['url']} (user {dash['user']}, password {dash['password']}); `rlfarm down` stops it")
     click.echo(
         "other machines: this farm listens on 127.0.0.1 only; a farm they join is the compose stack "
         "(docker compose up, docs/deploy.md), whose workers they add with rlfarm worker --redis URL"

@@ -12,7 +12,10 @@ import json
 import os
 import secrets
 import signal
+import socket
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from rlfarm.core.signing import SECRET_ENV, secret_from_env
@@ -27,9 +30,40 @@ class LocalFarmError(RuntimeError):
 FARM_NAME = "rlfarm-local"  # its LocalCluster: its own workers are FARM_NAME-<i>@host
 
 
-def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Start the local farm (Redis + one Celery worker with `workers` pool processes), wait until it
-    answers, write its state file and return the state. An already running farm is an error."""
+def start_flower(redis_url: str, log_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int, str]:
+    """Flower on the farm (`celery -A tasks flower` on 127.0.0.1, port 5555 when free), behind a basic
+    auth password made here; a session of its own, like the farm's other processes. Returns the
+    process, its port and its password."""
+    import sys
+
+    from rlfarm.local.cluster import LOOPBACK, free_port
+
+    try:
+        with socket.socket() as probe:
+            probe.bind((LOOPBACK, 5555))
+        port = 5555
+    except OSError:
+        port = free_port()
+    password = secrets.token_urlsafe(12)
+    with open(log_dir / "flower.log", "ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}", f"--address={LOOPBACK}",
+                f"--basic-auth=rlfarm:{password}",
+            ],
+            env={**os.environ, **env, "RLFARM_REDIS_URL": redis_url},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    return proc, port, password
+
+
+def up(workers: int, extra_env: dict[str, str] | None = None, flower: bool = True) -> dict[str, Any]:
+    """Start the local farm (Redis + one Celery worker with `workers` pool processes, and Flower unless
+    `flower` is False), wait until it answers, write its state file and return the state. An already
+    running farm is an error."""
     if running() is not None:
         raise LocalFarmError(f"a local farm is already up ({state_path()}); `rlfarm down` stops it")
     log_dir = home() / "local-farm"
@@ -51,14 +85,17 @@ def up(workers: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     except BaseException:
         cluster.stop()
         raise
+    dashboard = start_flower(cluster.redis_url, log_dir, {**(extra_env or {}), SECRET_ENV: secret}) if flower else None
     state = {
         "redis_url": cluster.redis_url,
-        "pids": cluster.pids,
+        "pids": cluster.pids,  # the farm is up while these live (rlfarm.farm.find.running)
         "workers": workers,
         "logs": str(log_dir),
         "started": time.time(),
         "secret": secret,
-    }
+        **({"flower": {"url": f"http://127.0.0.1:{dashboard[1]}", "user": "rlfarm", "password": dashboard[2],
+                       "pid": dashboard[0].pid}} if dashboard else {}),
+    }  # fmt: skip
     path = state_path()
     path.touch(mode=0o600)  # it holds the password
     path.write_text(json.dumps(state) + "\n")
@@ -75,6 +112,9 @@ def down(grace: float = 10.0) -> tuple[list[int], list[str]]:
     state = json.loads(path.read_text())
     pids = [pid for pid in state["pids"] if alive(pid)]
     joined = stop_joined_workers(state["redis_url"], pids)
+    flower = state.get("flower", {}).get("pid")
+    if flower and alive(int(flower)):
+        pids.append(int(flower))
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGTERM)
