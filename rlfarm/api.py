@@ -135,7 +135,7 @@ def run_length_notes(cfg: C.RunConfig) -> list[tuple[int, str]]:
     total_steps that end in a shorter iteration, and an env whose episodes outlast a task (every task
     starts fresh episodes, so training returns only count episodes that end within one). The latter
     is a warning only when the training return is the run's score: greedy evaluations play whole
-    episodes, so a run that evaluates (cartpole-dqn: 256-step tasks on purpose) is told it as a note."""
+    episodes, so a run that evaluates (cartpole-dqn: 256-step tasks on purpose) is told it with -v."""
     from rlfarm.envs import EnvError, episode_limit
 
     notes = [(logging.INFO, note) for note in [cfg.rounding_note()] if note]
@@ -150,10 +150,10 @@ def run_length_notes(cfg: C.RunConfig) -> list[tuple[int, str]]:
             f"and starts fresh episodes: training returns only count episodes that end within a task "
             f"(at most {steps} steps)"
         )
-        if cfg.eval.interval:
+        if cfg.eval.interval:  # shown with -v only: it was four lines on every cartpole-dqn run (issue 51)
             notes.append(
                 (
-                    logging.INFO,
+                    logging.DEBUG,
                     f"{capped}, and act with exploration; greedy evaluations play whole "
                     f"episodes and are the run's score",
                 )
