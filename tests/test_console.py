@@ -337,10 +337,11 @@ def test_the_progress_display_shows_steps_time_and_eta_whole_at_80_and_60_column
         logger.close()
 
 
-def test_long_lines_stay_one_line_in_files_and_above_the_bar(rlfarm_logger, tmp_path, monkeypatch):
-    """A file or pipe is 80 columns to rich: a trial's train.log, `rlfarm train > out.log`, and the
-    live bar's console all had long lines cut in two."""
-    long = "lost Redis at redis://10.0.0.5:6379/0 (ConnectionError: [Errno 111] refused); " + "x" * 200
+def test_long_lines_stay_one_line_in_files_and_wrap_between_words_on_a_terminal(rlfarm_logger, tmp_path, monkeypatch):
+    """A file or pipe is 80 columns to rich: a trial's train.log and `rlfarm train > out.log` had long
+    lines cut in two; they stay one line. On a terminal (the live bar's console too) a line the
+    terminal wrapped cut words in two ("(2 w / orker processes", issue 51): it wraps between words."""
+    long = "lost Redis at redis://10.0.0.5:6379/0 (ConnectionError: [Errno 111] refused); " + " ".join(["worker"] * 40)
     handler = logs.setup_logging(0)
     run_log = logs.log_to_file(tmp_path / "run")
     bar = Console(file=io.StringIO(), force_terminal=True, width=80, color_system=None)
@@ -351,7 +352,9 @@ def test_long_lines_stay_one_line_in_files_and_above_the_bar(rlfarm_logger, tmp_
     finally:
         logs.set_live_console(None)
         logs.remove(run_log)
-    assert bar.file.getvalue().splitlines() == [f"rlfarm: warning: {long}"]
+    shown = bar.file.getvalue().splitlines()
+    assert len(shown) > 1 and all(len(line) <= 80 for line in shown), shown
+    assert " ".join(line.strip() for line in shown) == f"rlfarm: warning: {long}"  # no word cut in two
     [line] = (tmp_path / "run" / logs.LOG_FILE).read_text().splitlines()
     assert line.endswith(f" WARNING rlfarm.trainer: {long}")
 

@@ -56,8 +56,9 @@ def verbosity() -> int:
 
 
 class ConsoleHandler(RichHandler):
-    """rich's handler without its columns: one line per record, on stderr, never wrapped; above the
-    live progress bar while there is one on the same terminal."""
+    """rich's handler without its columns: one line per record, on stderr; above the live progress bar
+    while there is one on the same terminal. A record stays one line in a pipe or file (lines are
+    grepped and copied); on a terminal it wraps between words (the terminal cut words in two)."""
 
     def __init__(self, level: int = logging.INFO):
         stderr = Console(stderr=True, soft_wrap=True)
@@ -88,8 +89,7 @@ class ConsoleHandler(RichHandler):
             line = self.render(
                 record=record, traceback=None, message_renderable=self.render_message(record, self.format(record))
             )
-            # soft_wrap: one line at any width, the bar's console too (lines are grepped and copied)
-            console.print(line, soft_wrap=True)
+            console.print(line, soft_wrap=not console.is_terminal)
         except Exception:  # noqa: BLE001 - logging's contract: a handler never raises
             self.handleError(record)
 
