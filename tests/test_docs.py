@@ -180,3 +180,15 @@ def test_the_readme_says_how_rlfarm_gets_on_the_path_before_its_first_bare_comma
     before = "\n".join(lines[:first_bare])
     assert "source .venv/bin/activate" in before and ".venv/bin/rlfarm" in before
     assert '.venv/bin/pip install -q -e ".[test]" && .venv/bin/python -m pytest -m unit' in readme
+
+
+def test_the_readme_fits_100_columns_but_for_the_commands_typed_whole():
+    """50 lines over 100 characters made the README hard to read in a terminal (issue 51); the
+    install commands stay whole, as they are typed."""
+    typed = ("python3.11 -m venv", "$(command -v sudo) apt-get")
+    long = [
+        (i, line[:60])
+        for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
+        if len(line) > 100 and not line.startswith(typed)
+    ]
+    assert not long, long
