@@ -294,7 +294,10 @@ def run(
     lock = RunDirLock(run_dir)  # before anything is written into the directory (the farm's logs)
     lock.acquire()
     workers = C.local_workers(cfg)
-    notify(f"no --redis given: starting an embedded Redis and {workers} local worker processes (logs in {run_dir}/)")
+    notify(
+        f"no --redis given: starting an embedded Redis and a local worker of {workers} rollout processes "
+        f"(logs in {run_dir}/)"  # plus the worker's main process: `ps` shows one more
+    )
     # The user's own `module:callable` env is trusted on the user's own local workers.
     extra_env = allowed_modules_env(cfg.env.id)
     if not secret_from_env():

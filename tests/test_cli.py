@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 
@@ -239,6 +240,8 @@ def test_ctrl_c_stops_everything(tmp_path, fork):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
+    # One worker of N rollout processes, as `ps` shows it (issue 51: "2 worker processes" with 3 running)
+    assert re.search(r"starting an embedded Redis and a local worker of \d+ rollout processes", stderr), stderr
     # The embedded default says how to continue too (issue 51: it printed no resume hint).
     assert f"rlfarm: interrupted; workers and Redis stopped; run {run} can continue from its checkpoint at" in stderr
     assert f"with: rlfarm train --resume {run} --logdir {tmp_path}" in stderr
