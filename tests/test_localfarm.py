@@ -115,6 +115,8 @@ def test_up_then_train_on_it_then_down(tmp_path):
         text = log.read_text(errors="replace")
         assert "farm: the rlfarm up farm" in text
         assert "not signed" not in text and "bad signature" not in text, text[-3000:]  # ...with the secret
+        assert "superuser privileges" not in text  # Celery's six lines as root: one line of ours instead
+        assert ("running as root: Celery allows it" in text) == (os.geteuid() == 0)
         assert {r["run_id"]: r["heartbeat"]["state"] for r in snap["runs"]} == {
             "first": "finished",
             "second": "finished",

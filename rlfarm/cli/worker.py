@@ -144,6 +144,16 @@ def worker(
     from rlfarm.worker.app import app
 
     app.conf.update(celery_settings(redis_url))
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Celery's own warning is six lines (issue 51)
+        import warnings
+
+        from celery.exceptions import SecurityWarning
+
+        warnings.filterwarnings("ignore", category=SecurityWarning)
+        logging.getLogger("rlfarm.worker").warning(
+            "running as root: Celery allows it because this worker accepts no pickle, but the envs its "
+            "tasks build run with root's rights; run workers as an unprivileged user"
+        )
     # Without gossip and mingle: rlfarm needs neither, and kombu's gossip teardown during a Redis
     # restart can kill the worker's main process ('NoneType' object has no attribute 'hostname').
     app.start(
