@@ -260,7 +260,7 @@ def run(
         if farm.source == UP_FARM:
             notify(
                 f"no --redis given: training on the local farm started by `rlfarm up` ({processes} "
-                f"worker processes; `rlfarm down` stops it)"
+                f"worker process{'es' if processes != 1 else ''}; `rlfarm down` stops it)"
             )
         else:
             notify(f"farm: {farm.source}; training on it with the secret its workers hold")

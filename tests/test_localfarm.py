@@ -49,6 +49,7 @@ def test_up_then_train_on_it_then_down(tmp_path):
     joiner = None
     try:
         assert "local farm up" in up.stdout and ":***@127.0.0.1" in up.stdout
+        assert ", 1 worker process, logs in" in up.stdout  # not "1 worker processes" (issue 51's walk)
         # how to add workers here, and where its URL and secret are kept (for Flower)
         assert "`rlfarm worker -c N`" in up.stdout and str(state_file) in up.stdout
         assert "other machines: this farm listens on 127.0.0.1 only" in up.stdout  # said, not promised

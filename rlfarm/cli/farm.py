@@ -47,7 +47,8 @@ def up(workers: int, modules: tuple[str, ...], flower: bool) -> None:
     except (localfarm.LocalFarmError, OSError) as exc:
         fail(str(exc), 1)
     click.echo(
-        f"local farm up: Redis {redact(state['redis_url'])}, {workers} worker processes, logs in "
+        f"local farm up: Redis {redact(state['redis_url'])}, {workers} worker process{'es' if workers != 1 else ''}, "
+        f"logs in "
         f"{state['logs']}; `rlfarm train` uses it until `rlfarm down`"
     )
     click.echo(
