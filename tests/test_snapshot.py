@@ -4,6 +4,8 @@ objects in one process stand for two worker processes; the farm tests are in tes
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -345,3 +347,68 @@ def test_a_restored_object_gets_no_value_over_a_method_a_property_or_configurati
         forged["attrs"][name] = 5
         with pytest.raises(ValueError, match=f"Piece.{name}, which is configuration"):
             restore_object(Piece(), forged)
+
+
+def test_a_restore_writes_into_the_arrays_already_there():
+    """Other objects may hold a layer's arrays by reference (AtariPreprocessing's max-pool buffers are
+    read so): restore copies into an array of the same shape instead of putting a new one there."""
+    saved = make_vector_env("CartPole-v1", 1)
+    saved.reset(seed=3)
+    saved.step(np.array([1]))
+    snap = snapshot.capture(saved)
+    fresh = make_vector_env("CartPole-v1", 1)
+    fresh.reset(seed=9)
+    before = fresh.envs[0].unwrapped.state
+    snapshot.restore(fresh, snap, snapshot.configuration(make_vector_env("CartPole-v1", 1)))
+    assert fresh.envs[0].unwrapped.state is before
+    np.testing.assert_array_equal(before, saved.envs[0].unwrapped.state)
+
+
+def test_objects_first_met_inside_a_tuple_or_a_list_are_written_back_into_the_live_ones():
+    """A game's objects held in a tuple or list (its agents) are restored into the objects at the same
+    place, not made anew (an object cannot be made from a snapshot)."""
+    from rlfarm.envs.state import capture_object, restore_object
+
+    class Part:
+        def __init__(self):
+            self.pos = np.zeros(2)
+
+    class Game:
+        def __init__(self):
+            self.pair = (Part(), 1)
+            self.parts = [Part(), Part()]
+
+    saved = Game()
+    saved.pair[0].pos += 2.0
+    saved.parts[1].pos += 3.0
+    state = capture_object(saved)
+    live = Game()
+    first, second = live.pair[0], live.parts[1]
+    restore_object(live, state)
+    assert live.pair[0] is first and live.parts[1] is second
+    assert first.pos.tolist() == [2.0, 2.0] and second.pos.tolist() == [3.0, 3.0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="needs the mujoco extra")
+def test_a_mujoco_snapshot_restores_its_physics_and_only_into_a_mujoco_env():
+    """The physics (MjData) of a MuJoCo env restored into a fresh one steps on identically; a blob
+    that gives a classic-control env MuJoCo data is refused. (The bit-for-bit test holds this too,
+    too slowly for mutation runs.)"""
+    import copy
+
+    env_id = "Hopper-v5"
+    saved = make_vector_env(env_id, 1)
+    saved.reset(seed=1)
+    for _ in range(5):
+        saved.step(np.full((1, 3), 0.3, np.float32))
+    snap = snapshot.capture(saved)
+    fresh = make_vector_env(env_id, 1)
+    fresh.reset(seed=2)
+    snapshot.restore(fresh, copy.deepcopy(snap))
+    a = saved.step(np.full((1, 3), -0.2, np.float32))[0]
+    b = fresh.step(np.full((1, 3), -0.2, np.float32))[0]
+    np.testing.assert_array_equal(a, b)
+    cartpole = snapshot.capture(make_vector_env("CartPole-v1", 1))
+    cartpole["envs"][0][-1]["mjdata"] = snap["envs"][0][-1]["mjdata"]
+    with pytest.raises(ValueError, match="holds MuJoCo data, CartPoleEnv is no MuJoCo env"):
+        snapshot.restore(make_vector_env("CartPole-v1", 1), cartpole)
