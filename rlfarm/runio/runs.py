@@ -19,13 +19,16 @@ class NoRun(LookupError):
 
 
 def resolve(run: str | Path, logdir: str | Path | None = None) -> Path:
-    """The run directory `run` names: itself if it is one (it has config.json), else LOGDIR/run."""
+    """The run directory `run` names: itself if it is one (it has config.json), else LOGDIR/run, else
+    `run` itself if it is a directory (the command says what it lacks)."""
     from rlfarm.config import RunConfig
 
     given, under = Path(run), Path(logdir or RunConfig.logdir) / run
     for candidate in (given, under):
         if (candidate / "config.json").is_file():
             return candidate
+    if given.is_dir():  # a directory given by path: what it lacks is for the command to say
+        return given
     raise NoRun(f"no run {str(run)!r}: neither {given}/ nor {under}/ is a run directory (one with config.json)")
 
 
