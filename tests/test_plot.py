@@ -110,8 +110,7 @@ def test_pure_helpers():
 
 @pytest.mark.farm  # the run comes from real Redis and Celery workers
 def test_errors_are_one_clear_line(tmp_path, run_dir):
-    missing = usage_error_line(run_cli("plot", str(tmp_path / "missing")))  # where RUN was looked for
-    assert f"no run '{tmp_path / 'missing'}': neither {tmp_path / 'missing'}/ nor runs/" in missing
+    assert "no run directory at" in usage_error_line(run_cli("plot", str(tmp_path / "missing")))
     assert "has no episodes.csv" in usage_error_line(run_cli("plot", str(tmp_path)))
 
     empty = tmp_path / "empty-run"

@@ -29,6 +29,8 @@ def resolve(run: str | Path, logdir: str | Path | None = None) -> Path:
             return candidate
     if given.is_dir():  # a directory given by path: what it lacks is for the command to say
         return given
+    if under == given or given.is_absolute():
+        raise NoRun(f"no run directory at {given}")
     raise NoRun(f"no run {str(run)!r}: neither {given}/ nor {under}/ is a run directory (one with config.json)")
 
 
