@@ -412,3 +412,39 @@ def test_a_mujoco_snapshot_restores_its_physics_and_only_into_a_mujoco_env():
     cartpole["envs"][0][-1]["mjdata"] = snap["envs"][0][-1]["mjdata"]
     with pytest.raises(ValueError, match="holds MuJoCo data, CartPoleEnv is no MuJoCo env"):
         snapshot.restore(make_vector_env("CartPole-v1", 1), cartpole)
+
+
+def test_a_snapshot_is_bounded_at_its_edges_and_must_be_a_streams(monkeypatch):
+    """decode's bounds at their edges (mutation survivors): a frame declaring exactly the limit passes
+    and one byte over does not; a frame that declares no size is cut at the limit; arrays that a
+    small frame decompresses to more than the limit are refused; a message with no obs is no stream's."""
+    import hashlib
+
+    import zstandard
+
+    from rlfarm.core import codec
+
+    def blob_of(message, **zstd):
+        blob = zstandard.ZstdCompressor(**zstd).compress(codec.pack(message))
+        return blob, hashlib.sha256(blob).hexdigest()
+
+    zeros = {"env": {}, "obs": np.zeros(250_000, np.float32)}  # 1 MB raw
+    blob, digest = blob_of(zeros)
+    declared = zstandard.frame_content_size(blob)
+    monkeypatch.setattr(streams, "MAX_SNAPSHOT_BYTES", declared)
+    assert streams.decode(blob, digest)["obs"].shape == (250_000,)  # at the limit
+    monkeypatch.setattr(streams, "MAX_SNAPSHOT_BYTES", declared - 1)
+    with pytest.raises(streams.SnapshotError, match="above the"):
+        streams.decode(blob, digest)
+    unsized, unsized_digest = blob_of(zeros, write_content_size=False)
+    with pytest.raises(streams.SnapshotError, match="does not decompress"):
+        streams.decode(unsized, unsized_digest)  # no size declared: cut at the limit
+    packed = zstandard.ZstdCompressor().compress(codec.pack(zeros, compress="zstd", threshold=0))
+    assert zstandard.frame_content_size(packed) < 100_000  # the frame is small, its arrays are not
+    monkeypatch.setattr(streams, "MAX_SNAPSHOT_BYTES", 100_000)
+    with pytest.raises(streams.SnapshotError, match="does not decode"):
+        streams.decode(packed, hashlib.sha256(packed).hexdigest())
+    for message in ({"env": {}}, {"obs": [1.0]}, {"env": [], "obs": [1.0]}):
+        shapeless, shapeless_digest = blob_of(message)
+        with pytest.raises(streams.SnapshotError, match="is not a stream's"):
+            streams.decode(shapeless, shapeless_digest)
