@@ -97,7 +97,7 @@ def signed_farm(tmp_path_factory):
         yield cluster
 
 
-def _train(url: str, logdir, run_id: str) -> subprocess.Popen:
+def _train(url: str, logdir, run_id: str, *extra: str) -> subprocess.Popen:
     return start_command(
         "train",
         "--redis",
@@ -107,6 +107,7 @@ def _train(url: str, logdir, run_id: str) -> subprocess.Popen:
         "--run-id",
         run_id,
         *ARGS,
+        *extra,
         env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET},
         stdout=subprocess.DEVNULL,
         stderr=open(logdir / f"{run_id}.txt", "w"),
@@ -152,12 +153,8 @@ def test_a_forged_env_stream_snapshot_is_counted_under_security_and_its_stream_r
     stream restart; now also as `security/refused_snapshot`, and the run goes on (issue 50)."""
     url, run_id = signed_farm.redis_url, "forged-snapshot"
     client = connect(url)
-    args = [*ARGS, "--set", "farm.episodes=continue"]
     log = tmp_path / f"{run_id}.txt"
-    proc = start_command(
-        "train", "--redis", url, "--logdir", str(tmp_path), "--run-id", run_id, *args,
-        env={**os.environ, **WORKER_ENV, "RLFARM_SECRET": SECRET}, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-    )  # fmt: skip
+    proc = _train(url, tmp_path, run_id, "--set", "farm.episodes=continue")
     try:
         poll(lambda: next(client.scan_iter(f"{keys.prefix(run_id)}stream:*"), None), "a stream snapshot", proc, log)
         # The trainer held still while every snapshot of the run is overwritten and the pool processes,

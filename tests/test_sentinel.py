@@ -134,6 +134,15 @@ def _answering(url: str, expected: int) -> bool:
         app.close()
 
 
+def _train(farm, tmp_path, run_id: str, *args: str) -> subprocess.Popen:
+    """`rlfarm train` on the Sentinel farm, with leases short enough to notice a lost worker quickly."""
+    return start_command(
+        "train", "--redis", farm.redis_url, "--run-id", run_id, "--logdir", str(tmp_path), *args,
+        "--set", "farm.lease_seconds=3",
+        env={**os.environ, **WORKER_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
 @pytest.mark.farm
 @pytest.mark.fault
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -146,22 +155,7 @@ def test_the_master_killed_mid_run_fails_over_and_the_run_finishes_with_nothing_
     try:
         run_id = f"failover-{mode}"
         args = SLOW_PPO + ["--total-steps", "5000"] if mode == "sync" else SLOW_DQN + ["--total-steps", "4000"]
-        proc = start_command(
-            "train",
-            "--redis",
-            farm.redis_url,
-            "--run-id",
-            run_id,
-            "--logdir",
-            str(tmp_path),
-            *args,
-            "--set",
-            "farm.lease_seconds=3",
-            env={**os.environ, **WORKER_ENV},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = _train(farm, tmp_path, run_id, *args)
         wait_for_rows(proc, tmp_path / run_id, rows=2)
         old = farm.group.kill_master()
         poll(lambda: farm.group.master_port() not in (None, old), "the sentinels promoted the replica")
@@ -383,24 +377,7 @@ def test_workers_ride_out_failovers_while_tasks_are_acked(tmp_path):
     farm = _farm(tmp_path)
     try:
         run_id = "failover-acks"
-        proc = start_command(
-            "train",
-            "--redis",
-            farm.redis_url,
-            "--run-id",
-            run_id,
-            "--logdir",
-            str(tmp_path),
-            *SLOW_DQN,
-            "--total-steps",
-            "12000",
-            "--set",
-            "farm.lease_seconds=3",
-            env={**os.environ, **WORKER_ENV},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = _train(farm, tmp_path, run_id, *SLOW_DQN, "--total-steps", "12000")
         rows = 1
         for _ in range(FAILOVERS):
             wait_for_rows(proc, tmp_path / run_id, rows=rows)  # training, tasks running and acked
