@@ -14,7 +14,7 @@ All under `rlfarm:<run>:` (besides the broker's own queue, `celery`, and kombu's
 | `trainer`           | string     | trainer (the run's claim, rlfarm.farm.claim) | CLAIM_SECONDS, renewed |
 | `status`            | hash       | trainer (heartbeat for `rlfarm status`)     | STATUS_TTL; its last word (finished, failed, stopped): none |
 | `wanted`            | set        | trainer adds task keys and LIVE; a worker removes the key of the task whose result it pushed | none |
-| `results`           | list       | workers push, the trainer pops              | RESULTS_TTL (backstop) |
+| `results`           | list       | workers push while `wanted` holds LIVE (rlfarm.farm.delivery), the trainer pops | RESULTS_TTL (backstop) |
 | `taken`             | list       | the trainer's ingest thread moves results here from `results`, and trims them once taken in (rlfarm.trainer.ingest) | RESULTS_TTL (backstop) |
 | `lease:<task>`      | string     | the worker running the task (the node renews it with PEXPIRE only) | lease seconds, renewed |
 | `attempts:<id>`     | string     | the worker delivered a task message         | RESULTS_TTL            |

@@ -148,6 +148,7 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     _reported.append(task_id)
     from rlfarm.core import codec, signing
     from rlfarm.farm import keys
+    from rlfarm.farm.delivery import deliver
 
     if _main_client is None:
         from rlfarm.farm.outage import OutageRetry, resilient_client
@@ -168,13 +169,11 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
         f"({_limit_source(limit)}) in env {kwargs.get('env') or '?'}, and its process was "
         f"killed and replaced (a hung env?)",
     ).to_message()
-    key = keys.results(kwargs["run"])
-    pipe = _main_client.pipeline(transaction=True)
-    pipe.rpush(key, signing.seal_result(kwargs["run"], codec.pack(message), signing.secret_from_env()))
-    pipe.expire(key, keys.RESULTS_TTL)
+    run = kwargs["run"]
     # The killed process can no longer renew its lease; drop it so it is not also taken for a lost worker.
-    pipe.delete(keys.lease(kwargs["run"], keys.task(message["kind"], message["iteration"], message["index"])))
-    pipe.execute()
+    lease = keys.lease(run, keys.task(message["kind"], message["iteration"], message["index"]))
+    payload = signing.seal_result(run, codec.pack(message), signing.secret_from_env())
+    deliver(_main_client, run, payload, delete=(lease,))
 
 
 def _limit_source(limit: object) -> str:

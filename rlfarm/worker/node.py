@@ -32,6 +32,7 @@ import redis
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
 from rlfarm.farm import keys, redis_url
+from rlfarm.farm.delivery import deliver
 from rlfarm.farm.shares import register_node
 from rlfarm.farm.store import PolicyStore
 
@@ -81,7 +82,8 @@ def hand_back_reason(node: str, detail: str = "") -> str:
 
 
 def push_handed_back(client: redis.Redis, task: NodeTask, worker: str, reason: str) -> None:
-    """The task's `handed_back` answer and its lease's deletion, in one transaction."""
+    """The task's `handed_back` answer and its lease's deletion, in one transaction (nothing but the
+    deletion once its run ended)."""
     message = Result(
         task.kind,
         task.iteration,
@@ -92,11 +94,8 @@ def push_handed_back(client: redis.Redis, task: NodeTask, worker: str, reason: s
         retryable=True,
         handed_back=True,
     ).to_message()
-    pipe = client.pipeline(transaction=True)
-    pipe.rpush(keys.results(task.run), signing.seal_result(task.run, codec.pack(message), signing.secret_from_env()))
-    pipe.expire(keys.results(task.run), keys.RESULTS_TTL)
-    pipe.delete(keys.lease(task.run, task.key_text))
-    pipe.execute()
+    payload = signing.seal_result(task.run, codec.pack(message), signing.secret_from_env())
+    deliver(client, task.run, payload, delete=(keys.lease(task.run, task.key_text),))
 
 
 def ask_to_hand_back(tasks: list[NodeTask]) -> None:

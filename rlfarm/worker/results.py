@@ -12,7 +12,7 @@ import redis
 
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
-from rlfarm.farm import keys
+from rlfarm.farm.delivery import deliver
 from rlfarm.farm.outage import is_oom
 from rlfarm.farm.store import PolicyCorrupt
 
@@ -72,19 +72,18 @@ def push(
     """Result, attempts counter, lease and `wanted` entry in one transaction: the trainer never
     sees a lease gone before its result is there, and from now on every other copy of the
     task (`done`) is skipped unrun. An env stream's snapshot goes in the same transaction, so
-    the result that names it never arrives without it."""
+    the result that names it never arrives without it. A run that ended meanwhile gets nothing
+    (rlfarm.farm.delivery)."""
     payload = signing.seal_result(run, message if isinstance(message, bytes) else codec.pack(message), secret)
-    key = keys.results(run)
-    pipe = client.pipeline(transaction=True)
-    if stream_snapshot is not None:
-        pipe.set(stream_snapshot[0], stream_snapshot[1], ex=keys.STREAM_TTL)
-    pipe.rpush(key, payload)
-    pipe.expire(key, keys.RESULTS_TTL)
-    pipe.delete(attempts_key, *([lease] if lease else []))
-    if done is not None:
-        pipe.srem(keys.wanted(run), done)
     try:
-        pipe.execute()
+        deliver(
+            client,
+            run,
+            payload,
+            delete=(attempts_key, *([lease] if lease else [])),
+            done=done,
+            stream_snapshot=stream_snapshot,
+        )
     except redis.ResponseError as exc:
         if not is_oom(exc):
             raise
