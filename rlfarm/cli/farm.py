@@ -30,7 +30,13 @@ from rlfarm.config import bounds as B  # pure and light: the upper bounds of the
     help="Let its workers build 'MODULE:callable' envs (repeatable).",
 )
 @click.option("--flower/--no-flower", default=True, show_default=True, help="Start Flower, the dashboard, on the farm.")
-def up(workers: int, modules: tuple[str, ...], flower: bool) -> None:
+@click.option(
+    "--listen",
+    metavar="ADDRESS",
+    help="Also listen on this address of the machine (0.0.0.0: all), so other machines can join the farm; "
+    "up prints the command they type. Default: 127.0.0.1 only.",
+)
+def up(workers: int, modules: tuple[str, ...], flower: bool, listen: str | None) -> None:
     """Start a local farm that stays up: a Redis on 127.0.0.1 and WORKERS worker processes.
 
     Until `rlfarm down`, every command without --redis or RLFARM_REDIS_URL uses it: `rlfarm train`
@@ -42,8 +48,10 @@ def up(workers: int, modules: tuple[str, ...], flower: bool) -> None:
     from rlfarm.local import farm as localfarm
 
     env = allowed_env_modules(modules)
+    if listen is not None:
+        listen = _address(listen)
     try:
-        state = localfarm.up(workers, extra_env=env, flower=flower)
+        state = localfarm.up(workers, extra_env=env, flower=flower, listen=listen)
     except (localfarm.LocalFarmError, OSError) as exc:
         fail(str(exc), 1)
     click.echo(
@@ -59,10 +67,34 @@ def up(workers: int, modules: tuple[str, ...], flower: bool) -> None:
     if "flower" in state:
         dash = state["flower"]
         click.echo(f"Flower: {dash['url']} (user {dash['user']}, password {dash['password']}); `rlfarm down` stops it")
-    click.echo(
-        "other machines: this farm listens on 127.0.0.1 only; a farm they join is the compose stack "
-        "(docker compose up, docs/deploy.md), whose workers they add with rlfarm worker --redis URL"
-    )
+    if "join" in state:
+        click.echo(
+            f"other machines join it with (its password travels in clear text: a private network or VPN, "
+            f"docs/deploy.md):\n  {state['join']}"
+        )
+    else:
+        click.echo(
+            "other machines: this farm listens on 127.0.0.1 only; `rlfarm up --listen 0.0.0.0` (or an "
+            "address of this machine) lets them join, and prints the command they type"
+        )
+
+
+def _address(text: str) -> str:
+    """--listen's address: an IPv4 address of this machine, said in one line when it is none."""
+    import ipaddress
+    import socket
+
+    try:
+        address = str(ipaddress.IPv4Address(text))
+    except ValueError:
+        fail(f"--listen wants an IPv4 address of this machine (or 0.0.0.0 for all), got {text!r}")
+    if address != "0.0.0.0":
+        try:
+            with socket.socket() as probe:
+                probe.bind((address, 0))
+        except OSError as exc:
+            fail(f"--listen {address}: not an address of this machine ({exc.strerror})")
+    return address
 
 
 @click.command()

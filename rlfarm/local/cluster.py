@@ -108,12 +108,14 @@ class LocalCluster:
         host: str = LOOPBACK,
         prefix: list[str] | None = None,
         fork_workers: bool = False,
+        bind: tuple[str, ...] = (),
     ):
         """`detached`: processes outlive this one (`rlfarm up`); `password`: Redis requires it;
         `data_dir`: Redis's directory (default: a temporary one, removed by `stop`). For tests of
         network faults: `host`, the address Redis binds and clients use; `prefix`, a command the
         redis-server runs under (`ip netns exec NS`). `fork_workers`: start the workers by forking
-        this process (ForkedWorker), where it can, rather than from a fresh interpreter."""
+        this process (ForkedWorker), where it can, rather than from a fresh interpreter. `bind`: the
+        addresses Redis listens on when not `host` alone (`rlfarm up --listen`); clients still use `host`."""
         self.workers = workers
         self._preexec = _detach if detached else die_with_parent
         self.password = password
@@ -129,6 +131,7 @@ class LocalCluster:
         self.host = host
         self.prefix = list(prefix or [])
         self.fork_workers = fork_workers
+        self.bind = tuple(bind) or (host,)
         self.redis_proc: subprocess.Popen | None = None
         self.worker_procs: list[subprocess.Popen | ForkedWorker] = []
         self._nodes: list[str] = []
@@ -195,7 +198,7 @@ class LocalCluster:
             "--port",
             str(self.port),
             "--bind",
-            self.host,
+            *self.bind,
             "--protected-mode",
             "yes",
             "--save",
