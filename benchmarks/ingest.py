@@ -318,7 +318,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from rlfarm.envs import EnvError
+    from rlfarm.errors import EnvError
     from rlfarm.local.cluster import LocalCluster
 
     rows, learned, beside = [], [], []

@@ -88,7 +88,8 @@ def main() -> None:
 
     from rlfarm import config as C
     from rlfarm.algos.ppo.policies import ActorCritic
-    from rlfarm.envs import EnvError, describe
+    from rlfarm.envs import describe
+    from rlfarm.errors import EnvError
     from rlfarm.farm.connection import connect
     from rlfarm.farm.store import PolicyStore
     from rlfarm.local.cluster import LocalCluster

@@ -57,7 +57,8 @@ def main() -> None:
     from rlfarm import config as C
     from rlfarm.algos import network_for
     from rlfarm.core import codec
-    from rlfarm.envs import EnvError, describe
+    from rlfarm.envs import describe
+    from rlfarm.errors import EnvError
     from rlfarm.farm.connection import connect
     from rlfarm.farm.lines import LinedStore
     from rlfarm.local.cluster import LocalCluster

@@ -45,7 +45,8 @@ def measure(name: str, repeats: int) -> dict[str, float] | None:
     from rlfarm.core.protocol import Result
     from rlfarm.core.rollout import collect
     from rlfarm.core.streams import EnvStream, stream_seeds
-    from rlfarm.envs import EnvError, describe, make_vector_env, snapshot
+    from rlfarm.envs import describe, make_vector_env, snapshot
+    from rlfarm.errors import EnvError
 
     env_id, n, steps, options = WORKLOADS[name]
     try:

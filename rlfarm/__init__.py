@@ -15,7 +15,11 @@ def __getattr__(name: str):
         from rlfarm.api import train
 
         return train
-    if name in ("load", "LoadedPolicy", "PolicyFileError"):
+    if name == "PolicyFileError":
+        from rlfarm.errors import PolicyFileError
+
+        return PolicyFileError
+    if name in ("load", "LoadedPolicy"):
         from rlfarm.evaluation import loaded
 
         return getattr(loaded, name)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfarm import config as C
+from rlfarm.errors import RunExists
 
 log = logging.getLogger("rlfarm")
 
@@ -136,7 +137,8 @@ def run_length_notes(cfg: C.RunConfig) -> list[tuple[int, str]]:
     starts fresh episodes, so training returns only count episodes that end within one). The latter
     is a warning only when the training return is the run's score: greedy evaluations play whole
     episodes, so a run that evaluates (cartpole-dqn: 256-step tasks on purpose) is told it with -v."""
-    from rlfarm.envs import EnvError, episode_limit
+    from rlfarm.envs import episode_limit
+    from rlfarm.errors import EnvError
 
     notes = [(logging.INFO, note) for note in [cfg.rounding_note()] if note]
     try:
@@ -166,14 +168,6 @@ def run_length_notes(cfg: C.RunConfig) -> list[tuple[int, str]]:
                 )
             )
     return notes
-
-
-class RunExists(C.ConfigError):
-    """A new run under a run id whose directory already holds a run."""
-
-    def __init__(self, run_id: str, run_dir: Path):
-        super().__init__(f"run {run_id} already exists in {run_dir.parent}/; choose another run_id")
-        self.run_id, self.run_dir = run_id, run_dir
 
 
 def check_new_run(cfg: C.RunConfig) -> None:

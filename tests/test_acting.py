@@ -19,8 +19,8 @@ from rlfarm.algos.acting import acts_without_torch, numpy_actor
 from rlfarm.config import PolicyConfig
 from rlfarm.core import codec
 from rlfarm.envs.spaces import space_spec_of
+from rlfarm.errors import StateMismatch
 from rlfarm.local.cluster import LocalCluster
-from rlfarm.nn.acting import StateMismatch
 from tests.conftest import ROOT, WORKER_ENV, read_summary, train_on
 
 DISCRETE = space_spec_of(gym.spaces.Box(-1.0, 1.0, (5,)), gym.spaces.Discrete(4))

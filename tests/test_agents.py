@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from rlfarm.core.rollout import collect, run_episodes, task_seeds
-from rlfarm.envs import EnvError, describe, make_env, make_vector_env
+from rlfarm.envs import describe, make_env, make_vector_env
 from rlfarm.envs.agents import AgentVector
 from rlfarm.envs.allowlist import check_env_allowed
+from rlfarm.errors import EnvError
 
 HAS_MPE2 = importlib.util.find_spec("mpe2") is not None
 NO_MPE2 = 'mpe2 is not installed (pip install -e ".[multiagent]")'
@@ -224,7 +225,7 @@ def test_async_learners_train_on_a_multi_agent_env_through_the_farm(farm, tmp_pa
 
 def test_a_run_whose_num_envs_does_not_fit_the_agents_is_refused_before_it_starts():
     from rlfarm.api import check_config, make_config
-    from rlfarm.config import ConfigError
+    from rlfarm.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"env.num_envs = 5 is not a multiple of the env's 2 agents.*num_envs = 4"):
         check_config(make_config(None, env="tests.tiny_envs:echo", env__num_envs=5))

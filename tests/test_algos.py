@@ -16,7 +16,8 @@ from torch import nn
 from rlfarm import config as C
 from rlfarm.algos import learner, names
 from rlfarm.core.rollout import collect
-from rlfarm.envs import EnvError, describe, make_vector_env
+from rlfarm.envs import describe, make_vector_env
+from rlfarm.errors import EnvError
 from rlfarm.nn.acting import Actor
 from rlfarm.nn.layers import NatureCNN, cnn_layers
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import rlfarm
-from rlfarm.config import ConfigError
+from rlfarm.errors import ConfigError
 
 from .conftest import pid_alive, scalar_tags
 

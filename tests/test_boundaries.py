@@ -25,7 +25,7 @@ from rlfarm.config import ALGORITHMS
 
 from .conftest import ROOT
 
-PURE_LAYERS = ["config", "core", "envs", "nn", "algos"]  # one layer: they compute, and import each other
+PURE_LAYERS = ["errors", "config", "core", "envs", "nn", "algos"]  # one layer: they compute, and import each other
 FACE = ["api", "rlfarm"]  # the package's face: rlfarm.api and the package itself (rlfarm/__init__.py)
 # Lowest first: a module imports only modules of its own layer or of a lower one.
 LAYERS = [
@@ -309,3 +309,88 @@ MAX_LINES = 450  # a module a newcomer reads in one sitting (issue 34)
 def test_no_module_is_longer_than_a_sitting():
     long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by what they do): {long}"
+
+
+def _all_import_graph(prefix: str) -> dict[str, set[str]]:
+    """Module -> the modules under `prefix` it imports anywhere, type checkers' imports included."""
+    graph = {}
+    for name, path in MODULES.items():
+        if not name.startswith(prefix):
+            continue
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                edges |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                    for a in node.names
+                }
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+        graph[name] = {e for e in edges if e.startswith(prefix) and e in MODULES} - {name}
+    return graph
+
+
+def test_no_import_circles_inside_the_trainer_not_even_for_type_checkers():
+    """The trainer's parts import each other one way (issue 52: channel, keeper, outbox and watchdog
+    were a circle through a type checker's import and `warn`): the ledger and the outbox below the
+    watchdog, the watchdog below the channel, the channel below the trainer."""
+    assert _cycles(_all_import_graph("rlfarm.trainer.")) == []
+
+
+# Wiring, not records: a class whose constructor is written by hand takes at most this many
+# parameters; what travels together is grouped (issue 52). Dataclasses that are records (a config
+# section, a result, a row) are data, not wiring, and are not counted.
+MAX_CONSTRUCTOR_PARAMETERS = 8
+
+
+def _wide_constructors() -> list[str]:
+    wide = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    args = item.args
+                    count = len(args.posonlyargs) + len(args.args) - 1 + len(args.kwonlyargs)
+                    if count > MAX_CONSTRUCTOR_PARAMETERS:
+                        wide.append(f"{name}.{node.name}: {count}")
+    return sorted(wide)
+
+
+# The errors private to one module: raised and caught there, never seen by a user.
+PRIVATE_ERRORS = {
+    "rlfarm.local.cluster.PortTaken": "start_redis's signal to try another port",
+    "rlfarm.cli.common._UsageLine": "click's usage error as one line",
+    "rlfarm.tune.seeds.StartFailed": "a seed's trainer that could not start: the seeds command says so itself",
+    "rlfarm.worker.hooks.TaskFailed": "Celery's record of a task already answered in Redis",
+    "rlfarm.worker.rollout.HandedBack": "SIGUSR2 in a pool process, turned into the task's answer",
+}
+
+
+def test_every_public_error_is_in_rlfarm_errors_under_one_base_class():
+    import builtins
+
+    from rlfarm import errors
+
+    builtin = {n for n in dir(builtins) if isinstance(getattr(builtins, n), type)}
+    stray = []
+    for name, path in MODULES.items():
+        if name == "rlfarm.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).split(".")[-1] for b in node.bases]
+                is_error = any(b.endswith(("Error", "Exception")) or b in builtin and b != "object" for b in bases)
+                if is_error and f"{name}.{node.name}" not in PRIVATE_ERRORS and "Protocol" not in bases:
+                    stray.append(f"{name}.{node.name}")
+    assert not stray, f"errors outside rlfarm/errors.py: {stray}"
+    classes = [c for c in vars(errors).values() if isinstance(c, type) and c.__module__ == "rlfarm.errors"]
+    assert len(classes) > 30
+    assert all(issubclass(c, errors.RlfarmError) for c in classes)
+
+
+def test_the_constructor_check_itself_counts_parameters():
+    assert MAX_CONSTRUCTOR_PARAMETERS == 8
+    wide = _wide_constructors()
+    assert all(": " in line for line in wide)

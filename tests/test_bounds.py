@@ -305,7 +305,8 @@ def test_an_env_id_longer_than_any_is_refused_without_echoing_it():
 
 def test_a_worker_refuses_an_overlong_env_id_without_echoing_it():
     """An id read from Redis meets the same bound where the env is built (rlfarm.envs.make)."""
-    from rlfarm.envs import EnvError, make_env
+    from rlfarm.envs import make_env
+    from rlfarm.errors import EnvError
 
     with pytest.raises(EnvError, match="an env id of 1,000,000 characters, above its bound of 256") as err:
         make_env("x" * 1_000_000)

@@ -176,7 +176,8 @@ def test_a_refused_trainer_leaves_no_file_it_created(tmp_path):
     """RunDirLock: a trainer refused before it wrote anything (the run claimed in Redis by another)
     removes its lock file and the directories it made; one refused on a locked directory creates
     nothing; a directory with anything else in it, or a lock file it did not create, is kept."""
-    from rlfarm.farm.claim import RunDirLock, RunInUse
+    from rlfarm.errors import RunInUse
+    from rlfarm.farm.claim import RunDirLock
 
     run_dir = tmp_path / "logs" / "run"
     refused_later = RunDirLock(run_dir)

@@ -14,7 +14,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from rlfarm.config import ConfigError
+from rlfarm.errors import ConfigError
 from rlfarm.farm.connection import is_loopback, no_password_warning
 from rlfarm.observe.metrics import EVAL_LINE_EVERY, RunLogger, summary_writer_class
 from rlfarm.runio import logs

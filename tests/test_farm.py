@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from rlfarm.core.rollout import Rollout, collect, task_seeds
+from rlfarm.errors import RolloutError
 from rlfarm.farm import keys
 from rlfarm.farm.app import ROLLOUT_TASK, make_app
 from rlfarm.farm.connection import connect
 from rlfarm.trainer.channel import FarmLink
-from rlfarm.trainer.outbox import RolloutError
 
 from .conftest import make_run, poll, running_tasks, task_channel, task_specs
 

@@ -20,7 +20,7 @@ import pytest
 
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
-from rlfarm.core.signing import SignatureError
+from rlfarm.errors import SignatureError
 
 SECRET = b"guards-test-secret-0123456789abcdef"
 RUN = "guarded"
@@ -66,7 +66,8 @@ def test_a_signed_blob_relabelled_as_another_version_is_refused_by_the_store():
     field refuses it (the store's own check compares the claimed version with the key, which agree)."""
     import torch
 
-    from rlfarm.farm.store import PolicyCorrupt, PolicyStore
+    from rlfarm.errors import PolicyCorrupt
+    from rlfarm.farm.store import PolicyStore
 
     store = PolicyStore(None, RUN, secret=SECRET)
     state = {"w": torch.ones(2, 3)}

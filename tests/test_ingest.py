@@ -14,9 +14,10 @@ import redis
 
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
+from rlfarm.errors import RedisUnavailable
 from rlfarm.farm import keys
 from rlfarm.farm.connection import connect
-from rlfarm.farm.outage import OutageRetry, RedisUnavailable, resilient_client
+from rlfarm.farm.outage import OutageRetry, resilient_client
 from rlfarm.local.cluster import LocalCluster
 from rlfarm.trainer.ingest import Ingest, keep_freed_memory
 

@@ -155,7 +155,7 @@ def test_a_machine_joins_with_the_line_up_prints_runs_tasks_and_is_stopped_by_do
         joiner.wait(timeout=60)  # it stops by itself: told, not killed
         joiner = None
     finally:
-        if joiner is not None:
+        if joiner is not None and joiner.poll() is None:
             os.killpg(joiner.pid, 9)
         if (tmp_path / "farm-home" / "local-farm.json").exists():
             on_farm("down")

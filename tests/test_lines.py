@@ -19,9 +19,10 @@ import torch
 from rlfarm.config import RunConfig, to_dict
 from rlfarm.core.protocol import TaskSpec
 from rlfarm.envs import make_vector_env, space_spec
+from rlfarm.errors import PolicyCorrupt
 from rlfarm.farm.connection import connect
 from rlfarm.farm.lines import LinedStore
-from rlfarm.farm.store import PolicyCorrupt, PolicyStore
+from rlfarm.farm.store import PolicyStore
 
 pytestmark = [
     pytest.mark.farm,

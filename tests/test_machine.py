@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import redis
 
-from rlfarm.farm.store import PolicyCorrupt
+from rlfarm.errors import PolicyCorrupt
 from rlfarm.worker import machine as M
 from rlfarm.worker.settings import POLICY_SHARE_VAR
 

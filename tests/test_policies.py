@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlfarm.config import ConfigError, RunConfig, build
+from rlfarm.config import RunConfig, build
 from rlfarm.core.rollout import collect
-from rlfarm.envs import EnvError, make_vector_env, space_spec
+from rlfarm.envs import make_vector_env, space_spec
 from rlfarm.envs.agents import map_agents
+from rlfarm.errors import ConfigError, EnvError
 
 HAS_MPE2 = importlib.util.find_spec("mpe2") is not None
 NO_MPE2 = 'needs mpe2 (the multiagent extra: pip install -e ".[multiagent]")'

@@ -6,17 +6,8 @@ import numpy as np
 import pytest
 
 from rlfarm.core import codec, signing
-from rlfarm.core.protocol import (
-    EVAL_TASK,
-    PROTOCOL,
-    ROLLOUT_TASK,
-    ProtocolError,
-    Result,
-    TaskSpec,
-    legacy_refusal,
-    protocol_mismatch,
-    spec_protocol,
-)
+from rlfarm.core.protocol import EVAL_TASK, PROTOCOL, ROLLOUT_TASK, Result, TaskSpec, protocol_mismatch, spec_protocol
+from rlfarm.errors import ProtocolError
 
 SECRET = "test-secret-with-enough-entropy-0123456789"
 
@@ -95,12 +86,3 @@ def test_a_task_of_another_protocol_is_refused_in_one_line_naming_both_versions(
     assert f"worker w@h speaks rlfarm protocol {PROTOCOL}, the task protocol {PROTOCOL + 1}" in newer
     assert "upgrade this worker" in newer and "\n" not in newer
     assert "(sent before protocol versions)" in protocol_mismatch(0, "w@h")
-    # What a worker from before versions answers a task carrying the field: taken for a refusal.
-    try:
-        TaskSpec.from_kwargs(
-            {"run": "r", "iteration": 0, "index": 0, "version": 0, "seed": 1, "protocol": 1, "future": 1}
-        )
-    except ProtocolError as exc:
-        assert not legacy_refusal(f"ProtocolError: {exc}")  # an unknown field of ours is a real error
-    assert legacy_refusal("ProtocolError: task spec has unknown fields ['protocol']")
-    assert not legacy_refusal("RuntimeError: simulator licence not found") and not legacy_refusal(None)

@@ -14,9 +14,10 @@ from rlfarm import config as C
 from rlfarm.algos import learner
 from rlfarm.algos.sac.acting import NumpySACActor, np_tanh_log_det
 from rlfarm.algos.sac.policies import SquashedGaussianPolicy, TorchSACActor, tanh_log_det
-from rlfarm.algos.saved import PolicyMismatch, load_network
+from rlfarm.algos.saved import load_network
 from rlfarm.core.rollout import collect
 from rlfarm.envs import SpaceSpec, describe, make_vector_env
+from rlfarm.errors import PolicyMismatch
 
 BOUNDS = "tests.tiny_envs:bounds"  # low [-1, 0], high [3, 10]
 LOW, HIGH = np.array([-1.0, 0.0]), np.array([3.0, 10.0])

@@ -279,14 +279,13 @@ def test_finished_tasks_waiting_for_the_learner_take_no_slot():
 
     from rlfarm.core.protocol import TaskSpec
     from rlfarm.trainer.channel import FarmLink, ShareTerms
-    from rlfarm.trainer.outbox import Pending
 
     # The share's client is never used here: its registry is not refreshed, nothing connects.
     d = FarmLink(Celery(), None, "r", 60.0, 3, share=ShareTerms("redis://127.0.0.1:1", 1.0, "async")).open()
     d.share.results_waiting = 2  # what FarmShare's last refresh read: the run's results list length
     for i in range(3):
         spec = TaskSpec("r", "rollout", i, 0, 0, 1, steps=8)
-        d.pending[spec.key] = Pending(spec, f"id{i}", 0.0, sent=0.0)
+        d.pending.open(spec, f"id{i}", 0.0)
     d.held.append(TaskSpec("r", "rollout", 9, 0, 0, 1, steps=8))
     assert d.in_flight == 3 and d.outstanding() == 4
     assert d.on_farm() == 1 and d.wants_slots() == 2

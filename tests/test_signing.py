@@ -20,14 +20,13 @@ import pytest
 import torch
 
 from rlfarm.core import codec, signing
-from rlfarm.core.signing import SignatureError
-from rlfarm.envs import EnvError, allowed_modules_env, check_env_allowed, env_module, make_env, make_vector_env
+from rlfarm.envs import allowed_modules_env, check_env_allowed, env_module, make_env, make_vector_env
+from rlfarm.errors import EnvError, PolicyCorrupt, RolloutError, SignatureError
 from rlfarm.farm.app import make_app
 from rlfarm.farm.connection import connect
-from rlfarm.farm.store import PolicyCorrupt, PolicyStore
+from rlfarm.farm.store import PolicyStore
 from rlfarm.local.cluster import LocalCluster
 from rlfarm.trainer.channel import FarmLink
-from rlfarm.trainer.outbox import RolloutError
 
 from .conftest import ROOT, WORKER_ENV, make_run, run_cli, run_command, task_channel, task_specs
 

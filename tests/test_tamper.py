@@ -17,8 +17,9 @@ import torch
 
 from rlfarm.core import codec
 from rlfarm.core.protocol import TASK_QUEUE
+from rlfarm.errors import PolicyCorrupt
 from rlfarm.farm.connection import connect
-from rlfarm.farm.store import PolicyCorrupt, PolicyStore
+from rlfarm.farm.store import PolicyStore
 
 # One test process runs the module, so its module-scoped run (or farm) is made once, not once on
 # every test process that gets one of its tests (conftest.py sends grouped modules early).

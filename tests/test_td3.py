@@ -14,11 +14,12 @@ import torch
 
 from rlfarm import config as C
 from rlfarm.algos import learner
-from rlfarm.algos.saved import PolicyMismatch, algo_of, describe_policy, load_network
+from rlfarm.algos.saved import algo_of, describe_policy, load_network
 from rlfarm.algos.td3.policies import DeterministicPolicy, NumpyTD3Actor, TorchTD3Actor
 from rlfarm.core import codec
 from rlfarm.core.rollout import collect
 from rlfarm.envs import SpaceSpec, describe, make_vector_env
+from rlfarm.errors import PolicyMismatch
 
 BOUNDS = "tests.tiny_envs:bounds"  # low [-1, 0], high [3, 10]
 LOW, HIGH = np.array([-1.0, 0.0]), np.array([3.0, 10.0])

@@ -155,7 +155,7 @@ def test_an_evaluation_plays_whole_games_alternating_seats_against_the_chosen_pl
 
 
 def test_scripted_players_are_checked_by_name_and_game():
-    from rlfarm.envs import EnvError
+    from rlfarm.errors import EnvError
 
     with pytest.raises(EnvError, match="plays connect four only"):
         scripted("lookahead", "pettingzoo/classic/tictactoe_v3")

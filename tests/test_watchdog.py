@@ -13,12 +13,13 @@ import redis
 
 from rlfarm.core import codec
 from rlfarm.core.protocol import Result
+from rlfarm.errors import RolloutError
 from rlfarm.farm import keys
 from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.connection import connect
 from rlfarm.trainer.channel import FarmLink, TaskChannel
-from rlfarm.trainer.outbox import RolloutError, Unowned
+from rlfarm.trainer.outbox import Unowned
 
 pytestmark = pytest.mark.farm
 

@@ -225,7 +225,8 @@ def big_result() -> Result:
 
 
 def test_the_worker_checks_max_result_bytes_on_the_compressed_payload():
-    from rlfarm.worker.results import ResultTooLarge, encode_result
+    from rlfarm.errors import ResultTooLarge
+    from rlfarm.worker.results import encode_result
 
     payload = encode_result(big_result(), {"compress": "auto", "max_result_bytes": 2**20})
     assert len(payload) < 2**20 and ext_codes(payload)["rollout"]["obs"] == COMPRESSED
@@ -241,7 +242,8 @@ def test_runs_without_farm_compress_get_raw_arrays():
 
 
 def test_the_worker_refuses_results_the_trainer_would_not_decompress(monkeypatch):
-    from rlfarm.worker.results import ResultTooLarge, encode_result
+    from rlfarm.errors import ResultTooLarge
+    from rlfarm.worker.results import encode_result
 
     monkeypatch.setattr(codec, "MAX_DECODED_BYTES", 2**20)
     with pytest.raises(ResultTooLarge, match="a trainer decodes from one result"):

@@ -359,7 +359,7 @@ def test_the_time_limit_a_task_gets_is_described_with_its_source(redis_only):
         "time limit of 600 s (farm.task_time_limit 0: 600 s until a rollout task has finished"
         in d.outbox.describe_time_limit("rollout")
     )
-    d.outbox.longest["rollout"] = 2.0
+    d.outbox.ledger.longest["rollout"] = 2.0
     assert (
         "time limit of 60 s (farm.task_time_limit 0: 10x the longest rollout task, at least 60 s"
         in d.outbox.describe_time_limit("rollout")

@@ -3,7 +3,7 @@ wraps what it raises (rlfarm.worker.rollout._handed_back)."""
 
 from __future__ import annotations
 
-from rlfarm.envs import EnvError
+from rlfarm.errors import EnvError
 from rlfarm.worker.rollout import HandedBack, _handed_back
 
 

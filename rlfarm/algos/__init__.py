@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from rlfarm.config.errors import ConfigError
+from rlfarm.errors import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn

@@ -34,7 +34,8 @@ def acts_without_torch(spec: SpaceSpec) -> bool:
 
 def acting_module(algo: str) -> Any:
     """Algorithm `algo`'s torch-free `acting` module (ConfigError naming the known ones)."""
-    from rlfarm.config import ALGORITHMS, ConfigError
+    from rlfarm.config import ALGORITHMS
+    from rlfarm.errors import ConfigError
 
     if algo not in ALGORITHMS:
         raise ConfigError(f"unknown algo {algo!r}; available: {', '.join(sorted(ALGORITHMS))}")

@@ -26,9 +26,10 @@ from torch import nn
 
 from rlfarm.algos.acting import GroupActor, policy_tensors  # noqa: F401  (policy_tensors: re-exported)
 from rlfarm.algos.base import Algorithm, prefixed, unprefixed
-from rlfarm.config import ConfigError, PolicyConfig, RunConfig, for_policy
+from rlfarm.config import PolicyConfig, RunConfig, for_policy
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
+from rlfarm.errors import ConfigError
 
 # Rollout fields indexed (T, N, ...): a policy's columns are taken from their second axis.
 _STEP_FIELDS = (

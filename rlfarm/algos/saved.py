@@ -19,14 +19,11 @@ from rlfarm.algos import names, network_for
 from rlfarm.algos.acting import acting_module, acts_without_torch, numpy_actor
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.acting import Actor, StateMismatch
+from rlfarm.errors import PolicyMismatch, StateMismatch
+from rlfarm.nn.acting import Actor
 
 if TYPE_CHECKING:
     from torch import nn
-
-
-class PolicyMismatch(ValueError):
-    """Saved tensors that do not fit the network an env's spaces call for (another env's policy)."""
 
 
 def describe_policy(algo: str, spec: SpaceSpec) -> dict[str, str]:

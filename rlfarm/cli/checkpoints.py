@@ -60,9 +60,9 @@ def checkpoints_list(redis_url: str | None, run_id: str | None) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="File to write (safetensors).")
 def checkpoints_export(redis_url: str | None, run_id: str, version: int | str, output: str) -> None:
     """Write a stored version to a safetensors file (checksum verified), usable with `rlfarm eval`."""
-    from rlfarm.core.signing import SignatureError
+    from rlfarm.errors import PolicyError, RunNotFound, SignatureError
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound
+    from rlfarm.farm.store import PolicyStore
 
     redis_url = find_farm(redis_url, run_id).url
     try:

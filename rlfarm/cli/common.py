@@ -1,4 +1,5 @@
-"""What every command of the `rlfarm` CLI shares: errors as one line, the farm a command works on,
+"""What every command of the `rlfarm` CLI shares: errors as one line with the exit status of one table
+(`exit_code`; the errors: rlfarm.errors), the farm a command works on,
 parameter types, the signals that stop a run, and the options' help texts."""
 
 from __future__ import annotations
@@ -39,6 +40,34 @@ def exit_now() -> None:
         sys.stderr.flush()
         logging.shutdown()
         os._exit(0)
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The exit status a command ends with for `exc`, from one table (None: not one of rlfarm's, a
+    bug: its traceback is shown). 2: what the user typed or configured is wrong; 1: the run or the farm
+    failed, or this machine lacks something, though nothing typed was wrong."""
+    from rlfarm import errors as E
+
+    codes: dict[type[BaseException], int] = {
+        E.ConfigError: 2,  # a preset, key or value (VideoError, TrackingError: a setting not possible here)
+        E.EnvError: 2,
+        E.CheckpointError: 2,  # --resume of a run whose checkpoint does not fit
+        E.RedisAuthError: 2,  # wrong credentials are a usage error, like a bad option
+        E.MissingPackage: 1,  # nothing typed was wrong: the machine lacks a package
+        E.RolloutError: 1,
+        E.TaskLostError: 1,
+        E.RedisEvicts: 1,
+        E.RedisUnavailable: 1,
+        E.RunInUse: 1,
+        E.ClaimLost: 1,
+        E.RunDirError: 1,
+        E.MetricsError: 1,
+        ConnectionError: 1,  # Redis unreachable at the start
+    }
+    for cls in type(exc).__mro__:  # the most specific class named decides (MissingPackage over ConfigError)
+        if cls in codes:
+            return codes[cls]
+    return None
 
 
 def fail(message: str, code: int = 2) -> NoReturn:  # noqa: F821
@@ -87,7 +116,8 @@ def metrics_listen(value: str | None) -> tuple[str, int] | None:
         return None
     import socket
 
-    from rlfarm.runio.exporter import MetricsError, check_available, parse_listen
+    from rlfarm.errors import MetricsError
+    from rlfarm.runio.exporter import check_available, parse_listen
 
     try:
         host, port = parse_listen(value)
@@ -146,8 +176,8 @@ class SeedList(click.ParamType):
         return "A-B|A,B,..."
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> list[int]:
-        from rlfarm.config import ConfigError
         from rlfarm.config.seeds import parse_seeds
+        from rlfarm.errors import ConfigError
 
         if isinstance(value, list):
             return value
@@ -187,7 +217,11 @@ class OneLineErrors(click.Group):
             raise _one_line(exc) from None
 
     def invoke(self, ctx: click.Context) -> object:
+        from rlfarm.errors import RlfarmError
+
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
             raise _one_line(exc) from None
+        except RlfarmError as exc:  # one a command did not turn into its own line: the table's status
+            fail(str(exc), exit_code(exc) or 1)

@@ -132,7 +132,7 @@ def status(redis_url: str | None, watch: bool, interval: float, as_json: bool) -
     try:
         client = connect(redis_url)
     except ConnectionError as exc:  # as `train` and `worker`: 1 unreachable, 2 wrong credentials
-        from rlfarm.farm.connection import RedisAuthError
+        from rlfarm.errors import RedisAuthError
 
         fail(str(exc), 2 if isinstance(exc, RedisAuthError) else 1)
     evicts = eviction_error(client, redis_url)

@@ -24,8 +24,9 @@ def plot(run: str, logdir: str | None, output: Path | None) -> None:
     """Plot a run's learning curves: training and evaluation return against env steps and wall time.
 
     RUN is a run id (under --logdir) or a run directory, as for `rlfarm eval RUN`."""
-    from rlfarm.commands.plot import PlotError, plot_run
-    from rlfarm.runio.runs import NoRun, resolve
+    from rlfarm.commands.plot import plot_run
+    from rlfarm.errors import NoRun, PlotError
+    from rlfarm.runio.runs import resolve
 
     try:
         run_dir = resolve(run, logdir)

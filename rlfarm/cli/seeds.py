@@ -44,9 +44,9 @@ def train_seeds(ctx: click.Context, seeds: list[int]) -> None:
     from rich.console import Console
 
     from rlfarm import config as C
-    from rlfarm.api import RunExists, check_config, check_extras, check_new_run, make_config, with_run_id
+    from rlfarm.api import check_config, check_extras, check_new_run, make_config, with_run_id
     from rlfarm.config.seeds import compact_seeds
-    from rlfarm.envs import EnvError
+    from rlfarm.errors import EnvError, RunExists
     from rlfarm.tune import seeds as S
 
     p = ctx.params

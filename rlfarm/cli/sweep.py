@@ -131,9 +131,9 @@ def sweep(
     from rlfarm import config as C
     from rlfarm.api import check_config, config_values, make_config
     from rlfarm.config.space import load_space
-    from rlfarm.envs import EnvError
+    from rlfarm.errors import EnvError, SweepError
     from rlfarm.tune.report import skipped_line
-    from rlfarm.tune.study import SweepError, make_pruner, optuna
+    from rlfarm.tune.study import make_pruner, optuna
     from rlfarm.tune.sweep_run import run_sweep
 
     if not space_file:

@@ -12,6 +12,7 @@ from rlfarm.cli.common import (
     METRICS_HELP,
     REDIS_HELP,
     SeedList,
+    exit_code,
     exit_now,
     fail,
     log,
@@ -19,7 +20,6 @@ from rlfarm.cli.common import (
     sigterm_to_interrupt,
 )
 from rlfarm.config import bounds as B  # pure and light: the upper bounds of the options below
-from rlfarm.config.errors import MissingPackage
 
 
 def _modes_help() -> str:
@@ -183,7 +183,6 @@ def train(
     listen = metrics_listen(metrics_port)
     from rlfarm import config as C
     from rlfarm.api import (
-        RunExists,
         check_config,
         check_extras,
         check_new_run,
@@ -192,7 +191,7 @@ def train(
         run_length_notes,
         with_run_id,
     )
-    from rlfarm.envs import EnvError
+    from rlfarm.errors import EnvError, RunExists
     from rlfarm.farm.find import find_farm as train_farm
     from rlfarm.trainer import resume as checkpoint
 
@@ -255,7 +254,7 @@ def train(
         check_config(cfg)
         tracking = check_extras(cfg, capture_video, track_uri or track, track_experiment)
     except (C.ConfigError, EnvError) as exc:
-        fail(str(exc), 1 if isinstance(exc, MissingPackage) else 2)  # as `rlfarm eval --video` does
+        fail(str(exc), exit_code(exc))  # MissingPackage: 1, as `rlfarm eval --video` says it too
     for level, note in run_length_notes(cfg):  # iterations rounded up; episodes longer than a task
         log.log(level, "%s", note)
     cfg = with_run_id(cfg)
@@ -333,15 +332,10 @@ def _interrupted(farm, cfg, run_dir: Path, env_steps: int | None) -> str:
 def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = None, **extras):
     """rlfarm.api.run, with every failure it can meet turned into one line and an exit status."""
     from rlfarm.api import run
-    from rlfarm.config import ConfigError
-    from rlfarm.farm.claim import ClaimLost, RunInUse
-    from rlfarm.farm.connection import RedisAuthError, RedisEvicts, redact
-    from rlfarm.farm.outage import RedisUnavailable, is_oom
-    from rlfarm.runio.exporter import MetricsError
+    from rlfarm.errors import RedisUnavailable, RunDirError
+    from rlfarm.farm.connection import redact
+    from rlfarm.farm.outage import is_oom
     from rlfarm.runio.logs import log_fatal
-    from rlfarm.runio.rundir import RunDirError
-    from rlfarm.trainer.outbox import RolloutError, TaskLostError
-    from rlfarm.trainer.resume import CheckpointError
 
     def fatal(message: str, code: int = 2) -> NoReturn:  # noqa: F821
         log_fatal(Path(cfg.logdir) / cfg.run_id, message)  # the console's last line, in the run's log too
@@ -349,28 +343,19 @@ def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = No
 
     try:  # start-up notes go through logging: `rlfarm: ...` on stderr, hidden by -q
         return run(cfg, farm.url, resume=resume, notify=log.info, metrics=metrics, farm=farm, **extras)
-    except RedisAuthError as exc:  # wrong credentials are a usage error (2), like a bad option
-        fatal(str(exc), 2)
-    except (ConfigError, CheckpointError) as exc:
-        fatal(str(exc))
-    except (RolloutError, TaskLostError, RedisEvicts) as exc:
-        fatal(str(exc), 1)
-    except MetricsError as exc:  # its port was taken between the check and the start
-        fatal(str(exc), 1)
-    except (RunInUse, ClaimLost) as exc:  # another trainer has the run id or its directory
-        fatal(str(exc), 1)  # (into this process's own run log only, never the other trainer's)
-    except RunDirError as exc:  # disk full, directory read-only: files are whole, the checkpoint too
-        fatal(
-            f"{exc}; the run stopped with its last checkpoint whole: make room (or make "
-            f"{exc.path.parent} writable), then rlfarm train --resume {cfg.run_id}",
-            1,
-        )
-    except RedisUnavailable as exc:
-        fatal(f"{exc}; the run can continue once Redis is back: rlfarm train --resume {cfg.run_id}", 1)
-    except ConnectionError as exc:  # Redis unreachable at the start
-        fatal(str(exc), 1)
-    except Exception as exc:  # noqa: BLE001 - only Redis refusing writes is turned into one line here
-        if not is_oom(exc):
+    except Exception as exc:  # noqa: BLE001 - each of rlfarm's errors is one line with its exit status
+        code = exit_code(exc)
+        if isinstance(exc, RunDirError):  # disk full, directory read-only: files are whole, the checkpoint too
+            fatal(
+                f"{exc}; the run stopped with its last checkpoint whole: make room (or make "
+                f"{exc.path.parent} writable), then rlfarm train --resume {cfg.run_id}",
+                code,
+            )
+        if isinstance(exc, RedisUnavailable):
+            fatal(f"{exc}; the run can continue once Redis is back: rlfarm train --resume {cfg.run_id}", code)
+        if code is not None:  # RunInUse, ClaimLost: into this process's own run log only, never the other's
+            fatal(str(exc), code)
+        if not is_oom(exc):  # a bug: its traceback
             raise
         fatal(
             f"Redis at {redact(farm.url or 'the embedded Redis')} is full (maxmemory reached, it "

@@ -108,7 +108,8 @@ def worker(
     import logging
 
     from rlfarm.core.signing import secret_from_env
-    from rlfarm.farm.connection import RedisAuthError, connect, eviction_error, no_password_warning, no_secret_warning
+    from rlfarm.errors import RedisAuthError
+    from rlfarm.farm.connection import connect, eviction_error, no_password_warning, no_secret_warning
     from rlfarm.farm.find import describe
     from rlfarm.runio import logs
 

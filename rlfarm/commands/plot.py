@@ -15,11 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from rlfarm.errors import PlotError
 from rlfarm.observe.metrics import ROLLING_EPISODES
-
-
-class PlotError(ValueError):
-    """A run directory that cannot be plotted (missing, not a run, nothing logged yet)."""
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from rlfarm.core import codec
+from rlfarm.errors import RunNotFound
 from rlfarm.farm import keys
 from rlfarm.farm.app import queue_depth
 from rlfarm.farm.connection import redact
 from rlfarm.farm.runs import list_runs, read_status
 from rlfarm.farm.shares import live_nodes, read_runs
-from rlfarm.farm.store import PolicyStore, RunNotFound
+from rlfarm.farm.store import PolicyStore
 from rlfarm.runio import narrow
 
 # Seconds Celery waits for workers to answer a broadcast. It waits that long only for workers it does

@@ -15,7 +15,6 @@ from rlfarm.config.cores import (
     machine_memory,
     trainer_threads,
 )
-from rlfarm.config.errors import ConfigError
 from rlfarm.config.keys import (
     AUTO_KEYS,
     flatten,
@@ -41,6 +40,7 @@ from rlfarm.config.run import (
     RunConfig,
 )
 from rlfarm.config.section import AlgoSection, at_least_1, check_replay, get
+from rlfarm.errors import ConfigError
 
 __all__ = [
     "for_policy",
@@ -52,7 +52,6 @@ __all__ = [
     "MODES",
     "AlgoSection",
     "AsyncConfig",
-    "ConfigError",
     "EnvConfig",
     "EvalConfig",
     "FarmConfig",

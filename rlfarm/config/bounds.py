@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlfarm.config.errors import ConfigError
 from rlfarm.config.section import get
+from rlfarm.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlfarm.config.run import RunConfig

@@ -7,9 +7,9 @@ import difflib
 from typing import TYPE_CHECKING
 
 from rlfarm.config.bounds import check_config_bounds
-from rlfarm.config.errors import ConfigError
 from rlfarm.config.run import ALGORITHMS, COMPRESS, DEVICES, MODES, POLICY_DTYPES, REFERENCES
 from rlfarm.config.section import at_least_1, get
+from rlfarm.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlfarm.config.run import RunConfig

@@ -13,9 +13,9 @@ import typing
 from typing import Any
 
 from rlfarm.config.checks import parse_policy_settings, validate
-from rlfarm.config.errors import ConfigError
 from rlfarm.config.run import ALGORITHMS, PolicyConfig, RunConfig
 from rlfarm.config.section import FIELD as _FIELD
+from rlfarm.errors import ConfigError
 
 _USER = {v: k for k, v in _FIELD.items()}  # a field as users and files spell it (async_: async)
 

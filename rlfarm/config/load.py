@@ -11,9 +11,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rlfarm.config.errors import ConfigError
 from rlfarm.config.keys import flatten, from_flat
 from rlfarm.config.run import RunConfig
+from rlfarm.errors import ConfigError
 
 # How deep a preset's tables and a value's arrays may nest: a config nests 3 levels (a section, a
 # list of lists); 5,000 nested tables or 3,000 nested arrays overflowed Python's stack in a traceback.

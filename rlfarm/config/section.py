@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rlfarm.config.errors import ConfigError
+from rlfarm.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlfarm.config.run import RunConfig

@@ -4,7 +4,7 @@ most MAX_SEEDS of them, and the list written back compactly (`compact_seeds`).""
 from __future__ import annotations
 
 from rlfarm.config.bounds import MAX_SEEDS
-from rlfarm.config.errors import ConfigError
+from rlfarm.errors import ConfigError
 
 WHY = "each is a trainer process and a run directory"
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from rlfarm.config.dump import toml_value
-from rlfarm.config.errors import ConfigError
 from rlfarm.config.keys import from_flat
+from rlfarm.errors import ConfigError
 
 _FIELDS = {"low", "high", "log", "step", "choices"}
 

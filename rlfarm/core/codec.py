@@ -24,6 +24,7 @@ import numpy as np
 import zstandard
 
 from rlfarm.core import signing
+from rlfarm.errors import CodecError
 
 if TYPE_CHECKING:
     import torch
@@ -52,10 +53,6 @@ WORTH_RATIO = 0.9
 # Bound on the bytes a trainer decompresses from one message (a decompression bomb declares a huge
 # shape in a small payload). Workers refuse to send results whose arrays hold more (rlfarm.worker.results).
 MAX_DECODED_BYTES = 2 * 2**30
-
-
-class CodecError(ValueError):
-    """Bytes that do not decode to what they claim to be."""
 
 
 def _header(arr: np.ndarray, codec_name: str | None = None) -> bytes:

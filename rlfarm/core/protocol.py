@@ -10,8 +10,11 @@ never in the task signature, so a new algorithm needs no new task fields. See do
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+from rlfarm.errors import ProtocolError
 
 RELEASE = "0.1.0"  # this release of rlfarm (rlfarm.__version__; setup.cfg reads it here), which workers report
 
@@ -37,6 +40,8 @@ def task_queue(protocol: int) -> str:
 TASK_QUEUE = task_queue(PROTOCOL)
 
 KINDS = ("rollout", "eval")
+# What of a task's inputs a worker checks against the farm's secret (Result.unverified).
+UNVERIFIED_INPUTS = ("policy", "meta", "spec")
 ROLLOUT_TASK = "rlfarm.rollout"
 EVAL_TASK = "rlfarm.evaluate"
 
@@ -45,10 +50,6 @@ Key = tuple[str, int, int]  # (kind, iteration, index): a task's identity within
 # Collect options the worker reads from `act`; the rest are acting options for the actor.
 # "opponents" (turn-based games, rlfarm.core.league): who plays the other seats of each game.
 COLLECT_OPTIONS = ("keep_next_obs", "refresh_steps", "opponents")
-
-
-class ProtocolError(ValueError):
-    """A task spec or result that does not have the fields it must have."""
 
 
 def spec_protocol(kwargs: dict[str, Any]) -> Any:
@@ -72,12 +73,6 @@ def protocol_mismatch(task_protocol: Any, worker: str) -> str | None:
         f"{task_protocol}{' (sent before protocol versions)' if task_protocol == 0 else ''}; "
         f"refused without running it ({fix})"
     )
-
-
-def legacy_refusal(error: str | None) -> bool:
-    """A worker older than protocol versions fails a task carrying the field (its TaskSpec does not
-    know it) in this one way: the trainer takes it for a refusal by a protocol-0 worker."""
-    return bool(error) and error.startswith("ProtocolError: task spec has unknown fields") and "'protocol'" in error
 
 
 @dataclass(frozen=True)
@@ -181,6 +176,17 @@ class TaskSpec:
 _SHORT = {"epsilon": "eps"}
 
 
+class Outcome(enum.Enum):
+    """What a copy of a task came back as: one of these, never two (Result.outcome)."""
+
+    RESULT = "result"  # it ran: its rollout or evaluation
+    SKIPPED = "skipped"  # not run: its task had already counted
+    HANDED_BACK = "handed_back"  # not finished: its worker is shutting down (SIGTERM)
+    REFUSED = "refused"  # not run: the task is of another protocol version than the worker's
+    UNVERIFIED = "unverified"  # not run: an input (spec, run metadata, policy) was not signed by the farm
+    FAILED = "failed"  # it failed on its worker: `error` says why, `retryable` whether to send it again
+
+
 @dataclass
 class Result:
     """What a worker pushes for a task: the data (`rollout` arrays or eval `returns`), or an `error`,
@@ -231,6 +237,22 @@ class Result:
     @property
     def key(self) -> Key:
         return (self.kind, self.iteration, self.index)
+
+    @property
+    def outcome(self) -> Outcome:
+        """What this copy came back as. On the wire as the flags a worker sets (`skipped`, `handed_back`,
+        `unverified` with `error`, `handed_back`, `refused`, `error`): the first set, in that order, decides."""
+        if self.skipped:
+            return Outcome.SKIPPED
+        if self.error is not None and self.unverified in UNVERIFIED_INPUTS:
+            return Outcome.UNVERIFIED
+        if self.handed_back:
+            return Outcome.HANDED_BACK
+        if self.refused:
+            return Outcome.REFUSED
+        if self.error is not None:
+            return Outcome.FAILED
+        return Outcome.RESULT
 
     def to_message(self) -> dict[str, Any]:
         """The msgpack map: set fields only."""

@@ -40,6 +40,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from rlfarm.errors import SignatureError
+
 SECRET_ENV = "RLFARM_SECRET"
 # A field a blob carries is signed with it; one it lacks is left out of the message, so a field
 # stripped from a signed blob, or added to it, no longer verifies.
@@ -48,10 +50,6 @@ POLICY_SIGNED_FIELDS = ("run", "version", "sha256", "algo", "env", "policy", "li
 _META_TAG = b"rlfarm-run-meta\0"
 _POLICY_TAG = b"rlfarm-policy\0"
 _SPEC_TAG = b"rlfarm-spec\0"
-
-
-class SignatureError(ValueError):
-    """Signed data that is unsigned, or whose signature does not verify."""
 
 
 def secret_from_env(environ: Mapping[str, str] | None = None) -> bytes | None:

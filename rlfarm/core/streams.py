@@ -27,6 +27,7 @@ import numpy as np
 import zstandard
 
 from rlfarm.core import codec
+from rlfarm.errors import SnapshotError, SnapshotForged
 
 if TYPE_CHECKING:
     from gymnasium.vector import VectorEnv
@@ -78,15 +79,6 @@ def encode(stream: EnvStream, env_state: dict[str, Any]) -> tuple[bytes, str]:
     }
     blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(codec.pack(message))
     return blob, hashlib.sha256(blob).hexdigest()
-
-
-class SnapshotError(ValueError):
-    """A snapshot blob that is not the one its digest names, or does not decode."""
-
-
-class SnapshotForged(SnapshotError):
-    """A blob under a snapshot's key that is not the snapshot its digest names: written by someone
-    else (with a secret the digest travels in signed specs, so this is a forgery: `security/*`)."""
 
 
 def decode(blob: bytes, digest: str) -> dict[str, Any]:

@@ -12,13 +12,12 @@ from rlfarm.envs.allowlist import (
     module_allowed,
     valid_module_name,
 )
-from rlfarm.envs.errors import EnvError
 from rlfarm.envs.make import PREPROCESSING, episode_limit, make_env, make_vector_env, preprocessing
 from rlfarm.envs.spaces import OBS_DTYPES, SpaceSpec, describe, space_spec
+from rlfarm.errors import EnvError
 
 __all__ = [
     "ALLOWED_MODULES_VAR",
-    "EnvError",
     "OBS_DTYPES",
     "PREPROCESSING",
     "SpaceSpec",

@@ -38,8 +38,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from rlfarm.envs import state
-from rlfarm.envs.errors import EnvError
 from rlfarm.envs.turns import is_turn_based, one_space
+from rlfarm.errors import EnvError
 
 # PettingZoo's env families by id prefix: "mpe2/simple_spread_v3" is mpe2.simple_spread_v3,
 # "pettingzoo/classic/connect_four_v3" is pettingzoo.classic.connect_four_v3. A fixed list of packages,

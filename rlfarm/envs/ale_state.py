@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfarm.envs.errors import EnvError
+from rlfarm.errors import EnvError
 
 _TRUE = 0xFAB1FAB2  # how ALE's Serializer writes `true` (emucore/Deserializer.hxx)
 MT_WORDS = 624  # mt19937's state: 624 words (and a position)

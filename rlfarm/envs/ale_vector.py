@@ -23,7 +23,7 @@ from rlfarm.envs.ale_state import checked_array as _checked_array
 from rlfarm.envs.ale_state import generator as _generator
 from rlfarm.envs.ale_state import generator_state as _generator_state
 from rlfarm.envs.atari import INSTALL_HINT, screen_size
-from rlfarm.envs.errors import EnvError
+from rlfarm.errors import EnvError
 
 SNAPSHOT_FORMAT = "rlfarm.envs.atari.AleVector/1"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rlfarm.envs.errors import EnvError
+from rlfarm.errors import EnvError
 
 ALLOWED_MODULES_VAR = "RLFARM_ALLOWED_ENV_MODULES"
 

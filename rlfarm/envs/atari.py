@@ -24,7 +24,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlfarm.envs.errors import EnvError
+from rlfarm.errors import EnvError
 
 INSTALL_HINT = 'pip install -e ".[atari]" (ale-py ships the ROMs)'
 

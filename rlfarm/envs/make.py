@@ -19,8 +19,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from rlfarm.envs.agents import AgentVector, is_multiagent, pettingzoo_factory, to_parallel
 from rlfarm.envs.allowlist import ALLOWED_MODULES_VAR, check_env_allowed, module_allowed
-from rlfarm.envs.errors import EnvError
 from rlfarm.envs.turns import TurnVector, is_turn_based
+from rlfarm.errors import EnvError
 
 # Characters of an env id (rlfarm.config.bounds refuses longer ones in a config; this module sees ids
 # from Redis too, and never imports the config).

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfarm.envs.errors import EnvError
+from rlfarm.errors import EnvError
 
 Opponent = Callable[[np.ndarray, np.ndarray, np.random.Generator], np.ndarray]
 

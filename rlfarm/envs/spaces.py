@@ -12,9 +12,9 @@ import gymnasium as gym
 import numpy as np
 
 from rlfarm.envs.agents import AgentVector
-from rlfarm.envs.errors import EnvError
 from rlfarm.envs.make import make_env
 from rlfarm.envs.turns import TurnVector
+from rlfarm.errors import EnvError
 
 OBS_DTYPES = ("float32", "uint8")  # what observations are kept as (see SpaceSpec)
 

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlfarm.envs.errors import EnvError
+from rlfarm.errors import Unsnapshotable
 
 # The bit generators a snapshot may name, each numpy's own class: a blob named a function of
 # np.random (np.random.test() ran numpy's test suite on a worker).
@@ -22,10 +22,6 @@ BIT_GENERATORS = {
     cls.__name__: cls
     for cls in (np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937, np.random.Philox, np.random.SFC64)
 }
-
-
-class Unsnapshotable(EnvError):
-    """An env whose state rlfarm cannot save and restore exactly."""
 
 
 def is_configuration(value: Any) -> bool:

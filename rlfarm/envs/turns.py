@@ -33,8 +33,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from rlfarm.envs import state
-from rlfarm.envs.errors import EnvError
 from rlfarm.envs.opponents import RANDOM, Opponent, random_legal
+from rlfarm.errors import EnvError
 
 ONE_POLICY = "one policy plays every seat, so they must be the same"
 MAX_REPLIES = 10_000  # opponent moves in a row before the game is called broken (a game that never hands back)

@@ -21,9 +21,7 @@ from typing import Any
 
 import numpy as np
 
-
-class PolicyFileError(ValueError):
-    """A file that is no policy, a forged or unreadable one, or one that does not fit the env given."""
+from rlfarm.errors import PolicyFileError
 
 
 class LoadedPolicy:
@@ -69,7 +67,8 @@ class LoadedPolicy:
         """The env the policy was trained on, with the run's preprocessing (Atari's), or `env_id` (a
         gymnasium id or `module:callable` you trust); an id named by the file goes through the
         workers' allowlist, as in `rlfarm eval`."""
-        from rlfarm.evaluation.playback import PlaybackError, open_env
+        from rlfarm.errors import PlaybackError
+        from rlfarm.evaluation.playback import open_env
 
         try:
             return open_env(self.stored, env_id, render_mode)[0]
@@ -121,10 +120,11 @@ def load(path: str | Path, env: Any = None, seed: int | None = None, **acting: A
     it names, made once. `seed`: of the generator `predict(..., deterministic=False)` samples from.
     `acting`: the algorithm's acting options for sampling (DQN `epsilon=0.05`, TD3 `noise=0.1`).
     Raises PolicyFileError saying why a file cannot be used."""
-    from rlfarm.algos.saved import PolicyMismatch, load_actor
-    from rlfarm.config import ConfigError, policy_config
-    from rlfarm.envs import EnvError, SpaceSpec, make_env, space_spec
-    from rlfarm.evaluation.playback import PlaybackError, from_file, open_env
+    from rlfarm.algos.saved import load_actor
+    from rlfarm.config import policy_config
+    from rlfarm.envs import SpaceSpec, make_env, space_spec
+    from rlfarm.errors import ConfigError, EnvError, PlaybackError, PolicyMismatch
+    from rlfarm.evaluation.playback import from_file, open_env
 
     try:
         stored = from_file(path)

@@ -20,13 +20,7 @@ from typing import Any
 
 import numpy as np
 
-
-class PlaybackError(Exception):
-    """What stops playback, as one line, with the exit status the CLI gives it."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
+from rlfarm.errors import PlaybackError
 
 
 @dataclass
@@ -49,7 +43,8 @@ def from_file(path: str | Path) -> StoredPolicy:
     """A saved policy file (best_policy.safetensors, final_policy.safetensors, an export)."""
     from rlfarm.algos.saved import algo_of
     from rlfarm.core import codec
-    from rlfarm.core.signing import SignatureError, secret_from_env
+    from rlfarm.core.signing import secret_from_env
+    from rlfarm.errors import SignatureError
 
     try:  # with RLFARM_SECRET set, the file's hmac must verify
         state, meta = codec.decode_policy(Path(path).read_bytes(), secret_from_env(), arrays="numpy")
@@ -91,7 +86,8 @@ RUN_POLICY_FILES = ("best_policy.safetensors", "final_policy.safetensors")
 
 def run_dir_of(run: str, logdir: str | None = None) -> Path:
     """The run directory `run` names (rlfarm.runio.runs.resolve, as every command reads RUN)."""
-    from rlfarm.runio.runs import NoRun, resolve
+    from rlfarm.errors import NoRun
+    from rlfarm.runio.runs import resolve
 
     try:
         return resolve(run, logdir)
@@ -124,9 +120,9 @@ def from_run(redis_url: str, run_id: str, version: int | str) -> StoredPolicy:
     """Version `version` (or "latest") of a run in Redis, with the run's own config."""
     from rlfarm.algos.saved import algo_of
     from rlfarm.core import codec
-    from rlfarm.core.signing import SignatureError
+    from rlfarm.errors import PolicyError, RunNotFound, SignatureError
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyError, PolicyStore, RunNotFound
+    from rlfarm.farm.store import PolicyStore
 
     try:
         store = PolicyStore(connect(redis_url), run_id)
@@ -157,7 +153,8 @@ def offscreen_rendering() -> None:
 def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str | None = None) -> tuple[Any, str]:
     """The env to play: `env_id` as typed (trusted), else the one the policy names, allowlisted as on a
     worker. Returns (env, its id)."""
-    from rlfarm.envs import EnvError, check_env_allowed, env_module, make_env
+    from rlfarm.envs import check_env_allowed, env_module, make_env
+    from rlfarm.errors import EnvError
 
     typed = bool(env_id)
     env_id = env_id or policy.meta.get("env")
@@ -183,8 +180,8 @@ def open_env(policy: StoredPolicy, env_id: str | None = None, render_mode: str |
 
 def set_opponent(env: Any, env_id: str, opponent: str) -> None:
     """A turn-based game's other seat: a scripted player by name, or a policy file playing greedily."""
-    from rlfarm.envs import EnvError
     from rlfarm.envs.opponents import SCRIPTED, actor_player, scripted
+    from rlfarm.errors import EnvError
 
     if not hasattr(env, "set_opponents"):
         raise PlaybackError(f"--opponent is for turn-based games; {env_id} is not one", 2)
@@ -216,9 +213,9 @@ def actor_for(policy: StoredPolicy, env: Any, env_id: str) -> Any:
 
 
 def _built(load: Any, policy: StoredPolicy, env: Any, env_id: str) -> Any:
-    from rlfarm.algos.saved import PolicyMismatch
-    from rlfarm.config import ConfigError, policy_config
+    from rlfarm.config import policy_config
     from rlfarm.envs import space_spec
+    from rlfarm.errors import ConfigError, PolicyMismatch
 
     try:
         return load(policy.algo, space_spec(env), policy_config(policy.policy_config), policy.state, policy.meta)

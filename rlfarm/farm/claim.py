@@ -33,18 +33,9 @@ from typing import Any
 import redis
 
 from rlfarm.core import signing
+from rlfarm.errors import ClaimLost, RunDirError, RunInUse
 from rlfarm.farm import keys
 from rlfarm.farm.keys import CLAIM_SECONDS  # noqa: F401 - part of this module's contract (tests, docs)
-from rlfarm.runio.rundir import RunDirError
-
-
-class RunInUse(RuntimeError):
-    """Another live trainer holds the run id (in this Redis) or the run directory."""
-
-
-class ClaimLost(RuntimeError):
-    """The trainer's claim expired (it was stopped longer than CLAIM_SECONDS) and another trainer
-    took the run id meanwhile: this one must stop without touching the run."""
 
 
 def claim_incarnation(raw: bytes | str | None) -> str | None:

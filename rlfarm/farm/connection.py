@@ -8,11 +8,8 @@ from __future__ import annotations
 import redis
 from redis.sentinel import MasterNotFoundError
 
+from rlfarm.errors import RedisAuthError, RedisEvicts
 from rlfarm.farm import redis_url
-
-
-class RedisAuthError(ConnectionError):
-    """Redis answered but refused the URL's credentials (or wanted some): a configuration error."""
 
 
 def connect(url: str, timeout: float = 5.0) -> redis.Redis:
@@ -40,11 +37,6 @@ def connect(url: str, timeout: float = 5.0) -> redis.Redis:
             f"Redis at {redact(url)} did not answer like a Redis server: {type(exc).__name__}: {exc}"
         ) from None
     return client
-
-
-class RedisEvicts(RuntimeError):
-    """Redis is set to drop keys under memory pressure: a run's metadata, policies and queued tasks
-    would vanish mid-run (seen as a flush, then as missing policy versions)."""
 
 
 def eviction_policy(client: redis.Redis) -> str | None:

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from rlfarm.core.signing import SECRET_ENV
+from rlfarm.errors import NoFarm
 
 REDIS_ENV = "RLFARM_REDIS_URL"
 GIVEN = "--redis"
@@ -84,10 +85,6 @@ class Farm:
     def up(self) -> bool:
         """The local farm of `rlfarm up`, however its URL was given."""
         return self.local_workers is not None
-
-
-class NoFarm(RuntimeError):
-    """A command that needs a farm found none; the message says what was tried."""
 
 
 def not_found(run_dir: Path | None = None) -> str:

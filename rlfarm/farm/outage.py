@@ -28,6 +28,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from rlfarm.errors import RedisUnavailable
+
 T = TypeVar("T")
 
 # What an outage looks like to a client: refused or reset connections, timeouts, a Redis still
@@ -81,10 +83,6 @@ def can_connect(address: tuple[str, int] | str, timeout: float = PROBE_SECONDS) 
     except OSError:
         return False
     return True
-
-
-class RedisUnavailable(RuntimeError):
-    """Redis stayed unreachable for longer than the outage limit."""
 
 
 class OutageRetry(Retry):

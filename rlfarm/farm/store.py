@@ -16,30 +16,11 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from rlfarm.core import codec, signing
+from rlfarm.errors import PolicyCorrupt, PolicyError, PolicyNotFound, PolicyTrimmed, RunNotFound
 from rlfarm.farm import keys
 
 if TYPE_CHECKING:  # torch is imported where tensors are made (codec): `rlfarm status` needs none
     import torch
-
-
-class PolicyError(LookupError):
-    """A policy version that cannot be handed out."""
-
-
-class PolicyNotFound(PolicyError):
-    pass
-
-
-class PolicyTrimmed(PolicyError):
-    pass
-
-
-class PolicyCorrupt(PolicyError):
-    pass
-
-
-class RunNotFound(LookupError):
-    pass
 
 
 FROM_ENV: Any = object()  # PolicyStore's default secret: RLFARM_SECRET, read when the store is made

@@ -19,14 +19,11 @@ from pathlib import Path
 
 import redis
 
+from rlfarm.errors import ClusterError
 from rlfarm.local.forked import ForkedWorker, death_signal
 from rlfarm.worker.machine import SharedPolicies, default_root
 
 LOOPBACK = "127.0.0.1"
-
-
-class ClusterError(RuntimeError):
-    pass
 
 
 def find_redis_server() -> str:

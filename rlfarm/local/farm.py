@@ -20,13 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from rlfarm.core.signing import SECRET_ENV, secret_from_env
+from rlfarm.errors import LocalFarmError
 from rlfarm.farm.find import alive, home, running, state_path
 from rlfarm.local.cluster import LOOPBACK, LocalCluster
-
-
-class LocalFarmError(RuntimeError):
-    pass
-
 
 FARM_NAME = "rlfarm-local"  # its LocalCluster: its own workers are FARM_NAME-<i>@host
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from rlfarm.envs import SpaceSpec
+from rlfarm.errors import StateMismatch
 
 EPS = 1e-8  # in the normaliser's sqrt(var + eps)
 
@@ -64,10 +65,6 @@ class BoundedActor(Actor):
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         return np.zeros(len(obs), np.float32)
-
-
-class StateMismatch(ValueError):
-    """Saved tensors that are not the network an actor is built for (names or shapes)."""
 
 
 def masked_sample(probs: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:

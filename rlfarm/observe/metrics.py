@@ -31,9 +31,10 @@ from rich.console import Console
 from rich.progress import Progress, ProgressBar, Task
 from rich.text import Text
 
-from rlfarm.config import ConfigError, json_safe
+from rlfarm.config import json_safe
+from rlfarm.errors import ConfigError, RunDirError
 from rlfarm.runio import logs, narrow
-from rlfarm.runio.rundir import RowFile, RunDirError, csv_text, read_whole_rows, write_atomic
+from rlfarm.runio.rundir import RowFile, csv_text, read_whole_rows, write_atomic
 
 ROLLING_EPISODES = 20
 EVAL_LINE_EVERY = 10  # greedy evaluations: one console line every this many (and the last one)

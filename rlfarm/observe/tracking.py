@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from rlfarm.config import ConfigError, flatten
-from rlfarm.config.errors import MissingPackage
+from rlfarm.config import flatten
+from rlfarm.errors import TrackingError, TrackingPackageMissing
 from rlfarm.observe.metrics import Sink
 
 TRACK_EXTRA = 'pip install -e ".[track]"'
@@ -38,14 +38,6 @@ STATE_FILE = "mlflow.json"  # in the run directory: which MLflow run a resumed r
 ARTIFACTS = ("best_policy.safetensors", "final_policy.safetensors", "summary.json", "config.json")
 
 log = logging.getLogger("rlfarm.tracking")
-
-
-class TrackingError(ConfigError):
-    """--track cannot log: MLflow not installed, or its tracking store refuses."""
-
-
-class TrackingPackageMissing(TrackingError, MissingPackage):
-    """MLflow is not installed."""
 
 
 def shown(uri: str) -> str:

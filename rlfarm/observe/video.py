@@ -19,22 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlfarm.config import ConfigError, RunConfig, to_dict
-from rlfarm.config.errors import MissingPackage
+from rlfarm.config import RunConfig, to_dict
+from rlfarm.errors import VideoError, VideoPackageMissing
 from rlfarm.observe.metrics import Sink
 
 VIDEO_DIR = "videos"
 VIDEO_EXTRA = 'pip install -e ".[video]"'
 
 log = logging.getLogger("rlfarm.video")
-
-
-class VideoError(ConfigError):
-    """--capture-video cannot record here: a missing package, an env that draws no frames."""
-
-
-class VideoPackageMissing(VideoError, MissingPackage):
-    """moviepy is not installed."""
 
 
 def render_offscreen() -> None:

@@ -15,12 +15,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rlfarm.errors import MetricsError
+
 METRICS_EXTRA = 'pip install -e ".[metrics]"'
 DEFAULT_HOST = "127.0.0.1"  # what a bare port binds: say 0.0.0.0:PORT to be scraped from elsewhere
-
-
-class MetricsError(Exception):
-    """--metrics-port cannot be served: a bad value, prometheus_client missing, the port taken."""
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-
-class RunDirError(RuntimeError):
-    """The trainer could not write a file of its run directory (disk full, read-only, ...)."""
-
-    def __init__(self, path: Path | str, exc: OSError):
-        self.path = Path(path)
-        self.errno = exc.errno
-        reason = exc.strerror or str(exc)
-        super().__init__(f"cannot write {self.path}: {reason}" + (f" (errno {exc.errno})" if exc.errno else ""))
+from rlfarm.errors import RunDirError
 
 
 def write_atomic(path: Path | str, data: bytes | str) -> Path:

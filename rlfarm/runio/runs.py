@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-class NoRun(LookupError):
-    """RUN names no run directory (one with config.json)."""
+from rlfarm.errors import NoRun
 
 
 def resolve(run: str | Path, logdir: str | Path | None = None) -> Path:

@@ -19,7 +19,8 @@ import torch
 
 from rlfarm.core.protocol import Result, TaskSpec
 from rlfarm.core.rollout import Rollout
-from rlfarm.trainer.base import Trainer, log
+from rlfarm.trainer.base import Trainer
+from rlfarm.trainer.log import log
 from rlfarm.trainer.pace import InFlightPace
 
 

@@ -23,17 +23,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlfarm.algos.saved import describe_policy
-from rlfarm.config import ConfigError, RunConfig, to_dict
+from rlfarm.config import RunConfig, to_dict
 from rlfarm.core import codec
 from rlfarm.core.protocol import Result
 from rlfarm.core.streams import StreamBook
+from rlfarm.errors import ConfigError, PolicyCorrupt
 from rlfarm.evaluation.bookkeeping import Evaluations
-from rlfarm.farm.store import PolicyCorrupt
 from rlfarm.runio import logs
 from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
 from rlfarm.trainer.evaluating import Evaluating
-from rlfarm.trainer.keeper import RunKeeper, log
+from rlfarm.trainer.keeper import RunKeeper
+from rlfarm.trainer.log import log
 from rlfarm.trainer.selfplay import SelfPlay
 from rlfarm.trainer.streams import Streams
 from rlfarm.trainer.summary import TrainResult

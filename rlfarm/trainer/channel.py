@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlfarm.core import codec, signing
-from rlfarm.core.protocol import Key, Result, TaskSpec, legacy_refusal
+from rlfarm.core.protocol import Key, Outcome, Result, TaskSpec
 from rlfarm.farm import keys
 from rlfarm.farm.shares import FarmShare
 from rlfarm.farm.store import FROM_ENV
 from rlfarm.trainer.ingest import PREFETCH, Ingest
-from rlfarm.trainer.outbox import DispatchStats, Outbox, Pending, RefusedKeys, RunOwner, Unowned
+from rlfarm.trainer.ledger import TaskLedger
+from rlfarm.trainer.outbox import DispatchStats, Outbox, RefusedKeys, RunOwner, Unowned
 from rlfarm.trainer.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -76,8 +77,9 @@ class TaskChannel:
             )
 
     @property
-    def pending(self) -> dict[Key, Pending]:
-        return self.outbox.pending
+    def pending(self) -> TaskLedger:
+        """The tasks sent and not yet answered (their one owner: rlfarm.trainer.ledger)."""
+        return self.outbox.ledger
 
     @property
     def stats(self) -> DispatchStats:
@@ -101,7 +103,7 @@ class TaskChannel:
         """Tasks sent and not yet answered, and those held back for the run's share."""
         if kind is None:
             return len(self.pending) + len(self.held)
-        return sum(1 for key in self.pending if key[0] == kind) + sum(1 for spec in self.held if spec.kind == kind)
+        return self.pending.count(kind) + sum(1 for spec in self.held if spec.kind == kind)
 
     # ---- sending ---------------------------------------------------------------------------------
     def submit(self, spec: TaskSpec | dict[str, Any]) -> Key:
@@ -137,16 +139,13 @@ class TaskChannel:
         if room <= 0:
             return
         specs = [self.held.popleft() for _ in range(room)]
-        if not self.pending:  # nothing was running: the wait for a finished task starts now
-            self.outbox.last_finish = time.monotonic()
         claim = self.outbox.claim
         if self.outbox.own_claim and not claim.held:
             claim.acquire()
         self.outbox.list_wanted([s.key for s in specs])
         for spec in specs:
             task_id = self.outbox.send(spec)
-            now = time.monotonic()
-            self.pending[spec.key] = Pending(spec, task_id, now, sent=now)
+            self.pending.open(spec, task_id, time.monotonic())
             self.owner.on_event()
 
     def check(self, force: bool = False) -> None:
@@ -230,26 +229,24 @@ class TaskChannel:
             return None
         if message.policy_fetched:
             self.stats.policy_fetches += 1
-        if message.skipped:  # a copy that found its task already counted: a free duplicate
-            self.stats.skipped += 1
-            self.stats.duplicates += 1
-            return None
         p = self.pending.get(key)
-        if message.error is not None and message.unverified in self.stats.unverified:
-            self.watchdog.unverified(key, p, message)
-            return None
-        if p is None:
-            self.stats.duplicates += 1  # a late copy of a task that already counted
-            self.owner.late_copy(message)
-            return None
-        if message.handed_back or message.refused or legacy_refusal(message.error) or message.error is not None:
-            self.watchdog.failed(key, p, message)
-            return None
-        del self.pending[key]
-        self.outbox.last_finish = time.monotonic()
+        match message.outcome:
+            case Outcome.SKIPPED:  # a copy that found its task already counted: a free duplicate
+                self.stats.skipped += 1
+                self.stats.duplicates += 1
+                return None
+            case Outcome.UNVERIFIED:
+                self.watchdog.unverified(key, p, message)
+                return None
+            case _ if p is None:
+                self.stats.duplicates += 1  # a late copy of a task that already counted
+                self.owner.late_copy(message)
+                return None
+            case Outcome.HANDED_BACK | Outcome.REFUSED | Outcome.FAILED:
+                self.watchdog.failed(key, p, message)
+                return None
+        self.pending.settle(key, message.duration, time.monotonic())
         if message.duration is not None:
-            longest = self.outbox.longest
-            longest[message.kind] = max(longest.get(message.kind, 0.0), float(message.duration))
             self.busy_seconds += float(message.duration)
         self.admit()  # its slot is free: a held task of this run may take it
         self.stats.accepted += 1

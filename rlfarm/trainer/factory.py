@@ -20,9 +20,10 @@ import torch
 from rich.console import Console
 
 from rlfarm.algos import check_mode, learner
-from rlfarm.config import ConfigError, RunConfig, to_dict, trainer_threads
+from rlfarm.config import RunConfig, to_dict, trainer_threads
 from rlfarm.core import signing
 from rlfarm.envs import describe
+from rlfarm.errors import ConfigError
 from rlfarm.evaluation.bookkeeping import Evaluations
 from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
@@ -36,7 +37,7 @@ from rlfarm.trainer.asynchronous import AsyncTrainer
 from rlfarm.trainer.base import LogStep, Trainer
 from rlfarm.trainer.channel import FarmLink, ShareTerms
 from rlfarm.trainer.ingest import keep_freed_memory
-from rlfarm.trainer.keeper import warn
+from rlfarm.trainer.log import warn
 from rlfarm.trainer.outbox import DispatchStats, RefusedKeys
 from rlfarm.trainer.sync import SyncTrainer
 
@@ -55,7 +56,7 @@ def frozen_policies(config: RunConfig, space: Any) -> dict[str, dict[str, torch.
     from rlfarm.algos.group import policy_tensors
     from rlfarm.config.checks import parse_frozen
     from rlfarm.core import codec
-    from rlfarm.core.signing import SignatureError
+    from rlfarm.errors import SignatureError
 
     weights = {}
     for name, path in parse_frozen(config.frozen):

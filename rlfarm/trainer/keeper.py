@@ -11,7 +11,6 @@ trainer's (rlfarm.trainer.base), as are `publish` and `eval_mean_return`.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import time
@@ -22,6 +21,7 @@ from rlfarm.core.protocol import PROTOCOL
 from rlfarm.farm.app import queue_depth
 from rlfarm.farm.connection import eviction_policy
 from rlfarm.farm.runs import write_status
+from rlfarm.trainer.log import warn
 
 if TYPE_CHECKING:
     import redis
@@ -35,14 +35,6 @@ if TYPE_CHECKING:
     from rlfarm.trainer.channel import TaskChannel
 
 EVICTION_CHECK_SECONDS = 5.0  # how often the trainer looks whether Redis began to evict keys
-
-log = logging.getLogger("rlfarm.trainer")
-
-
-def warn(text: str) -> None:
-    """A fault the run rides out: one `rlfarm: warning:` line on stderr and in the run's rlfarm.log
-    (rlfarm.runio.logs)."""
-    log.warning("%s", text)
 
 
 class RunKeeper:

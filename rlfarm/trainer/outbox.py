@@ -12,19 +12,19 @@ of the run written by someone else.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kombu.exceptions import OperationalError
 
 from rlfarm.core import signing
-from rlfarm.core.protocol import Key, Result, TaskSpec
+from rlfarm.core.protocol import UNVERIFIED_INPUTS, Key, Result, TaskSpec
 from rlfarm.farm import keys
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.outage import OutageRetry
 from rlfarm.farm.store import FROM_ENV
-from rlfarm.trainer.keeper import warn
+from rlfarm.trainer.ledger import TaskLedger
+from rlfarm.trainer.log import warn
 
 if TYPE_CHECKING:
     import redis
@@ -33,34 +33,6 @@ if TYPE_CHECKING:
 AUTO_TIME_LIMIT_FIRST = 600.0  # hard time limit before any task of a kind has reported its duration
 AUTO_TIME_LIMIT_MIN = 60.0
 AUTO_TIME_LIMIT_FACTOR = 10.0  # times the longest duration seen so far
-
-
-class RolloutError(RuntimeError):
-    """A task failed on its worker (bad env, missing policy version, ...): its message says why."""
-
-
-class TaskLostError(RuntimeError):
-    """A task was re-sent max_redispatch times and still produced no result."""
-
-
-def describe_key(key: Key) -> str:
-    return f"task {key[0]} (iteration {key[1]}, index {key[2]})"
-
-
-@dataclass
-class Pending:
-    spec: TaskSpec
-    task_id: str  # the newest copy's Celery task id
-    last_seen: float  # when it was last known alive: sent, seen queued, or leased
-    sent: float = 0.0  # when the newest copy was sent
-    copies: int = 1
-    started: float | None = None  # when a lease was first seen for it (None: not started yet)
-    backups: int = 0  # straggler copies sent
-    lease_gone: float | None = None  # when its lease was first seen gone while results waited
-    reason: str = ""  # why it was last re-sent
-    refused: float | None = None  # when a worker of another protocol refused it (re-sent at the next check)
-    refusals: int = 0  # copies a worker refused (Result.unverified)
-    unwanted_since: float | None = None  # when it was first seen out of `wanted` with no result waiting
 
 
 @dataclass
@@ -80,7 +52,7 @@ class DispatchStats:
     forged_keys: int = 0  # keys of the run found as the trainer did not write them: refused, written back
     forged_snapshots: int = 0  # env stream snapshots not the blob their signed digest names (restarted)
     # Task inputs workers refused as not signed by the farm (Result.unverified), by kind; re-sent.
-    unverified: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("policy", "meta", "spec"), 0))
+    unverified: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNVERIFIED_INPUTS, 0))
     state_restored: int = 0  # times the run's state was found lost in Redis and written back
     refused: int = 0  # copies refused unrun by workers of another protocol version (re-sent)
     handed_back: int = 0  # copies handed back unfinished by workers shutting down (re-sent at once)
@@ -188,8 +160,9 @@ class RefusedKeys:
 
 
 class Outbox:
-    """The run's pending tasks, and how a copy of one is sent: signed, labelled, with its hard time
-    limit, through a Redis outage, and never before the run's claim is renewed after one."""
+    """How a copy of a task is sent: signed, labelled, with its hard time limit, through a Redis
+    outage, and never before the run's claim is renewed after one. The tasks sent and not yet
+    answered are its `ledger`'s (rlfarm.trainer.ledger), which the channel and the watchdog share."""
 
     def __init__(
         self,
@@ -218,9 +191,7 @@ class Outbox:
         self.time_limit = time_limit
         self.retry = retry or OutageRetry()
         self.stats = stats if stats is not None else DispatchStats()
-        self.pending: dict[Key, Pending] = {}
-        self.longest: dict[str, float] = {}  # longest task duration seen, per kind
-        self.last_finish = time.monotonic()  # a task finished, or tasks were sent to an idle farm
+        self.ledger = TaskLedger()
         self.queue = app.conf.task_default_queue
         self.secret = signing.secret_from_env() if secret is FROM_ENV else secret  # signs specs, checks results
         self.own_claim = claim is None
@@ -231,16 +202,17 @@ class Outbox:
     def time_limit_for(self, kind: str) -> float:
         if self.time_limit > 0:
             return self.time_limit
-        if kind not in self.longest:
+        longest = self.ledger.longest
+        if kind not in longest:
             return AUTO_TIME_LIMIT_FIRST
-        return max(AUTO_TIME_LIMIT_MIN, AUTO_TIME_LIMIT_FACTOR * self.longest[kind])
+        return max(AUTO_TIME_LIMIT_MIN, AUTO_TIME_LIMIT_FACTOR * longest[kind])
 
     def describe_time_limit(self, kind: str) -> str:
         """The hard time limit a task of `kind` is sent with, and where it comes from."""
         limit = self.time_limit_for(kind)
         if self.time_limit > 0:
             source = "farm.task_time_limit"
-        elif kind not in self.longest:
+        elif kind not in self.ledger.longest:
             source = f"farm.task_time_limit 0: {AUTO_TIME_LIMIT_FIRST:g} s until a {kind} task has finished"
         else:
             source = (
@@ -274,27 +246,6 @@ class Outbox:
         self.stats.dispatched += 1
         self.stats.task_ids.setdefault(spec.key, []).append(result.id)
         return result.id
-
-    def resend(self, key: Key, p: Pending, reason: str, backup: bool = False, counted: bool = True) -> None:
-        """Send a pending task again. `counted`: the copy counts towards max_redispatch. Copies that
-        say nothing about the task do not: a worker refused an attacker's write (a few writes must
-        not end the run), a worker of another protocol version refused it unrun, or a worker shutting
-        down handed it back."""
-        if counted and not backup and p.copies > self.max_redispatch:
-            raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; last: {reason}")
-        self.list_wanted([key])  # a timed-out copy may have left it
-        p.task_id = self.send(p.spec)
-        p.copies += counted
-        p.reason = reason
-        p.refused = None
-        p.last_seen = p.sent = time.monotonic()
-        p.lease_gone = None
-        if backup:
-            p.backups += 1
-            p.started = time.monotonic()  # the next backup, if any, only another task_timeout later
-        else:
-            p.started = None
-        self.stats.redispatched += 1
 
     def renew_claim_after_outage(self) -> None:
         """After a Redis outage (or during one, for a send being retried), renew the run's claim before

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlfarm.errors import CheckpointError
 from rlfarm.runio.rundir import write_atomic
 
 if TYPE_CHECKING:
@@ -21,10 +22,6 @@ if TYPE_CHECKING:
 
 FILENAME = "checkpoint.safetensors"
 FORMAT = "rlfarm-trainer-checkpoint/2"  # 2: the algorithm owns its replay buffer
-
-
-class CheckpointError(RuntimeError):
-    pass
 
 
 def path_in(run_dir: Path) -> Path:

@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from rlfarm.core.league import ANCHOR, League
-from rlfarm.farm.store import PolicyError
+from rlfarm.errors import PolicyError
 
 LEAGUE = "league"  # the league's hold on its members' versions (PolicyStore.pin)
 

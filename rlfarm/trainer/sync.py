@@ -15,7 +15,8 @@ import torch
 
 from rlfarm.core.protocol import TaskSpec
 from rlfarm.core.rollout import Rollout, concat
-from rlfarm.trainer.base import Trainer, log
+from rlfarm.trainer.base import Trainer
+from rlfarm.trainer.log import log
 
 
 class SyncTrainer(Trainer):

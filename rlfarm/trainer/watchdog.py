@@ -1,4 +1,6 @@
-"""Whether the run's pending tasks are alive, and what the run does about refusals and outages.
+"""Whether the run's pending tasks are alive, what to re-send and when to give up, and what the run
+does about refusals and outages. The tasks themselves are the ledger's (rlfarm.trainer.ledger): the
+watchdog tells it what it saw, and never changes a task itself.
 
 Whether a pending task is still alive is judged once a second (the channel's `check`), never by how
 long it has waited in the queue:
@@ -26,19 +28,11 @@ import time
 from typing import Any
 
 from rlfarm.core import codec, signing
-from rlfarm.core.protocol import PROTOCOL, Key, Result, legacy_refusal
+from rlfarm.core.protocol import PROTOCOL, Key, Result
+from rlfarm.errors import RolloutError, TaskLostError
 from rlfarm.farm import keys
-from rlfarm.trainer.outbox import (
-    DispatchStats,
-    Outbox,
-    Pending,
-    RefusedKeys,
-    RolloutError,
-    RunOwner,
-    TaskLostError,
-    Unowned,
-    describe_key,
-)
+from rlfarm.trainer.ledger import Pending, TaskLedger, describe_key
+from rlfarm.trainer.outbox import DispatchStats, Outbox, RefusedKeys, RunOwner, Unowned
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
 IDLE_WARNING_SECONDS = 60.0  # pending tasks, none running: say so on the console this often
@@ -79,8 +73,8 @@ class Watchdog:
         self._outages_seen = outbox.retry.outages
 
     @property
-    def pending(self) -> dict[Key, Pending]:
-        return self.outbox.pending
+    def pending(self) -> TaskLedger:
+        return self.outbox.ledger
 
     @property
     def stats(self) -> DispatchStats:
@@ -135,32 +129,27 @@ class Watchdog:
         for key, is_wanted, leased in zip(pending, wanted, leases):
             p = self.pending[key]
             if p.refused is not None:
-                self.outbox.resend(key, p, "refused by a worker of another protocol version", counted=False)
+                self.resend(key, "refused by a worker of another protocol version", counted=False)
                 continue
             if not is_wanted:
                 # Its result has been pushed and waits in the results list; or, with the list empty and
                 # no worker running it, someone took it out of `wanted` (one SREM must not stall the run).
-                if backlog or leased:
-                    p.unwanted_since = None
-                elif p.unwanted_since is None:
-                    p.unwanted_since = now
-                elif now - p.unwanted_since > self.lease_seconds:
-                    p.unwanted_since = None
+                p = self.pending.unwanted(key, None if backlog or leased else now)
+                if p.unwanted_since is not None and now - p.unwanted_since > self.lease_seconds:
+                    self.pending.unwanted(key, None)
                     self.refused_key(
                         f"refused {self.outbox.wanted}: {describe_key(key)} was taken out of it, "
                         f"but no result of it came (written by someone else); sending it again"
                     )
-                    self.outbox.resend(key, p, "its entry in the run's wanted set was removed", counted=False)
+                    self.resend(key, "its entry in the run's wanted set was removed", counted=False)
                 continue
             if leased:
-                p.last_seen, p.lease_gone = now, None
-                if p.started is None:
-                    p.started = now
-                elif now - p.started > self.task_timeout and p.backups < self.outbox.max_redispatch:
+                first = p.started is None
+                p = self.pending.leased(key, now)
+                if not first and now - p.started > self.task_timeout and p.backups < self.outbox.max_redispatch:
                     self.stats.stragglers += 1
-                    self.outbox.resend(
+                    self.resend(
                         key,
-                        p,
                         f"still running {now - p.started:.0f} s after it started "
                         f"(farm.task_timeout {self.task_timeout:g} s)",
                         backup=True,
@@ -169,7 +158,7 @@ class Watchdog:
                 # A worker's last word (a time-limit report, an error) deletes the lease as it lands in
                 # the results list: while results wait to be read, give the lease one more look.
                 if backlog and (p.lease_gone is None or now - p.lease_gone < self.lease_seconds):
-                    p.lease_gone = p.lease_gone or now
+                    self.pending.lease_missing(key, now)
                     continue
                 self.stats.leases_expired += 1
                 reason = (
@@ -177,7 +166,7 @@ class Watchdog:
                     f"{self.lease_seconds:g} s after its last renewal)"
                 )
                 self.owner.warn(f"{reason}; sending it again")
-                self.outbox.resend(key, p, reason)
+                self.resend(key, reason)
             elif now - p.last_seen > self.lease_seconds:
                 unseen.append(key)
         self._notice_stall(now, pending, leases)
@@ -185,14 +174,13 @@ class Watchdog:
         if unseen:
             queued = self.queued_task_ids()
             for key in unseen:
-                p = self.pending[key]
-                if p.task_id in queued:
-                    p.last_seen = now
+                if self.pending[key].task_id in queued:
+                    self.pending.seen(key, now)
                 else:
                     self.stats.messages_lost += 1
                     reason = f"the message of {describe_key(key)} was lost (neither queued nor running)"
                     self.owner.warn(f"{reason}; sending it again")
-                    self.outbox.resend(key, p, reason)
+                    self.resend(key, reason)
 
     def _notice_idle(self, now: float, leases: list[Any], backlog: int) -> None:
         """Progress: a task running, a result waiting to be read, or one accepted (`last_finish`);
@@ -200,7 +188,7 @@ class Watchdog:
         if any(leases) or backlog:
             self._last_progress = now
             return
-        if now - max(self._last_progress, self.outbox.last_finish) <= IDLE_WARNING_SECONDS:
+        if now - max(self._last_progress, self.pending.last_finish) <= IDLE_WARNING_SECONDS:
             return
         self._last_progress = now  # again in another IDLE_WARNING_SECONDS if nothing changes
         if self.unsigned_workers:
@@ -229,7 +217,7 @@ class Watchdog:
         """Tasks run but none has finished for a minute: say what runs, where, for how long and what
         limit applies, every minute. A hung env looks like this until its time limit speaks (600 s
         for a run's first tasks, by default)."""
-        last_finish = self.outbox.last_finish
+        last_finish = self.pending.last_finish
         if now - last_finish < STALL_NOTICE_SECONDS or now - self._stall_noticed < STALL_NOTICE_SECONDS:
             return
         running = [
@@ -262,6 +250,20 @@ class Watchdog:
             except (ValueError, KeyError, TypeError):
                 continue  # not a Celery message: not ours to judge
         return ids
+
+    # ---- re-sending ---------------------------------------------------------------------------------
+    def resend(self, key: Key, reason: str, backup: bool = False, counted: bool = True) -> None:
+        """Send a pending task again, or give up on it: a copy `counted` towards max_redispatch past
+        that many fails the run. Copies that say nothing about the task are not counted: a worker
+        refused an attacker's write (a few writes must not end the run), a worker of another protocol
+        version refused it unrun, or a worker shutting down handed it back."""
+        p = self.pending[key]
+        if counted and not backup and p.copies > self.outbox.max_redispatch:
+            raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; last: {reason}")
+        self.outbox.list_wanted([key])  # a timed-out copy may have left it
+        task_id = self.outbox.send(p.spec)
+        self.pending.copied(key, task_id, reason, backup=backup, counted=counted, now=time.monotonic())
+        self.stats.redispatched += 1
 
     # ---- outages and lost state -------------------------------------------------------------------
     def after_outage(self, now: float) -> None:
@@ -314,8 +316,7 @@ class Watchdog:
 
     def _grace(self, now: float) -> None:
         self._grace_until = now + self.lease_seconds
-        for p in self.pending.values():
-            p.last_seen = now
+        self.pending.all_seen(now)
 
     # ---- what workers refused or failed --------------------------------------------------------------
     def unsigned(self, data: bytes, exc: signing.SignatureError) -> None:
@@ -343,10 +344,10 @@ class Watchdog:
                 f"secret" + ("; sending its task again to the others" if resend else "")
             )
         if resend:
-            p.refusals += 1
-            if p.refusals > MAX_REFUSALS:
-                raise TaskLostError(f"{describe_key(claimed.key)} came back unsigned {p.refusals} times; last: {exc}")
-            self.outbox.resend(claimed.key, p, f"its result was dropped: {exc}", counted=False)
+            refusals = self.pending.refusal(claimed.key)
+            if refusals > MAX_REFUSALS:
+                raise TaskLostError(f"{describe_key(claimed.key)} came back unsigned {refusals} times; last: {exc}")
+            self.resend(claimed.key, f"its result was dropped: {exc}", counted=False)
 
     def failed(self, key: Key, p: Pending, message: Result) -> None:
         """A copy of a pending task came back without a result: handed back by a worker shutting down,
@@ -360,9 +361,9 @@ class Watchdog:
                     f"{(message.error or '').removeprefix('HandedBack: ')}"
                 )
                 self.owner.warn(f"{reason}; sending it again")
-                self.outbox.resend(key, p, reason, counted=False)
+                self.resend(key, reason, counted=False)
             return
-        if message.refused or legacy_refusal(message.error):
+        if message.refused:
             self._refused(p, message)
             return
         where = f"{describe_key(key)} failed on {message.worker}: {message.error}"
@@ -373,7 +374,7 @@ class Watchdog:
             if message.retryable:
                 self.stats.time_limits += 1
             self.owner.warn(f"{where}; sending it again")
-            self.outbox.resend(key, p, where)
+            self.resend(key, where)
 
     def _refused(self, p: Pending, message: Result) -> None:
         """A worker of another protocol version refused the task unrun: warn once per worker, and send
@@ -381,8 +382,8 @@ class Watchdog:
         if message.task_id != p.task_id:  # a newer copy is already on its way
             return
         self.stats.refused += 1
-        p.refused = time.monotonic()
-        theirs = message.protocol if message.refused else 0  # 0: a worker from before versions
+        self.pending.refused_unrun(p.spec.key, time.monotonic())
+        theirs = message.protocol
         if message.worker not in self.refusing:
             self.refusing[message.worker] = theirs
             self.owner.warn(
@@ -401,12 +402,12 @@ class Watchdog:
         if repaired is None:  # nobody holds a genuine copy to put back
             raise RolloutError(where.replace(" was refused on ", " failed on ", 1))
         if p is not None and message.task_id == p.task_id:  # else a newer copy is already on its way
-            p.refusals += 1
-            if p.refusals > MAX_REFUSALS:
-                raise TaskLostError(f"{describe_key(key)} was refused {p.refusals} times; last: {where}")
+            refusals = self.pending.refusal(key)
+            if refusals > MAX_REFUSALS:
+                raise TaskLostError(f"{describe_key(key)} was refused {refusals} times; last: {where}")
             self.owner.warn(f"{where}; {repaired}sending it again")
             # Not counted: the report is signed, so it comes from a worker holding the farm's secret,
             # and what it refused was written by someone who does not.
-            self.outbox.resend(key, p, where, counted=False)
+            self.resend(key, where, counted=False)
         else:
             self.owner.warn(f"{where}; {repaired}".rstrip("; "))

@@ -16,7 +16,8 @@ from typing import Any
 
 from rlfarm.config.dump import preset_toml
 from rlfarm.config.space import Param, check_params
-from rlfarm.core.signing import SignatureError, verify_trial
+from rlfarm.core.signing import verify_trial
+from rlfarm.errors import SignatureError
 from rlfarm.tune.sweep import TrialRun
 
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from rlfarm.errors import SweepError
+
 PRUNERS = ("median", "hyperband", "threshold", "none")
 INSTALL = "pip install 'rlfarm[sweep]'"
-
-
-class SweepError(RuntimeError):
-    """A sweep that cannot start, in one line."""
 
 
 def optuna() -> Any:

@@ -15,8 +15,9 @@ import redis
 from rlfarm.algos.acting import acts_without_torch, numpy_actor
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec
+from rlfarm.errors import PolicyCorrupt, PolicyNotFound, PolicyTrimmed
 from rlfarm.farm.lines import joined, lines_named
-from rlfarm.farm.store import PolicyCorrupt, PolicyNotFound, PolicyStore, PolicyTrimmed
+from rlfarm.farm.store import PolicyStore
 from rlfarm.worker.cache import PolicyCache
 from rlfarm.worker.machine import SharedPolicies
 

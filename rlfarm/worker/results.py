@@ -12,15 +12,11 @@ import redis
 
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
+from rlfarm.errors import PolicyCorrupt, ResultTooLarge
 from rlfarm.farm.delivery import deliver
 from rlfarm.farm.outage import is_oom
-from rlfarm.farm.store import PolicyCorrupt
 
 log = logging.getLogger("rlfarm.worker")
-
-
-class ResultTooLarge(ValueError):
-    """A result over the run's `farm.max_result_bytes`: refused before it is sent."""
 
 
 def encode_result(result: Result, farm: dict[str, Any]) -> bytes:

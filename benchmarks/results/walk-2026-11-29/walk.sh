@@ -31,7 +31,7 @@ rlfarm train --preset cartpole-ppo --total-steps 3000000 --set target_return=inf
 load=$!
 until grep -q "^step [1-9]" "$dir/load.txt" 2>/dev/null || ! kill -0 $load 2>/dev/null; do sleep 0.5; done
 for i in 1 2 3; do step "status-under-load-$i" 'rlfarm status > /dev/null'; done
-step ctrl-c "kill -INT $load; wait $load; tail -n 3 $dir/load.txt"
+step ctrl-c "kill -INT $load; while kill -0 $load 2>/dev/null; do sleep 0.2; done; tail -n 2 $dir/load.txt"
 step resume 'rlfarm train --resume walk-load --total-steps 200000 | tail -n 2'
 step train-on-up 'rlfarm train --preset cartpole-ppo --mode async --total-steps 8192 --run-id walk-async'
 step down 'rlfarm down'
