@@ -7,7 +7,7 @@ published in float16 (farm.policy_dtype). Pong's policy (the Nature CNN, 6.75 MB
     python benchmarks/policy_fanout.py
     python benchmarks/policy_fanout.py --processes 1 4 16 --versions 6
 
-Each process is a pool process's twin: a RolloutWorker in a process of its own, acting with each
+Each process is a pool process's twin: a TaskHandler in a process of its own, acting with each
 version in turn as a task does (fetch or read the machine's copy, check sha256, load into its
 network, snapshot the actor). All processes of a trial start a version together (a barrier), as a
 SYNC group's tasks do right after the trainer publishes it. Redis's own counter
@@ -35,9 +35,9 @@ def act_with_each_version(url: str, run: str, incarnation: str, versions: int, s
     import torch
 
     torch.set_num_threads(1)  # as a pool process
-    from rlfarm.worker.rollout import RolloutWorker
+    from rlfarm.worker.handler import TaskHandler
 
-    worker = RolloutWorker(url)
+    worker = TaskHandler(url)
     worker._enter(run, incarnation)
     worker._run_meta(run)
     worker._network(run)  # built before the clock starts: a process builds it once per run

@@ -11,7 +11,7 @@ benchmarks.slow_envs:frames (Atari-shaped frames) where ale_py is not installed.
 redis-server; every figure below comes from this one run.
 
   (A) in-process, no Celery worker: this process is the trainer (a TaskChannel) and the worker (a
-      RolloutWorker, whose `handle` takes each task message popped from the broker queue). Each side
+      TaskHandler, whose `handle` takes each task message popped from the broker queue). Each side
       is measured in a phase of its own (all submits, then all handles, then all receives): wall and
       CPU time of this process, its round trips to Redis (every request redis-py sends, a pipeline
       being one), and Redis's own counters (INFO: CPU, network bytes, calls per command). The rollout
@@ -65,7 +65,7 @@ class Timed:
         self.payload: list[int] = []
 
     def install(self, worker: Any) -> None:
-        import rlfarm.worker.rollout as wm
+        import rlfarm.worker.handler as wm
 
         encode, push = wm.encode_result, worker._push
 
@@ -93,13 +93,13 @@ def in_process(url: str, run: str, steps: int, n: int, rounds: int) -> dict[str,
     from rlfarm.core.rollout import collect, task_seeds
     from rlfarm.farm.app import make_app
     from rlfarm.farm.connection import connect
-    from rlfarm.worker.rollout import RolloutWorker
+    from rlfarm.worker.handler import TaskHandler
 
     client = connect(url)
     app = make_app(url)
     queue = app.conf.task_default_queue
     d = fs.task_channel(app, client, run, 600, 1)
-    worker = RolloutWorker(url)
+    worker = TaskHandler(url)
     timed = Timed()
     timed.install(worker)
     meters = {k: fs.Meter() for k in ("submit", "handle", "receive", "alone")}

@@ -98,10 +98,6 @@ class RedisUnavailable(RlfarmError, RuntimeError):
     """Redis stayed unreachable for longer than the outage limit."""
 
 
-class NoFarm(RlfarmError, RuntimeError):
-    """A command that needs a farm found none; the message says what was tried."""
-
-
 class RunInUse(RlfarmError, RuntimeError):
     """Another live trainer holds the run id (in this Redis) or the run directory."""
 

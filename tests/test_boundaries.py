@@ -364,7 +364,7 @@ PRIVATE_ERRORS = {
     "rlfarm.cli.common._UsageLine": "click's usage error as one line",
     "rlfarm.tune.seeds.StartFailed": "a seed's trainer that could not start: the seeds command says so itself",
     "rlfarm.worker.hooks.TaskFailed": "Celery's record of a task already answered in Redis",
-    "rlfarm.worker.rollout.HandedBack": "SIGUSR2 in a pool process, turned into the task's answer",
+    "rlfarm.worker.handler.HandedBack": "SIGUSR2 in a pool process, turned into the task's answer",
 }
 
 

@@ -246,7 +246,7 @@ def fake_trainers(monkeypatch):
                 FakeTrainer.running.remove(t)
                 stopped.append(t)
 
-    monkeypatch.setattr(S, "Trainer", FakeTrainer)
+    monkeypatch.setattr(S, "TrainerProcess", FakeTrainer)
     monkeypatch.setattr(S, "stop_all", stop_all)
     monkeypatch.setattr(S, "time", types.SimpleNamespace(time=__import__("time").time, sleep=lambda s: None))
     monkeypatch.setattr(S, "_scores", lambda run_dir: {})

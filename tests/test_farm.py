@@ -71,12 +71,12 @@ def test_an_mlp_version_acts_from_its_tensors_and_cached_versions_keep_their_wei
 
     from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.envs import describe
-    from rlfarm.worker.rollout import RolloutWorker
+    from rlfarm.worker.handler import TaskHandler
 
     cfg, store = make_run(redis_only.redis_url, "reuse")
     state0, _ = store.get(0)
     store.publish(1, {k: v + 0.5 if v.is_floating_point() else v for k, v in state0.items()}, "ppo")
-    worker = RolloutWorker(redis_only.redis_url)
+    worker = TaskHandler(redis_only.redis_url)
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     actor0, _, fetched = worker._actor_of("reuse", 0)
     values0 = actor0.value(obs).copy()
@@ -99,13 +99,13 @@ def test_new_cnn_versions_load_into_one_network_and_cached_versions_keep_their_w
 
     from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.envs import describe
-    from rlfarm.worker.rollout import RolloutWorker
+    from rlfarm.worker.handler import TaskHandler
 
     image = ["env.id=tests.tiny_envs:image", "policy.cnn_features=32"]
     cfg, store = make_run(redis_only.redis_url, "reuse-cnn", image)
     state0, _ = store.get(0)
     store.publish(1, {k: v + 0.5 if v.is_floating_point() else v for k, v in state0.items()}, "ppo")
-    worker = RolloutWorker(redis_only.redis_url)
+    worker = TaskHandler(redis_only.redis_url)
     obs = np.random.default_rng(0).integers(0, 256, size=(5, 2, 16, 16), dtype=np.uint8)
     actor0, _, fetched = worker._actor_of("reuse-cnn", 0)
     network = worker.versions.networks["reuse-cnn"]

@@ -492,13 +492,13 @@ def test_workers_skip_copies_already_counted_and_runs_already_ended(redis_only):
     from rlfarm.core.protocol import PROTOCOL
     from rlfarm.farm import keys
     from rlfarm.farm.claim import Claim
-    from rlfarm.worker.rollout import RolloutWorker
+    from rlfarm.worker.handler import TaskHandler
 
     from .conftest import make_run
 
     make_run(redis_only.redis_url, "skips", ["env.num_envs=1"])
     client = redis.Redis.from_url(redis_only.redis_url)
-    worker = RolloutWorker(redis_only.redis_url)
+    worker = TaskHandler(redis_only.redis_url)
     claim = Claim(client, "skips")  # what a live trainer holds
     spec = {
         "run": "skips",

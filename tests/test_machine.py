@@ -81,9 +81,9 @@ def test_the_root_follows_the_setting_and_the_farm(monkeypatch, tmp_path):
 # ---- pool processes of one machine, against a real Redis -------------------------------------------
 def _act_in_a_process(url: str, run: str, versions: list[int], share: str, queue) -> None:
     os.environ[POLICY_SHARE_VAR] = share
-    from rlfarm.worker.rollout import RolloutWorker
+    from rlfarm.worker.handler import TaskHandler
 
-    worker = RolloutWorker(url)
+    worker = TaskHandler(url)
     worker._enter(run, "incarnation-1")
     obs = np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4)
     out = []
@@ -130,7 +130,7 @@ def test_four_processes_of_one_machine_fetch_each_version_once_and_act_alike(red
 @pytest.mark.farm
 @pytest.mark.fault  # a forged blob in Redis, a damaged copy on disk
 def test_a_forged_blob_is_never_shared_and_a_damaged_copy_is_fetched_again(redis_only, tmp_path, monkeypatch):
-    from rlfarm.worker.rollout import RolloutWorker
+    from rlfarm.worker.handler import TaskHandler
 
     monkeypatch.setenv(POLICY_SHARE_VAR, str(tmp_path))
     url = redis_only.redis_url
@@ -140,8 +140,8 @@ def test_a_forged_blob_is_never_shared_and_a_damaged_copy_is_fetched_again(redis
     genuine = client.get(key)
     client.set(key, genuine[:-8] + bytes(8))  # its tensors no longer match its sha256
 
-    def worker() -> RolloutWorker:
-        w = RolloutWorker(url)
+    def worker() -> TaskHandler:
+        w = TaskHandler(url)
         w._enter("machine-forged", "incarnation-1")
         return w
 

@@ -262,12 +262,12 @@ def test_run_meta_is_signed_in_redis(redis_only, monkeypatch):
 
 @pytest.mark.farm
 def test_worker_caches_a_policy_under_the_version_it_fetched(redis_only, monkeypatch):
-    from rlfarm.worker.rollout import RolloutWorker
+    from rlfarm.worker.handler import TaskHandler
 
     monkeypatch.delenv("RLFARM_SECRET", raising=False)
     _, store = make_run(redis_only.redis_url, "cache-key", versions=3)
     client = connect(redis_only.redis_url)
-    worker = RolloutWorker(redis_only.redis_url)
+    worker = TaskHandler(redis_only.redis_url)
     _, version, fetched = worker._actor_of("cache-key", 1)
     assert (version, fetched) == (1, True) and worker.versions.cache.get(("cache-key", 1)) is not None
     client.set("rlfarm:cache-key:policy:0", client.get("rlfarm:cache-key:policy:2"))

@@ -113,7 +113,7 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
     from rlfarm.core import codec
     from rlfarm.core.protocol import TaskSpec
     from rlfarm.farm import keys
-    from rlfarm.worker.rollout import RolloutWorker
+    from rlfarm.worker.handler import TaskHandler
 
     from .conftest import WORKER_ENV, poll, start_command
 
@@ -168,7 +168,7 @@ def test_embedded_default_signs_by_itself_and_drops_a_forged_result(tmp_path, mo
             tmp_path / "stderr.txt",
         )[0]
         # The forgery: a real rollout of the run's current policy, its rewards x100.
-        forged = RolloutWorker(url).rollout(TaskSpec.from_kwargs({k: v for k, v in kwargs.items() if k != "sig"}))
+        forged = TaskHandler(url).rollout(TaskSpec.from_kwargs({k: v for k, v in kwargs.items() if k != "sig"}))
         forged.rollout["rewards"] = forged.rollout["rewards"] * 100
         forged.task_id = "forged"
 

@@ -83,9 +83,6 @@ def task_seeds(run_seed: int, iteration: int, index: int, num_envs: int) -> tupl
     return env_seeds, int(act_ss.generate_state(1, dtype=np.uint32)[0])
 
 
-EPISODE_MODES = ("fresh", "continue")
-
-
 def as_obs(spec: SpaceSpec, obs: Any, n: int) -> np.ndarray:
     """A batch of n observations as the spec keeps them: its shape, uint8 or float32 (float64 envs
     are cast here, once)."""

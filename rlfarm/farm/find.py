@@ -21,7 +21,6 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from rlfarm.core.signing import SECRET_ENV
-from rlfarm.errors import NoFarm
 
 REDIS_ENV = "RLFARM_REDIS_URL"
 GIVEN = "--redis"
@@ -204,14 +203,6 @@ def find_any_farm(redis_url: str | None, environ: Mapping[str, str] | None = Non
     farm = find_farm(redis_url, None, environ)
     if farm.url is None:
         return live_embedded() or farm
-    return farm
-
-
-def require_farm(redis_url: str | None, run_dir: Path | None = None) -> Farm:
-    """find_farm for a command that cannot start one: NoFarm (its one line) when none is found."""
-    farm = find_farm(redis_url, run_dir)
-    if farm.url is None:
-        raise NoFarm(not_found(run_dir))
     return farm
 
 

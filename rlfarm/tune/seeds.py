@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from rlfarm.local import shared
-from rlfarm.tune.trainers import Trainer, stop_all
+from rlfarm.tune.processes import TrainerProcess, stop_all
 
 # summary.json key of a run -> column of the table
 SCORES = {
@@ -119,13 +119,13 @@ def run_seeds(
     seeds). Ctrl-C / SIGTERM (KeyboardInterrupt) stops every child before it propagates; so does a
     trainer that cannot be started (StartFailed)."""
     runs = [SeedRun(seed, seed_run_id(base, seed), str(logdir / seed_run_id(base, seed))) for seed in seeds]
-    waiting, running = list(runs), []  # running: (SeedRun, Trainer) pairs
+    waiting, running = list(runs), []  # running: (SeedRun, TrainerProcess) pairs
     try:
         while waiting or running:
             while waiting and len(running) < parallel:
                 run = waiting.pop(0)
                 try:
-                    trainer = Trainer(
+                    trainer = TrainerProcess(
                         [*args, "--seed", str(run.seed), "--run-id", run.run_id, "--logdir", str(logdir)],
                         seeds_dir / f"s{run.seed}.log",
                         env,
@@ -147,7 +147,7 @@ def run_seeds(
     return runs
 
 
-def _finish(run: SeedRun, trainer: Trainer) -> None:
+def _finish(run: SeedRun, trainer: TrainerProcess) -> None:
     run.ended_at, run.seconds = time.time(), round(trainer.seconds, 1)
     if trainer.poll() == 0:
         run.state, run.scores = "finished", _scores(Path(run.run_dir))

@@ -12,7 +12,6 @@ from typing import Any
 
 from rlfarm.errors import SweepError
 
-PRUNERS = ("median", "hyperband", "threshold", "none")
 INSTALL = "pip install 'rlfarm[sweep]'"
 
 

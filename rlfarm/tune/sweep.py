@@ -34,7 +34,7 @@ from typing import Any
 from rlfarm.config.space import Param, check_params, to_overrides
 from rlfarm.core.signing import secret_from_env, trial_signature
 from rlfarm.tune.curves import Curve, final_score
-from rlfarm.tune.trainers import Trainer, stop_all
+from rlfarm.tune.processes import TrainerProcess, stop_all
 
 POLL_SECONDS = 0.5
 
@@ -45,7 +45,7 @@ class TrialRun:
     params: dict[str, Any]
     run_id: str
     trial: Any = field(repr=False)
-    trainer: Trainer | None = field(repr=False)  # None: REFUSED, never started
+    trainer: TrainerProcess | None = field(repr=False)  # None: REFUSED, never started
     curve: Curve | None = field(repr=False)
     state: str = "RUNNING"  # then COMPLETE, PRUNED, FAIL, or REFUSED (not in the space: never trained)
     value: float | None = None  # the latest point while it runs, the objective once COMPLETE
@@ -81,7 +81,7 @@ class Sweep:
         self.on_change, self.on_end, self.total_steps = on_change, on_end, total_steps
         self.secret = secret_from_env({**os.environ, **env})  # the trainers' own: they sign with it too
         self.runs: list[TrialRun] = []
-        self._stopping: list[Trainer] = []  # pruned trainers still cleaning up; their slots are free
+        self._stopping: list[TrainerProcess] = []  # pruned trainers still cleaning up; their slots are free
 
     def run(self) -> list[TrialRun]:
         try:
@@ -132,7 +132,7 @@ class Sweep:
             "--logdir",
             str(self.sweep_dir),
         ]
-        trainer = Trainer(args, self.sweep_dir / "logs" / f"{run_id}.log", self.env)
+        trainer = TrainerProcess(args, self.sweep_dir / "logs" / f"{run_id}.log", self.env)
         final = values.get("total_steps", self.total_steps)
         self.runs.append(
             TrialRun(

@@ -1,7 +1,7 @@
 """The worker's Celery app and its two tasks: `celery -A rlfarm.worker.app worker` (tasks/, at the
 repository's root, re-exports it for `celery -A tasks worker` and `celery -A tasks flower`).
 
-Tasks are thin: the kwargs are an rlfarm.core.protocol.TaskSpec; rlfarm.worker.rollout checks them,
+Tasks are thin: the kwargs are an rlfarm.core.protocol.TaskSpec; rlfarm.worker.handler checks them,
 does the work and pushes the result; the worker's Celery glue (signals, time-limit reports, lease
 renewal, hand-back on SIGTERM) is rlfarm.worker.hooks. The broker is found as every rlfarm command
 finds it (rlfarm.farm.find): RLFARM_REDIS_URL, else the local farm of `rlfarm up` (with its secret,

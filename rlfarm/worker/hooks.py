@@ -8,8 +8,8 @@ processes. rlfarm.worker.app makes the app, calls `install(app)` and defines the
   SIGTERM running tasks are handed back at once; with RLFARM_METRICS_ADDR (`rlfarm worker
   --metrics-port`) it serves the worker's Prometheus metrics, from counts its pool processes keep in
   shared memory (rlfarm.worker.counters).
-- Pool processes: one torch thread, no CUDA, the hand-back signal, one `RolloutWorker` kept for the
-  process's life (rlfarm.worker.rollout).
+- Pool processes: one torch thread, no CUDA, the hand-back signal, one `TaskHandler` kept for the
+  process's life (rlfarm.worker.handler).
 
 Both read the worker's settings (rlfarm.worker.settings) once, when they first need them.
 """
@@ -194,7 +194,7 @@ def _preload(**_: object) -> None:
     # its import was most of a worker's start (benchmarks/startup.py); a process acting a CNN imports
     # it at its first such task.
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # workers never touch CUDA
-    import rlfarm.worker.rollout  # noqa: F401
+    import rlfarm.worker.handler  # noqa: F401
     from rlfarm import algos
     from rlfarm.algos.acting import acting_module
     from rlfarm.worker.counters import NodeCounters
@@ -373,9 +373,9 @@ def _hand_back(node: str) -> None:
 def _rollout_worker():
     global _worker
     if _worker is None:
-        from rlfarm.worker.rollout import RolloutWorker
+        from rlfarm.worker.handler import TaskHandler
 
-        _worker = RolloutWorker(farm_url(_app), settings())
+        _worker = TaskHandler(farm_url(_app), settings())
         _worker.hand_back = _hand_back_early
         _worker.counters = _counters
         _worker.stop_worker = _stop_worker

@@ -1,5 +1,5 @@
 """What a worker's main process (its Celery node) does for its running tasks, beside Celery: the
-tasks themselves run in pool processes (rlfarm.worker.rollout), which a hung env or a SIGKILL can
+tasks themselves run in pool processes (rlfarm.worker.handler), which a hung env or a SIGKILL can
 stop at any moment, so what must not depend on them is done from here.
 
 - Leases (`LeaseKeeper`): the lease of each running task is renewed from here too. A pool process
@@ -10,7 +10,7 @@ stop at any moment, so what must not depend on them is done from here.
 - Hand-back (`hand_back`): on SIGTERM (a spot instance's notice, `docker stop`) each running task is
   answered at once with a `handed_back` result and its lease deleted, in one transaction, so the
   trainer sends it again immediately instead of waiting for the worker to finish or its lease to
-  expire. A pool process normally does this itself (rlfarm.worker.rollout.HandedBack, on SIGUSR2
+  expire. A pool process normally does this itself (rlfarm.worker.handler.HandedBack, on SIGUSR2
   from here); this module does it for those that did not within `--shutdown-grace` and are then
   killed.
 

@@ -26,7 +26,7 @@ def train_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "rlfarm.cli", "train", *args]
 
 
-class Trainer:
+class TrainerProcess:
     """One `rlfarm train` child, its output in `log` (stdout and stderr together)."""
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str]):
@@ -93,7 +93,7 @@ class Trainer:
         return f"trainer exited with status {code}" + (f": {tail[-200:]}" if tail else "")
 
 
-def stop_all(trainers: list[Trainer], grace: float = GRACE) -> None:
+def stop_all(trainers: list[TrainerProcess], grace: float = GRACE) -> None:
     """SIGTERM to every live one, then wait (SIGKILL after `grace`): none is left running."""
     for trainer in trainers:
         trainer.stop()

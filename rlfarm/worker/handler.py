@@ -61,7 +61,7 @@ def _handed_back(exc: BaseException) -> bool:
     return False
 
 
-class RolloutWorker:
+class TaskHandler:
     def __init__(self, redis_url: str, settings: WorkerSettings | None = None):
         settings = settings if settings is not None else WorkerSettings.from_env()
         # Commands wait out a Redis restart (back-off, up to RLFARM_REDIS_OUTAGE_TIMEOUT seconds) instead of

@@ -1,10 +1,10 @@
 """A task interrupted by its worker's shutdown goes back to the trainer even when the code it was in
-wraps what it raises (rlfarm.worker.rollout._handed_back)."""
+wraps what it raises (rlfarm.worker.handler._handed_back)."""
 
 from __future__ import annotations
 
 from rlfarm.errors import EnvError
-from rlfarm.worker.rollout import HandedBack, _handed_back
+from rlfarm.worker.handler import HandedBack, _handed_back
 
 
 def test_a_hand_back_wrapped_by_the_env_constructor_is_still_a_hand_back():
