@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlfarm.farm.app import make_app  # noqa: E402
-from rlfarm.local.cluster import LocalCluster  # noqa: E402
+from rlfarm.local.cluster import LocalCluster, RedisSpec  # noqa: E402
 
 ENV = {
     "PYTHONPATH": str(ROOT),
@@ -76,7 +76,14 @@ def run(steps: int, chaos: bool, seed: int = 0) -> dict:
             name=f"rlfarm-chaos-{os.getpid()}",
             log_dir=Path(tmp),
             extra_env=ENV,
-            redis_args=["--appendonly", "yes", "--appendfsync", "always"],
+            redis=RedisSpec(
+                args=(
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                )
+            ),
         )
         cluster.start()
         try:

@@ -289,7 +289,7 @@ def transitions(values, masks: bool = True) -> Transitions:
 
 @pytest.mark.parametrize("buffer", [ReplayBuffer, PrioritizedReplayBuffer])
 def test_replay_stores_samples_and_restores_the_masks(buffer):
-    buf = buffer(4, obs_dim=1, seed=3)
+    buf = buffer(4, obs_shape=1, seed=3)
     buf.add(transitions([0, 1, 2]))
     buf.add(transitions([3, 4, 5, 6, 7]))  # more than the buffer holds: the newest 4, with their masks
     assert sorted(buf.rewards.tolist()) == [4, 5, 6, 7]
@@ -297,13 +297,13 @@ def test_replay_stores_samples_and_restores_the_masks(buffer):
     np.testing.assert_array_equal(batch.next_action_masks, transitions(batch.next_obs[:, 0]).next_action_masks)
 
     arrays, meta = buf.state()
-    restored = buffer(4, obs_dim=1, seed=99)
+    restored = buffer(4, obs_shape=1, seed=99)
     restored.restore({k: v.copy() for k, v in arrays.items()}, meta)
     a, b = buf.sample(64), restored.sample(64)
     np.testing.assert_array_equal(a.indices, b.indices)
     np.testing.assert_array_equal(a.next_action_masks, b.next_action_masks)
 
-    plain = buffer(4, obs_dim=1)
+    plain = buffer(4, obs_shape=1)
     plain.add(transitions([0, 1, 2, 3, 4], masks=False))
     assert plain.sample(8).next_action_masks is None and "next_action_masks" not in plain.state()[0]
 

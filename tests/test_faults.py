@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError
 from rlfarm.core import codec
 from rlfarm.farm import keys
 from rlfarm.farm.app import make_app
-from rlfarm.local.cluster import LocalCluster
+from rlfarm.local.cluster import LocalCluster, RedisSpec
 
 from .conftest import (
     ROOT,
@@ -95,7 +95,7 @@ class Farm:
             log_dir=tmp_path,
             # workers wait out Redis outages as on a real farm (300 s)
             extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "300", **(worker_env or {})},
-            redis_args=["--appendonly", "yes", "--appendfsync", "always", *(redis_args or [])],
+            redis=RedisSpec(args=("--appendonly", "yes", "--appendfsync", "always", *(redis_args or []))),
         )
         self.tmp_path = tmp_path
         self.cluster.start()

@@ -237,7 +237,7 @@ class Farm:
     trainer on its side; this thread sits in Redis's namespace while it lives (`inside`)."""
 
     def __init__(self, part: Partition, tmp_path: Path, run_id: str):
-        from rlfarm.local.cluster import LocalCluster
+        from rlfarm.local.cluster import LocalCluster, RedisSpec
 
         self.part, self.tmp_path, self.run_id = part, tmp_path, run_id
         self.cluster = LocalCluster(
@@ -245,10 +245,8 @@ class Farm:
             name=f"rlfarm-part-{os.getpid()}",
             log_dir=tmp_path,
             extra_env={**WORKER_ENV, "RLFARM_REDIS_OUTAGE_TIMEOUT": "120"},
-            host=REDIS_ADDRESS,
-            prefix=part.exec(part.redis),
             # reachable only inside this test's namespaces
-            redis_args=["--protected-mode", "no"],
+            redis=RedisSpec(args=("--protected-mode", "no"), host=REDIS_ADDRESS, prefix=tuple(part.exec(part.redis))),
         )
         self.trainer: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}

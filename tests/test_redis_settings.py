@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from rlfarm.farm.connection import connect, eviction_policy
-from rlfarm.local.cluster import LocalCluster
+from rlfarm.local.cluster import LocalCluster, RedisSpec
 from tests.conftest import one_error_line, run_cli
 
 pytestmark = [pytest.mark.farm, pytest.mark.fault]
@@ -22,7 +22,14 @@ def evicting_redis(tmp_path):
         workers=0,
         name="rlfarm-test-evicting",
         log_dir=tmp_path,
-        redis_args=["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"],
+        redis=RedisSpec(
+            args=(
+                "--maxmemory",
+                "64mb",
+                "--maxmemory-policy",
+                "allkeys-lru",
+            )
+        ),
     ) as cluster:
         yield cluster
 
@@ -74,7 +81,12 @@ def test_a_redis_switched_to_evicting_mid_run_is_said_once(tmp_path):
         name="rlfarm-test-evicting-later",
         log_dir=tmp_path,
         extra_env=WORKER_ENV,
-        redis_args=["--maxmemory", "256mb"],
+        redis=RedisSpec(
+            args=(
+                "--maxmemory",
+                "256mb",
+            )
+        ),
     ) as cluster:
         client = connect(cluster.redis_url)
         log = tmp_path / "stderr.txt"

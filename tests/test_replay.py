@@ -48,7 +48,7 @@ def _transitions(values):
 
 
 def test_ring_buffer_overwrites_oldest():
-    buf = ReplayBuffer(4, obs_dim=1)
+    buf = ReplayBuffer(4, obs_shape=1)
     buf.add(_transitions([0, 1, 2]))
     buf.add(_transitions([3, 4]))
     assert len(buf) == 4 and sorted(buf.rewards.tolist()) == [1, 2, 3, 4]
@@ -64,7 +64,7 @@ def test_sum_tree_sums_and_finds():
 
 
 def test_prioritized_sampling_follows_priorities_and_weights_are_correct():
-    buf = PrioritizedReplayBuffer(4, obs_dim=1, alpha=1.0, eps=0.0, seed=0)
+    buf = PrioritizedReplayBuffer(4, obs_shape=1, alpha=1.0, eps=0.0, seed=0)
     slots = buf.add(_transitions([0, 1, 2, 3]))
     buf.update_priorities(slots, np.array([1.0, 2.0, 3.0, 4.0]))  # P = 0.1, 0.2, 0.3, 0.4
     counts = np.zeros(4)
@@ -84,7 +84,7 @@ def test_prioritized_sampling_follows_priorities_and_weights_are_correct():
 
 
 def test_new_transitions_get_max_priority_and_alpha_applies():
-    buf = PrioritizedReplayBuffer(8, obs_dim=1, alpha=0.5, eps=0.0)
+    buf = PrioritizedReplayBuffer(8, obs_shape=1, alpha=0.5, eps=0.0)
     slots = buf.add(_transitions([0, 1]))
     buf.update_priorities(slots, np.array([4.0, 9.0]))
     new = buf.add(_transitions([2]))

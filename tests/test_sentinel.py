@@ -284,7 +284,7 @@ def test_writes_a_promoted_replica_lacks_are_put_back_or_re_sent(tmp_path):
     from rlfarm.farm import keys
     from rlfarm.farm.app import CELERY_QUEUE
     from rlfarm.farm.outage import OutageRetry, resilient_client
-    from rlfarm.local.cluster import LocalCluster
+    from rlfarm.local.cluster import LocalCluster, RedisSpec
     from rlfarm.trainer.channel import FarmLink
     from rlfarm.trainer.outbox import Unowned
 
@@ -292,7 +292,14 @@ def test_writes_a_promoted_replica_lacks_are_put_back_or_re_sent(tmp_path):
         workers=0,
         name="rlfarm-lost-writes",
         log_dir=tmp_path,
-        redis_args=["--appendonly", "yes", "--appendfsync", "always"],
+        redis=RedisSpec(
+            args=(
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            )
+        ),
     ) as cluster:
         url = cluster.redis_url
         _, store = make_run(url, "lost-writes", versions=3)

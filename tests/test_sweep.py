@@ -372,14 +372,14 @@ def test_a_point_at_the_runs_end_never_prunes_its_trial(tmp_path, points, code, 
     """Before, a trial whose report at its final step fell below the threshold was PRUNED although its
     run had finished; now the run's end (total steps, or the last point once the trainer exited 0)
     COMPLETES it, scored as any finished run."""
-    from rlfarm.tune.sweep import Sweep, TrialRun
+    from rlfarm.tune.sweep import Sweep, SweepPlan, TrialRun
 
     module = optuna()
     module.logging.set_verbosity(module.logging.WARNING)
     study = module.create_study(direction="maximize", pruner=module.pruners.ThresholdPruner(lower=1000))
     trial = study.ask()
     run = TrialRun(trial.number, {}, "r", trial, ExitedTrainer(code), Points(points), final_step=total)
-    sweep = Sweep(study, [], [], "return", tmp_path, {}, trials=1, parallel=1)
+    sweep = Sweep(study, [], [], SweepPlan(trials=1, parallel=1, metric="return"), tmp_path, {})
     sweep._watch(run)
     assert run.state == state and study.trials[0].state.name == state
     assert run.trainer.stopped == (state == "PRUNED")

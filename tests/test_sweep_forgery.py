@@ -159,7 +159,7 @@ def test_the_sweep_refuses_to_train_an_enqueued_trial_outside_the_space(redis_on
     holds them against its space and tells the trial FAILED with the reason, starting no trainer."""
     from rlfarm.tune.report import trial_line
     from rlfarm.tune.study import make_pruner, open_study
-    from rlfarm.tune.sweep import Sweep
+    from rlfarm.tune.sweep import Sweep, SweepPlan
 
     name = "forged-enqueued"
     space = parse_space(
@@ -178,9 +178,8 @@ def test_the_sweep_refuses_to_train_an_enqueued_trial_outside_the_space(redis_on
     forger.enqueue_trial({"ppo.learning_rate": 1e6, "env.num_envs": 4, "env.id": "CartPole-v1"})
     forger.enqueue_trial({"ppo.learning_rate": 3e-3, "env.num_envs": 4, "env.id": "tempfile:mkdtemp"})
     lines = []
-    sweep = Sweep(
-        study, space, [], "return", tmp_path, {}, trials=3, parallel=1, on_end=lambda run: lines.append(trial_line(run))
-    )
+    plan = SweepPlan(trials=3, parallel=1, metric="return")
+    sweep = Sweep(study, space, [], plan, tmp_path, {}, on_end=lambda run: lines.append(trial_line(run)))
     runs = sweep.run()
     assert [(r.state, r.trainer) for r in runs] == [("REFUSED", None)] * 3
     assert lines[:2] == [

@@ -97,17 +97,13 @@ class ReplayBuffer:
     def __init__(
         self,
         capacity: int,
-        obs_shape: int | tuple[int, ...] | None = None,
+        obs_shape: int | tuple[int, ...],
         action_shape: tuple[int, ...] = (),
         action_dtype: type = np.int64,
         seed: int = 0,
         obs_dtype: type | str = np.float32,
-        obs_dim: int | None = None,
     ):
-        shape = obs_shape if obs_shape is not None else obs_dim  # obs_dim: the older name, for vectors
-        if shape is None:
-            raise TypeError("ReplayBuffer needs obs_shape")
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
         self.capacity = capacity
         self.obs = np.zeros((capacity, *shape), obs_dtype)
         self.next_obs = np.zeros((capacity, *shape), obs_dtype)
@@ -227,16 +223,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def __init__(
         self,
         capacity: int,
-        obs_shape: int | tuple[int, ...] | None = None,
+        obs_shape: int | tuple[int, ...],
         action_shape: tuple[int, ...] = (),
         action_dtype: type = np.int64,
         seed: int = 0,
         alpha: float = 0.6,
         eps: float = 1e-6,
         obs_dtype: type | str = np.float32,
-        obs_dim: int | None = None,
     ):
-        super().__init__(capacity, obs_shape, action_shape, action_dtype, seed, obs_dtype, obs_dim)
+        super().__init__(capacity, obs_shape, action_shape, action_dtype, seed, obs_dtype)
         self.alpha = alpha
         self.eps = eps
         self.tree = SumTree(capacity)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -87,6 +88,21 @@ def stop_process_group(proc: subprocess.Popen | ForkedWorker, grace: float, sig:
         pass
 
 
+@dataclass(frozen=True)
+class RedisSpec:
+    """How a LocalCluster's redis-server runs. `args`: more redis-server options; `password`: Redis
+    requires it; `data_dir`: its directory (default: a temporary one, removed by `stop`); `bind`: the
+    addresses it listens on when not `host` alone (`rlfarm up --listen`). For tests of network faults:
+    `host`, the address it binds and clients use; `prefix`, a command it runs under (`ip netns exec NS`)."""
+
+    args: tuple[str, ...] = ()
+    password: str | None = None
+    data_dir: Path | None = None
+    host: str = LOOPBACK
+    bind: tuple[str, ...] = ()
+    prefix: tuple[str, ...] = ()
+
+
 class LocalCluster:
     """`with LocalCluster(workers=2) as c:` gives `c.redis_url` with `workers` processes consuming."""
 
@@ -96,39 +112,30 @@ class LocalCluster:
         name: str = "rlfarm",
         log_dir: Path | None = None,
         extra_env: dict[str, str] | None = None,
-        start_workers: bool = True,
-        redis_args: list[str] | None = None,
         events: bool = False,
         detached: bool = False,
-        password: str | None = None,
-        data_dir: Path | None = None,
-        host: str = LOOPBACK,
-        prefix: list[str] | None = None,
         fork_workers: bool = False,
-        bind: tuple[str, ...] = (),
+        redis: RedisSpec | None = None,
     ):
-        """`detached`: processes outlive this one (`rlfarm up`); `password`: Redis requires it;
-        `data_dir`: Redis's directory (default: a temporary one, removed by `stop`). For tests of
-        network faults: `host`, the address Redis binds and clients use; `prefix`, a command the
-        redis-server runs under (`ip netns exec NS`). `fork_workers`: start the workers by forking
-        this process (ForkedWorker), where it can, rather than from a fresh interpreter. `bind`: the
-        addresses Redis listens on when not `host` alone (`rlfarm up --listen`); clients still use `host`."""
+        """`detached`: processes outlive this one (`rlfarm up`); `redis`: how its redis-server runs (a
+        password, its directory, where it listens). `fork_workers`: start the workers by forking this
+        process (ForkedWorker), where it can, rather than from a fresh interpreter."""
+        redis = redis or RedisSpec()
         self.workers = workers
         self._preexec = _detach if detached else die_with_parent
-        self.password = password
-        self.data_dir = Path(data_dir) if data_dir else None
+        self.password = redis.password
+        self.data_dir = Path(redis.data_dir) if redis.data_dir else None
         self.events = events  # workers send task events (-E), for Flower
         self.name = name
         self._tmp = tempfile.TemporaryDirectory(prefix="rlfarm-redis-")
         self.log_dir = Path(log_dir) if log_dir else Path(self._tmp.name)
         self.extra_env = extra_env or {}
-        self.start_workers = start_workers
-        self.redis_args = redis_args or []
+        self.redis_args = list(redis.args)
         self.port = 0
-        self.host = host
-        self.prefix = list(prefix or [])
+        self.host = redis.host
+        self.prefix = list(redis.prefix)
         self.fork_workers = fork_workers
-        self.bind = tuple(bind) or (host,)
+        self.bind = tuple(redis.bind) or (redis.host,)
         self.redis_proc: subprocess.Popen | None = None
         self.worker_procs: list[subprocess.Popen | ForkedWorker] = []
         self._nodes: list[str] = []
@@ -158,7 +165,7 @@ class LocalCluster:
         """Redis (always waited for), then the workers; `wait=False` lets the caller overlap its
         own start-up (torch imports, network construction) with theirs and call `wait_ready` later."""
         self.start_redis()
-        if self.start_workers and self.workers > 0:
+        if self.workers > 0:
             self.add_worker(self.workers, wait=wait)
 
     def wait_ready(self, timeout: float = 90.0) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from rlfarm.core.signing import SECRET_ENV, secret_from_env
 from rlfarm.errors import LocalFarmError
 from rlfarm.farm.find import alive, home, running, state_path
-from rlfarm.local.cluster import LOOPBACK, LocalCluster
+from rlfarm.local.cluster import LOOPBACK, LocalCluster, RedisSpec
 
 FARM_NAME = "rlfarm-local"  # its LocalCluster: its own workers are FARM_NAME-<i>@host
 
@@ -109,9 +109,7 @@ def up(
         log_dir=log_dir,
         extra_env={**(extra_env or {}), SECRET_ENV: secret},
         detached=True,
-        password=secrets.token_hex(16),
-        data_dir=log_dir,
-        bind=listen_addresses(listen),
+        redis=RedisSpec(password=secrets.token_hex(16), data_dir=log_dir, bind=listen_addresses(listen)),
     )
     try:
         cluster.start()

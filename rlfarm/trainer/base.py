@@ -64,6 +64,40 @@ class LogStep:
     extra: dict[str, float] = field(default_factory=dict)  # yours to fill: logged as custom/<key>
 
 
+@dataclass(frozen=True)
+class LearningParts:
+    """What learns, and on what: the env's spaces, the torch device and threads, the learner."""
+
+    space: SpaceSpec
+    device: torch.device
+    threads: int
+    algo: Algorithm
+
+
+@dataclass(frozen=True)
+class FarmParts:
+    """The farm as the trainer reaches it: the Redis client and its outage clock, the policy store, the
+    run's claim, and the link its task channel and watchdog are opened from."""
+
+    client: redis.Redis
+    retry: OutageRetry
+    store: PolicyStore
+    claim: Claim
+    link: FarmLink
+
+
+@dataclass(frozen=True)
+class RunIO:
+    """The run's files and what it says: its directory, `open_logger(resume_state)` (the RunLogger,
+    opened by train() once the run is claimed: it writes the run directory), what signs the policy
+    files (RLFARM_SECRET) and the warning said at the start (rlfarm.farm.store.no_secret_warning)."""
+
+    run_dir: Path
+    open_logger: Callable[[dict[str, Any] | None], RunLogger]
+    file_secret: Any = None
+    secret_warning: str | None = None
+
+
 class Trainer(Evaluating, Streams, RunKeeper):
     """What both modes share: store, farm client, network, metrics, evaluation, the final save; what
     it does for its run's keys in Redis, as their owner, is RunKeeper's (rlfarm.trainer.keeper)."""
@@ -75,47 +109,35 @@ class Trainer(Evaluating, Streams, RunKeeper):
     def __init__(
         self,
         config: RunConfig,
-        run_dir: Path,
         *,
-        space: SpaceSpec,
-        device: torch.device,
-        threads: int,
-        algo: Algorithm,
-        client: redis.Redis,
-        retry: OutageRetry,
-        store: PolicyStore,
-        claim: Claim,
-        farm: FarmLink,
+        learning: LearningParts,
+        farm: FarmParts,
+        io: RunIO,
         evaluations: Evaluations,
-        open_logger: Callable[[dict[str, Any] | None], RunLogger],
-        file_secret: Any = None,
-        secret_warning: str | None = None,
         resume: bool = False,
         callback: Callable[[LogStep], bool | None] | None = None,
     ):
-        """`farm`: what the trainer's task channel and watchdog are made of; the trainer opens them as
-        their owner. `open_logger(resume_state)`: the run's RunLogger, opened by train() once the run
-        is claimed (it writes the run directory). `file_secret`: what signs the policy files
-        (RLFARM_SECRET).
-        `secret_warning`: said at the start (rlfarm.farm.store.no_secret_warning).
-        `resume`: continue the run in `run_dir` from its trainer checkpoint (see rlfarm.trainer.resume).
-        `callback(LogStep)`: called after each log step; returning False stops the run."""
+        """`learning`: what learns, and on what; `farm`: the farm's parts, of which the link is what the
+        trainer's task channel and watchdog are made of (the trainer opens them as their owner); `io`:
+        the run's files and what it says (RunIO). `resume`: continue the run in `io.run_dir` from its
+        trainer checkpoint (see rlfarm.trainer.resume). `callback(LogStep)`: called after each log
+        step; returning False stops the run."""
         self.config = config
-        self.run_dir = Path(run_dir)
-        self.space = space
-        self.device = device
-        self.threads = threads
-        self.algo = algo
-        self.client = client
-        self.retry = retry
-        self.store = store
-        self.claim = claim  # taken by train(), before the run is touched
-        self.channel = farm.open(owner=self)  # its watchdog tells this trainer what to write back
+        self.run_dir = Path(io.run_dir)
+        self.space = learning.space
+        self.device = learning.device
+        self.threads = learning.threads
+        self.algo = learning.algo
+        self.client = farm.client
+        self.retry = farm.retry
+        self.store = farm.store
+        self.claim = farm.claim  # taken by train(), before the run is touched
+        self.channel = farm.link.open(owner=self)  # its watchdog tells this trainer what to write back
         self.evals = evaluations
-        self.open_logger = open_logger
+        self.open_logger = io.open_logger
         self.logger: RunLogger | None = None
-        self.file_secret = file_secret
-        self._secret_warning = secret_warning
+        self.file_secret = io.file_secret
+        self._secret_warning = io.secret_warning
         self.resume = resume
         self.callback = callback
         self._stop_requested = False
@@ -135,7 +157,7 @@ class Trainer(Evaluating, Streams, RunKeeper):
         self.streams: StreamBook | None = None
         self._accepted_snapshots: dict[Any, str] = {}  # accepted results' snapshots, until their stream advances
         # Turn-based games: the opponents of the learner's games, and their league (rlfarm.core.league).
-        self.selfplay = SelfPlay(config, store) if space.seats > 1 else None
+        self.selfplay = SelfPlay(config, self.store) if self.space.seats > 1 else None
 
     def publish(self) -> None:
         # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Key, Outcome, Result, TaskSpec
 from rlfarm.farm import keys
+from rlfarm.farm.claim import Claim
 from rlfarm.farm.shares import FarmShare
 from rlfarm.farm.store import FROM_ENV
 from rlfarm.trainer.ingest import PREFETCH, Ingest
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     import redis
     from celery import Celery
 
-    from rlfarm.farm.claim import Claim
     from rlfarm.farm.outage import OutageRetry
 
 
@@ -330,17 +330,20 @@ class FarmLink:
         refused = self.refused if self.refused is not None else RefusedKeys(DispatchStats())
         outbox = Outbox(
             self.app,
-            self.client,
-            self.run_id,
-            max_redispatch=self.max_redispatch,
+            self.claim or Claim(self.client, self.run_id),
+            own_claim=self.claim is None,
             env=self.env,
             time_limit=self.time_limit,
             retry=self.retry,
-            claim=self.claim,
             secret=self.secret,
             stats=refused.stats,
         )
         watchdog = Watchdog(
-            outbox, task_timeout=self.task_timeout, lease_seconds=self.lease_seconds, owner=owner, refused=refused
+            outbox,
+            max_redispatch=self.max_redispatch,
+            task_timeout=self.task_timeout,
+            lease_seconds=self.lease_seconds,
+            owner=owner,
+            refused=refused,
         )
         return TaskChannel(outbox, watchdog, owner=owner, share=self.share)

@@ -34,7 +34,7 @@ from rlfarm.farm.outage import resilient_client
 from rlfarm.farm.store import FROM_ENV, PolicyStore
 from rlfarm.observe.metrics import RunLogger
 from rlfarm.trainer.asynchronous import AsyncTrainer
-from rlfarm.trainer.base import LogStep, Trainer
+from rlfarm.trainer.base import FarmParts, LearningParts, LogStep, RunIO, Trainer
 from rlfarm.trainer.channel import FarmLink, ShareTerms
 from rlfarm.trainer.ingest import keep_freed_memory
 from rlfarm.trainer.log import warn
@@ -174,20 +174,10 @@ def make_trainer(
 
     return cls(
         config,
-        run_dir,
-        space=space,
-        device=device,
-        threads=threads,
-        algo=algo,
-        client=client,
-        retry=retry,
-        store=store,
-        claim=claim,
-        farm=link,
+        learning=LearningParts(space, device, threads, algo),
+        farm=FarmParts(client, retry, store, claim, link),
+        io=RunIO(run_dir, open_logger, signing.secret_from_env(), no_secret_warning(redis_url, store.secret)),
         evaluations=Evaluations(config),
-        open_logger=open_logger,
-        file_secret=signing.secret_from_env(),
-        secret_warning=no_secret_warning(redis_url, store.secret),
         resume=resume,
         callback=callback,
         **mode_options,

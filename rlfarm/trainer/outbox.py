@@ -27,7 +27,6 @@ from rlfarm.trainer.ledger import TaskLedger
 from rlfarm.trainer.log import warn
 
 if TYPE_CHECKING:
-    import redis
     from celery import Celery
 
 AUTO_TIME_LIMIT_FIRST = 600.0  # hard time limit before any task of a kind has reported its duration
@@ -167,35 +166,33 @@ class Outbox:
     def __init__(
         self,
         app: Celery,
-        client: redis.Redis,
-        run_id: str,
+        claim: Claim,
         *,
-        max_redispatch: int,
+        own_claim: bool = False,
         env: str | None = None,
         time_limit: float = 0.0,
         retry: OutageRetry | None = None,
-        claim: Claim | None = None,
         secret: Any = FROM_ENV,
         stats: DispatchStats | None = None,
     ):
-        """`time_limit`: hard limit in seconds on a task's run time on its worker (0: derived from the
-        durations seen). `retry`: the outage clock of `client`, also applied to sending tasks.
-        `claim`: the trainer's claim of the run (rlfarm.farm.claim), whose incarnation every task
-        carries; without one the channel claims the run itself when it first sends a task."""
+        """`claim`: the run's claim (rlfarm.farm.claim), whose incarnation every task carries; its client
+        and run id are the outbox's. `own_claim`: the channel claims the run itself when it first sends
+        a task (no trainer holds it). `time_limit`: hard limit in seconds on a task's run time on its
+        worker (0: derived from the durations seen). `retry`: the outage clock of the claim's client,
+        also applied to sending tasks."""
         self.app = app
-        self.client = client
-        self.run_id = run_id
-        self.wanted = keys.wanted(run_id)
+        self.client = claim.client
+        self.run_id = claim.run_id
+        self.wanted = keys.wanted(self.run_id)
         self.env = env  # the run's env id, sent as a label for Flower (workers take it from the run)
-        self.max_redispatch = max_redispatch
         self.time_limit = time_limit
         self.retry = retry or OutageRetry()
         self.stats = stats if stats is not None else DispatchStats()
         self.ledger = TaskLedger()
         self.queue = app.conf.task_default_queue
         self.secret = signing.secret_from_env() if secret is FROM_ENV else secret  # signs specs, checks results
-        self.own_claim = claim is None
-        self.claim = claim or Claim(client, run_id)
+        self.own_claim = own_claim
+        self.claim = claim
         self._claim_renewed_at = self.retry.outages  # outages after which the claim was renewed
 
     # ---- time limits -----------------------------------------------------------------------------

@@ -47,6 +47,7 @@ class Watchdog:
         self,
         outbox: Outbox,
         *,
+        max_redispatch: int,
         task_timeout: float,
         lease_seconds: float = 10.0,
         owner: RunOwner | None = None,
@@ -59,6 +60,7 @@ class Watchdog:
         self.client = outbox.client
         self.run_id = outbox.run_id
         self.results = keys.results(outbox.run_id)
+        self.max_redispatch = max_redispatch  # copies of a task sent before the run gives up on it
         self.task_timeout = task_timeout
         self.lease_seconds = lease_seconds
         self.owner: RunOwner = owner if owner is not None else Unowned()
@@ -146,7 +148,7 @@ class Watchdog:
             if leased:
                 first = p.started is None
                 p = self.pending.leased(key, now)
-                if not first and now - p.started > self.task_timeout and p.backups < self.outbox.max_redispatch:
+                if not first and now - p.started > self.task_timeout and p.backups < self.max_redispatch:
                     self.stats.stragglers += 1
                     self.resend(
                         key,
@@ -258,7 +260,7 @@ class Watchdog:
         refused an attacker's write (a few writes must not end the run), a worker of another protocol
         version refused it unrun, or a worker shutting down handed it back."""
         p = self.pending[key]
-        if counted and not backup and p.copies > self.outbox.max_redispatch:
+        if counted and not backup and p.copies > self.max_redispatch:
             raise TaskLostError(f"{describe_key(key)} was sent {p.copies} times without a result; last: {reason}")
         self.outbox.list_wanted([key])  # a timed-out copy may have left it
         task_id = self.outbox.send(p.spec)

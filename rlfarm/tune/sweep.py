@@ -54,39 +54,47 @@ class TrialRun:
     final_step: int | None = None  # the run's total steps: a point there never prunes
 
 
+@dataclass(frozen=True)
+class SweepPlan:
+    """How a sweep runs: `trials` in all, `parallel` at once, each scored by `metric`; `total_steps`:
+    the runs' total steps unless the space sets them (a point there is the run's end)."""
+
+    trials: int
+    parallel: int
+    metric: str
+    total_steps: int | None = None
+
+
 class Sweep:
     """`run()` asks the study for `trials` trials and runs them `parallel` at a time.
 
     `args`: what every trial's `rlfarm train` gets (preset, overrides, options); `env`: the trainers'
     environment (the farm's URL and secret); `on_change(runs)`: called after each round of polling and
-    `on_end(run)` once per finished or refused trial (for the live table and its lines); `total_steps`:
-    the runs' total steps unless the space sets them (a point there is the run's end)."""
+    `on_end(run)` once per finished or refused trial (for the live table and its lines); `plan`: how
+    many trials, how many at once, what scores them and how long they run."""
 
     def __init__(
         self,
         study: Any,
         params: list[Param],
         args: list[str],
-        metric: str,
+        plan: SweepPlan,
         sweep_dir: Path,
         env: dict[str, str],
-        trials: int,
-        parallel: int,
         on_change: Callable[[list[TrialRun]], None] = lambda runs: None,
         on_end: Callable[[TrialRun], None] = lambda run: None,
-        total_steps: int | None = None,
     ):
-        self.study, self.params, self.args, self.metric = study, params, args, metric
-        self.sweep_dir, self.env, self.trials, self.parallel = Path(sweep_dir), env, trials, parallel
-        self.on_change, self.on_end, self.total_steps = on_change, on_end, total_steps
+        self.study, self.params, self.args, self.plan = study, params, args, plan
+        self.sweep_dir, self.env = Path(sweep_dir), env
+        self.on_change, self.on_end = on_change, on_end
         self.secret = secret_from_env({**os.environ, **env})  # the trainers' own: they sign with it too
         self.runs: list[TrialRun] = []
         self._stopping: list[TrainerProcess] = []  # pruned trainers still cleaning up; their slots are free
 
     def run(self) -> list[TrialRun]:
         try:
-            while len(self.runs) < self.trials or self._running():
-                while len(self._running()) < self.parallel and len(self.runs) < self.trials:
+            while len(self.runs) < self.plan.trials or self._running():
+                while len(self._running()) < self.plan.parallel and len(self.runs) < self.plan.trials:
                     self._launch()
                 for run in self._running():
                     self._watch(run)
@@ -133,7 +141,7 @@ class Sweep:
             str(self.sweep_dir),
         ]
         trainer = TrainerProcess(args, self.sweep_dir / "logs" / f"{run_id}.log", self.env)
-        final = values.get("total_steps", self.total_steps)
+        final = values.get("total_steps", self.plan.total_steps)
         self.runs.append(
             TrialRun(
                 trial.number,
@@ -141,7 +149,7 @@ class Sweep:
                 run_id,
                 trial,
                 trainer,
-                Curve(self.sweep_dir / run_id, self.metric),
+                Curve(self.sweep_dir / run_id, self.plan.metric),
                 final_step=final,
             )
         )
@@ -176,9 +184,9 @@ class Sweep:
         if code != 0:
             self._end(run, "FAIL", reason=run.trainer.failure())
             return
-        value = final_score(self.sweep_dir / run.run_id, self.metric, run.curve.points)
+        value = final_score(self.sweep_dir / run.run_id, self.plan.metric, run.curve.points)
         if value is None:
-            self._end(run, "FAIL", reason=f"the run finished without a {self.metric} value to score it by")
+            self._end(run, "FAIL", reason=f"the run finished without a {self.plan.metric} value to score it by")
         else:
             run.value = value
             self._end(run, "COMPLETE")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfarm.config.space import Param
-from rlfarm.tune.sweep import TrialRun
+from rlfarm.tune.sweep import SweepPlan, TrialRun
 
 
 class SweepView:
@@ -97,14 +97,11 @@ def run_sweep(
             study,
             params,
             child_args,
-            metric,
+            SweepPlan(trials, parallel, metric, cfg.total_steps),
             sweep_dir,
             env,
-            trials,
-            parallel,
             view.update,
             on_end,
-            total_steps=cfg.total_steps,
         )
         view.start()
         try:
