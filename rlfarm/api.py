@@ -289,7 +289,8 @@ def run(
     lock.acquire()
     workers = C.local_workers(cfg)
     notify(
-        f"no --redis given: starting an embedded Redis and a local worker of {workers} rollout processes "
+        f"no --redis given: starting an embedded Redis and a local worker of {workers} rollout "
+        f"process{'es' * (workers != 1)} "
         f"(logs in {run_dir}/)"  # plus the worker's main process: `ps` shows one more
     )
     # The user's own `module:callable` env is trusted on the user's own local workers.

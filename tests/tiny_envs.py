@@ -205,6 +205,32 @@ def stall_once() -> gym.Env:
     return TimeLimit(StallingEnv(), max_episode_steps=EPISODE_STEPS)
 
 
+class NanRewardEnv(SlowEnv):
+    """Rewards of NaN: at every step, or (`once`) only at the first step any process of the machine
+    takes (marker file RLFARM_TEST_NAN_MARKER): a simulator that glitched once."""
+
+    def __init__(self, once: bool = False):
+        super().__init__(step_seconds=0.0)
+        self.once = once
+
+    def step(self, action):
+        import os
+
+        obs, reward, terminated, truncated, info = super().step(action)
+        marker = os.environ.get("RLFARM_TEST_NAN_MARKER", "")
+        if not self.once or (marker and _first_to_create(marker)):
+            reward = float("nan")
+        return obs, reward, terminated, truncated, info
+
+
+def nan_rewards() -> gym.Env:
+    return TimeLimit(NanRewardEnv(), max_episode_steps=EPISODE_STEPS)
+
+
+def nan_once() -> gym.Env:
+    return TimeLimit(NanRewardEnv(once=True), max_episode_steps=EPISODE_STEPS)
+
+
 class WideEnv(SlowEnv):
     """CartPole-shaped actions, 30,000 float32 observations: 120 KB per step, for huge results."""
 

@@ -10,7 +10,8 @@ The trainers schedule (dispatch, gather, policy lag, publish cadence, evaluation
 Workers use the class side only (`build_network`, `actor_snapshot`): they never construct a learner.
 
 Adding an algorithm: a package `rlfarm/algos/<name>/` (its config section, networks and actors,
-learner) and a preset; nothing else changes (rlfarm.algos). See docs/architecture.md.
+learner), its section's field in RunConfig (rlfarm/config/run.py: the field and its import) and a
+preset; docs/development.md walks through it.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def farm_for_trainers(
     secret = (secret_from_env() or secrets.token_hex(32).encode()).decode()  # signed, as a single run is
     log_dir.mkdir(parents=True, exist_ok=True)
     notify(
-        f"no --redis given: starting one embedded Redis and a local worker of {workers} rollout processes for "
+        f"no --redis given: starting one embedded Redis and a local worker of {workers} rollout "
+        f"process{'es' * (workers != 1)} for "
         f"all the runs (logs in {log_dir}/)"
     )
     cluster = LocalCluster(

@@ -26,9 +26,10 @@ from rlfarm.farm import keys
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.shares import FarmShare
 from rlfarm.farm.store import FROM_ENV
+from rlfarm.trainer.counters import DispatchStats
 from rlfarm.trainer.ingest import PREFETCH, Ingest
 from rlfarm.trainer.ledger import TaskLedger
-from rlfarm.trainer.outbox import DispatchStats, Outbox, RefusedKeys, RunOwner, Unowned
+from rlfarm.trainer.outbox import Outbox, RefusedKeys, RunOwner, Unowned
 from rlfarm.trainer.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -242,7 +243,10 @@ class TaskChannel:
                 self.stats.duplicates += 1  # a late copy of a task that already counted
                 self.owner.late_copy(message)
                 return None
-            case Outcome.HANDED_BACK | Outcome.REFUSED | Outcome.FAILED:
+            case Outcome.RESULT:
+                if not self.watchdog.accepts(key, message):  # what it holds: the watchdog's to judge
+                    return None
+            case _:  # came back without a result (handed back, refused, failed): the watchdog's
                 self.watchdog.failed(key, p, message)
                 return None
         self.pending.settle(key, message.duration, time.monotonic())

@@ -36,9 +36,10 @@ from rlfarm.observe.metrics import RunLogger
 from rlfarm.trainer.asynchronous import AsyncTrainer
 from rlfarm.trainer.base import FarmParts, LearningParts, LogStep, RunIO, Trainer
 from rlfarm.trainer.channel import FarmLink, ShareTerms
+from rlfarm.trainer.counters import DispatchStats
 from rlfarm.trainer.ingest import keep_freed_memory
 from rlfarm.trainer.log import warn
-from rlfarm.trainer.outbox import DispatchStats, RefusedKeys
+from rlfarm.trainer.outbox import RefusedKeys
 from rlfarm.trainer.sync import SyncTrainer
 
 

@@ -21,6 +21,7 @@ from rlfarm.core.protocol import PROTOCOL
 from rlfarm.farm.app import queue_depth
 from rlfarm.farm.connection import eviction_policy
 from rlfarm.farm.runs import write_status
+from rlfarm.trainer import counters
 from rlfarm.trainer.log import warn
 
 if TYPE_CHECKING:
@@ -131,12 +132,8 @@ class RunKeeper:
         return {
             "farm/tasks_in_flight": self.channel.in_flight,
             "farm/queue_depth": queue_depth(self.client),
-            "farm/results_dropped": stats.duplicates,
-            "farm/redispatched": stats.redispatched,
-            "farm/leases_expired": stats.leases_expired,
-            "farm/time_limits": stats.time_limits,
+            **counters.scalars(stats),
             "farm/redis_outages": self.retry.outages,
-            **stats.security(),
         }
 
     def metrics_labels(self) -> dict[str, str]:
@@ -148,6 +145,7 @@ class RunKeeper:
         thread: counters and lengths the trainer keeps anyway, and the last log step's numbers for
         what needs Redis (a command from that thread would race the training thread's outage handling)."""
         d, stats, last = self.channel, self.channel.stats, self._last_logged
+        live = counters.live_counts(stats)  # results, resent, policy_fetches
         version_bytes = len(self.store.own[1]) if self.store.own else 0
         lag = {
             stat: last[key]
@@ -167,21 +165,8 @@ class RunKeeper:
             "tasks_held": len(d.held),
             "slots_waiting": last.get("farm/slots_waiting"),
             "policy_lag": lag or None,
-            "results": {
-                "accepted": stats.accepted,
-                "duplicate": stats.duplicates,
-                "stale": self.dropped_stale,
-                "forged": stats.forged,
-            },
-            "resent": {
-                "lease_expired": stats.leases_expired,
-                "time_limit": stats.time_limits,
-                "message_lost": stats.messages_lost,
-                "straggler": stats.stragglers,
-                "handed_back": stats.handed_back,
-                "refused": stats.refused,
-            },
-            "policy_fetches": stats.policy_fetches,
+            **live,
+            "results": {**live["results"], "stale": self.dropped_stale},
             "policy_fetch_bytes": stats.policy_fetches * version_bytes,
             "redis_outages": self.retry.outages,
             "tasks_queued": last.get("farm/queue_depth"),

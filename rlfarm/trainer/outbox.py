@@ -12,17 +12,17 @@ of the run written by someone else.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kombu.exceptions import OperationalError
 
 from rlfarm.core import signing
-from rlfarm.core.protocol import UNVERIFIED_INPUTS, Key, Result, TaskSpec
+from rlfarm.core.protocol import Key, Result, TaskSpec
 from rlfarm.farm import keys
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.outage import OutageRetry
 from rlfarm.farm.store import FROM_ENV
+from rlfarm.trainer.counters import DispatchStats
 from rlfarm.trainer.ledger import TaskLedger
 from rlfarm.trainer.log import warn
 
@@ -32,44 +32,6 @@ if TYPE_CHECKING:
 AUTO_TIME_LIMIT_FIRST = 600.0  # hard time limit before any task of a kind has reported its duration
 AUTO_TIME_LIMIT_MIN = 60.0
 AUTO_TIME_LIMIT_FACTOR = 10.0  # times the longest duration seen so far
-
-
-@dataclass
-class DispatchStats:
-    dispatched: int = 0
-    redispatched: int = 0
-    duplicates: int = 0  # results dropped because their key had already counted
-    skipped: int = 0  # of the duplicates, copies that workers skipped unrun
-    received: int = 0
-    accepted: int = 0
-    leases_expired: int = 0  # re-sent because the worker running them was lost
-    messages_lost: int = 0  # re-sent because their message was neither queued nor running
-    time_limits: int = 0  # re-sent because they ran past their hard time limit
-    stragglers: int = 0  # backup copies of tasks running longer than task_timeout
-    held: int = 0  # tasks held back for a while because the run had its share of the farm's slots
-    forged: int = 0  # results dropped because their signature did not verify (RLFARM_SECRET)
-    forged_keys: int = 0  # keys of the run found as the trainer did not write them: refused, written back
-    forged_snapshots: int = 0  # env stream snapshots not the blob their signed digest names (restarted)
-    # Task inputs workers refused as not signed by the farm (Result.unverified), by kind; re-sent.
-    unverified: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNVERIFIED_INPUTS, 0))
-    state_restored: int = 0  # times the run's state was found lost in Redis and written back
-    refused: int = 0  # copies refused unrun by workers of another protocol version (re-sent)
-    handed_back: int = 0  # copies handed back unfinished by workers shutting down (re-sent at once)
-    receive_seconds: float = 0.0  # trainer CPU time spent decoding results
-    policy_fetches: int = 0  # results whose worker fetched its policy version from Redis (not its cache)
-    task_ids: dict[Key, list[str]] = field(default_factory=dict)
-    # Of the rollouts only: every env step counted comes from exactly one of them (evaluations, which
-    # every run has at its end, count in `accepted` but not here).
-    accepted_task_ids: list[str] = field(default_factory=list)
-
-    def security(self) -> dict[str, int]:
-        """What was refused for want of a valid signature (RLFARM_SECRET), by what it was."""
-        return {
-            "security/refused_result": self.forged,
-            "security/refused_key": self.forged_keys,
-            "security/refused_snapshot": self.forged_snapshots,
-            **{f"security/refused_{kind}": n for kind, n in self.unverified.items()},
-        }
 
 
 class RunOwner(Protocol):

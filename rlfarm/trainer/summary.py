@@ -10,6 +10,7 @@ from typing import Any
 
 from rlfarm.config import json_safe
 from rlfarm.runio.rundir import write_atomic
+from rlfarm.trainer import counters
 
 FILENAME = "summary.json"
 
@@ -38,34 +39,23 @@ class TrainResult:
 
 def build(
     result: TrainResult,
-    stats: Any,
+    stats: counters.DispatchStats,
     retry: Any,
     *,
     target_reached_at: dict[str, float] | None,
     threads: int,
     extras: dict[str, Any],
 ) -> dict[str, Any]:
-    """summary.json's content. `stats`: the task channel's DispatchStats (rlfarm.trainer.outbox);
+    """summary.json's content. `stats`: the task channel's DispatchStats (rlfarm.trainer.counters);
     `retry`: the trainer's Redis OutageRetry; `extras`: what the mode adds (Trainer.summary_extras)."""
     summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in result.__dict__.items()}
     summary["target_reached_at"] = target_reached_at
     summary["receive_cpu_seconds"] = stats.receive_seconds
     summary["trainer_threads"] = threads  # torch threads the learner ran with (torch_threads)
-    summary["dispatched"] = stats.dispatched
-    summary["tasks_held"] = stats.held  # held back a while: the run had its share of a shared farm
     summary["unique_task_ids_accepted"] = len(set(stats.accepted_task_ids))
-    summary["faults"] = {
-        "leases_expired": stats.leases_expired,
-        "messages_lost": stats.messages_lost,
-        "time_limits": stats.time_limits,
-        "stragglers": stats.stragglers,
-        "skipped_copies": stats.skipped,
-        "state_restored": stats.state_restored,
-        "refused": stats.refused,
-        "handed_back": stats.handed_back,
-        "redis_outages": retry.outages,
-        "redis_outage_seconds": round(retry.outage_seconds, 3),
-    }
+    counts = counters.summary_counts(stats)  # dispatched, tasks_held (held back for a shared farm's share), faults
+    counts["faults"].update(redis_outages=retry.outages, redis_outage_seconds=round(retry.outage_seconds, 3))
+    summary.update(counts)
     summary["security"] = {k.split("/", 1)[1]: v for k, v in stats.security().items()}
     summary["accepted_task_ids"] = stats.accepted_task_ids
     summary.update(extras)

@@ -27,12 +27,15 @@ import json
 import time
 from typing import Any
 
+import numpy as np
+
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import PROTOCOL, Key, Result
 from rlfarm.errors import RolloutError, TaskLostError
 from rlfarm.farm import keys
+from rlfarm.trainer.counters import DispatchStats
 from rlfarm.trainer.ledger import Pending, TaskLedger, describe_key
-from rlfarm.trainer.outbox import DispatchStats, Outbox, RefusedKeys, RunOwner, Unowned
+from rlfarm.trainer.outbox import Outbox, RefusedKeys, RunOwner, Unowned
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
 IDLE_WARNING_SECONDS = 60.0  # pending tasks, none running: say so on the console this often
@@ -252,6 +255,21 @@ class Watchdog:
             except (ValueError, KeyError, TypeError):
                 continue  # not a Celery message: not ours to judge
         return ids
+
+    # ---- what a result holds ------------------------------------------------------------------------
+    def accepts(self, key: Key, message: Result) -> bool:
+        """A first-copy result checked before it counts: rewards that are NaN or infinite (a broken env,
+        a flaky simulator) are never learned from. The task is sent again, counted towards
+        max_redispatch, so an env that always returns them fails the run in one line naming them."""
+        rewards = (message.rollout or {}).get("rewards")
+        if rewards is None or np.isfinite(rewards).all():
+            return True
+        self.stats.nonfinite += 1
+        reason = f"{describe_key(key)} came back from {message.worker} with NaN or infinite rewards"
+        if message.task_id == self.pending[key].task_id:  # else a newer copy is already on its way
+            self.owner.warn(f"{reason}; sending it again")
+            self.resend(key, reason)
+        return False
 
     # ---- re-sending ---------------------------------------------------------------------------------
     def resend(self, key: Key, reason: str, backup: bool = False, counted: bool = True) -> None:
