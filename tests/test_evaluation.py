@@ -271,7 +271,7 @@ def test_the_trainer_waits_for_the_final_evaluation_even_while_it_is_held_back_f
     full) when the loop ends: the run waits for them rather than ending without its evaluation, and
     a rollout that arrives meanwhile (ASYNC) is unused."""
     from rlfarm.core.protocol import Result, TaskSpec
-    from rlfarm.trainer.base import Trainer
+    from rlfarm.trainer.evaluating import EvaluationRunner
 
     spec = TaskSpec("ev", "eval", 3, 0, 5, 7, episodes=5)
     arrivals = [None, Result("rollout", 9, 0, task_id="late"), Result("eval", 3, 0, returns=[1.0])]
@@ -290,11 +290,11 @@ def test_the_trainer_waits_for_the_final_evaluation_even_while_it_is_held_back_f
                 del self.pending[spec.key]
             return message
 
-    trainer = Trainer.__new__(Trainer)
-    trainer.channel = SharedFarm()
+    runner = EvaluationRunner.__new__(EvaluationRunner)
+    runner.channel = SharedFarm()
     handled, unused = [], []
-    trainer.handle_eval, trainer.unused_result = handled.append, unused.append
-    trainer.drain_evaluations()
+    runner.received = lambda message, env_steps: handled.append(message)
+    runner.drain(100, unused.append)
     assert [m.kind for m in handled] == ["eval"] and [m.task_id for m in unused] == ["late"]
     assert arrivals == []
 

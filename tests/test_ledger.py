@@ -119,3 +119,34 @@ def test_a_copy_comes_back_as_exactly_one_outcome(fields, outcome):
 )
 def test_one_table_gives_each_error_its_exit_status(error, code):
     assert exit_code(error) == code
+
+
+def test_a_tasks_collect_options_are_typed_and_the_rest_of_act_acts():
+    from rlfarm.core.protocol import COLLECT_OPTIONS, CollectOptions
+
+    task = TaskSpec(
+        "r", "rollout", 1, 0, 0, 1, steps=8, act={"epsilon": 0.05, "keep_next_obs": True, "refresh_steps": 64}
+    )
+    assert task.collect == CollectOptions(keep_next_obs=True, refresh_steps=64, opponents=None)
+    assert task.acting_options() == {"epsilon": 0.05}
+    assert COLLECT_OPTIONS == ("keep_next_obs", "refresh_steps", "opponents")  # the wire's keys of `act`
+    assert TaskSpec("r", "rollout", 1, 0, 0, 1, steps=8).collect == CollectOptions()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "sac", "td3"])
+def test_every_algorithms_acting_module_keeps_the_contract(algo):
+    from rlfarm.algos.acting import ActingModule, acting_module
+
+    module = acting_module(algo)
+    assert isinstance(module, ActingModule) and isinstance(module.HEAD, str)
+
+
+def test_a_module_that_breaks_the_acting_contract_is_named_with_what_it_lacks():
+    import types
+
+    from rlfarm.algos.acting import checked_acting
+
+    half = types.ModuleType("rlfarm.algos.half.acting")
+    half.HEAD = "actor"
+    with pytest.raises(TypeError, match=r"rlfarm.algos.half.acting is no acting module: it lacks numpy_actor"):
+        checked_acting(half)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,15 +32,34 @@ def acts_without_torch(spec: SpaceSpec) -> bool:
     return not spec.is_image
 
 
-def acting_module(algo: str) -> Any:
-    """Algorithm `algo`'s torch-free `acting` module (ConfigError naming the known ones)."""
+@runtime_checkable
+class ActingModule(Protocol):
+    """What an algorithm's `acting` module (rlfarm/algos/<name>/acting.py, torch-free) provides."""
+
+    HEAD: str  # the prefix of its network's action head in a saved state (rlfarm.algos.saved)
+
+    def numpy_actor(self, spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]) -> Actor:
+        """The actor of its MLP network for `spec`, from the saved tensors `state` (numpy arrays)."""
+
+
+def acting_module(algo: str) -> ActingModule:
+    """Algorithm `algo`'s torch-free `acting` module (ConfigError naming the known ones; TypeError
+    naming what a module that does not keep the ActingModule contract lacks)."""
     from rlfarm.config import ALGORITHMS
     from rlfarm.errors import ConfigError
 
     if algo not in ALGORITHMS:
         raise ConfigError(f"unknown algo {algo!r}; available: {', '.join(sorted(ALGORITHMS))}")
     package = ALGORITHMS[algo].__module__.rpartition(".")[0]  # rlfarm.algos.<name>
-    return importlib.import_module(f"{package}.acting")
+    return checked_acting(importlib.import_module(f"{package}.acting"))
+
+
+def checked_acting(module: Any) -> ActingModule:
+    """`module` as an ActingModule, or TypeError naming what it lacks."""
+    if not isinstance(module, ActingModule):
+        lacks = [name for name in ("HEAD", "numpy_actor") if not hasattr(module, name)]
+        raise TypeError(f"{module.__name__} is no acting module: it lacks {', '.join(lacks)} (rlfarm.algos.acting)")
+    return module
 
 
 def numpy_actor(algo: str, spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]) -> Actor:

@@ -47,9 +47,23 @@ EVAL_TASK = "rlfarm.evaluate"
 
 Key = tuple[str, int, int]  # (kind, iteration, index): a task's identity within its run
 
-# Collect options the worker reads from `act`; the rest are acting options for the actor.
-# "opponents" (turn-based games, rlfarm.core.league): who plays the other seats of each game.
-COLLECT_OPTIONS = ("keep_next_obs", "refresh_steps", "opponents")
+
+@dataclass(frozen=True)
+class CollectOptions:
+    """What the worker collects, read from a task's `act` (TaskSpec.collect); the rest of `act` are
+    acting options for the actor. On the wire they stay keys of `act`, as every protocol had them."""
+
+    keep_next_obs: bool = False  # off-policy learners: the real next observation of every step
+    refresh_steps: int = 0  # ASYNC "latest": look for a newer version every this many steps (0: never)
+    opponents: list[Any] | None = None  # turn-based games (rlfarm.core.league): who plays the other seats
+
+    @classmethod
+    def from_act(cls, act: dict[str, Any]) -> CollectOptions:
+        opponents = act.get("opponents")
+        return cls(bool(act.get("keep_next_obs", False)), int(act.get("refresh_steps", 0)), opponents)
+
+
+COLLECT_OPTIONS = tuple(f.name for f in dataclasses.fields(CollectOptions))
 
 
 def spec_protocol(kwargs: dict[str, Any]) -> Any:
@@ -114,6 +128,11 @@ class TaskSpec:
 
     def acting_options(self) -> dict[str, Any]:
         return {k: v for k, v in self.act.items() if k not in COLLECT_OPTIONS}
+
+    @property
+    def collect(self) -> CollectOptions:
+        """The collect options `act` carries, typed."""
+        return CollectOptions.from_act(self.act)
 
     def to_kwargs(self) -> dict[str, Any]:
         """The Celery kwargs: every field that is set (unset: None, 0 steps or episodes, empty act)."""

@@ -71,9 +71,14 @@ class LinedStore(PolicyStore):
         policies: Sequence[str],
         keep: int = 5,
         secret: bytes | str | None = FROM_ENV,
+        on_forged: Callable[[str], None] | None = None,
     ):
-        super().__init__(client, run_id, keep, secret)
-        self.lines = {name: PolicyStore(client, run_id, keep, self.secret, line=name) for name in policies}
+        super().__init__(client, run_id, keep, secret, on_forged=on_forged)
+        # A forged pointer or listing of any line is reported as one of the run's is.
+        report = self.on_forged
+        self.lines = {
+            name: PolicyStore(client, run_id, keep, self.secret, line=name, on_forged=report) for name in policies
+        }
         self._heads: dict[str, int] = {}  # each line's newest version
         self._digests: dict[str, str] = {}  # the weights of each line's newest version (sha256)
         self.made_of: dict[int, dict[str, int]] = {}  # run version -> its policies' line versions

@@ -47,7 +47,10 @@ class PolicyStore:
         keep: int = 5,
         secret: bytes | str | None = FROM_ENV,
         line: str | None = None,
+        on_forged: Callable[[str], None] | None = None,
     ):
+        """`on_forged(text)`: told of a pointer or listing of the run found as this store did not write
+        it (refused, and overwritten by the next write); the trainer counts and says it."""
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.client = client
@@ -69,7 +72,7 @@ class PolicyStore:
         # The versions this store lists (`versions`), as it wrote them: the listing in Redis is written
         # from this, never read back into it (None until the first publish reads what a resumed run has).
         self.listed: set[int] | None = None
-        self.on_forged: Callable[[str], None] = lambda text: None  # a pointer it did not write, refused
+        self.on_forged: Callable[[str], None] = on_forged or (lambda text: None)
 
     def _key(self, version: int) -> str:
         return keys.policy(self.run_id, version, self.line)

@@ -95,7 +95,7 @@ class AsyncTrainer(Trainer):
         self.updates = 0  # algorithm updates; a version is published every algo.publish_every
         self._task_counter = 0
         # "continue": one env stream per task slot; a finished task's stream goes to its replacement.
-        self.open_streams(self.tasks_in_flight)
+        self.streams.open(self.tasks_in_flight)
         self._free_streams: deque[int] = deque(range(self.tasks_in_flight))
         self._task_streams: dict[int, int] = {}  # task number -> its stream
         self._lags: list[int] = []
@@ -119,7 +119,7 @@ class AsyncTrainer(Trainer):
     def dispatch_one(self) -> None:
         cfg = self.config
         stream = None
-        if self.streams is not None:
+        if self.streams.book is not None:
             stream = self._free_streams.popleft()
             self._task_streams[self._task_counter] = stream
         self.channel.submit(
@@ -132,7 +132,7 @@ class AsyncTrainer(Trainer):
                 cfg.seed,
                 steps=cfg.farm.steps_per_env,
                 act=self.rollout_options(self.task_options(self.progress), self._task_counter, 0),
-                stream=self.stream_ref(stream) if stream is not None else None,
+                stream=self.streams.ref(stream) if stream is not None else None,
             )
         )
         self._task_counter += 1
@@ -164,9 +164,9 @@ class AsyncTrainer(Trainer):
             if message.kind == "eval":
                 self.handle_eval(message)
             else:
-                if self.streams is not None:  # the stream moved on, whether its result is learned or dropped
+                if self.streams.book is not None:  # the stream moved on, whether its result is learned or dropped
                     stream = self._task_streams.pop(message.iteration)
-                    self.advance_stream(message, stream)
+                    self.streams.advance(message, stream)
                     self._free_streams.append(stream)
                 self._backlog.append(message)
                 self._owed.append(message.finished or time.time())
@@ -222,8 +222,8 @@ class AsyncTrainer(Trainer):
     def unused_result(self, message: Result) -> None:
         """Also those of the tasks still out, arriving while the final policy is evaluated; their
         streams still move on, so the snapshot they name is deleted with the run's others."""
-        if self.streams is not None and message.iteration in self._task_streams:
-            self.advance_stream(message, self._task_streams.pop(message.iteration))
+        if self.streams.book is not None and message.iteration in self._task_streams:
+            self.streams.advance(message, self._task_streams.pop(message.iteration))
         super().unused_result(message)
         self.results_unused += 1
 

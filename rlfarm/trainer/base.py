@@ -26,31 +26,23 @@ from rlfarm.algos.saved import describe_policy
 from rlfarm.config import RunConfig, to_dict
 from rlfarm.core import codec
 from rlfarm.core.protocol import Result
-from rlfarm.core.streams import StreamBook
 from rlfarm.errors import ConfigError, PolicyCorrupt
 from rlfarm.evaluation.bookkeeping import Evaluations
 from rlfarm.runio import logs
 from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
-from rlfarm.trainer.evaluating import Evaluating
+from rlfarm.trainer.evaluating import EvaluationRunner
 from rlfarm.trainer.keeper import RunKeeper
 from rlfarm.trainer.log import log
+from rlfarm.trainer.parts import FarmParts, LearningParts, RunIO
 from rlfarm.trainer.selfplay import SelfPlay
-from rlfarm.trainer.streams import Streams
+from rlfarm.trainer.streams import RunStreams
 from rlfarm.trainer.summary import TrainResult
 from rlfarm.trainer.summary import build as build_summary
 from rlfarm.trainer.summary import write as write_summary
 
 if TYPE_CHECKING:
-    import redis
-
-    from rlfarm.algos.base import Algorithm
-    from rlfarm.envs import SpaceSpec
-    from rlfarm.farm.claim import Claim
-    from rlfarm.farm.outage import OutageRetry
-    from rlfarm.farm.store import PolicyStore
     from rlfarm.observe.metrics import RunLogger
-    from rlfarm.trainer.channel import FarmLink
 
 
 @dataclass
@@ -64,41 +56,7 @@ class LogStep:
     extra: dict[str, float] = field(default_factory=dict)  # yours to fill: logged as custom/<key>
 
 
-@dataclass(frozen=True)
-class LearningParts:
-    """What learns, and on what: the env's spaces, the torch device and threads, the learner."""
-
-    space: SpaceSpec
-    device: torch.device
-    threads: int
-    algo: Algorithm
-
-
-@dataclass(frozen=True)
-class FarmParts:
-    """The farm as the trainer reaches it: the Redis client and its outage clock, the policy store, the
-    run's claim, and the link its task channel and watchdog are opened from."""
-
-    client: redis.Redis
-    retry: OutageRetry
-    store: PolicyStore
-    claim: Claim
-    link: FarmLink
-
-
-@dataclass(frozen=True)
-class RunIO:
-    """The run's files and what it says: its directory, `open_logger(resume_state)` (the RunLogger,
-    opened by train() once the run is claimed: it writes the run directory), what signs the policy
-    files (RLFARM_SECRET) and the warning said at the start (rlfarm.farm.store.no_secret_warning)."""
-
-    run_dir: Path
-    open_logger: Callable[[dict[str, Any] | None], RunLogger]
-    file_secret: Any = None
-    secret_warning: str | None = None
-
-
-class Trainer(Evaluating, Streams, RunKeeper):
+class Trainer(RunKeeper):
     """What both modes share: store, farm client, network, metrics, evaluation, the final save; what
     it does for its run's keys in Redis, as their owner, is RunKeeper's (rlfarm.trainer.keeper)."""
 
@@ -140,6 +98,11 @@ class Trainer(Evaluating, Streams, RunKeeper):
         self._secret_warning = io.secret_warning
         self.resume = resume
         self.callback = callback
+        # Carries out what the evaluation bookkeeping (`evals`) decides; records through the run's
+        # logger, opened once the run is claimed.
+        self.evaluations = EvaluationRunner(
+            evaluations, config, self.store, self.channel, lambda: self.logger, self.run_dir, self.file_secret
+        )
         self._stop_requested = False
         self._log_file: logging.Handler | None = None
         self.env_steps = 0
@@ -154,10 +117,45 @@ class Trainer(Evaluating, Streams, RunKeeper):
         self._last_checkpoint = -math.inf
         self._target_reached_at: dict[str, float] | None = None  # when the run first saw it (summary.json)
         # farm.episodes = "continue": the run's env streams (rlfarm.core.streams); a mode sizes them.
-        self.streams: StreamBook | None = None
-        self._accepted_snapshots: dict[Any, str] = {}  # accepted results' snapshots, until their stream advances
+        self.streams = RunStreams(
+            self.client,
+            config.run_id,
+            continuing=config.farm.episodes == "continue",
+            signed=self.store.secret is not None,
+            stats=self.channel.stats,
+            warn=self.warn,
+        )
         # Turn-based games: the opponents of the learner's games, and their league (rlfarm.core.league).
         self.selfplay = SelfPlay(config, self.store) if self.space.seats > 1 else None
+
+    # ---- evaluations: the bookkeeping decides (evals), the runner carries out ----------------------
+    @property
+    def eval_mean_return(self) -> float:
+        return self.evals.mean_return
+
+    @property
+    def best_eval_mean_return(self) -> float:
+        return self.evals.best_mean_return
+
+    @property
+    def best_version(self) -> int | None:
+        return self.evals.best_version
+
+    @property
+    def policy_eval_means(self) -> dict[str, float]:
+        """Several policies: each one's mean return in the last evaluation (rounded for the heartbeat)."""
+        return {name: round(value, 2) for name, value in self.evals.policy_mean.items()}
+
+    def evaluate(self) -> None:
+        """Greedy evaluation tasks for the current version, now."""
+        self.evaluations.start(self.version, self.env_steps)
+
+    def maybe_evaluate(self) -> None:
+        self.evaluations.if_due(self.env_steps, self.version)
+
+    def handle_eval(self, message: Result) -> None:
+        """A result of an evaluation task (RunOwner: the channel hands over those of other groups)."""
+        self.evaluations.received(message, self.env_steps)
 
     def publish(self) -> None:
         # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.
@@ -228,7 +226,7 @@ class Trainer(Evaluating, Streams, RunKeeper):
             },
             "algo": algo_state,
             "logger": self.logger.state(self.env_steps),
-            **({"streams": self.streams.state()} if self.streams is not None else {}),
+            **({"streams": self.streams.book.state()} if self.streams.book is not None else {}),
             **({"selfplay": self.selfplay.state()} if self.selfplay is not None else {}),
         }
 
@@ -238,8 +236,8 @@ class Trainer(Evaluating, Streams, RunKeeper):
         self.env_steps, self.version = state["env_steps"], state["version"]
         self.store.restore_heads(state.get("lines"))
         self.evals.restore(state, task_offset=self.RESUME_TASK_OFFSET)
-        if self.streams is not None:
-            self.streams.restore(state.get("streams"))
+        if self.streams.book is not None:
+            self.streams.book.restore(state.get("streams"))
         if self.selfplay is not None:
             self.selfplay.restore(state.get("selfplay"))
         stats = self.channel.stats
@@ -326,12 +324,12 @@ class Trainer(Evaluating, Streams, RunKeeper):
             self.train_loop()
             # Every run that ends on its own (its steps, its target, its callback) evaluates its final
             # policy, so it always leaves best_policy.safetensors and its scores; Ctrl-C does not wait.
-            self.carry_out(self.evals.final(self.env_steps, self.version))
-            self.drain_evaluations()
+            self.evaluations.final(self.env_steps, self.version)
+            self.evaluations.drain(self.env_steps, self.unused_result)
             self.save_checkpoint(force=True)
             result = self._finish(time.perf_counter() - self.start)
             state = "finished"
-            self.drop_streams()
+            self.streams.drop()
             return result
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM (the CLI's), a sweep's pruning: stopped, not failed
             state = "stopped"
@@ -427,8 +425,8 @@ class Trainer(Evaluating, Streams, RunKeeper):
                 extras={
                     **self.summary_extras(),
                     **({"selfplay": self.selfplay.league.to_dict()} if self.selfplay else {}),
-                    **({"policies": self.policy_summaries()} if self.evals.policy_best else {}),
-                    **({"streams": self.streams.summary()} if self.streams is not None else {}),
+                    **({"policies": self.evaluations.policy_summaries()} if self.evals.policy_best else {}),
+                    **({"streams": self.streams.book.summary()} if self.streams.book is not None else {}),
                 },
             ),
         )

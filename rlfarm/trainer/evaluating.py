@@ -1,54 +1,60 @@
-"""The trainer carrying out its evaluations (`Evaluating`, which Trainer derives from): the bookkeeping
-(rlfarm.evaluation.bookkeeping) decides when to evaluate, what to record, which version is best and
-what to unpin; this sends the tasks, records, writes best_policy.safetensors and pins in Redis."""
+"""The trainer's evaluations carried out (`EvaluationRunner`, an object the trainer holds): the
+bookkeeping (rlfarm.evaluation.bookkeeping) decides when to evaluate, what to record, which version is
+best and what to unpin; this sends the tasks, records, writes best_policy.safetensors and pins in Redis."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlfarm.algos.group import policy_best_file, policy_tensors
 from rlfarm.config import to_dict
 from rlfarm.core import codec
-from rlfarm.evaluation.bookkeeping import Decision, Record, Send, Unpin, WriteBest, WritePolicyBest
+from rlfarm.evaluation.bookkeeping import Decision, Evaluations, Record, Send, Unpin, WriteBest, WritePolicyBest
 from rlfarm.runio.rundir import write_atomic
 
 if TYPE_CHECKING:
+    from rlfarm.config import RunConfig
     from rlfarm.core.protocol import Result
+    from rlfarm.farm.store import PolicyStore
+    from rlfarm.observe.metrics import RunLogger
+    from rlfarm.trainer.channel import TaskChannel
 
 
-class Evaluating:
-    """Evaluation for the trainer (its `evals`, `store`, `channel`, `logger`, `config`, `run_dir`,
-    `file_secret`, `version` and `env_steps` are the Trainer's)."""
+class EvaluationRunner:
+    """Carries out what `evals` decides: tasks through `channel`, versions pinned in `store`, records
+    through `logger()` (the run's RunLogger, opened once the run is claimed), best policies written to
+    `run_dir` signed with `file_secret`."""
 
-    # rlfarm.evaluation.bookkeeping decides, the trainer carries out --------------------
-    @property
-    def eval_mean_return(self) -> float:
-        return self.evals.mean_return
+    def __init__(
+        self,
+        evals: Evaluations,
+        config: RunConfig,
+        store: PolicyStore,
+        channel: TaskChannel,
+        logger: Callable[[], RunLogger | None],
+        run_dir: Path,
+        file_secret: Any,
+    ):
+        self.evals, self.config, self.store, self.channel = evals, config, store, channel
+        self.logger, self.run_dir, self.file_secret = logger, Path(run_dir), file_secret
 
-    @property
-    def best_eval_mean_return(self) -> float:
-        return self.evals.best_mean_return
+    def start(self, version: int, env_steps: int) -> None:
+        """Greedy evaluation tasks for `version`, now; results are taken in on arrival."""
+        self.carry_out([self.evals.start(version, env_steps)])
 
-    @property
-    def best_version(self) -> int | None:
-        return self.evals.best_version
+    def if_due(self, env_steps: int, version: int) -> None:
+        self.carry_out(self.evals.due(env_steps, version))
 
-    @property
-    def policy_eval_means(self) -> dict[str, float]:
-        """Several policies: each one's mean return in the last evaluation (rounded for the heartbeat)."""
-        return {name: round(value, 2) for name, value in self.evals.policy_mean.items()}
+    def received(self, message: Result, env_steps: int) -> None:
+        self.carry_out(self.evals.received(message.iteration, message.returns, env_steps, message.policy_returns))
 
-    def evaluate(self) -> None:
-        """Greedy evaluation tasks for the current version, now; results are taken in on arrival."""
-        self.carry_out([self.evals.start(self.version, self.env_steps)])
-
-    def maybe_evaluate(self) -> None:
-        self.carry_out(self.evals.due(self.env_steps, self.version))
-
-    def handle_eval(self, message: Result) -> None:
-        self.carry_out(self.evals.received(message.iteration, message.returns, self.env_steps, message.policy_returns))
+    def final(self, env_steps: int, version: int) -> None:
+        """The final policy's evaluation (every run that ends on its own has one)."""
+        self.carry_out(self.evals.final(env_steps, version))
 
     def policy_summaries(self) -> dict[str, dict[str, Any]]:
         """summary.json's `policies` (several policies): each one's last and best evaluation and its
@@ -73,7 +79,7 @@ class Evaluating:
                 for spec in decision.tasks:
                     self.channel.submit(replace(spec, lines=lines) if lines else spec)
             elif isinstance(decision, Record):
-                self.logger.evaluation(
+                self.logger().evaluation(
                     decision.env_steps,
                     decision.returns,
                     decision.version,
@@ -111,14 +117,15 @@ class Evaluating:
         blob = codec.encode_policy(state, meta, self.file_secret)
         write_atomic(self.run_dir / (policy_best_file(policy) if policy else "best_policy.safetensors"), blob)
 
-    def drain_evaluations(self) -> None:
+    def drain(self, env_steps: int, unused: Callable[[Result], None]) -> None:
         """Wait for evaluation tasks still in flight (confirmations they start included), so the
-        run's last evaluation is recorded. Rollouts still out (ASYNC) that arrive meanwhile are unused."""
+        run's last evaluation is recorded. Rollouts still out (ASYNC) that arrive meanwhile go to
+        `unused`."""
         while self.channel.outstanding("eval"):  # held back for the run's share included
             message = self.channel.next_result(timeout=1.0)
             if message is None:
                 continue
             if message.kind == "eval":
-                self.handle_eval(message)
+                self.received(message, env_steps)
             else:
-                self.unused_result(message)
+                unused(message)

@@ -34,12 +34,13 @@ from rlfarm.farm.outage import resilient_client
 from rlfarm.farm.store import FROM_ENV, PolicyStore
 from rlfarm.observe.metrics import RunLogger
 from rlfarm.trainer.asynchronous import AsyncTrainer
-from rlfarm.trainer.base import FarmParts, LearningParts, LogStep, RunIO, Trainer
+from rlfarm.trainer.base import LogStep, Trainer
 from rlfarm.trainer.channel import FarmLink, ShareTerms
 from rlfarm.trainer.counters import DispatchStats
 from rlfarm.trainer.ingest import keep_freed_memory
 from rlfarm.trainer.log import warn
 from rlfarm.trainer.outbox import RefusedKeys
+from rlfarm.trainer.parts import FarmParts, LearningParts, RunIO
 from rlfarm.trainer.sync import SyncTrainer
 
 
@@ -120,13 +121,13 @@ def make_trainer(
     )
     client = resilient_client(redis_url, retry)
     guard.client = client
+    keep = config.farm.keep_versions
     if len(space.policies) > 1:  # a version line per policy beside the run's (rlfarm.farm.lines)
         store: PolicyStore = LinedStore(
-            client, config.run_id, space.policies, keep=config.farm.keep_versions, secret=secret
+            client, config.run_id, space.policies, keep=keep, secret=secret, on_forged=refused.report
         )
     else:
-        store = PolicyStore(client, config.run_id, keep=config.farm.keep_versions, secret=secret)
-    store.on_forged = refused.report
+        store = PolicyStore(client, config.run_id, keep=keep, secret=secret, on_forged=refused.report)
     claim = Claim(client, config.run_id, secret=store.secret, on_forged=refused.report)
     app = make_app(redis_url)
 

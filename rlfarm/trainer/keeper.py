@@ -28,12 +28,14 @@ if TYPE_CHECKING:
     import redis
 
     from rlfarm.config import RunConfig
+    from rlfarm.core.protocol import Result
     from rlfarm.envs import SpaceSpec
     from rlfarm.farm.claim import Claim
     from rlfarm.farm.outage import OutageRetry
     from rlfarm.farm.store import PolicyStore
     from rlfarm.observe.metrics import RunLogger
     from rlfarm.trainer.channel import TaskChannel
+    from rlfarm.trainer.streams import RunStreams
 
 EVICTION_CHECK_SECONDS = 5.0  # how often the trainer looks whether Redis began to evict keys
 
@@ -48,6 +50,7 @@ class RunKeeper:
     store: PolicyStore
     claim: Claim
     channel: TaskChannel
+    streams: RunStreams
     logger: RunLogger | None
     env_steps: int
     version: int
@@ -119,6 +122,12 @@ class RunKeeper:
         what the trainer wrote, from its own copies, where Redis holds something else."""
         written = self.store.write_back()
         return f"wrote back {' and '.join(written)} from the trainer's own copy; " if written else ""
+
+    def late_copy(self, message: Result) -> None:
+        self.streams.late_copy(message)
+
+    def accepted_snapshot(self, message: Result) -> None:
+        self.streams.accepted(message)
 
     def on_event(self) -> None:
         """A task was sent or a result arrived: refresh the progress bar."""

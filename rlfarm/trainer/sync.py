@@ -24,7 +24,7 @@ class SyncTrainer(Trainer):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.open_streams(self.config.farm.num_tasks)  # "continue": task i always continues stream i
+        self.streams.open(self.config.farm.num_tasks)  # "continue": task i always continues stream i
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors, state = super().checkpoint_state()
@@ -48,14 +48,14 @@ class SyncTrainer(Trainer):
                 cfg.seed,
                 steps=steps or cfg.farm.steps_per_env,
                 act=self.rollout_options(act, iteration, i),
-                stream=self.stream_ref(i),
+                stream=self.streams.ref(i),
                 lines=self.store.lines_of(self.version),
             )
             for i in range(cfg.farm.num_tasks)
         ]
         results = self.channel.gather_group(specs)  # evaluations arriving meanwhile: handle_eval
         for i, result in enumerate(results):
-            self.advance_stream(result, i)
+            self.streams.advance(result, i)
             self.took_result(result)
         return concat([Rollout.from_dict(r.rollout) for r in results])
 

@@ -170,17 +170,20 @@ class TaskHandler:
                 table = table[:, 0]
             result.returns = table
         else:
-            opponents = spec.act.get("opponents")
+            options = spec.collect
+            opponents = options.opponents
             if opponents is not None:
                 players = self._players(spec.run, actor, opponents, env_cfg["id"])
             actor = actor.with_options(**spec.acting_options())
             env_seeds, action_seed = task_seeds(spec.seed, spec.iteration, spec.index, env_cfg["num_envs"])
-            keep_next_obs = bool(spec.act.get("keep_next_obs", False))
-            refresh_steps = int(spec.act.get("refresh_steps", 0))
             refresh = None
-            if spec.version == "latest" and refresh_steps > 0:
+            if spec.version == "latest" and options.refresh_steps > 0:
                 refresh = self._refresher(spec, result)
-            collect_kw = {"keep_next_obs": keep_next_obs, "refresh": refresh, "refresh_steps": refresh_steps}
+            collect_kw = {
+                "keep_next_obs": options.keep_next_obs,
+                "refresh": refresh,
+                "refresh_steps": options.refresh_steps,
+            }
 
             def prepare(envs: Any) -> None:  # a turn-based game's opponents are the task's
                 if isinstance(envs, TurnVector):

@@ -36,5 +36,6 @@ step resume 'rlfarm train --resume walk-load --total-steps 200000 | tail -n 2'
 step train-on-up 'rlfarm train --preset cartpole-ppo --mode async --total-steps 8192 --run-id walk-async'
 step down 'rlfarm down'
 step status-none 'rlfarm status'
-step leftovers 'pgrep -u "$(id -u)" -fa "redis-server|celery|rlfarm" || echo none'
+# The walk's own processes only (their RLFARM_HOME): a developer's tests may run beside it.
+step leftovers 'for p in $(pgrep -u "$(id -u)" -f "redis-server|celery|rlfarm"); do tr "\0" "\n" < /proc/$p/environ 2>/dev/null | grep -qx "RLFARM_HOME=$RLFARM_HOME" && ps -o pid=,args= -p $p; done; echo "(end of leftovers)"'
 echo DONE >> "$rec"
