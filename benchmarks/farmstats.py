@@ -191,7 +191,7 @@ def make_run(client: redis.Redis, run: str, env_id: str, num_envs: int, compress
     from rlfarm import config as C
     from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.envs import describe
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
 
     torch.set_num_threads(1)
     cfg = C.build(None, [f"run_id={run}", f"env.id={env_id}", f"env.num_envs={num_envs}", f"farm.compress={compress}"])
@@ -222,7 +222,7 @@ class Farm:
     def __init__(self, cluster: Any, run: str, env_id: str, per_node: int):
         from rlfarm.farm.app import make_app
         from rlfarm.farm.connection import connect
-        from rlfarm.farm.store import PolicyStore
+        from rlfarm.farm.policies.store import PolicyStore
 
         self.cluster = cluster
         self.per_node = per_node

@@ -1,7 +1,7 @@
 """What publishing a policy version costs Redis when every worker process acts with it: bytes Redis
 sends per version and the time until every process acts with it, with 1, 4 and 16 pool processes on
 one machine, each process fetching for itself (before: RLFARM_POLICY_SHARE=off), one fetch per
-machine (after: rlfarm.worker.machine, its default directory), and one fetch per machine of versions
+machine (after: rlfarm.farm.policies.machine, its default directory), and one fetch per machine of versions
 published in float16 (farm.policy_dtype). Pong's policy (the Nature CNN, 6.75 MB), one run.
 
     python benchmarks/policy_fanout.py
@@ -91,7 +91,7 @@ def main() -> None:
     from rlfarm.envs import describe
     from rlfarm.errors import EnvError
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
     from rlfarm.local.cluster import LocalCluster
 
     run = "fanout"

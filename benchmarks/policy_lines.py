@@ -1,4 +1,4 @@
-"""What a version line per policy (rlfarm.farm.lines) saves the farm in a run of several policies: the
+"""What a version line per policy (rlfarm.farm.policies.lines) saves the farm in a run of several policies: the
 bytes Redis sends a worker process per published version when it fetches the run's whole version,
 against fetching each policy's own version (an unchanged policy, such as a frozen one, not again),
 and what the lines cost the trainer: the bytes it writes per version. One run, on the presets'
@@ -60,7 +60,7 @@ def main() -> None:
     from rlfarm.envs import describe
     from rlfarm.errors import EnvError
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.lines import LinedStore
+    from rlfarm.farm.policies.lines import LinedStore
     from rlfarm.local.cluster import LocalCluster
 
     print(f"policy_lines: bytes Redis sends a worker process per version, {args.versions} versions a case")

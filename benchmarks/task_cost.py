@@ -193,7 +193,7 @@ def farm_serial(cluster: Any, url: str, run: str, network: Any, steps: int, n: i
     for the second exclude the publishing, measured alone and subtracted: the trainer's cost."""
     from rlfarm.farm.app import make_app
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
 
     node = cluster.add_worker(1, command=fs.node_command())
     client = connect(url)

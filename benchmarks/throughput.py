@@ -96,7 +96,7 @@ def bench_farm(env_id: str, workers: int, num_envs: int, steps: int, tasks: int)
     from rlfarm.envs import describe
     from rlfarm.farm.app import make_app
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
     from rlfarm.local.cluster import LocalCluster
     from rlfarm.trainer.channel import FarmLink
 

@@ -22,7 +22,7 @@ declare -A GUARDS=(
     # saves the worker's own envs, is not a guard).
     [snapshot]="rlfarm.envs.snapshot.x_restore__mutmut_* rlfarm.envs.snapshot.x__restore_env__mutmut_* rlfarm.envs.snapshot.x__restore_layer__mutmut_* rlfarm.envs.snapshot.x__leaves__mutmut_* rlfarm.envs.snapshot.x__units__mutmut_* rlfarm.envs.snapshot.x__normal__mutmut_* rlfarm.envs.snapshot.x__same__mutmut_* rlfarm.envs.snapshot.x__same_unit__mutmut_* rlfarm.envs.snapshot.x__shape__mutmut_* rlfarm.envs.snapshot.x_configuration__mutmut_* rlfarm.envs.snapshot.xǁConfigurationǁcheck__mutmut_* rlfarm.envs.snapshot.x__restore_mjdata__mutmut_* rlfarm.envs.state.x_unplain__mutmut_* rlfarm.envs.state.x__restored__mutmut_* rlfarm.envs.state.x__is_behaviour__mutmut_* rlfarm.envs.state.x_restore_object__mutmut_* rlfarm.core.streams.x_decode__mutmut_* rlfarm.core.streams.x_resume__mutmut_*"
     # The lag bound lives in a large module: only its functions are mutated.
-    [lag]="rlfarm.trainer.asynchronous.x_too_stale__mutmut_* rlfarm.trainer.asynchronous.x_auto_policy_lag__mutmut_* rlfarm.trainer.asynchronous.x_stale_result__mutmut_* rlfarm.trainer.asynchronous.x_line_lags__mutmut_*"
+    [lag]="rlfarm.trainer.policy_lag.x_too_stale__mutmut_* rlfarm.trainer.policy_lag.x_auto_policy_lag__mutmut_* rlfarm.trainer.policy_lag.x_stale_result__mutmut_* rlfarm.trainer.policy_lag.x_line_lags__mutmut_*"
     [ingest]="rlfarm.trainer.ingest.*"
     [bounds]="rlfarm.config.bounds.*"
 )

@@ -392,7 +392,7 @@ def make_run(redis_url: str, run_id: str, overrides: list[str] = (), versions: i
     from rlfarm.algos.ppo.policies import ActorCritic
     from rlfarm.envs import describe
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
 
     cfg = C.build("cartpole-ppo", [f"run_id={run_id}", *overrides])
     space = describe(cfg.env.id)

@@ -115,8 +115,8 @@ def test_pure_modules_import_nothing_that_does_io():
 
 @pytest.mark.process
 def test_the_rule_check_itself_catches_a_forbidden_import():
-    result = import_with_forbidden(["rlfarm.farm.store"], ["redis"])  # the store talks to Redis
-    assert "forbidden import: redis" in result["errors"]["rlfarm.farm.store"]
+    result = import_with_forbidden(["rlfarm.farm.policies.store"], ["redis"])  # the store talks to Redis
+    assert "forbidden import: redis" in result["errors"]["rlfarm.farm.policies.store"]
 
 
 TRAINER_SIDE = [m for m in MODULES if m.startswith("rlfarm.trainer")] + ["rlfarm.api"]

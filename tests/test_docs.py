@@ -132,16 +132,25 @@ def _parts_table() -> dict[str, set[str]]:
     text = (ROOT / "docs" / "architecture.md").read_text()
     block = text.split("## 2. Parts", 1)[1].split("```", 2)[1]
     parts: dict[str, set[str]] = {}
-    package = None
+    package = sub = None
     for line in block.splitlines():
         head = re.match(r"^  (\w+)/\s", line)
         if head:
-            package = head.group(1)
+            package, sub = head.group(1), None
             parts.setdefault(package, set())
         elif not line.startswith("    "):  # back at the top (tasks/, cli.py)
-            package = None
-        if package is not None:
-            parts[package] |= set(re.findall(r"\w+\.py|<name>/", line))
+            package = sub = None
+        if package is None:
+            continue
+        indent = len(line) - len(line.lstrip())
+        nested = re.match(r"^ {19}(\w+)/\s", line)  # a subpackage's row; its files are indented further
+        if nested:
+            sub = nested.group(1)
+            parts.setdefault(f"{package}/{sub}", set())
+            continue
+        if sub is not None and indent < 21:
+            sub = None
+        parts[f"{package}/{sub}" if sub else package] |= set(re.findall(r"\w+\.py|<name>/", line))
     return parts
 
 
@@ -156,9 +165,13 @@ def test_the_architecture_parts_table_is_the_tree():
     for path in (ROOT / "rlfarm" / "algos").glob("*/"):
         if (path / "__init__.py").exists():
             tree.setdefault("algos", set()).add("<name>/")
+    for path in (ROOT / "rlfarm").glob("*/*/*.py"):  # subpackages (farm/policies/), but the algorithms'
+        if path.parent.parent.name != "algos" and path.name != "__init__.py":
+            tree.setdefault(f"{path.parent.parent.name}/{path.parent.name}", set()).add(path.name)
     named = {package: {m for m in modules if m.endswith(".py") or m == "<name>/"} for package, modules in parts.items()}
     missing = {p: sorted(tree[p] - named.get(p, set())) for p in tree if tree[p] - named.get(p, set())}
     inits = {p: {"__init__.py"} if (ROOT / "rlfarm" / p / "__init__.py").exists() else set() for p in named}
+    inits.update({p: set() for p in named if "/" in p and p not in inits})
     # the <name>/ row names the files of an algorithm's package too
     inits["algos"] = inits.get("algos", set()) | {path.name for path in (ROOT / "rlfarm" / "algos").glob("*/*.py")}
     stale = {

@@ -67,7 +67,7 @@ def test_a_signed_blob_relabelled_as_another_version_is_refused_by_the_store():
     import torch
 
     from rlfarm.errors import PolicyCorrupt
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
 
     store = PolicyStore(None, RUN, secret=SECRET)
     state = {"w": torch.ones(2, 3)}
@@ -116,7 +116,7 @@ def test_a_second_sigterm_inside_celerys_handler_does_not_run_it_again():
     [(1, 1.0, 2), (3, 1.0, 6), (2, 0.25, 1), (3, 0.5, 3), (2, 0.3, 2), (1, 0.1, 1), (1, 0.0, 1)],
 )
 def test_the_auto_lag_bound_is_two_results_in_flight_worth_of_versions_at_least_one(tasks, versions, bound):
-    from rlfarm.trainer.asynchronous import auto_policy_lag
+    from rlfarm.trainer.policy_lag import auto_policy_lag
 
     assert auto_policy_lag(tasks, versions) == bound
 

@@ -1,4 +1,4 @@
-"""A version line per policy (rlfarm.farm.lines): in a run of several policies each policy gets a new
+"""A version line per policy (rlfarm.farm.policies.lines): in a run of several policies each policy gets a new
 version only when its weights change, workers act with each policy's own version and fetch an
 unchanged one once, pins and retention hold per line, a forged version of one policy is refused and
 written back, and an ASYNC run through a farm measures each policy's lag on its own line. Real
@@ -21,8 +21,8 @@ from rlfarm.core.protocol import TaskSpec
 from rlfarm.envs import make_vector_env, space_spec
 from rlfarm.errors import PolicyCorrupt
 from rlfarm.farm.connection import connect
-from rlfarm.farm.lines import LinedStore
-from rlfarm.farm.store import PolicyStore
+from rlfarm.farm.policies.lines import LinedStore
+from rlfarm.farm.policies.store import PolicyStore
 
 pytestmark = [
     pytest.mark.farm,

@@ -1,4 +1,4 @@
-"""One fetch per machine (rlfarm.worker.machine): the pool processes of a machine share each policy
+"""One fetch per machine (rlfarm.farm.policies.machine): the pool processes of a machine share each policy
 version through a file, fetched from Redis by the first of them that needs it; every process still
 checks what it reads, a forged or damaged blob is never shared, and a damaged copy is fetched again."""
 
@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from rlfarm.errors import PolicyCorrupt
-from rlfarm.worker import machine as M
-from rlfarm.worker.settings import POLICY_SHARE_VAR
+from rlfarm.farm.policies import machine as M
+from rlfarm.farm.policies.machine import POLICY_SHARE_VAR
 
 from .conftest import make_run
 

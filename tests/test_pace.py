@@ -59,7 +59,7 @@ def test_bad_arguments_are_refused(cap, smoothing):
 def test_the_lag_bound_learns_at_the_bound_and_drops_past_it(bound):
     """The edge of async.max_policy_lag: a bound moved off by one passed every farm test, whose lags
     were far past it (issue 50)."""
-    from rlfarm.trainer.asynchronous import too_stale
+    from rlfarm.trainer.policy_lag import too_stale
 
     assert not too_stale(0, bound) and not too_stale(bound, bound)
     assert too_stale(bound + 1, bound)
@@ -69,7 +69,7 @@ def test_each_policys_line_is_bounded_by_what_acted_as_the_run_version_is():
     """Several policies: a result whose run version is fresh but whose line version of one policy was
     held back (a worker that read a forged or stale pointer) is dropped at max + 1 on that line, and
     one whose line versions are not versions of each line is dropped (issue 50)."""
-    from rlfarm.trainer.asynchronous import line_lags, stale_result
+    from rlfarm.trainer.policy_lag import line_lags, stale_result
 
     heads = {"adversary": 40, "agent": 12}
     assert line_lags(None, heads) == {} and line_lags({}, heads) == {}  # one policy: nothing to say
@@ -83,3 +83,38 @@ def test_each_policys_line_is_bounded_by_what_acted_as_the_run_version_is():
         assert line_lags({"adversary": 39, **({} if agent is None else {"agent": agent})}, heads) is None
     assert line_lags({"adversary": 41, "agent": 8}, heads) is None
     assert stale_result(0, None, 4)
+
+
+@pytest.mark.unit
+def test_the_lag_book_keeps_an_interval_and_the_runs_histogram():
+    from rlfarm.trainer.policy_lag import LagBook
+
+    book = LagBook()
+    assert book.scalars()["farm/policy_lag"] == 0.0  # no result this interval: 0, every row has the columns
+    book.record(2, 1, {"agent": 3})
+    book.record(4, 4, None)  # what acted could not be read: the run's lag still counts
+    s = book.scalars()
+    assert (s["farm/policy_lag"], s["farm/policy_lag_min"], s["farm/policy_lag_max"]) == (3.0, 2, 4)
+    assert s["farm/policy_lag_end"] == 2.5 and s["agent/policy_lag"] == 3.0
+    book.reset()
+    assert book.lags == [] and "agent/policy_lag" not in book.scalars()
+    assert book.histogram() == {"2": 1, "4": 1}  # the run's, across intervals
+    again = LagBook()
+    again.restore(book.histogram())
+    assert again.counts == {2: 1, 4: 1}
+
+
+@pytest.mark.unit
+def test_slot_wait_is_a_share_of_the_intervals_slot_time_and_of_the_runs():
+    from rlfarm.trainer.policy_lag import SlotWait
+
+    wait = SlotWait()
+    assert wait.fraction(4, 0.0) == 0.0 and wait.run_fraction() == 0.0
+    wait.waited(2.0)
+    assert wait.fraction(4, 2.0) == 0.25  # 2 of 8 slot seconds
+    assert wait.fraction(1, 1.0) == 1.0  # never above all of it
+    wait.close_interval(4, 2.0)
+    wait.interval = 0.0
+    wait.waited(1.0)
+    wait.close_interval(4, 2.0)
+    assert wait.run_fraction() == round(3.0 / 16.0, 4)

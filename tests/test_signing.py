@@ -24,7 +24,7 @@ from rlfarm.envs import allowed_modules_env, check_env_allowed, env_module, make
 from rlfarm.errors import EnvError, PolicyCorrupt, RolloutError, SignatureError
 from rlfarm.farm.app import make_app
 from rlfarm.farm.connection import connect
-from rlfarm.farm.store import PolicyStore
+from rlfarm.farm.policies.store import PolicyStore
 from rlfarm.local.cluster import LocalCluster
 from rlfarm.trainer.channel import FarmLink
 

@@ -5,8 +5,8 @@ import torch
 
 from rlfarm.errors import PolicyCorrupt, PolicyNotFound, PolicyTrimmed, RunNotFound
 from rlfarm.farm.connection import connect, redact
+from rlfarm.farm.policies.store import PolicyStore
 from rlfarm.farm.runs import list_runs
-from rlfarm.farm.store import PolicyStore
 from rlfarm.worker.cache import PolicyCache
 
 pytestmark = pytest.mark.farm

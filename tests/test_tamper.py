@@ -19,7 +19,7 @@ from rlfarm.core import codec
 from rlfarm.core.protocol import TASK_QUEUE
 from rlfarm.errors import PolicyCorrupt
 from rlfarm.farm.connection import connect
-from rlfarm.farm.store import PolicyStore
+from rlfarm.farm.policies.store import PolicyStore
 
 # One test process runs the module, so its module-scoped run (or farm) is made once, not once on
 # every test process that gets one of its tests (conftest.py sends grouped modules early).
@@ -309,7 +309,7 @@ def signed_worker(tmp_path_factory):
     """Redis and one worker process holding the secret (and allowed the tiny envs). Every process
     fetches each version from Redis itself (RLFARM_POLICY_SHARE=off): the forged policy below reaches
     a worker by killing its pool process, whose replacement would otherwise read the machine's checked
-    copy of the version (rlfarm.worker.machine; its own checks: tests/test_machine.py)."""
+    copy of the version (rlfarm.farm.policies.machine; its own checks: tests/test_machine.py)."""
     from rlfarm.local.cluster import LocalCluster
 
     from .conftest import WORKER_ENV

@@ -273,7 +273,7 @@ def test_a_resumed_league_keeps_the_members_its_redis_holds_and_drops_the_others
     import torch
 
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
     from rlfarm.trainer.selfplay import SelfPlay
 
     store = PolicyStore(connect(redis_only.redis_url), "league-resume", keep=2)

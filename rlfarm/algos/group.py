@@ -155,7 +155,7 @@ class PolicyGroup(Algorithm):
         return self.learners[self.trained[0]].versions_per_result()
 
     def observe(self, rollout: Rollout, policy_lag: int | Mapping[str, int]) -> None:
-        """`policy_lag`: the result's, or each policy's on its own version line (rlfarm.farm.lines)."""
+        """`policy_lag`: the result's, or each policy's on its own version line (rlfarm.farm.policies.lines)."""
         for name in self.spec.policies:
             own = policy_rollout(rollout, self.spec, name)
             self._returns[name].extend(own.episode_returns.tolist())

@@ -1,5 +1,5 @@
 """`rlfarm checkpoints list|export|delete`: runs and their policy versions in the farm's Redis
-(rlfarm.farm.runs, rlfarm.farm.store)."""
+(rlfarm.farm.runs, rlfarm.farm.policies.store)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def checkpoints_list(redis_url: str | None, run_id: str | None) -> None:
     from rich.table import Table
 
     from rlfarm.farm.connection import connect, redact
+    from rlfarm.farm.policies.store import PolicyStore
     from rlfarm.farm.runs import list_runs, run_exists
-    from rlfarm.farm.store import PolicyStore
 
     redis_url = find_farm(redis_url, run_id).url
     try:
@@ -62,7 +62,7 @@ def checkpoints_export(redis_url: str | None, run_id: str, version: int | str, o
     """Write a stored version to a safetensors file (checksum verified), usable with `rlfarm eval`."""
     from rlfarm.errors import PolicyError, RunNotFound, SignatureError
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
 
     redis_url = find_farm(redis_url, run_id).url
     try:

@@ -20,9 +20,9 @@ from rlfarm.errors import RunNotFound
 from rlfarm.farm import keys
 from rlfarm.farm.app import queue_depth
 from rlfarm.farm.connection import redact
+from rlfarm.farm.policies.store import PolicyStore
 from rlfarm.farm.runs import list_runs, read_status
 from rlfarm.farm.shares import live_nodes, read_runs
-from rlfarm.farm.store import PolicyStore
 from rlfarm.runio import narrow
 
 # Seconds Celery waits for workers to answer a broadcast. It waits that long only for workers it does

@@ -27,7 +27,7 @@ PROTOCOL = 9  # 2: farm.share (fair shares between runs); 3: farm.policy_dtype (
 # 5: tasks travel on the queue of their protocol (TASK_QUEUE), claims are signed; 6: turn-based games
 # (act["opponents"], Result.games, Rollout.action_masks, the [selfplay] section); 7: an evaluation of
 # several policies returns each one's (Result.policy_returns); 8: a run of several policies has a
-# version line per policy (TaskSpec.lines, rlfarm.farm.lines); 9: a policy blob's signature covers its
+# version line per policy (TaskSpec.lines, rlfarm.farm.policies.lines); 9: a policy blob's signature covers its
 # line fields, workers act with the lines a run version's metadata names, results say which (Result.lines)
 
 
@@ -109,7 +109,7 @@ class TaskSpec:
     # {"index": i, "after": snapshot digest or None (start it), "restarts": n (its seeds' restart count)}
     stream: dict[str, Any] | None = None
     # A run of several policies: the version of each policy's own line that run version `version` is
-    # made of (rlfarm.farm.lines), e.g. {"adversary": 12, "agent": 0}; None: one policy, or "latest".
+    # made of (rlfarm.farm.policies.lines), e.g. {"adversary": 12, "agent": 0}; None: one policy, or "latest".
     lines: dict[str, int] | None = None
     sig: str | None = None  # HMAC over all other fields (rlfarm.core.signing), when RLFARM_SECRET is set
 
@@ -220,7 +220,7 @@ class Result:
     version: int | None = None  # the version acted with (for "latest": the one it resolved to)
     last_version: int | None = None  # ASYNC with async.refresh_steps: the version acting at the end
     # Several policies (env.policy_map): each policy's line version `version` was made of, as acted
-    # (rlfarm.farm.lines): the trainer measures and bounds each policy's lag from it.
+    # (rlfarm.farm.policies.lines): the trainer measures and bounds each policy's lag from it.
     lines: dict[str, int] | None = None
     duration: float | None = None  # seconds the task ran on its worker
     finished: float | None = None  # when the worker pushed it (its wall clock, epoch seconds)

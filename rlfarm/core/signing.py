@@ -18,7 +18,7 @@ made for one kind of object never verifies as another):
   canonical({...})` of the fields in POLICY_SIGNED_FIELDS that the blob carries (run, version,
   sha256 of the tensors, algo, for exported files env and policy config, and in a run of several
   policies the line a blob is of, the line versions a run version is made of and the run version a
-  line version was published with: rlfarm.farm.lines). The sha256 is the
+  line version was published with: rlfarm.farm.policies.lines). The sha256 is the
   digest codec computes anyway, so signing costs one HMAC over a few hundred bytes, not a second
   pass over the weights. A blob cannot be replayed under another version or run, and weights with a
   recomputed sha256 no longer pass.

@@ -122,7 +122,7 @@ def from_run(redis_url: str, run_id: str, version: int | str) -> StoredPolicy:
     from rlfarm.core import codec
     from rlfarm.errors import PolicyError, RunNotFound, SignatureError
     from rlfarm.farm.connection import connect
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
 
     try:
         store = PolicyStore(connect(redis_url), run_id)

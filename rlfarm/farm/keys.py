@@ -10,7 +10,7 @@ All under `rlfarm:<run>:` (besides the broker's own queue, `celery`, and kombu's
 | `policy:latest`     | string     | trainer, in the publishing transaction      | none                   |
 | `versions`          | sorted set | trainer (retained versions)                 | none                   |
 | `pinned`            | set        | trainer (best version, those in evaluation) | none                   |
-| `policy@<p>:<n>`, `policy@<p>:latest`, `versions@<p>`, `pinned@<p>` | as above | trainer: policy p's own version line, in a run of several policies (rlfarm.farm.lines) | as above |
+| `policy@<p>:<n>`, `policy@<p>:latest`, `versions@<p>`, `pinned@<p>` | as above | trainer: policy p's own version line, in a run of several policies (rlfarm.farm.policies.lines) | as above |
 | `trainer`           | string     | trainer (the run's claim, rlfarm.farm.claim) | CLAIM_SECONDS, renewed |
 | `status`            | hash       | trainer (heartbeat for `rlfarm status`)     | STATUS_TTL; its last word (finished, failed, stopped): none |
 | `wanted`            | set        | trainer adds task keys and LIVE; a worker removes the key of the task whose result it pushed | none |

@@ -21,8 +21,8 @@ from pathlib import Path
 import redis
 
 from rlfarm.errors import ClusterError
+from rlfarm.farm.policies.machine import SharedPolicies, default_root
 from rlfarm.local.forked import ForkedWorker, death_signal
-from rlfarm.worker.machine import SharedPolicies, default_root
 
 LOOPBACK = "127.0.0.1"
 
@@ -355,7 +355,7 @@ class LocalCluster:
         if self.redis_proc is not None:
             stop_process_group(self.redis_proc, grace=10.0)
         self._tmp.cleanup()
-        # Its workers' shared copies of policy versions (rlfarm.worker.machine) end with its Redis.
+        # Its workers' shared copies of policy versions (rlfarm.farm.policies.machine) end with its Redis.
         root = default_root(self.redis_url)
         if root is not None:
             SharedPolicies(root).remove()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,45 +21,7 @@ from rlfarm.core.rollout import Rollout
 from rlfarm.trainer.base import Trainer
 from rlfarm.trainer.log import log
 from rlfarm.trainer.pace import InFlightPace
-
-
-def auto_policy_lag(tasks_in_flight: int, versions_per_result: float) -> int:
-    """`async.max_policy_lag = "auto"`: the largest lag a result reaches without a fault.
-
-    A task fetches the newest version when it starts; before its result is learned from, the other
-    `tasks_in_flight - 1` results in flight and at most `tasks_in_flight` waiting in the backlog are,
-    each publishing `versions_per_result` versions. So lag stays under 2 x tasks in flight results'
-    worth of versions, and what is dropped is what a fault delayed (a straggler's backup, a task
-    re-sent after a lost worker). A fixed bound fits one farm size only: cartpole-dqn's 48 fitted
-    2 tasks in flight and dropped 19 % of the results with 3."""
-    return max(1, math.ceil(2 * tasks_in_flight * versions_per_result))
-
-
-def too_stale(lag: int, max_policy_lag: int) -> bool:
-    """A result acted `lag` versions ago is dropped past the bound, and learned from at it."""
-    return lag > max_policy_lag
-
-
-def stale_result(lag: int, lags: Mapping[str, int] | None, max_policy_lag: int) -> bool:
-    """A result is dropped when its version or any policy's line version it acted with (`lags`, from
-    `line_lags`) is past the bound, or when what acted cannot be read (`lags` None)."""
-    return lags is None or too_stale(max([lag, *lags.values()]), max_policy_lag)
-
-
-def line_lags(acted: Mapping[str, Any] | None, heads: Mapping[str, int]) -> dict[str, int] | None:
-    """Several policies: each one's lag on its own line (rlfarm.farm.lines), its newest version
-    `heads` minus the one that acted; {} when nothing says what acted (one policy). None when what
-    acted is not a version of each line (a result written by someone else on a farm without a
-    secret): such a result is dropped."""
-    if not acted:
-        return {}
-    lags = {}
-    for name, head in heads.items():
-        number = acted.get(name)
-        if type(number) is not int or not 0 <= number <= head:
-            return None
-        lags[name] = head - number
-    return lags
+from rlfarm.trainer.policy_lag import LagBook, SlotWait, auto_policy_lag, line_lags, stale_result
 
 
 class AsyncTrainer(Trainer):
@@ -86,11 +47,9 @@ class AsyncTrainer(Trainer):
         self.batch_results = self.algo.batch_results()
         self.max_backlog = max(self.window, self.batch_results)
         self._paced_results, self._paced_task_seconds, self._waited = 0, 0.0, 0.0  # this log interval
-        self._slot_seconds = 0.0  # task-slot seconds open over the run, for slots_waiting
         self._backlog: deque[Result] = deque()
         self._owed: deque[float] = deque()  # when each not-yet-replaced task finished (worker clock)
-        self._slot_wait = 0.0  # task-slot seconds spent waiting for the trainer, this log interval
-        self._slot_wait_total = 0.0
+        self.slot_wait = SlotWait()
         self._last_pump = 0.0
         self.updates = 0  # algorithm updates; a version is published every algo.publish_every
         self._task_counter = 0
@@ -98,12 +57,9 @@ class AsyncTrainer(Trainer):
         self.streams.open(self.tasks_in_flight)
         self._free_streams: deque[int] = deque(range(self.tasks_in_flight))
         self._task_streams: dict[int, int] = {}  # task number -> its stream
-        self._lags: list[int] = []
-        self._policy_lags: dict[str, list[int]] = {}  # several policies: each one's on its own line
-        self._end_lags: list[int] = []
+        self.lags = LagBook()
         self.results_refreshed = 0  # results whose task picked up a newer version while it ran
         self.results_unused = 0  # received after the run was over (discard_backlog)
-        self.lag_counts: dict[int, int] = {}  # whole-run histogram of policy lag, consumed or dropped
         # NaN until learning starts, so every progress.csv row has the same columns.
         self._losses = dict.fromkeys(self.algo.loss_keys, math.nan)
         self._last_log = 0.0
@@ -137,9 +93,7 @@ class AsyncTrainer(Trainer):
         )
         self._task_counter += 1
         if self._owed:  # this task takes the slot a finished one left: it waited this long
-            waited = max(0.0, time.time() - self._owed.popleft())
-            self._slot_wait += waited
-            self._slot_wait_total += waited
+            self.slot_wait.waited(max(0.0, time.time() - self._owed.popleft()))
 
     def refill(self) -> None:
         """Keep `window` rollout tasks on the farm while the backlog has room. A slot is running or
@@ -229,27 +183,22 @@ class AsyncTrainer(Trainer):
 
     def policy_lags(self, message: Result) -> dict[str, int] | None:
         """Several policies: each one's lag on its own line, from the line versions the result says
-        acted (else those its version was published with, a whole blob's), recorded for the log; {}
-        for one policy, or a version not remembered; None: what acted is not a version of each line."""
+        acted (else those its version was published with, a whole blob's); {} for one policy, or a
+        version not remembered; None: what acted is not a version of each line."""
         acted = message.lines if message.lines is not None else self.store.lines_of(message.version)
-        lags = line_lags(acted, self.store.heads)
-        for name, lag in (lags or {}).items():
-            self._policy_lags.setdefault(name, []).append(lag)
-        return lags
+        return line_lags(acted, self.store.heads)
 
     def consume(self, message: Result) -> None:
         """Lag accounting, then the algorithm takes the result in and runs what updates it is ready for."""
         lag = self.version - message.version
-        self._lags.append(lag)
         # With async.refresh_steps a task may end acting with a newer version than it started with:
-        # lag is counted from the oldest (what max_policy_lag bounds), this from the newest.
+        # lag is counted from the oldest (what max_policy_lag bounds), the end lag from the newest.
         last = message.last_version if message.last_version is not None else message.version
-        self._end_lags.append(self.version - last)
         self.results_refreshed += last != message.version
-        self.lag_counts[lag] = self.lag_counts.get(lag, 0) + 1
         # Each policy's line is bounded as the run's version is: a line version held back while the
         # run's moved on is stale data, whatever version the result names.
         lags = self.policy_lags(message)
+        self.lags.record(lag, self.version - last, lags)
         if stale_result(lag, lags, self.max_policy_lag):
             self.dropped_stale += 1
             return
@@ -273,8 +222,7 @@ class AsyncTrainer(Trainer):
     def slots_waiting(self) -> float:
         """The fraction of the farm's task-slot time, over the last log interval, spent waiting for
         the trainer (a task finished, its replacement not yet sent)."""
-        elapsed = time.perf_counter() - self._interval_start
-        return min(1.0, self._slot_wait / (self.window * elapsed)) if elapsed > 0 else 0.0
+        return self.slot_wait.fraction(self.window, time.perf_counter() - self._interval_start)
 
     def learner_busy(self) -> float:
         """The fraction of the last log interval the learner spent computing updates."""
@@ -289,7 +237,7 @@ class AsyncTrainer(Trainer):
             "updates": self.updates,
             "dropped_stale": self.dropped_stale,
             "results_refreshed": self.results_refreshed,
-            "lag_counts": {str(k): v for k, v in self.lag_counts.items()},
+            "lag_counts": {str(k): v for k, v in self.lags.counts.items()},
         }
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
@@ -297,15 +245,15 @@ class AsyncTrainer(Trainer):
         self._task_counter = state["task_counter"] + self.RESUME_TASK_OFFSET
         self.updates, self.dropped_stale = state["updates"], state["dropped_stale"]
         self.results_refreshed = state.get("results_refreshed", 0)  # (checkpoints before it: 0)
-        self.lag_counts = {int(k): v for k, v in state["lag_counts"].items()}
+        self.lags.restore(state["lag_counts"])
 
     def summary_extras(self) -> dict[str, Any]:
         return {
-            "policy_lag_histogram": {str(k): v for k, v in sorted(self.lag_counts.items())},
+            "policy_lag_histogram": self.lags.histogram(),
             "results_refreshed": self.results_refreshed,
             "results_unused": self.results_unused,
             "max_policy_lag": self.max_policy_lag,
-            "slots_waiting": round(self._slot_wait_total / self._slot_seconds, 4) if self._slot_seconds > 0 else 0.0,
+            "slots_waiting": self.slot_wait.run_fraction(),
             "tasks_in_flight": {"cap": self.tasks_in_flight, "paced": self.pace is not None, "last": self.window},
         }
 
@@ -313,7 +261,7 @@ class AsyncTrainer(Trainer):
         """The log interval's results, task times and waits to the pace, and its window obeyed."""
         now = time.perf_counter()
         elapsed = now - self._interval_start
-        self._slot_seconds += self.window * elapsed
+        self.slot_wait.close_interval(self.window, elapsed)
         if self.pace is not None and self._paced_results:
             busy = max(0.0, elapsed - self._waited)
             self.window = self.pace.observe(self._paced_results, self._paced_task_seconds / self._paced_results, busy)
@@ -322,7 +270,6 @@ class AsyncTrainer(Trainer):
 
     def log(self) -> None:
         self._last_log = time.perf_counter()
-        lags = np.asarray(self._lags or [0])
         farm = {
             **self.farm_scalars(),
             "farm/slots_waiting": self.slots_waiting(),
@@ -334,11 +281,7 @@ class AsyncTrainer(Trainer):
                 "policy_version": self.version,
                 "charts/SPS": self._sps,
                 **self.algo.scalars(self.progress),
-                "farm/policy_lag": float(lags.mean()),
-                "farm/policy_lag_min": int(lags.min()),
-                "farm/policy_lag_max": int(lags.max()),
-                "farm/policy_lag_end": float(np.mean(self._end_lags or [0])),
-                **{f"{name}/policy_lag": float(np.mean(lags)) for name, lags in self._policy_lags.items() if lags},
+                **self.lags.scalars(),
                 **{f"{name}/policy_version": number for name, number in self.store.heads.items()},
                 "farm/results_dropped_stale": self.dropped_stale,
                 "farm/learner_busy": self.learner_busy(),
@@ -348,11 +291,10 @@ class AsyncTrainer(Trainer):
             }
         )
         self.repace()
-        self._slot_wait, self._interval_start = 0.0, time.perf_counter()
+        self.slot_wait.interval, self._interval_start = 0.0, time.perf_counter()
         self._learn_time = self._pump_time = 0.0
-        if self._lags:
-            self.logger.histogram("farm/policy_lag_distribution", lags, self.env_steps)
-        self._lags, self._end_lags = [], []
-        self._policy_lags = {}
+        if self.lags.lags:
+            self.logger.histogram("farm/policy_lag_distribution", np.asarray(self.lags.lags), self.env_steps)
+        self.lags.reset()
         self.heartbeat(farm=farm)
         self.on_event()

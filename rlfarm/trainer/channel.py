@@ -24,8 +24,8 @@ from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Key, Outcome, Result, TaskSpec
 from rlfarm.farm import keys
 from rlfarm.farm.claim import Claim
+from rlfarm.farm.policies.store import FROM_ENV
 from rlfarm.farm.shares import FarmShare
-from rlfarm.farm.store import FROM_ENV
 from rlfarm.trainer.counters import DispatchStats
 from rlfarm.trainer.ingest import PREFETCH, Ingest
 from rlfarm.trainer.ledger import TaskLedger

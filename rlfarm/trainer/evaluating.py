@@ -19,7 +19,7 @@ from rlfarm.runio.rundir import write_atomic
 if TYPE_CHECKING:
     from rlfarm.config import RunConfig
     from rlfarm.core.protocol import Result
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
     from rlfarm.observe.metrics import RunLogger
     from rlfarm.trainer.channel import TaskChannel
 
@@ -100,7 +100,7 @@ class EvaluationRunner:
         as a single policy's file: a frozen policy or `rlfarm eval --policy-for` takes it) to
         best_policy.<policy>.safetensors."""
         # The pinned blob is the trainer's own copy or one that passed the store's checks; verified
-        # again here, since it is re-signed below (rlfarm.farm.store.PolicyStore.pin).
+        # again here, since it is re-signed below (rlfarm.farm.policies.store.PolicyStore.pin).
         state, meta = codec.decode_policy(self.store.pin(version), self.store.secret)
         if policy is not None:
             state = policy_tensors(state, policy)

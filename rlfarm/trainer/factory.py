@@ -29,9 +29,9 @@ from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.connection import connect, no_secret_warning, redact, refuse_eviction
 from rlfarm.farm.guard import GuardedRetry, KeyGuard
-from rlfarm.farm.lines import LinedStore
 from rlfarm.farm.outage import resilient_client
-from rlfarm.farm.store import FROM_ENV, PolicyStore
+from rlfarm.farm.policies.lines import LinedStore
+from rlfarm.farm.policies.store import FROM_ENV, PolicyStore
 from rlfarm.observe.metrics import RunLogger
 from rlfarm.trainer.asynchronous import AsyncTrainer
 from rlfarm.trainer.base import LogStep, Trainer
@@ -122,7 +122,7 @@ def make_trainer(
     client = resilient_client(redis_url, retry)
     guard.client = client
     keep = config.farm.keep_versions
-    if len(space.policies) > 1:  # a version line per policy beside the run's (rlfarm.farm.lines)
+    if len(space.policies) > 1:  # a version line per policy beside the run's (rlfarm.farm.policies.lines)
         store: PolicyStore = LinedStore(
             client, config.run_id, space.policies, keep=keep, secret=secret, on_forged=refused.report
         )

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from rlfarm.envs import SpaceSpec
     from rlfarm.farm.claim import Claim
     from rlfarm.farm.outage import OutageRetry
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
     from rlfarm.observe.metrics import RunLogger
     from rlfarm.trainer.channel import TaskChannel
     from rlfarm.trainer.streams import RunStreams

@@ -21,7 +21,7 @@ from rlfarm.core.protocol import Key, Result, TaskSpec
 from rlfarm.farm import keys
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.outage import OutageRetry
-from rlfarm.farm.store import FROM_ENV
+from rlfarm.farm.policies.store import FROM_ENV
 from rlfarm.trainer.counters import DispatchStats
 from rlfarm.trainer.ledger import TaskLedger
 from rlfarm.trainer.log import warn

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from rlfarm.envs import SpaceSpec
     from rlfarm.farm.claim import Claim
     from rlfarm.farm.outage import OutageRetry
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
     from rlfarm.observe.metrics import RunLogger
     from rlfarm.trainer.channel import FarmLink
 
@@ -47,7 +47,7 @@ class FarmParts:
 class RunIO:
     """The run's files and what it says: its directory, `open_logger(resume_state)` (the RunLogger,
     opened by train() once the run is claimed: it writes the run directory), what signs the policy
-    files (RLFARM_SECRET) and the warning said at the start (rlfarm.farm.store.no_secret_warning)."""
+    files (RLFARM_SECRET) and the warning said at the start (rlfarm.farm.policies.store.no_secret_warning)."""
 
     run_dir: Path
     open_logger: Callable[[dict[str, Any] | None], RunLogger]

@@ -15,7 +15,7 @@ LEAGUE = "league"  # the league's hold on its members' versions (PolicyStore.pin
 if TYPE_CHECKING:
     from rlfarm.config import RunConfig
     from rlfarm.core.protocol import Result
-    from rlfarm.farm.store import PolicyStore
+    from rlfarm.farm.policies.store import PolicyStore
 
 
 class SelfPlay:

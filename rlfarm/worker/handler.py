@@ -28,10 +28,10 @@ from rlfarm.farm import keys
 from rlfarm.farm.claim import claim_incarnation
 from rlfarm.farm.connection import redact
 from rlfarm.farm.outage import OutageRetry, resilient_client
-from rlfarm.farm.store import PolicyStore
+from rlfarm.farm.policies.machine import SharedPolicies, default_root
+from rlfarm.farm.policies.store import PolicyStore
 from rlfarm.worker.counters import FIELDS, NodeCounters
 from rlfarm.worker.lease import Lease
-from rlfarm.worker.machine import SharedPolicies, default_root
 from rlfarm.worker.node import hand_back_reason
 from rlfarm.worker.policies import PolicyVersions
 from rlfarm.worker.results import encode_result, push, refused_input

@@ -33,8 +33,8 @@ from rlfarm.core import codec, signing
 from rlfarm.core.protocol import Result
 from rlfarm.farm import keys, redis_url
 from rlfarm.farm.delivery import deliver
+from rlfarm.farm.policies.store import PolicyStore
 from rlfarm.farm.shares import register_node
-from rlfarm.farm.store import PolicyStore
 
 HAND_BACK_SIGNAL = signal.SIGUSR2  # main -> pool process: hand your task back now
 

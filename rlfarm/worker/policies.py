@@ -1,8 +1,9 @@
-"""The policy versions a worker process acts with: fetched from Redis, or read from the copy another
-process of the machine fetched (rlfarm.worker.machine), checked, made into actors and kept
-(rlfarm.worker.cache). An MLP policy's actor is built from the version's tensors read as numpy arrays
-(rlfarm.algos.acting): a worker acting one never imports torch. A CNN's are loaded into the run's
-torch network, built once per run (torch is imported then, in this process only)."""
+"""The actors a worker process acts with, made from the versions the policy channel hands it
+(rlfarm.farm.policies.receiver: fetched from Redis, or read from the copy another process of the
+machine fetched, rlfarm.farm.policies.machine; checked) and kept (rlfarm.worker.cache). An MLP policy's actor
+is built from the version's tensors read as numpy arrays (rlfarm.algos.acting): a worker acting one
+never imports torch. A CNN's are loaded into the run's torch network, built once per run (torch is
+imported then, in this process only)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,9 @@ import redis
 from rlfarm.algos.acting import acts_without_torch, numpy_actor
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec
-from rlfarm.errors import PolicyCorrupt, PolicyNotFound, PolicyTrimmed
-from rlfarm.farm.lines import joined, lines_named
-from rlfarm.farm.store import PolicyStore
+from rlfarm.farm.policies.machine import SharedPolicies
+from rlfarm.farm.policies.receiver import PolicyReceiver
 from rlfarm.worker.cache import PolicyCache
-from rlfarm.worker.machine import SharedPolicies
 
 MAX_NETWORKS = 4  # runs whose network one process keeps to load new versions into; LRU beyond
 
@@ -43,10 +42,11 @@ class PolicyVersions:
         self.incarnations = incarnations
         self.counts = counts
         self.cache = PolicyCache(size=4)
-        # Each policy's own versions (rlfarm.farm.lines), keyed (run@policy, n): a policy that did not
+        # Each policy's own versions (rlfarm.farm.policies.lines), keyed (run@policy, n): a policy that did not
         # change is not fetched again, a frozen one once.
         self.line_states = PolicyCache(size=16)
         self.made_of = PolicyCache(size=64)  # (run, version) -> the line versions its actor acts with
+        self.receiver = PolicyReceiver(client, shared, incarnations, counts, self.line_states)
         # One network per run, built once and loaded with each new version's weights: building it
         # (torch's weight initialisation) was most of fetching a version, paid by every process for
         # every version (benchmarks/task_cost.py).
@@ -63,35 +63,17 @@ class PolicyVersions:
 
     def actor(self, run: str, version: int | str, lines: Mapping[str, int] | None = None) -> tuple[Any, int, bool]:
         """The acting snapshot of a version ("latest": the newest), its number, and whether it had to
-        be fetched. A run of several policies acts with each policy's own version, fetched per policy
-        (rlfarm.farm.lines): the task's `lines`, else the ones the run version's metadata names, read
-        from its blob's header and checked as the blob is (signed with a secret): a line's own
-        pointer is never read, so one held back or forged cannot mix stale weights into a fresh
-        version. Which line versions acted: `acted_lines`."""
-        store = PolicyStore(self.client, run)
+        be fetched. Which version, and its checked tensors, are the policy channel's
+        (rlfarm.farm.policies.receiver); which line versions acted: `acted_lines`."""
         meta = self.run_meta(run)
         policies = meta["space"].get("policies", ())  # the spec is built only on a cache miss, below
-        if version == "latest":
-            latest = store.latest()
-            if latest is None:
-                raise PolicyNotFound(f"run {run!r} has no published policy")
-            version = latest
-        version = int(version)
+        version = self.receiver.resolve(run, version)
         cached = self.cache.get((run, version))
         if cached is not None:
             return cached, version, False
-        if len(policies) > 1 and not lines:
-            lines = lines_named(store.signed_meta(version), policies)
         algo, spec = meta["config"]["algo"], SpaceSpec.from_dict(meta["space"])
         arrays = "numpy" if acts_without_torch(spec) else "torch"
-        state = None
-        if lines:
-            try:
-                state, fetched = self._lined_version(run, version, lines, arrays)
-            except (PolicyNotFound, PolicyTrimmed):  # a line version retention let go: the whole blob
-                lines = None
-        if state is None:
-            state, fetched = self._checked_version(store, run, version, arrays)
+        state, lines, fetched = self.receiver.state(run, version, policies, lines, arrays)
         if arrays == "numpy":
             actor = numpy_actor(algo, spec, policy_config(meta["config"]["policy"]), state)
         else:
@@ -101,59 +83,13 @@ class PolicyVersions:
             network.load_state_dict(state)
             actor = learner(algo).actor_snapshot(network)
         self.cache.put((run, version), actor)
-        self.made_of.put((run, version), dict(lines) if lines else None)
+        self.made_of.put((run, version), lines)
         return actor, version, fetched
 
     def acted_lines(self, run: str, version: int) -> dict[str, int] | None:
         """The line versions run version `version`'s actor was made of (None: one policy, or its
         whole blob), for the result to say what acted."""
         return self.made_of.get((run, version))
-
-    def _lined_version(
-        self, run: str, version: int, lines: Mapping[str, int], arrays: str
-    ) -> tuple[dict[str, Any], bool]:
-        """Run version `version`'s state made of its policies' line versions, each fetched once per
-        process (or machine) and kept while the process acts with it."""
-        parts, fetched = {}, False
-        for name, number in sorted(lines.items()):
-            key = (f"{run}@{name}", int(number))
-            own = self.line_states.get(key)
-            if own is None:
-                own, got = self._checked_version(PolicyStore(self.client, run, line=name), run, int(number), arrays)
-                self.line_states.put(key, own)
-                fetched = fetched or got
-            parts[name] = own
-        return joined(parts), fetched
-
-    def _checked_version(self, store: PolicyStore, run: str, version: int, arrays: str) -> tuple[dict[str, Any], bool]:
-        """A version's tensors, checked (sha256, the hmac with RLFARM_SECRET, that the blob is the
-        version and run of its key), and whether this process fetched it from Redis: not when another
-        process of this machine had (rlfarm.worker.machine). The process's cache is keyed by the version
-        fetched, never by what the blob says about itself."""
-        incarnation = self.incarnations.get(run)
-        if self.shared is None or incarnation is None or not self.shared.usable():
-            return self._fetch(store, version, arrays)[0], True  # (no incarnation: not a task's; nothing to key by)
-        path = self.shared.path(run, incarnation, version, store.line)
-        blob = self.shared.read(path)  # whole or absent: files are written beside and renamed
-        if blob is None:
-            with self.shared.locked(path) as held:  # one process of the machine fetches, the others wait
-                blob = self.shared.read(path) if held else None
-                if blob is None:
-                    state, blob = self._fetch(store, version, arrays)
-                    if held:
-                        self.shared.write(path, blob, version, store.line)
-                    return state, True
-        try:
-            return store.check(version, blob, arrays)[0], False
-        except PolicyCorrupt:  # a damaged copy: removed, and this process fetches for itself
-            self.shared.drop(path)
-            return self._fetch(store, version, arrays)[0], True
-
-    def _fetch(self, store: PolicyStore, version: int, arrays: str) -> tuple[dict[str, Any], bytes]:
-        blob = store.get_blob(version)
-        self.counts["policy_fetches"] += 1
-        self.counts["policy_fetch_bytes"] += len(blob)
-        return store.check(version, blob, arrays)[0], blob
 
     def network(self, run: str) -> Any:
         """The run's network, to load a version's weights into (built on first use; LRU of runs)."""

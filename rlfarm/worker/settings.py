@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rlfarm.farm.outage import DEFAULT_LIMIT as DEFAULT_OUTAGE_LIMIT
+from rlfarm.farm.policies.machine import policy_share
 
 OUTAGE_TIMEOUT_VAR = "RLFARM_REDIS_OUTAGE_TIMEOUT"  # `rlfarm worker --redis-outage-timeout`
 SHUTDOWN_GRACE_VAR = "RLFARM_SHUTDOWN_GRACE"  # `--shutdown-grace`
 TASK_TIME_LIMIT_VAR = "RLFARM_TASK_TIME_LIMIT"  # `--time-limit`
 METRICS_ADDR_VAR = "RLFARM_METRICS_ADDR"  # `--metrics-port`, as HOST:PORT
-POLICY_SHARE_VAR = "RLFARM_POLICY_SHARE"  # "off", a directory, or unset (rlfarm.worker.machine)
 DEFAULT_SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM until pool processes still holding a task are killed
 
 
@@ -23,12 +23,6 @@ def _seconds(name: str, raw: str | float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-
-
-def policy_share(environ: Mapping[str, str] = os.environ) -> str:
-    """RLFARM_POLICY_SHARE, stripped: also asked by the embedded cluster, which removes its workers'
-    shared copies at its end (the other settings are no business of a trainer's)."""
-    return environ.get(POLICY_SHARE_VAR, "").strip()
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,18 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from rlfarm.worker.settings import policy_share
+POLICY_SHARE_VAR = "RLFARM_POLICY_SHARE"  # "off", a directory, or unset: the default place
+
+
+def policy_share(environ: Mapping[str, str] = os.environ) -> str:
+    """RLFARM_POLICY_SHARE, stripped: read by a worker's settings (rlfarm.worker.settings) and by the
+    embedded cluster, which removes its workers' shared copies at its end."""
+    return environ.get(POLICY_SHARE_VAR, "").strip()
+
 
 KEEP = 4  # versions kept per run: a SYNC group acts with one, ASYNC tasks with the last few
 STALE_SECONDS = 3600.0

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from rlfarm.core import codec
-from rlfarm.farm.store import FROM_ENV, PolicyStore
+from rlfarm.farm.policies.store import FROM_ENV, PolicyStore
 
 if TYPE_CHECKING:
     import torch

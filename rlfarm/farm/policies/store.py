@@ -55,7 +55,7 @@ class PolicyStore:
             raise ValueError("keep must be at least 1")
         self.client = client
         self.run_id = run_id
-        # None: the run's version line; a policy's name: that policy's own line (rlfarm.farm.lines),
+        # None: the run's version line; a policy's name: that policy's own line (rlfarm.farm.policies.lines),
         # with keys of its own, and blobs that say whose line they are in their signed metadata.
         self.line = line
         self.keep = keep
@@ -119,7 +119,7 @@ class PolicyStore:
     ) -> bytes:
         """Store `version` and move `latest` to it in one transaction; trim beyond `keep`. `pipe`: a
         transaction of the caller's to add the writes to (it executes it), so that several lines'
-        versions are published as one (rlfarm.farm.lines).
+        versions are published as one (rlfarm.farm.policies.lines).
 
         The store owns its version line: `latest` and the listing are written from what it published,
         never taken from Redis. One it did not write (`SET ...:policy:latest 9999`, a member added to
@@ -172,7 +172,7 @@ class PolicyStore:
         self.own = (version, blob)
         return blob
 
-    # ---- a version line per policy (rlfarm.farm.lines.LinedStore); one policy has none ----------------
+    # ---- a version line per policy (rlfarm.farm.policies.lines.LinedStore); one policy has none ----------------
     def lines_of(self, version: int | str) -> dict[str, int] | None:
         """The policies' line versions run version `version` is made of: None, one policy's run."""
         return None
@@ -361,7 +361,7 @@ class PolicyStore:
         """Version `version`'s metadata, read from its blob's header alone (its tensors stay in Redis)
         and checked as `check` checks a whole blob, but for the tensors' sha256: with a secret, the
         hmac over the signed fields (rlfarm.core.signing), and the version, run and line it claims.
-        What a worker reads to learn which line versions a run version is made of (rlfarm.farm.lines)."""
+        What a worker reads to learn which line versions a run version is made of (rlfarm.farm.policies.lines)."""
         key = self._key(int(version))
         prefix = self.client.getrange(key, 0, 4095)
         if not prefix:
