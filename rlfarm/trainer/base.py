@@ -32,8 +32,10 @@ from rlfarm.runio import logs
 from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
 from rlfarm.trainer.evaluating import EvaluationRunner
+from rlfarm.trainer.heartbeat import FarmReport
 from rlfarm.trainer.keeper import RunKeeper
 from rlfarm.trainer.log import log
+from rlfarm.trainer.ownership import OwnedKeys
 from rlfarm.trainer.parts import FarmParts, LearningParts, RunIO
 from rlfarm.trainer.selfplay import SelfPlay
 from rlfarm.trainer.streams import RunStreams
@@ -98,6 +100,8 @@ class Trainer(RunKeeper):
         self._secret_warning = io.secret_warning
         self.resume = resume
         self.callback = callback
+        self.owned = OwnedKeys(config, self.space, self.store, self.claim, self.warn)  # written back
+        self.report = FarmReport(config, self.client, self.retry, self.store, self.channel, self.warn)
         # Carries out what the evaluation bookkeeping (`evals`) decides; records through the run's
         # logger, opened once the run is claimed.
         self.evaluations = EvaluationRunner(
@@ -109,9 +113,6 @@ class Trainer(RunKeeper):
         self.version = 0
         self.dropped_stale = 0  # ASYNC: results older than async.max_policy_lag
         self.start = 0.0
-        self.wall_start = time.time()
-        self._eviction_seen: str | None = None  # Redis's evicting maxmemory-policy, once warned about
-        self._eviction_checked = 0.0
         self._sps = 0.0
         self._last_logged: dict[str, float] = {}  # the last log step's metrics
         self._last_checkpoint = -math.inf
