@@ -2,7 +2,7 @@
 
 Admission control by the trainers, one Celery queue (docs/architecture.md, decision 19):
 - every rlfarm worker's main process registers its slots (pool processes) in `keys.NODES`, refreshed
-  with its lease renewals (rlfarm.worker.node.LeaseKeeper), expiring `NODE_SECONDS` after its last;
+  with its lease renewals (rlfarm.worker.main_process.LeaseKeeper), expiring `NODE_SECONDS` after its last;
 - every trainer registers its run in `keys.RUNS` with its weight (`farm.share`) and demand (tasks it
   has queued, running or held back) in `keys.share(run)`, refreshed every `HEARTBEAT` seconds from a
   thread of its own (a long update must not let it lapse), expiring `RUN_SECONDS` after its last: a

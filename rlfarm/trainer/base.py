@@ -32,7 +32,7 @@ from rlfarm.runio import logs
 from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
 from rlfarm.trainer.evaluating import EvaluationRunner
-from rlfarm.trainer.heartbeat import FarmReport
+from rlfarm.trainer.heartbeat import Heartbeat
 from rlfarm.trainer.keeper import RunKeeper
 from rlfarm.trainer.log import log
 from rlfarm.trainer.ownership import OwnedKeys
@@ -101,7 +101,7 @@ class Trainer(RunKeeper):
         self.resume = resume
         self.callback = callback
         self.owned = OwnedKeys(config, self.space, self.store, self.claim, self.warn)  # written back
-        self.report = FarmReport(config, self.client, self.retry, self.store, self.channel, self.warn)
+        self.heartbeats = Heartbeat(config, self.client, self.retry, self.store, self.channel, self.warn)
         # Carries out what the evaluation bookkeeping (`evals`) decides; records through the run's
         # logger, opened once the run is claimed.
         self.evaluations = EvaluationRunner(

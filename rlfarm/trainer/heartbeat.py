@@ -1,4 +1,4 @@
-"""The farm's numbers as the trainer sees them, an object the trainer holds (`FarmReport`): what it
+"""The farm's numbers as the trainer sees them, an object the trainer holds (`Heartbeat`): what it
 logs at every log step (`scalars`), what `--metrics-port` exports (`live`), and the run's heartbeat in
 Redis (`beat`, `rlfarm:<run>:status`, which `rlfarm status` reads), with the check that Redis has not
 begun to evict keys since the run started."""
@@ -42,7 +42,7 @@ class RunProgress:
     last_logged: Mapping[str, float] = field(default_factory=dict)  # the last log step's metrics
 
 
-class FarmReport:
+class Heartbeat:
     """The numbers of one run's farm: its task channel's and its Redis client's (`client`, its outage
     clock `retry`), the store's lines and versions; `warn` says that Redis began to evict keys."""
 

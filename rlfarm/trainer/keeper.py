@@ -1,7 +1,7 @@
 """The trainer's face to its task channel and watchdog (`RunKeeper`, the RunOwner of
 rlfarm.trainer.outbox, which Trainer derives from): each method hands the question to the object that
 answers it, with where the run stands. What it owns in Redis is written back by OwnedKeys
-(rlfarm.trainer.ownership), the farm's numbers and the heartbeat are FarmReport's
+(rlfarm.trainer.ownership), the farm's numbers and the heartbeat are Heartbeat's
 (rlfarm.trainer.heartbeat), the env streams' snapshots RunStreams' (rlfarm.trainer.streams). The
 attributes named below are the trainer's (rlfarm.trainer.base), as are `publish` and the evaluations'.
 """
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from rlfarm.core.protocol import Result
     from rlfarm.observe.metrics import RunLogger
     from rlfarm.trainer.channel import TaskChannel
-    from rlfarm.trainer.heartbeat import FarmReport
+    from rlfarm.trainer.heartbeat import Heartbeat
     from rlfarm.trainer.ownership import OwnedKeys
     from rlfarm.trainer.streams import RunStreams
 
@@ -29,7 +29,7 @@ class RunKeeper:
     channel: TaskChannel
     streams: RunStreams
     owned: OwnedKeys
-    report: FarmReport
+    heartbeats: Heartbeat
     logger: RunLogger | None
     env_steps: int
     version: int
@@ -87,13 +87,13 @@ class RunKeeper:
         )
 
     def farm_scalars(self) -> dict[str, float]:
-        return self.report.scalars()
+        return self.heartbeats.scalars()
 
     def metrics_labels(self) -> dict[str, str]:
-        return self.report.labels()
+        return self.heartbeats.labels()
 
     def live_metrics(self) -> dict[str, Any]:
-        return self.report.live(self.progress_now())
+        return self.heartbeats.live(self.progress_now())
 
     def heartbeat(self, state: str = "running", farm: Mapping[str, float] | None = None) -> None:
-        self.report.beat(state, self.progress_now(), farm)
+        self.heartbeats.beat(state, self.progress_now(), farm)

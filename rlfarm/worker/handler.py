@@ -32,7 +32,7 @@ from rlfarm.farm.policies.machine import SharedPolicies, default_root
 from rlfarm.farm.policies.store import PolicyStore
 from rlfarm.worker.counters import FIELDS, NodeCounters
 from rlfarm.worker.lease import Lease
-from rlfarm.worker.node import hand_back_reason
+from rlfarm.worker.main_process import hand_back_reason
 from rlfarm.worker.policies import PolicyVersions
 from rlfarm.worker.results import encode_result, push, refused_input
 from rlfarm.worker.settings import WorkerSettings
@@ -46,7 +46,7 @@ log = logging.getLogger("rlfarm.worker")
 
 class HandedBack(Exception):
     """Raised in a pool process's task when its worker shuts down (SIGTERM to the main process, which
-    signals the pool process; rlfarm.worker.node): the task is answered as handed back and left unfinished."""
+    signals the pool process; rlfarm.worker.main_process): the task is answered as handed back and left unfinished."""
 
 
 def _handed_back(exc: BaseException) -> bool:

@@ -4,7 +4,7 @@ processes. rlfarm.worker.app makes the app, calls `install(app)` and defines the
 
 - Main process: a bootstep adds rlfarm's and the protocol's versions to Celery's `stats` reply; torch
   and rlfarm are imported before the pool forks; a hard time limit is reported to the trainer (the
-  killed process cannot); leases of running tasks are renewed from here (rlfarm.worker.node); on
+  killed process cannot); leases of running tasks are renewed from here (rlfarm.worker.main_process); on
   SIGTERM running tasks are handed back at once; with RLFARM_METRICS_ADDR (`rlfarm worker
   --metrics-port`) it serves the worker's Prometheus metrics, from counts its pool processes keep in
   shared memory (rlfarm.worker.counters).
@@ -222,13 +222,13 @@ def _init_process(**_: object) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import signal
 
-    from rlfarm.worker.node import HAND_BACK_SIGNAL
+    from rlfarm.worker.main_process import HAND_BACK_SIGNAL
 
     signal.signal(HAND_BACK_SIGNAL, _hand_back_signalled)
 
 
 def _hand_back_signalled(signum: int, frame: object) -> None:
-    """In a pool process: its worker is shutting down (rlfarm.worker.node): hand the running task back."""
+    """In a pool process: its worker is shutting down (rlfarm.worker.main_process): hand the running task back."""
     global _hand_back_early
     if _worker is None:
         _hand_back_early = True
@@ -239,8 +239,8 @@ def _hand_back_signalled(signum: int, frame: object) -> None:
 @worker_ready.connect
 def _keep_leases(sender=None, **_: object) -> None:
     """In the worker's main process, once its pool runs: renew running tasks' leases from here too,
-    where an env hung in GIL-holding C code cannot stop it (rlfarm.worker.node.LeaseKeeper)."""
-    from rlfarm.worker.node import LeaseKeeper
+    where an env hung in GIL-holding C code cannot stop it (rlfarm.worker.main_process.LeaseKeeper)."""
+    from rlfarm.worker.main_process import LeaseKeeper
 
     # Its pool processes are the farm's slots, which runs training at once divide (rlfarm.farm.shares).
     controller = getattr(sender, "controller", None)
@@ -330,7 +330,7 @@ def _hand_back_running_tasks(sender=None, how=None, **_: object) -> None:
 def _running_tasks(only: set[str] | None = None) -> list:
     from celery.worker import state
 
-    from rlfarm.worker.node import task_of
+    from rlfarm.worker.main_process import task_of
 
     for _ in range(10):  # the main thread may change the set while another thread copies it
         try:
@@ -351,7 +351,7 @@ def _running_tasks(only: set[str] | None = None) -> list:
 def _hand_back(node: str) -> None:
     import time
 
-    from rlfarm.worker import node as N
+    from rlfarm.worker import main_process as N
 
     tasks = _running_tasks()
     if not tasks:
@@ -384,7 +384,7 @@ def _rollout_worker():
 
 def _stop_worker() -> None:
     """From a pool process: SIGTERM to the worker's main process, its ordinary way to stop (running
-    tasks handed back at once, rlfarm.worker.node)."""
+    tasks handed back at once, rlfarm.worker.main_process)."""
     import signal
 
     os.kill(os.getppid(), signal.SIGTERM)

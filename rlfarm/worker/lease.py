@@ -1,4 +1,4 @@
-"""A running task's lease, held by its pool process (the main process renews it too: rlfarm.worker.node)."""
+"""A running task's lease, held by its pool process (the main process renews it too: rlfarm.worker.main_process)."""
 
 from __future__ import annotations
 
