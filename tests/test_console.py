@@ -290,13 +290,13 @@ def test_progress_has_one_row_per_step_across_a_resume(tmp_path):
 
 # ---- 80 columns: the progress display and files never cut or wrap what they show -----------------
 def test_compact_counts_and_ages():
-    from rlfarm.runio import narrow
+    from rlfarm.runio import fit
 
     assert [
-        narrow.count(n)
+        fit.count(n)
         for n in (0, 999, 1000, 4100, 20480, 40960, 100_000, 999_999, 1_000_000, 1_234_567, 10_000_384, 2.5e9, -40960)
     ] == ["0", "999", "1k", "4.1k", "20.4k", "40.9k", "100k", "999k", "1M", "1.23M", "10M", "2.5G", "-40.9k"]
-    assert [narrow.age(s) for s in (None, 2.25, 42, 125, 7300, 200000)] == [
+    assert [fit.age(s) for s in (None, 2.25, 42, 125, 7300, 200000)] == [
         "-",
         "2.2s",
         "42s",

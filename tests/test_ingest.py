@@ -225,13 +225,11 @@ def test_an_async_run_takes_every_result_in_and_resends_none(farm, tmp_path, ing
 def test_a_forged_taken_list_is_repaired_by_the_trainers_guard_and_results_still_arrive(run, redis_only):
     """`taken` set to a string by someone without the secret: the thread's BLMOVE answers WRONGTYPE, and
     the trainer's client (rlfarm.farm.guard) deletes the key, says so and moves the result again."""
-    from rlfarm.farm.guard import GuardedRetry, KeyGuard
+    from rlfarm.farm.guard import guarded_client
 
     plain, run_id = run
     said: list[str] = []
-    guard = KeyGuard(run_id, notify=said.append)
-    client = resilient_client(redis_only.redis_url, GuardedRetry(5.0, guard=guard))
-    guard.client = client
+    client, _ = guarded_client(redis_only.redis_url, run_id, 5.0, where="Redis", warn=said.append, refused=said.append)
     ingest = Ingest(client, run_id, SECRET)
     try:
         plain.set(keys.taken(run_id), "forged")

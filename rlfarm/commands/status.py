@@ -23,7 +23,7 @@ from rlfarm.farm.connection import redact
 from rlfarm.farm.policies.store import PolicyStore
 from rlfarm.farm.runs import list_runs, read_status
 from rlfarm.farm.shares import live_nodes, read_runs
-from rlfarm.runio import narrow
+from rlfarm.runio import fit
 
 # Seconds Celery waits for workers to answer a broadcast. It waits that long only for workers it does
 # not know of: the broadcast ends as soon as every rlfarm worker in the farm's registry has answered.
@@ -303,8 +303,8 @@ def _progress(hb: Heartbeat) -> str:
     """`12.2k/100k` and the speed below it: compact, so the column stays narrow (`--json` has the counts)."""
     if hb.env_steps is None:
         return "-"
-    steps = narrow.count(hb.env_steps) + (f"/{narrow.count(hb.total_steps)}" if hb.total_steps else "")
-    return steps + ("" if hb.sps is None else f"\n{narrow.count(hb.sps)} SPS")
+    steps = fit.count(hb.env_steps) + (f"/{fit.count(hb.total_steps)}" if hb.total_steps else "")
+    return steps + ("" if hb.sps is None else f"\n{fit.count(hb.sps)} SPS")
 
 
 def _memory_line(m: MemoryStatus) -> str:
@@ -363,7 +363,7 @@ def _run_row(r: RunStatus) -> dict[str, Any]:
 
     run = Text(r.run_id)
     run.append(f"\n{(r.algo or '?').upper()} {r.mode or ''} · {r.env or '?'}", style="dim")
-    policy = "-" if r.latest_version is None else f"v{r.latest_version}\n{narrow.age(r.policy_age_s)} ago"
+    policy = "-" if r.latest_version is None else f"v{r.latest_version}\n{fit.age(r.policy_age_s)} ago"
     hb = r.heartbeat
     if hb is not None and hb.lines:  # several policies: each one's own version line
         policy += "".join(f"\n{name} v{number:.0f}" for name, number in hb.lines.items())
@@ -373,7 +373,7 @@ def _run_row(r: RunStatus) -> dict[str, Any]:
         run.append("\nno trainer heartbeat (killed?)", style="dim")
         return dict.fromkeys(RUN_COLUMNS, "-") | {"run": run, "policy": policy}
     trainer = Text(hb.state, style=STATE_STYLE.get(hb.state, ""))
-    trainer.append(f"\n{narrow.age(hb.age_s)} ago", style="dim")
+    trainer.append(f"\n{fit.age(hb.age_s)} ago", style="dim")
     tasks = "-" if hb.tasks_in_flight is None else str(hb.tasks_in_flight)
     if hb.slots_waiting is not None:  # ASYNC: how much of the farm's slot time waits for the learner
         tasks += f"\n{100 * hb.slots_waiting:.0f}% idle"
@@ -398,7 +398,7 @@ def _eval_cell(hb: Heartbeat) -> str:
 
 def render(s: Snapshot) -> Any:
     """A rich renderable of the snapshot: a header, the workers and the runs, fitted to the console's
-    width (columns left out, least needed first, rather than values cut: rlfarm.runio.narrow)."""
+    width (columns left out, least needed first, rather than values cut: rlfarm.runio.fit)."""
     from rich.console import Group
     from rich.text import Text
 
@@ -428,9 +428,7 @@ def render(s: Snapshot) -> Any:
             for w in s.workers
         ]
         node_title = f"{len(s.workers)} worker(s) online, {s.processes} process(es)"
-        workers: Any = narrow.FitTable(
-            lambda columns: _table(columns, node_rows, node_title), WORKER_COLUMNS, WORKER_DROP
-        )
+        workers: Any = fit.FitTable(lambda columns: _table(columns, node_rows, node_title), WORKER_COLUMNS, WORKER_DROP)
     else:
         workers = Text(f"no worker answered within {INSPECT_TIMEOUT:g} s", style="yellow")
 
@@ -438,5 +436,5 @@ def render(s: Snapshot) -> Any:
         return Group(header, workers, Text("no runs in this Redis", style="yellow"))
     run_rows = [_run_row(r) for r in s.runs]
     run_title = f"{len(s.runs)} run(s)"
-    runs = narrow.FitTable(lambda columns: _table(columns, run_rows, run_title, show_lines=True), RUN_COLUMNS, RUN_DROP)
+    runs = fit.FitTable(lambda columns: _table(columns, run_rows, run_title, show_lines=True), RUN_COLUMNS, RUN_DROP)
     return Group(header, workers, runs)

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from rlfarm.farm import keys
-from rlfarm.farm.outage import OutageRetry
+from rlfarm.farm.outage import OutageRetry, resilient_client
 
 
 def is_wrong_type(error: BaseException) -> bool:
@@ -100,3 +100,17 @@ class GuardedRetry(OutageRetry):
             self._repairing.value = False
         self._repairs += repaired
         return repaired
+
+
+def guarded_client(
+    url: str, run_id: str, timeout: float, *, where: str, warn: Callable[[str], None], refused: Callable[[str], None]
+) -> tuple[redis.Redis, GuardedRetry]:
+    """The trainer's client of the farm at `url` and its outage clock: every command waits out an outage
+    of up to `timeout` seconds (`warn` says so), and a key of run `run_id` of the wrong type is deleted
+    and told to `refused`. The client carries the guard in its retry and the guard repairs through
+    the client: the two are made together here, and nothing else wires them."""
+    guard = KeyGuard(run_id, notify=refused)
+    retry = GuardedRetry(timeout, where=where, notify=warn, guard=guard)
+    client = resilient_client(url, retry)
+    guard.client = client
+    return client, retry

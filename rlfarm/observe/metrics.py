@@ -33,7 +33,7 @@ from rich.text import Text
 
 from rlfarm.config import json_safe
 from rlfarm.errors import ConfigError, RunDirError
-from rlfarm.runio import logs, narrow
+from rlfarm.runio import fit, logs
 from rlfarm.runio.rundir import RowFile, csv_text, read_whole_rows, write_atomic
 
 ROLLING_EPISODES = 20
@@ -90,18 +90,18 @@ class RunProgress(Progress):
     """The live progress display: two lines that fit the terminal, 80 columns included. The first has
     what a user waits for (the bar, env steps, elapsed time, ETA, speed), the second how learning goes
     (the training return, which is while exploring, the greedy evaluation, the version, the tasks in
-    flight). What does not fit is left out, the least needed first, never cut (rlfarm.runio.narrow)."""
+    flight). What does not fit is left out, the least needed first, never cut (rlfarm.runio.fit)."""
 
     def get_renderables(self) -> Any:
         for task in self.tasks:
             yield from self.lines(task)
 
     @staticmethod
-    def lines(task: Task) -> list[narrow.Line]:
+    def lines(task: Task) -> list[fit.Line]:
         fields = task.fields
         total = task.total or 0
-        steps = Text(f"{narrow.count(task.completed)}/{narrow.count(total)} steps", style="bold")
-        first = narrow.Line(
+        steps = Text(f"{fit.count(task.completed)}/{fit.count(total)} steps", style="bold")
+        first = fit.Line(
             [
                 (0, steps),
                 (0, Text(_clock(task.elapsed), style="progress.elapsed")),
@@ -114,7 +114,7 @@ class RunProgress(Progress):
         if fields["eval"]:
             second.append((1, Text(fields["eval"])))
         second += [(2, Text(f"policy v{fields['version']}")), (3, Text(f"{fields['flight']} in flight"))]
-        return [first, narrow.Line(second, gap=2)]
+        return [first, fit.Line(second, gap=2)]
 
 
 class _GuardedWriter:
@@ -389,7 +389,7 @@ class RunLogger:
         self.progress.update(
             self.task,
             completed=min(global_step, self.total_steps),
-            sps=narrow.count(sps),
+            sps=fit.count(sps),
             ret=ret_text,
             version=version,
             flight=in_flight,

@@ -28,8 +28,7 @@ from rlfarm.evaluation.bookkeeping import Evaluations
 from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.connection import connect, no_secret_warning, redact, refuse_eviction
-from rlfarm.farm.guard import GuardedRetry, KeyGuard
-from rlfarm.farm.outage import resilient_client
+from rlfarm.farm.guard import guarded_client
 from rlfarm.farm.policies.lines import LinedStore
 from rlfarm.farm.policies.store import FROM_ENV, PolicyStore
 from rlfarm.observe.metrics import RunLogger
@@ -115,12 +114,14 @@ def make_trainer(
     # ... and a key of the run found of another type than the trainer writes is refused and rewritten:
     # the guard, the store and the claim tell `refused`, and the watchdog has the trainer write back.
     refused = RefusedKeys(DispatchStats())
-    guard = KeyGuard(config.run_id, notify=refused.report)
-    retry = GuardedRetry(
-        config.farm.redis_outage_timeout, where=f"Redis at {redact(redis_url)}", notify=warn, guard=guard
+    client, retry = guarded_client(
+        redis_url,
+        config.run_id,
+        config.farm.redis_outage_timeout,
+        where=f"Redis at {redact(redis_url)}",
+        warn=warn,
+        refused=refused.report,
     )
-    client = resilient_client(redis_url, retry)
-    guard.client = client
     keep = config.farm.keep_versions
     if len(space.policies) > 1:  # a version line per policy beside the run's (rlfarm.farm.policies.lines)
         store: PolicyStore = LinedStore(
