@@ -92,3 +92,24 @@ def test_policy_cache_is_lru():
     assert cache.get(("r", 1)) == "one"
     cache.put(("r", 3), "three")  # evicts version 2, the least recently used
     assert cache.get(("r", 2)) is None and cache.get(("r", 1)) == "one" and len(cache) == 2
+
+
+def test_latest_trimmed_between_its_pointer_and_its_blob_acts_with_the_newer_version(redis_only):
+    """A fast publisher (async.publish_interval=1, 128 versions a result) moved past retention between a
+    worker's read of the run's pointer and of the blob: the task failed with PolicyTrimmed and ended
+    the run (a clean-clone CI of tests/test_async.py). "latest" reads the pointer again instead; a
+    version named outright still fails."""
+    from rlfarm.worker.policies import PolicyVersions
+
+    from .conftest import make_run
+
+    _, store = make_run(redis_only.redis_url, "trimmed-latest", ["farm.keep_versions=2"], versions=4)
+    meta = store.run_meta()
+    worker = PolicyVersions(store.client, None, lambda run: meta, {}, {"policy_fetches": 0, "policy_fetch_bytes": 0})
+    reads = iter([1, 3])  # the first read is of a version trimmed since (retained: 2..3)
+    real = worker.receiver.resolve
+    worker.receiver.resolve = lambda run, version: next(reads) if version == "latest" else real(run, version)
+    actor, version, fetched = worker.actor("trimmed-latest", "latest")
+    assert version == 3 and fetched and actor is not None
+    with pytest.raises(PolicyTrimmed):
+        worker.actor("trimmed-latest", 1)

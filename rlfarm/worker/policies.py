@@ -16,11 +16,13 @@ import redis
 from rlfarm.algos.acting import acts_without_torch, numpy_actor
 from rlfarm.config import policy_config
 from rlfarm.envs import SpaceSpec
+from rlfarm.errors import PolicyTrimmed
 from rlfarm.farm.policies.machine import SharedPolicies
 from rlfarm.farm.policies.receiver import PolicyReceiver
 from rlfarm.worker.cache import PolicyCache
 
 MAX_NETWORKS = 4  # runs whose network one process keeps to load new versions into; LRU beyond
+LATEST_ATTEMPTS = 5  # reads of "latest" when the version read was trimmed before its blob was fetched
 
 
 class PolicyVersions:
@@ -65,9 +67,22 @@ class PolicyVersions:
         """The acting snapshot of a version ("latest": the newest), its number, and whether it had to
         be fetched. Which version, and its checked tensors, are the policy channel's
         (rlfarm.farm.policies.receiver); which line versions acted: `acted_lines`."""
+        if version != "latest":
+            return self._actor(run, int(version), lines)
+        for attempt in range(LATEST_ATTEMPTS):
+            number = self.receiver.resolve(run, "latest")
+            try:
+                return self._actor(run, number, lines)
+            except PolicyTrimmed:
+                # The trainer published past retention between the pointer's read and the blob's (a
+                # fast publisher, a small farm.keep_versions): a newer version is there; act with it.
+                if attempt == LATEST_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _actor(self, run: str, version: int, lines: Mapping[str, int] | None) -> tuple[Any, int, bool]:
         meta = self.run_meta(run)
         policies = meta["space"].get("policies", ())  # the spec is built only on a cache miss, below
-        version = self.receiver.resolve(run, version)
         cached = self.cache.get((run, version))
         if cached is not None:
             return cached, version, False
