@@ -337,7 +337,7 @@ def _train_serving(trainer: Any, metrics: tuple[str, int] | None, notify: Callab
 
     served = exporter.serve(
         exporter.LiveCollector(
-            "trainer", exporter.TRAINER_METRICS, "run", trainer.metrics_labels, trainer.live_metrics
+            "trainer", exporter.TRAINER_METRICS, "run", trainer.heartbeats.labels, trainer.live_metrics
         ),
         *metrics,
     )

@@ -331,10 +331,22 @@ def _all_import_graph(prefix: str) -> dict[str, set[str]]:
 
 
 def test_no_import_circles_inside_the_trainer_not_even_for_type_checkers():
-    """The trainer's parts import each other one way (issue 52: channel, keeper, outbox and watchdog
+    """The trainer's parts import each other one way (issue 52: channel, the old keeper, outbox and watchdog
     were a circle through a type checker's import and `warn`): the ledger and the outbox below the
     watchdog, the watchdog below the channel, the channel below the trainer."""
     assert _cycles(_all_import_graph("rlfarm.trainer.")) == []
+
+
+def test_a_trainer_is_one_class_and_its_mode_not_mixins():
+    """Trainer answers its channel as RunOwner itself and holds its parts as objects (issue 52: it was
+    Evaluating + RunKeeper mixins, one class in five files re-declaring each other's attributes)."""
+    from rlfarm.trainer.asynchronous import AsyncTrainer
+    from rlfarm.trainer.base import Trainer
+    from rlfarm.trainer.sync import SyncTrainer
+
+    assert Trainer.__bases__ == (object,)
+    for mode in (SyncTrainer, AsyncTrainer):
+        assert mode.__bases__ == (Trainer,), mode
 
 
 # Wiring, not records: a class whose constructor is written by hand takes at most this many

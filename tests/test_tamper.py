@@ -62,7 +62,7 @@ def test_a_forged_blob_is_never_pinned_nor_signed_into_best_policy(redis_only, t
     trainer.evaluate()  # pins v0 for its evaluation tasks
     for index in range(cfg.eval.tasks):
         trainer.handle_eval(Result("eval", 0, index, version=0, returns=[10.0]))
-    assert trainer.best_version == 0
+    assert trainer.evals.best_version == 0
     state, best = codec.decode_policy((tmp_path / "pin-forged" / "best_policy.safetensors").read_bytes(), SECRET)
     assert best["version"] == "0"
     for name, tensor in genuine.items():  # the trainer's weights, not the forged zeros

@@ -271,7 +271,7 @@ class AsyncTrainer(Trainer):
     def log(self) -> None:
         self._last_log = time.perf_counter()
         farm = {
-            **self.farm_scalars(),
+            **self.heartbeats.scalars(),
             "farm/slots_waiting": self.slots_waiting(),
             "farm/backlog": len(self._backlog),
             "farm/window": self.window,
@@ -286,7 +286,7 @@ class AsyncTrainer(Trainer):
                 "farm/results_dropped_stale": self.dropped_stale,
                 "farm/learner_busy": self.learner_busy(),
                 **farm,
-                "eval/mean_return": self.eval_mean_return,
+                "eval/mean_return": self.evals.mean_return,
                 **self._losses,
             }
         )

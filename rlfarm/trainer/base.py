@@ -4,18 +4,17 @@ carrying out evaluation decisions, checkpoints.
 A trainer gets its collaborators (Redis client and its outage clock, policy store, claim, the link to
 the farm, learner, evaluation bookkeeping, a factory of its RunLogger) from rlfarm.trainer.factory:
 building one does no I/O. It opens its task channel and watchdog (rlfarm.trainer.channel) from the
-link as their owner; what they ask of it, the heartbeat and the farm's numbers are RunKeeper's
-(rlfarm.trainer.keeper). The loops are `train_loop` of SyncTrainer (rlfarm.trainer.sync) and
-AsyncTrainer (rlfarm.trainer.asynchronous). See docs/architecture.md.
+link as their owner (RunOwner), and hands each question they ask to the part that answers it. The
+loops are `train_loop` of SyncTrainer (rlfarm.trainer.sync) and AsyncTrainer
+(rlfarm.trainer.asynchronous). See docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,23 +22,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlfarm.algos.saved import describe_policy
-from rlfarm.config import RunConfig, to_dict
+from rlfarm.config import RunConfig
 from rlfarm.core import codec
 from rlfarm.core.protocol import Result
 from rlfarm.errors import ConfigError, PolicyCorrupt
 from rlfarm.evaluation.bookkeeping import Evaluations
 from rlfarm.runio import logs
-from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import resume as checkpoint
 from rlfarm.trainer.evaluating import EvaluationRunner
-from rlfarm.trainer.heartbeat import Heartbeat
-from rlfarm.trainer.keeper import RunKeeper
-from rlfarm.trainer.log import log
+from rlfarm.trainer.heartbeat import Heartbeat, RunProgress
+from rlfarm.trainer.log import log, warn
 from rlfarm.trainer.ownership import OwnedKeys
 from rlfarm.trainer.parts import FarmParts, LearningParts, RunIO
 from rlfarm.trainer.selfplay import SelfPlay
 from rlfarm.trainer.streams import RunStreams
-from rlfarm.trainer.summary import TrainResult
+from rlfarm.trainer.summary import TrainResult, write_final_policy
 from rlfarm.trainer.summary import build as build_summary
 from rlfarm.trainer.summary import write as write_summary
 
@@ -58,9 +55,10 @@ class LogStep:
     extra: dict[str, float] = field(default_factory=dict)  # yours to fill: logged as custom/<key>
 
 
-class Trainer(RunKeeper):
-    """What both modes share: store, farm client, network, metrics, evaluation, the final save; what
-    it does for its run's keys in Redis, as their owner, is RunKeeper's (rlfarm.trainer.keeper)."""
+class Trainer:
+    """What both modes share: store, farm client, network, metrics, evaluation, the final save. It is
+    its task channel's RunOwner (rlfarm.trainer.outbox): each question the channel and its watchdog ask
+    goes on to the part that answers it, with where the run stands."""
 
     # Tasks sent by a trainer before it died may still run and report under task numbers after the
     # checkpoint's; a resumed trainer numbers its ASYNC and evaluation tasks from far beyond them.
@@ -129,34 +127,65 @@ class Trainer(RunKeeper):
         # Turn-based games: the opponents of the learner's games, and their league (rlfarm.core.league).
         self.selfplay = SelfPlay(config, self.store) if self.space.seats > 1 else None
 
+    # ---- RunOwner: what the task channel and its watchdog ask, handed to the part that answers ------
+    def warn(self, text: str) -> None:
+        warn(text)
+
+    def restore_run_state(self) -> None:
+        self.owned.restore_run_state(self.version, self.publish)
+        self.heartbeat()
+
+    def after_outage(self) -> None:
+        self.owned.after_outage()
+
+    def rewrite_owned(self) -> None:
+        self.owned.rewrite()
+        self.heartbeat()
+
+    def write_back(self, kind: str) -> str | None:
+        return self.owned.write_back()
+
+    def late_copy(self, message: Result) -> None:
+        self.streams.late_copy(message)
+
+    def accepted_snapshot(self, message: Result) -> None:
+        self.streams.accepted(message)
+
+    def on_event(self) -> None:
+        """A task was sent or a result arrived: refresh the progress bar."""
+        if self.logger:
+            self.logger.status(self.env_steps, self._sps, self.version, self.channel.in_flight)
+
+    def handle_eval(self, message: Result) -> None:
+        """A result of an evaluation task (the channel hands over those of other groups)."""
+        self.evaluations.received(message, self.env_steps)
+
+    # ---- the farm's numbers: logged, exported, and in the heartbeat (rlfarm.trainer.heartbeat) -------
+    def progress_now(self) -> RunProgress:
+        return RunProgress(
+            self.env_steps,
+            self.version,
+            self._sps,
+            self.evals.mean_return,
+            self.dropped_stale,
+            # Several policies: each one's mean return in the last evaluation (rounded for the heartbeat).
+            {name: round(value, 2) for name, value in self.evals.policy_mean.items()},
+            self._last_logged,
+        )
+
+    def live_metrics(self) -> dict[str, Any]:
+        return self.heartbeats.live(self.progress_now())
+
+    def heartbeat(self, state: str = "running", farm: Mapping[str, float] | None = None) -> None:
+        self.heartbeats.beat(state, self.progress_now(), farm)
+
     # ---- evaluations: the bookkeeping decides (evals), the runner carries out ----------------------
-    @property
-    def eval_mean_return(self) -> float:
-        return self.evals.mean_return
-
-    @property
-    def best_eval_mean_return(self) -> float:
-        return self.evals.best_mean_return
-
-    @property
-    def best_version(self) -> int | None:
-        return self.evals.best_version
-
-    @property
-    def policy_eval_means(self) -> dict[str, float]:
-        """Several policies: each one's mean return in the last evaluation (rounded for the heartbeat)."""
-        return {name: round(value, 2) for name, value in self.evals.policy_mean.items()}
-
     def evaluate(self) -> None:
         """Greedy evaluation tasks for the current version, now."""
         self.evaluations.start(self.version, self.env_steps)
 
     def maybe_evaluate(self) -> None:
         self.evaluations.if_due(self.env_steps, self.version)
-
-    def handle_eval(self, message: Result) -> None:
-        """A result of an evaluation task (RunOwner: the channel hands over those of other groups)."""
-        self.evaluations.received(message, self.env_steps)
 
     def publish(self) -> None:
         # The version names its network (algorithm, head, spaces): a file made of it is read without guessing.
@@ -266,11 +295,12 @@ class Trainer(RunKeeper):
             self.version = latest + 1
         # Pins of the dead trainer: its evaluations are gone; the best version stays pinned if it is there.
         self.store.forget_pins()
-        if self.best_version is not None and self.best_version in self.store.versions():
+        best = self.evals.best_version
+        if best is not None and best in self.store.versions():
             try:
-                self.store.pin(self.best_version)
+                self.store.pin(best)
             except PolicyCorrupt as exc:  # replaced in Redis meanwhile: not ours to keep or re-sign
-                self.warn(f"not keeping the best version v{self.best_version}: {exc}")
+                self.warn(f"not keeping the best version v{best}: {exc}")
         if self.selfplay is not None:
             dropped = self.selfplay.pin_league()
             if dropped:
@@ -310,7 +340,7 @@ class Trainer(RunKeeper):
                 f"v{self.store.latest()}); choose another --run-id, or --resume it from "
                 f"its run directory"
             )
-        self.store.set_run_meta(self.run_meta())
+        self.store.set_run_meta(self.owned.run_meta())
         self.logger = self.open_logger(resume_state["logger"] if resume_state else None)
         elapsed = resume_state["logger"]["elapsed"] if resume_state else 0.0
         self.start = time.perf_counter() - elapsed
@@ -377,22 +407,7 @@ class Trainer(RunKeeper):
     def _finish(self, wall: float) -> TrainResult:
         """The final save: final_policy.safetensors, the run's result and summary.json."""
         state = self.algo.state()
-        blob = codec.encode_policy(
-            state,
-            {
-                "version": str(self.version),
-                "algo": self.config.algo,
-                "run": self.config.run_id,
-                "env": self.config.env.id,
-                "policy": json.dumps(to_dict(self.config)["policy"]),
-                # The run's [env] section (preprocessing, env.policy_map) and the network's spaces, as
-                # best_policy.safetensors has them: `rlfarm eval` plays the env the policy learned on.
-                "env_options": json.dumps(to_dict(self.config)["env"]),
-                **describe_policy(self.config.algo, self.space),
-            },
-            self.file_secret,
-        )
-        write_atomic(self.run_dir / "final_policy.safetensors", blob)
+        final = write_final_policy(self.run_dir, self.config, self.space, state, self.version, self.file_secret)
         best = self.run_dir / "best_policy.safetensors"
         stats = self.channel.stats
         result = TrainResult(
@@ -403,17 +418,17 @@ class Trainer(RunKeeper):
             policy_sha256=codec.tensor_digest(state),
             rolling_return=self.logger.rolling_return,
             best_rolling_return=self.logger.best_rolling,
-            eval_mean_return=self.eval_mean_return,
-            best_eval_mean_return=self.best_eval_mean_return,
+            eval_mean_return=self.evals.mean_return,
+            best_eval_mean_return=self.evals.best_mean_return,
             wall_seconds=wall,
             redispatched=stats.redispatched,
             duplicates=stats.duplicates,
             dropped_stale=self.dropped_stale,
             task_ids_accepted=len(stats.accepted_task_ids),
-            best_version=self.best_version,
+            best_version=self.evals.best_version,
             target_reached=self.target_reached(),
-            final_policy=self.run_dir / "final_policy.safetensors",
-            best_policy=best if self.best_version is not None and best.exists() else None,
+            final_policy=final,
+            best_policy=best if self.evals.best_version is not None and best.exists() else None,
         )
         write_summary(
             self.run_dir,

@@ -35,7 +35,7 @@ AUTO_TIME_LIMIT_FACTOR = 10.0  # times the longest duration seen so far
 
 
 class RunOwner(Protocol):
-    """What the dispatch parts ask of the trainer that owns the run (rlfarm.trainer.keeper.RunKeeper)."""
+    """What the dispatch parts ask of the trainer that owns the run (rlfarm.trainer.base.Trainer)."""
 
     def warn(self, text: str) -> None:
         """A fault the run rides out, said."""

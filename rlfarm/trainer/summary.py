@@ -6,11 +6,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlfarm.config import json_safe
+from rlfarm.algos.saved import describe_policy
+from rlfarm.config import json_safe, to_dict
+from rlfarm.core import codec
 from rlfarm.runio.rundir import write_atomic
 from rlfarm.trainer import counters
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlfarm.config import RunConfig
+    from rlfarm.envs.spaces import SpaceSpec
 
 FILENAME = "summary.json"
 
@@ -65,3 +73,29 @@ def build(
 def write(run_dir: Path, summary: dict[str, Any]) -> Path:
     # Strict JSON: no evaluation (NaN) and a best of -inf are written as null.
     return write_atomic(Path(run_dir) / FILENAME, json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n")
+
+
+def write_final_policy(
+    run_dir: Path, config: RunConfig, space: SpaceSpec, state: dict[str, torch.Tensor], version: int, secret: Any
+) -> Path:
+    """RUN_DIR/final_policy.safetensors: the policy, the version it was published as, and what it takes
+    to play it again (its network's config, the run's [env] section, spaces), signed with `secret`."""
+    sections = to_dict(config)
+    blob = codec.encode_policy(
+        state,
+        {
+            "version": str(version),
+            "algo": config.algo,
+            "run": config.run_id,
+            "env": config.env.id,
+            "policy": json.dumps(sections["policy"]),
+            # The run's [env] section (preprocessing, env.policy_map) and the network's spaces, as
+            # best_policy.safetensors has them: `rlfarm eval` plays the env the policy learned on.
+            "env_options": json.dumps(sections["env"]),
+            **describe_policy(config.algo, space),
+        },
+        secret,
+    )
+    path = run_dir / "final_policy.safetensors"
+    write_atomic(path, blob)
+    return path

@@ -80,7 +80,7 @@ class SyncTrainer(Trainer):
             self.iteration = iteration + 1
             self.publish()
             self._sps = self.env_steps / (time.perf_counter() - self.start)
-            farm = self.farm_scalars()
+            farm = self.heartbeats.scalars()
             ep = rollout.episode_returns
             self.log_step(
                 {
