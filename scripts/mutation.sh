@@ -24,7 +24,7 @@ declare -A GUARDS=(
     # The lag bound lives in a large module: only its functions are mutated.
     [lag]="rlfarm.trainer.policy_lag.x_too_stale__mutmut_* rlfarm.trainer.policy_lag.x_auto_policy_lag__mutmut_* rlfarm.trainer.policy_lag.x_stale_result__mutmut_* rlfarm.trainer.policy_lag.x_line_lags__mutmut_*"
     [ingest]="rlfarm.trainer.ingest.*"
-    [bounds]="rlfarm.config.bounds.*"
+    [bounds]="rlfarm.sections.bounds.*"
 )
 wanted=("$@")
 [ ${#wanted[@]} -eq 0 ] && wanted=(signing snapshot lag ingest bounds)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,15 @@ from rlfarm.config import ALGORITHMS
 
 from .conftest import ROOT
 
-PURE_LAYERS = ["errors", "config", "core", "envs", "nn", "algos"]  # one layer: they compute, and import each other
+PURE_LAYERS = [
+    "errors",
+    "sections",
+    "config",
+    "core",
+    "envs",
+    "nn",
+    "algos",
+]  # one layer: they compute, and import each other
 FACE = ["api", "rlfarm"]  # the package's face: rlfarm.api and the package itself (rlfarm/__init__.py)
 # Lowest first: a module imports only modules of its own layer or of a lower one.
 LAYERS = [
@@ -246,6 +255,48 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     assert _cycles(_import_graph()) == []
+
+
+def _below(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports at run time, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_the_config_and_the_algorithms_import_each_other_one_way():
+    """Issue 52 (decision 34): an algorithm's section (`algos/<name>/config.py`) stands on
+    rlfarm.sections alone, so config/run.py imports it as a leaf and the learners read RunConfig: no
+    chain of run-time imports leads from a section back into rlfarm.config or a learner. Before, a
+    section imported rlfarm.config's base modules, whose package imported the section back half made."""
+    graph = _import_graph()
+    sections = [m for m in MODULES if re.fullmatch(r"rlfarm\.algos\.\w+\.config", m)]
+    assert len(sections) >= 4, sections
+    for module in [*sections, *(m for m in MODULES if m.startswith("rlfarm.sections"))]:
+        reached = _below(graph, module)
+        assert reached <= {m for m in MODULES if m.startswith(("rlfarm.sections", "rlfarm.errors"))}, (
+            module,
+            sorted(reached),
+        )
+    config_into_algos = {
+        t for m in graph if m.startswith("rlfarm.config") for t in graph[m] if t.startswith("rlfarm.algos")
+    }
+    assert config_into_algos == set(sections)
+
+
+@pytest.mark.process  # a fresh interpreter, so imports are seen from scratch
+def test_importing_a_section_loads_no_config():
+    """The fragility the loop had: importing an algorithm's section loaded rlfarm.config, which
+    imported the section back before it was made. Now it loads the section's base and nothing else."""
+    code = (
+        "import sys, rlfarm.algos.ppo.config, rlfarm.algos.td3.config; "
+        "print(sorted(m for m in sys.modules if m.startswith('rlfarm.config') or m.startswith('rlfarm.nn')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def _upward(graph: dict[str, set[str]]) -> list[str]:

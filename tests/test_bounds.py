@@ -1,4 +1,4 @@
-"""Upper bounds on every number that starts processes or allocates memory (rlfarm.config.bounds): config
+"""Upper bounds on every number that starts processes or allocates memory (rlfarm.sections.bounds): config
 keys at their bound accepted and above it refused in one line naming key, value and bound; learning
 rates; the CLI's options; `--seeds` capped before a range is expanded, printed compactly, and trained
 in waves of at most --parallel trainers (rlfarm.tune.seeds, with stand-in trainers: unit tier)."""
@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from rlfarm import config as C
-from rlfarm.config import bounds as B
 from rlfarm.config.seeds import compact_seeds, parse_seeds
+from rlfarm.sections import bounds as B
 from rlfarm.tune import seeds as S
 
 # (preset, key, bound, other keys that let the value at the bound make a valid config)

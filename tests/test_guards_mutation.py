@@ -170,7 +170,7 @@ def test_a_signature_that_is_not_ascii_is_refused_as_a_bad_signature():
 def test_a_network_of_exactly_max_layers_is_accepted():
     """The layer bound's edge: 65 layers are refused (tests/test_bounds.py), 64 are not (`>=` passed)."""
     from rlfarm import config as C
-    from rlfarm.config import bounds as B
+    from rlfarm.sections import bounds as B
 
     layers = "[" + ", ".join(["8"] * B.MAX_LAYERS) + "]"
     assert len(C.build("cartpole-ppo", [f"policy.hidden_sizes={layers}"]).policy.hidden_sizes) == B.MAX_LAYERS

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
     from rlfarm.algos.base import Algorithm
     from rlfarm.config import PolicyConfig
-    from rlfarm.config.section import AlgoSection
     from rlfarm.envs import SpaceSpec
+    from rlfarm.sections.algo import AlgoSection
 
 
 def _sections() -> dict[str, type[AlgoSection]]:

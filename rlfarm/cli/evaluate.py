@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from rlfarm.cli.common import RUN_FARM_HELP, PolicyVersion, fail, find_farm
-from rlfarm.config import bounds as B  # pure and light: the upper bounds of the options below
+from rlfarm.sections import bounds as B  # pure and light: the upper bounds of the options below
 
 
 @click.command(name="eval")

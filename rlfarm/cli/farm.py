@@ -10,7 +10,7 @@ import sys
 import click
 
 from rlfarm.cli.common import REDIS_HELP, allowed_env_modules, fail, find_farm, sigterm_to_interrupt
-from rlfarm.config import bounds as B  # pure and light: the upper bounds of the options below
+from rlfarm.sections import bounds as B  # pure and light: the upper bounds of the options below
 
 
 @click.command()

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from rlfarm.cli.common import REDIS_HELP, exit_now, fail, find_farm, log, sigterm_to_interrupt
-from rlfarm.config import bounds as B  # pure and light: the upper bounds of the options below
+from rlfarm.sections import bounds as B  # pure and light: the upper bounds of the options below
 
 
 @click.command()

@@ -19,7 +19,7 @@ from rlfarm.cli.common import (
     metrics_listen,
     sigterm_to_interrupt,
 )
-from rlfarm.config import bounds as B  # pure and light: the upper bounds of the options below
+from rlfarm.sections import bounds as B  # pure and light: the upper bounds of the options below
 
 
 def _modes_help() -> str:

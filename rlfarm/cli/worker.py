@@ -7,7 +7,7 @@ import os
 import click
 
 from rlfarm.cli.common import METRICS_HELP, REDIS_HELP, allowed_env_modules, fail, find_farm, metrics_listen
-from rlfarm.config import bounds as B  # pure and light: the upper bounds of the options below
+from rlfarm.sections import bounds as B  # pure and light: the upper bounds of the options below
 
 
 @click.command()

@@ -5,7 +5,6 @@ workers (cores), the upper bounds of every number that starts processes or alloc
 This module is the layer's face: import from it.
 """
 
-from rlfarm.config.bounds import check_replay_memory
 from rlfarm.config.checks import check_agents, validate
 from rlfarm.config.cores import (
     ACTING_FORWARDS,
@@ -39,8 +38,9 @@ from rlfarm.config.run import (
     PolicyConfig,
     RunConfig,
 )
-from rlfarm.config.section import AlgoSection, at_least_1, check_replay, get
 from rlfarm.errors import ConfigError
+from rlfarm.sections.algo import AlgoSection, at_least_1, check_replay, get
+from rlfarm.sections.bounds import check_replay_memory
 
 __all__ = [
     "for_policy",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from rlfarm.config.bounds import check_config_bounds
 from rlfarm.config.run import ALGORITHMS, COMPRESS, DEVICES, MODES, POLICY_DTYPES, REFERENCES
-from rlfarm.config.section import at_least_1, get
 from rlfarm.errors import ConfigError
+from rlfarm.sections.algo import at_least_1, get
+from rlfarm.sections.bounds import check_config_bounds
 
 if TYPE_CHECKING:
     from rlfarm.config.run import RunConfig

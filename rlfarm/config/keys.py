@@ -14,8 +14,8 @@ from typing import Any
 
 from rlfarm.config.checks import parse_policy_settings, validate
 from rlfarm.config.run import ALGORITHMS, PolicyConfig, RunConfig
-from rlfarm.config.section import FIELD as _FIELD
 from rlfarm.errors import ConfigError
+from rlfarm.sections.algo import FIELD as _FIELD
 
 _USER = {v: k for k, v in _FIELD.items()}  # a field as users and files spell it (async_: async)
 

@@ -2,7 +2,8 @@
 TOML table (`[env]`, `[farm]`, `[policy]`, one per algorithm, `[async]`, `[eval]`).
 
 Every field is declared here, the algorithms' sections too: each is its algorithm's own dataclass
-(`rlfarm/algos/<name>/config.py`, light: no torch), imported by name, so `cfg.ppo.clip_coef` is typed.
+(`rlfarm/algos/<name>/config.py`, light: no torch, standing on rlfarm.sections alone), imported by
+name, so `cfg.ppo.clip_coef` is typed.
 Those fields are the list of algorithms: `ALGORITHMS` is read from them and `rlfarm.algos` (the
 registry callers use: sections, learners, names) reads `ALGORITHMS`. Beside this module: dotted keys
 and run files' dicts (keys), the checks of a whole config (checks), presets and `--set` (load).
@@ -20,7 +21,7 @@ from rlfarm.algos.ppo.config import PPOConfig
 from rlfarm.algos.sac.config import SACConfig
 from rlfarm.algos.td3.config import TD3Config
 from rlfarm.config import length
-from rlfarm.config.section import AlgoSection
+from rlfarm.sections.algo import AlgoSection
 
 MODES = ("sync", "async")
 DEVICES = ("auto", "cpu", "cuda")

@@ -3,8 +3,8 @@ most MAX_SEEDS of them, and the list written back compactly (`compact_seeds`).""
 
 from __future__ import annotations
 
-from rlfarm.config.bounds import MAX_SEEDS
 from rlfarm.errors import ConfigError
+from rlfarm.sections.bounds import MAX_SEEDS
 
 WHY = "each is a trainer process and a run directory"
 

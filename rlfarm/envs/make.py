@@ -22,7 +22,7 @@ from rlfarm.envs.allowlist import ALLOWED_MODULES_VAR, check_env_allowed, module
 from rlfarm.envs.turns import TurnVector, is_turn_based
 from rlfarm.errors import EnvError
 
-# Characters of an env id (rlfarm.config.bounds refuses longer ones in a config; this module sees ids
+# Characters of an env id (rlfarm.sections.bounds refuses longer ones in a config; this module sees ids
 # from Redis too, and never imports the config).
 MAX_ENV_ID_CHARS = 256
 

@@ -73,8 +73,8 @@ def trainers_at_once(seeds: int, parallel: int | None) -> int:
     """--parallel, or by default: trainers run on this machine whatever the farm, one per core (each
     learner needs one while it learns), at least 2 so seeds share the farm as they always did on small
     machines."""
-    from rlfarm.config import bounds as B
     from rlfarm.config import machine_cores
+    from rlfarm.sections import bounds as B
 
     return min(seeds, parallel or min(max(2, machine_cores()), B.MAX_PARALLEL_TRAINERS))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from rlfarm.config.bounds import MAX_BUFFER_BATCHES, MAX_PASSES, at_most, check_learning_rate
-from rlfarm.config.section import AlgoSection, at_least_1, check_replay  # noqa: F401
 from rlfarm.errors import ConfigError
+from rlfarm.sections.algo import AlgoSection, at_least_1, check_replay  # noqa: F401
+from rlfarm.sections.bounds import MAX_BUFFER_BATCHES, MAX_PASSES, at_most, check_learning_rate
 
 if TYPE_CHECKING:
     from rlfarm.config.run import RunConfig

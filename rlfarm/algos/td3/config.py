@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from rlfarm.config.bounds import check_learning_rate, check_replay_bounds
-from rlfarm.config.section import AlgoSection, at_least_1, check_bounded_box, check_replay
 from rlfarm.errors import ConfigError
+from rlfarm.sections.algo import AlgoSection, at_least_1, check_bounded_box, check_replay
+from rlfarm.sections.bounds import check_learning_rate, check_replay_bounds
 
 if TYPE_CHECKING:
     from rlfarm.config.run import RunConfig

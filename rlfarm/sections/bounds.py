@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlfarm.config.section import get
 from rlfarm.errors import ConfigError
+from rlfarm.sections.algo import get
 
 if TYPE_CHECKING:
     from rlfarm.config.run import RunConfig
@@ -103,7 +103,7 @@ def at_most(config: RunConfig, key: str, bound: int | float) -> None:
     if isinstance(value, tuple):
         value = max(value, default=0)
     if value > bound:
-        raise ConfigError(f"{key} = {value:,} is above its bound of {bound:,} (rlfarm/config/bounds.py says why)")
+        raise ConfigError(f"{key} = {value:,} is above its bound of {bound:,} (rlfarm/sections/bounds.py says why)")
 
 
 def check_config_bounds(config: RunConfig) -> None:
