@@ -7,6 +7,7 @@ step) stay in it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -167,6 +168,21 @@ class SnapshotForged(SnapshotError):
 
 class ResultTooLarge(RlfarmError, ValueError):
     """A result over the run's `farm.max_result_bytes`: refused before it is sent."""
+
+
+class EnvFault(RlfarmError, RuntimeError):
+    """Raised by an env (or a wrapper of it) for a fault of its machine, not of the task: a simulator
+    that crashed, a license server gone. The task is sent again, to whichever worker takes it, counted
+    towards farm.max_redispatch and, by `name`, in summary.json's `faults.reported`. `name`: a few
+    lowercase letters, digits and underscores (`simulator_crash`), since it becomes a counter's name."""
+
+    NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+    def __init__(self, name: str, detail: str = ""):
+        if not self.NAME.fullmatch(name):
+            raise ValueError(f"EnvFault's name must match {self.NAME.pattern}, got {name!r}")
+        super().__init__(f"{name}: {detail}" if detail else name)
+        self.name = name
 
 
 # ---- A run -----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import EVAL_TASK, PROTOCOL, ROLLOUT_TASK, Result, TaskSpec, protocol_mismatch, spec_protocol
-from rlfarm.errors import ProtocolError
+from rlfarm.errors import EnvFault, ProtocolError
 
 SECRET = "test-secret-with-enough-entropy-0123456789"
 
@@ -86,3 +86,18 @@ def test_a_task_of_another_protocol_is_refused_in_one_line_naming_both_versions(
     assert f"worker w@h speaks rlfarm protocol {PROTOCOL}, the task protocol {PROTOCOL + 1}" in newer
     assert "upgrade this worker" in newer and "\n" not in newer
     assert "(sent before protocol versions)" in protocol_mismatch(0, "w@h")
+
+
+@pytest.mark.parametrize("name", ["", "Crash", "9lives", "simulator crash", "a" * 41, "x-y"])
+def test_an_env_fault_is_named_as_a_counter_is(name):
+    """EnvFault's name becomes a key of summary.json's faults.reported: refused when it could not be one."""
+    with pytest.raises(ValueError, match="EnvFault's name must match"):
+        EnvFault(name)
+    assert EnvFault("simulator_crash", "lost its license").name == "simulator_crash"
+    assert str(EnvFault("a" * 40)) == "a" * 40
+
+
+def test_a_failed_copy_carries_its_envs_fault_name():
+    message = Result("rollout", 3, 1, error="EnvFault: gpu_lost", retryable=True, fault="gpu_lost")
+    back = Result.from_message(codec.unpack(codec.pack(message.to_message())))
+    assert back.fault == "gpu_lost" and back.outcome.value == "failed" and back.retryable

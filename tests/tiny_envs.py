@@ -231,6 +231,33 @@ def nan_once() -> gym.Env:
     return TimeLimit(NanRewardEnv(once=True), max_episode_steps=EPISODE_STEPS)
 
 
+class FaultyEnv(SlowEnv):
+    """An env whose simulator crashes (rlfarm.errors.EnvFault "simulator_crash"): at every step, or
+    (`once`) only at the first step any process of the machine takes (marker RLFARM_TEST_FAULT_MARKER)."""
+
+    def __init__(self, once: bool = False):
+        super().__init__(step_seconds=0.0)
+        self.once = once
+
+    def step(self, action):
+        import os
+
+        from rlfarm.errors import EnvFault
+
+        marker = os.environ.get("RLFARM_TEST_FAULT_MARKER", "")
+        if not self.once or (marker and _first_to_create(marker)):
+            raise EnvFault("simulator_crash", "lost its license server")
+        return super().step(action)
+
+
+def crash_once() -> gym.Env:
+    return TimeLimit(FaultyEnv(once=True), max_episode_steps=EPISODE_STEPS)
+
+
+def crash_always() -> gym.Env:
+    return TimeLimit(FaultyEnv(), max_episode_steps=EPISODE_STEPS)
+
+
 class WideEnv(SlowEnv):
     """CartPole-shaped actions, 30,000 float32 observations: 120 KB per step, for huge results."""
 

@@ -236,7 +236,9 @@ class Result:
     policy_returns: dict[str, list[float]] | None = None
     error: str | None = None
     traceback: str | None = None
-    retryable: bool = False  # a failure the trainer re-sends (a hard time limit), not a bug
+    retryable: bool = False  # a failure the trainer re-sends (a hard time limit, an env's fault), not a bug
+    # With `error` and `retryable`: the fault the env named (rlfarm.errors.EnvFault), its counter's name.
+    fault: str | None = None
     skipped: bool = False
     refused: bool = False  # not run: the task is of another protocol than the worker's (`protocol`)
     protocol: int | None = None  # with `refused`: the worker's protocol version

@@ -36,6 +36,9 @@ class DispatchStats:
     state_restored: int = 0  # times the run's state was found lost in Redis and written back
     refused: int = 0  # copies refused unrun by workers of another protocol version (re-sent)
     handed_back: int = 0  # copies handed back unfinished by workers shutting down (re-sent at once)
+    # Re-sent because their env raised rlfarm.errors.EnvFault, by the fault's name: summary.json's
+    # faults.reported (a name an env chose has no fixed CSV column or metric of its own).
+    reported: dict[str, int] = field(default_factory=dict)
     receive_seconds: float = 0.0  # trainer CPU time spent decoding results
     policy_fetches: int = 0  # results whose worker fetched its policy version from Redis (not its cache)
     task_ids: dict[Key, list[str]] = field(default_factory=dict)
@@ -98,7 +101,9 @@ def _nested(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def summary_counts(stats: DispatchStats) -> dict[str, Any]:
     """The counters summary.json shows, nested by section ("faults")."""
-    return _nested([(c.summary, getattr(stats, c.field)) for c in COUNTERS if c.summary])
+    counts = _nested([(c.summary, getattr(stats, c.field)) for c in COUNTERS if c.summary])
+    counts["faults"]["reported"] = dict(sorted(stats.reported.items()))
+    return counts
 
 
 def scalars(stats: DispatchStats) -> dict[str, float]:

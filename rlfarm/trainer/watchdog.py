@@ -31,7 +31,7 @@ import numpy as np
 
 from rlfarm.core import codec, signing
 from rlfarm.core.protocol import PROTOCOL, Key, Result
-from rlfarm.errors import RolloutError, TaskLostError
+from rlfarm.errors import EnvFault, RolloutError, TaskLostError
 from rlfarm.farm import keys
 from rlfarm.trainer.counters import DispatchStats
 from rlfarm.trainer.ledger import Pending, TaskLedger, describe_key
@@ -391,7 +391,10 @@ class Watchdog:
         if not message.retryable and self._restored_at < p.sent:
             raise RolloutError(where)
         if message.task_id == p.task_id:  # else a newer copy is already on its way
-            if message.retryable:
+            if message.fault is not None:  # its env's own name for it (rlfarm.errors.EnvFault)
+                name = message.fault if EnvFault.NAME.fullmatch(str(message.fault)) else "unnamed"
+                self.stats.reported[name] = self.stats.reported.get(name, 0) + 1
+            elif message.retryable:
                 self.stats.time_limits += 1
             self.owner.warn(f"{where}; sending it again")
             self.resend(key, where)

@@ -24,6 +24,7 @@ from rlfarm.core.rollout import collect, run_episodes, task_seeds
 from rlfarm.envs import make_env, make_vector_env
 from rlfarm.envs.opponents import RANDOM, actor_player, scripted
 from rlfarm.envs.turns import TurnVector
+from rlfarm.errors import EnvFault
 from rlfarm.farm import keys
 from rlfarm.farm.claim import claim_incarnation
 from rlfarm.farm.connection import redact
@@ -324,6 +325,8 @@ class TaskHandler:
             else:
                 base.error, base.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)
                 base.unverified = refused_input(exc)
+                if isinstance(exc, EnvFault):  # its machine's fault, not the task's: sent again
+                    base.fault, base.retryable = exc.name, True
                 done, failed = None, base.error
             payload = codec.pack(base.to_message())
         try:
