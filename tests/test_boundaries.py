@@ -382,9 +382,9 @@ def _all_import_graph(prefix: str) -> dict[str, set[str]]:
 
 
 def test_no_import_circles_inside_the_trainer_not_even_for_type_checkers():
-    """The trainer's parts import each other one way (issue 52: channel, the old keeper, outbox and watchdog
-    were a circle through a type checker's import and `warn`): the ledger and the outbox below the
-    watchdog, the watchdog below the channel, the channel below the trainer."""
+    """The trainer's parts import each other one way (issue 52: channel, the old keeper, the outbox and
+    the watchdog were a circle through a type checker's import and `warn`): the ledger and the outbox
+    (dispatch.py) below the watchdog, the watchdog below the channel, the channel below the trainer."""
     assert _cycles(_all_import_graph("rlfarm.trainer.")) == []
 
 

@@ -286,7 +286,7 @@ def test_writes_a_promoted_replica_lacks_are_put_back_or_re_sent(tmp_path):
     from rlfarm.farm.outage import OutageRetry, resilient_client
     from rlfarm.local.cluster import LocalCluster, RedisSpec
     from rlfarm.trainer.channel import FarmLink
-    from rlfarm.trainer.outbox import Unowned
+    from rlfarm.trainer.dispatch import Unowned
 
     with LocalCluster(
         workers=0,

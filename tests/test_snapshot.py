@@ -129,9 +129,9 @@ def test_the_book_advances_each_stream_and_says_once_when_one_restarts():
 
 
 def test_an_object_graph_comes_back_sharing_what_it_shared():
-    """rlfarm.envs.state: a list, an array and an object held twice are one again once restored into
+    """rlfarm.envs.plain: a list, an array and an object held twice are one again once restored into
     a graph made anew, where nothing is shared yet; values, generators and tuples come back as saved."""
-    from rlfarm.envs import state
+    from rlfarm.envs import plain
 
     class Part:
         def __init__(self):
@@ -150,9 +150,9 @@ def test_an_object_graph_comes_back_sharing_what_it_shared():
     saved.other = saved.part
     saved.part.pos += 1.5
     saved.rng.random(3)
-    blob = state.capture_object(saved)
+    blob = plain.capture_object(saved)
     fresh = Game()
-    state.restore_object(fresh, blob)
+    plain.restore_object(fresh, blob)
     assert fresh.agents is fresh.order and fresh.other is fresh.part and fresh.both[0] is fresh.part
     fresh.order.append("c")
     fresh.part.pos += 1
@@ -168,7 +168,7 @@ def test_a_snapshot_names_only_numpys_bit_generators(monkeypatch, name):
 
     import numpy as np
 
-    from rlfarm.envs.state import plain, unplain
+    from rlfarm.envs.plain import plain, unplain
 
     called = []
     monkeypatch.setattr(np.random, "test", lambda *a, **k: called.append(a), raising=False)
@@ -221,7 +221,7 @@ class _Game:
 def test_a_restored_object_must_be_of_the_class_it_was_saved_from():
     """Removing the class check passed the suite: its one mismatch (CartPole into Pendulum) is refused
     earlier, by the wrapper chain. Here the outer object matches and only an inner one does not."""
-    from rlfarm.envs.state import capture_object, restore_object
+    from rlfarm.envs.plain import capture_object, restore_object
 
     saved = _Game(_Board())
     saved.inner.cells, saved.moves = [1, 2, 1], 3
@@ -321,7 +321,7 @@ def test_a_restored_object_gets_no_value_over_a_method_a_property_or_configurati
 
     import gymnasium as gym
 
-    from rlfarm.envs.state import capture_object, restore_object
+    from rlfarm.envs.plain import capture_object, restore_object
 
     class Piece:
         space = gym.spaces.Discrete(3)
@@ -367,7 +367,7 @@ def test_a_restore_writes_into_the_arrays_already_there():
 def test_objects_first_met_inside_a_tuple_or_a_list_are_written_back_into_the_live_ones():
     """A game's objects held in a tuple or list (its agents) are restored into the objects at the same
     place, not made anew (an object cannot be made from a snapshot)."""
-    from rlfarm.envs.state import capture_object, restore_object
+    from rlfarm.envs.plain import capture_object, restore_object
 
     class Part:
         def __init__(self):

@@ -19,7 +19,7 @@ from rlfarm.farm.app import make_app
 from rlfarm.farm.claim import Claim
 from rlfarm.farm.connection import connect
 from rlfarm.trainer.channel import FarmLink, TaskChannel
-from rlfarm.trainer.outbox import Unowned
+from rlfarm.trainer.dispatch import Unowned
 
 pytestmark = pytest.mark.farm
 

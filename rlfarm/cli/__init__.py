@@ -16,9 +16,9 @@ from rlfarm.cli.checkpoints import checkpoints
 from rlfarm.cli.common import OneLineErrors
 from rlfarm.cli.evaluate import eval_
 from rlfarm.cli.farm import down, status, up
-from rlfarm.cli.misc import plot, presets, runs
+from rlfarm.cli.runs import plot, runs
 from rlfarm.cli.sweep import sweep
-from rlfarm.cli.train import train
+from rlfarm.cli.train import presets, train
 from rlfarm.cli.worker import worker
 
 __all__ = ["entry", "main"]

@@ -1,4 +1,5 @@
-"""`rlfarm train`: one run (rlfarm.api), or with --seeds one run per seed (rlfarm.tune.seeds)."""
+"""`rlfarm train`: one run (rlfarm.api), or with --seeds one run per seed (rlfarm.tune.seeds); `rlfarm
+presets`, the presets it takes (rlfarm.config)."""
 
 from __future__ import annotations
 
@@ -363,3 +364,12 @@ def _train(cfg, farm, resume: bool = False, metrics: tuple[str, int] | None = No
             f"maxmemory; then rlfarm train --resume {cfg.run_id}",
             1,
         )
+
+
+@click.command()
+def presets() -> None:
+    """List the shipped presets, one line each."""
+    from rlfarm.config import preset_description, preset_names
+
+    for name in preset_names():
+        click.echo(f"{name:<16} {preset_description(name)}")

@@ -37,7 +37,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rlfarm.envs import state
+from rlfarm.envs import plain
 from rlfarm.envs.turns import is_turn_based, one_space
 from rlfarm.errors import EnvError
 
@@ -290,7 +290,7 @@ class AgentVector(VectorEnv):
             "in_game": self._in_game.copy(),
             "waiting": self._waiting.copy(),
             "mask": None if self._mask is None else self._mask.copy(),
-            "games": [state.capture_object(game) for game in self.games],
+            "games": [plain.capture_object(game) for game in self.games],
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -301,7 +301,7 @@ class AgentVector(VectorEnv):
             if getattr(self, f"_{name}") is not None:
                 np.copyto(getattr(self, f"_{name}"), saved[name])
         for game, game_state in zip(self.games, saved["games"]):
-            state.restore_object(game, game_state)
+            plain.restore_object(game, game_state)
 
     def render(self) -> Any:
         """The first game's frame (what `rlfarm eval --video` records: it plays one game)."""

@@ -37,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import SyncVectorEnv
 
-from rlfarm.envs.state import is_configuration, plain, unplain
+from rlfarm.envs.plain import is_configuration, plain, unplain
 from rlfarm.errors import Unsnapshotable
 
 FORMAT = 1  # the layout of a snapshot tree; a worker refuses another

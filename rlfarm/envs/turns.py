@@ -32,7 +32,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rlfarm.envs import state
+from rlfarm.envs import plain
 from rlfarm.envs.opponents import RANDOM, Opponent, random_legal
 from rlfarm.errors import EnvError
 
@@ -148,8 +148,8 @@ class TurnVector(VectorEnv):
         on by the opponent that task names for it (docs/multiagent.md)."""
         return {
             **{name: getattr(self, f"_{name}").copy() for name in self._ARRAYS},
-            "rng": state.plain(self._rng),
-            "games": [state.capture_object(game) for game in self.games],
+            "rng": plain.plain(self._rng),
+            "games": [plain.capture_object(game) for game in self.games],
         }
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -158,12 +158,12 @@ class TurnVector(VectorEnv):
             raise ValueError(f"env snapshot of {len(saved['games'])} games, not {len(self.games)}")
         for name in self._ARRAYS:
             np.copyto(getattr(self, f"_{name}"), saved[name])
-        self._rng = state.unplain(saved["rng"], self._rng)
+        self._rng = plain.unplain(saved["rng"], self._rng)
         for game, game_state in zip(self.games, saved["games"]):
             # A game made but never reset lacks the objects a reset makes (the turn's agent selector);
             # reset, they exist to be written into.
             game.reset(seed=0)
-            state.restore_object(game, game_state)
+            plain.restore_object(game, game_state)
 
     def render(self) -> Any:
         """The first game's frame (what `rlfarm eval --video` records: it plays one game)."""

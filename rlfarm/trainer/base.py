@@ -57,7 +57,7 @@ class LogStep:
 
 class Trainer:
     """What both modes share: store, farm client, network, metrics, evaluation, the final save. It is
-    its task channel's RunOwner (rlfarm.trainer.outbox): each question the channel and its watchdog ask
+    its task channel's RunOwner (rlfarm.trainer.dispatch): each question the channel and its watchdog ask
     goes on to the part that answers it, with where the run stands."""
 
     # Tasks sent by a trainer before it died may still run and report under task numbers after the

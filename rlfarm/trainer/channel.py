@@ -1,7 +1,7 @@
 """The trainer's task channel: tasks sent to the farm within the run's share, their results taken in.
 
 Results arrive on the run's Redis list; BLPOP wakes the trainer the moment one lands, without polling
-each pending task. Every task sent stays pending (rlfarm.trainer.outbox) until its first result is
+each pending task. Every task sent stays pending (rlfarm.trainer.dispatch) until its first result is
 accepted, and is listed in the run's `wanted` set, which workers check before they start: a copy
 whose result already counted (the worker that pushed it took the key out of the set) or whose run
 has ended is skipped unrun. Later copies of a task that already counted are dropped and counted as
@@ -27,9 +27,9 @@ from rlfarm.farm.claim import Claim
 from rlfarm.farm.policies.store import FROM_ENV
 from rlfarm.farm.shares import FarmShare
 from rlfarm.trainer.counters import DispatchStats
+from rlfarm.trainer.dispatch import Outbox, RefusedKeys, RunOwner, Unowned
 from rlfarm.trainer.ingest import PREFETCH, Ingest
 from rlfarm.trainer.ledger import TaskLedger
-from rlfarm.trainer.outbox import Outbox, RefusedKeys, RunOwner, Unowned
 from rlfarm.trainer.watchdog import Watchdog
 
 if TYPE_CHECKING:

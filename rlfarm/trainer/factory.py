@@ -36,9 +36,9 @@ from rlfarm.trainer.asynchronous import AsyncTrainer
 from rlfarm.trainer.base import LogStep, Trainer
 from rlfarm.trainer.channel import FarmLink, ShareTerms
 from rlfarm.trainer.counters import DispatchStats
+from rlfarm.trainer.dispatch import RefusedKeys
 from rlfarm.trainer.ingest import keep_freed_memory
 from rlfarm.trainer.log import warn
-from rlfarm.trainer.outbox import RefusedKeys
 from rlfarm.trainer.parts import FarmParts, LearningParts, RunIO
 from rlfarm.trainer.sync import SyncTrainer
 

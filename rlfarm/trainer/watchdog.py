@@ -34,8 +34,8 @@ from rlfarm.core.protocol import PROTOCOL, Key, Result
 from rlfarm.errors import EnvFault, RolloutError, TaskLostError
 from rlfarm.farm import keys
 from rlfarm.trainer.counters import DispatchStats
+from rlfarm.trainer.dispatch import Outbox, RefusedKeys, RunOwner, Unowned
 from rlfarm.trainer.ledger import Pending, TaskLedger, describe_key
-from rlfarm.trainer.outbox import Outbox, RefusedKeys, RunOwner, Unowned
 
 CHECK_SECONDS = 1.0  # how often pending tasks' leases and the run's state are looked at
 IDLE_WARNING_SECONDS = 60.0  # pending tasks, none running: say so on the console this often

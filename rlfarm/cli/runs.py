@@ -1,4 +1,5 @@
-"""The small commands: `rlfarm plot` (rlfarm.commands.plot) and `rlfarm presets` (rlfarm.config)."""
+"""The commands over this machine's run directories, no farm needed: `rlfarm runs` (rlfarm.runio.runs)
+and `rlfarm plot` (rlfarm.commands.plot)."""
 
 from __future__ import annotations
 
@@ -39,15 +40,6 @@ def plot(run: str, logdir: str | None, output: Path | None) -> None:
     except (OSError, ValueError) as exc:  # unwritable path, unknown image format
         fail(f"cannot write {output or run_dir / 'curves.png'}: {exc}")
     click.echo(f"wrote {out}")
-
-
-@click.command()
-def presets() -> None:
-    """List the shipped presets, one line each."""
-    from rlfarm.config import preset_description, preset_names
-
-    for name in preset_names():
-        click.echo(f"{name:<16} {preset_description(name)}")
 
 
 @click.command()
