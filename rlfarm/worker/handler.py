@@ -63,7 +63,19 @@ def _handed_back(exc: BaseException) -> bool:
 
 
 class TaskHandler:
-    def __init__(self, redis_url: str, settings: WorkerSettings | None = None):
+    def __init__(
+        self,
+        redis_url: str,
+        settings: WorkerSettings | None = None,
+        *,
+        counters: NodeCounters | None = None,
+        stop_worker: Callable[[], None] | None = None,
+        hand_back: bool = False,
+    ):
+        """`counters`: the worker's NodeCounters, which this process's running totals are stored into
+        after each task (a pool process's: `--metrics-port` exports them); `stop_worker`: stops this
+        worker (SIGTERM to its main process, which hands running tasks back), called when it cannot
+        take part in the farm; `hand_back`: the hand-back signal came before this handler existed."""
         settings = settings if settings is not None else WorkerSettings.from_env()
         # Commands wait out a Redis restart (back-off, up to RLFARM_REDIS_OUTAGE_TIMEOUT seconds) instead of
         # failing the task whose result is being pushed.
@@ -89,14 +101,11 @@ class TaskHandler:
         self.streams = EnvStreams(self.client)  # farm.episodes = "continue"
         self.lease = Lease(self.client)
         self.running = False  # a task is between its lease and its result: a hand-back may interrupt it
-        self.hand_back = False  # set by the hand-back signal: this and any later task is handed back
-        # This process's running totals, stored after each task into its worker's NodeCounters (set
-        # by rlfarm.worker.hooks in a worker's pool process), which `--metrics-port` exports.
-        self.counters: NodeCounters | None = None
-        # Stops this worker (rlfarm.worker.hooks: SIGTERM to its main process, which hands running
-        # tasks back): a worker that cannot take part in the farm says why once and goes, rather than
-        # taking tasks whose results would all be dropped.
-        self.stop_worker: Callable[[], None] | None = None
+        self.hand_back = hand_back  # set by the hand-back signal: this and any later task is handed back
+        self.counters = counters
+        # A worker that cannot take part in the farm says why once and goes, rather than taking tasks
+        # whose results would all be dropped.
+        self.stop_worker = stop_worker
 
     def on_hand_back(self) -> None:
         """The hand-back signal's handler (rlfarm.worker.hooks): interrupt the running task where it is

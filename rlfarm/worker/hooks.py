@@ -33,22 +33,30 @@ from celery.worker.request import Request
 from rlfarm.farm.app import farm_url
 from rlfarm.worker.settings import WorkerSettings
 
-_app: Any = None  # the worker's Celery app (rlfarm.worker.app), given to install()
-_worker = None
-_main_client = None  # the worker main process's own Redis client (time-limit reports)
-_reported: deque[str] = deque(maxlen=1000)  # task ids whose time limit was reported already
-_hand_back_early = False  # a pool process told to hand back before its first task
-_counters = None  # rlfarm.worker.counters.NodeCounters: made before the pool forks, shared with it
-_settings: WorkerSettings | None = None
+
+class _Process:
+    """What this process holds for Celery's signal handlers, which are module functions: one object,
+    filled as the worker starts (install, preload) and as its pool processes take their first task."""
+
+    def __init__(self) -> None:
+        self.app: Any = None  # the worker's Celery app (rlfarm.worker.app), given to install()
+        self.handler: Any = None  # a pool process's TaskHandler, made at its first task
+        self.main_client: Any = None  # the worker main process's own Redis client (time-limit reports)
+        self.reported: deque[str] = deque(maxlen=1000)  # task ids whose time limit was reported already
+        self.hand_back_early = False  # a pool process told to hand back before its first task
+        self.counters: Any = None  # rlfarm.worker.counters.NodeCounters: made before the pool forks, shared with it
+        self.settings: WorkerSettings | None = None
+
+
+_process = _Process()
 
 
 def settings() -> WorkerSettings:
     """This process's settings, read from the environment at the first call (a value that is not a
     number raises there, and again at the next call)."""
-    global _settings
-    if _settings is None:
-        _settings = WorkerSettings.from_env()
-    return _settings
+    if _process.settings is None:
+        _process.settings = WorkerSettings.from_env()
+    return _process.settings
 
 
 class VersionInfo(bootsteps.StartStopStep):
@@ -140,20 +148,19 @@ def _settle(message: Any, task_id: str, what: str, settle: Any, *args: Any, **kw
 def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, **_: object) -> None:
     """A hard time limit kills the pool process mid-task, so the task itself cannot report; the worker's
     main process tells the trainer instead, which re-sends the task or fails with this as the cause."""
-    global _main_client
     if not isinstance(exception, TimeLimitExceeded) or not kwargs or "run" not in kwargs:
         return
-    if task_id in _reported:  # Celery signals a hard time limit twice (timeout and pool error paths)
+    if task_id in _process.reported:  # Celery signals a hard time limit twice (timeout and pool error paths)
         return
-    _reported.append(task_id)
+    _process.reported.append(task_id)
     from rlfarm.core import codec, signing
     from rlfarm.farm import keys
     from rlfarm.farm.delivery import deliver
 
-    if _main_client is None:
+    if _process.main_client is None:
         from rlfarm.farm.outage import OutageRetry, resilient_client
 
-        _main_client = resilient_client(farm_url(_app), OutageRetry(60.0))
+        _process.main_client = resilient_client(farm_url(_process.app), OutageRetry(60.0))
     from rlfarm.core.protocol import Result
 
     limit = exception.args[0] if exception.args else "?"
@@ -173,7 +180,7 @@ def _report_time_limit(sender=None, task_id=None, exception=None, kwargs=None, *
     # The killed process can no longer renew its lease; drop it so it is not also taken for a lost worker.
     lease = keys.lease(run, keys.task(message["kind"], message["iteration"], message["index"]))
     payload = signing.seal_result(run, codec.pack(message), signing.secret_from_env())
-    deliver(_main_client, run, payload, delete=(lease,))
+    deliver(_process.main_client, run, payload, delete=(lease,))
 
 
 def _limit_source(limit: object) -> str:
@@ -202,8 +209,7 @@ def _preload(**_: object) -> None:
     for name in algos.names():  # every algorithm's actors
         acting_module(name)
 
-    global _counters
-    _counters = NodeCounters()  # mapped now, so every pool process forked later shares it
+    _process.counters = NodeCounters()  # mapped now, so every pool process forked later shares it
 
 
 @worker_process_init.connect
@@ -229,11 +235,10 @@ def _init_process(**_: object) -> None:
 
 def _hand_back_signalled(signum: int, frame: object) -> None:
     """In a pool process: its worker is shutting down (rlfarm.worker.main_process): hand the running task back."""
-    global _hand_back_early
-    if _worker is None:
-        _hand_back_early = True
+    if _process.handler is None:
+        _process.hand_back_early = True
     else:
-        _worker.on_hand_back()  # raises HandedBack inside the running task, if there is one
+        _process.handler.on_hand_back()  # raises HandedBack inside the running task, if there is one
 
 
 @worker_ready.connect
@@ -245,9 +250,9 @@ def _keep_leases(sender=None, **_: object) -> None:
     # Its pool processes are the farm's slots, which runs training at once divide (rlfarm.farm.shares).
     controller = getattr(sender, "controller", None)
     _controller[:] = [controller]
-    slots = int(getattr(controller, "concurrency", 0) or _app.conf.worker_concurrency or os.cpu_count() or 1)
+    slots = int(getattr(controller, "concurrency", 0) or _process.app.conf.worker_concurrency or os.cpu_count() or 1)
     node = str(getattr(sender, "hostname", sender))
-    LeaseKeeper(farm_url(_app), _running_tasks, node=node, slots=slots).start()
+    LeaseKeeper(farm_url(_process.app), _running_tasks, node=node, slots=slots).start()
     _term_once()
     listen = settings().metrics_addr
     if listen:
@@ -262,7 +267,7 @@ def _serve_metrics(node: str, slots: int, listen: str) -> None:
     from rlfarm.runio import exporter
 
     def values() -> dict:
-        totals = _counters.totals() if _counters is not None else {}
+        totals = _process.counters.totals() if _process.counters is not None else {}
         return {"slots": slots, "slots_busy": len(_running_tasks()), **totals}
 
     labels = {"worker": node, "version": RELEASE, "protocol": str(PROTOCOL)}
@@ -367,19 +372,21 @@ def _hand_back(node: str) -> None:
         if not _running_tasks(ids):
             return
         time.sleep(0.1)  # polling the pool's bookkeeping, at most `grace` seconds
-    N.force_hand_back(N.client_for(farm_url(_app)), _running_tasks(ids), node, grace)
+    N.force_hand_back(N.client_for(farm_url(_process.app)), _running_tasks(ids), node, grace)
 
 
 def _rollout_worker():
-    global _worker
-    if _worker is None:
+    if _process.handler is None:
         from rlfarm.worker.handler import TaskHandler
 
-        _worker = TaskHandler(farm_url(_app), settings())
-        _worker.hand_back = _hand_back_early
-        _worker.counters = _counters
-        _worker.stop_worker = _stop_worker
-    return _worker
+        _process.handler = TaskHandler(
+            farm_url(_process.app),
+            settings(),
+            counters=_process.counters,
+            stop_worker=_stop_worker,
+            hand_back=_process.hand_back_early,
+        )
+    return _process.handler
 
 
 def _stop_worker() -> None:
@@ -408,6 +415,5 @@ def run(request) -> None:
 
 def install(app: Any) -> None:
     """Wire this module into `app` (the signal handlers above are connected on import)."""
-    global _app
-    _app = app
+    _process.app = app
     app.steps["worker"].add(VersionInfo)
