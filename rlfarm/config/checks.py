@@ -108,10 +108,53 @@ def validate(config: RunConfig) -> None:
         raise ConfigError("async.results_per_update and async.tasks_in_flight cannot be negative")
     check_selfplay(config)
     check_policies(config)
+    check_recurrent(config)
     check_config_bounds(config)  # after the lower bounds, so a 0 is not reported as a bound
     config.algo_config.check(config)
     if config.run_id and not all(c.isalnum() or c in "-_." for c in config.run_id):
         raise ConfigError(f"run_id may hold letters, digits, '-', '_' and '.', got {config.run_id!r}")
+
+
+RECURRENT = ("lstm", "gru")
+
+
+def check_recurrent(config: RunConfig) -> None:
+    """A recurrent policy (policy.recurrent): what is built for it, and sequences that fit in a task."""
+    policy = config.policy
+    if policy.recurrent == "":
+        return
+    if policy.recurrent not in RECURRENT:
+        raise ConfigError(f'policy.recurrent must be lstm, gru or "" (none), got {policy.recurrent!r}')
+    section = type(config.algo_config)
+    if not section.recurrent_modes:
+        able = ", ".join(name for name, s in ALGORITHMS.items() if s.recurrent_modes)
+        raise ConfigError(
+            f"policy.recurrent = {policy.recurrent!r}: {config.algo} learns feed-forward policies only (a frame "
+            f"stack, env.frame_stack, gives it a short memory); recurrent policies are learned by {able}"
+        )
+    if config.mode not in section.recurrent_modes:
+        raise ConfigError(
+            f"policy.recurrent = {policy.recurrent!r}: {config.algo} learns recurrent policies in mode "
+            f"{' or '.join(section.recurrent_modes)} only; not in mode {config.mode} yet"
+        )
+    if config.env.policy_map:
+        raise ConfigError("policy.recurrent with several policies (env.policy_map) is not built yet")
+    if config.ppo.compile != "none" or config.ppo.precision != "fp32":
+        raise ConfigError("policy.recurrent learns in eager fp32: ppo.compile = none and ppo.precision = fp32")
+    at_least_1(config, "policy.recurrent_size")
+    steps = config.farm.steps_per_env
+    if policy.seq_len < 0:
+        raise ConfigError(f"policy.seq_len cannot be negative (0: a whole task), got {policy.seq_len}")
+    if policy.seq_len > steps:
+        raise ConfigError(
+            f"policy.seq_len = {policy.seq_len} is longer than a task (farm.steps_per_env = {steps}): "
+            f"a sequence never crosses tasks; make it at most {steps}, or 0 for a whole task"
+        )
+    if policy.seq_len and steps % policy.seq_len:
+        raise ConfigError(
+            f"policy.seq_len = {policy.seq_len} does not divide farm.steps_per_env = {steps}: a task is cut "
+            f"into whole sequences"
+        )
 
 
 def parse_frozen(entries: tuple[str, ...]) -> list[tuple[str, str]]:

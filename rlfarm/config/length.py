@@ -24,7 +24,11 @@ def task_steps(cfg: Any, env_steps: int) -> int:
     or fewer in the last one."""
     row = cfg.farm.num_tasks * cfg.env.num_envs  # every env of the iteration steps alike
     left = max(1, cfg.total_steps - env_steps)
-    return min(cfg.farm.steps_per_env, -(-left // row))
+    steps = -(-left // row)
+    seq_len = cfg.policy.seq_len if cfg.policy.recurrent else 0
+    if seq_len:  # a recurrent policy learns whole sequences (policy.seq_len divides farm.steps_per_env)
+        steps = -(-steps // seq_len) * seq_len
+    return min(cfg.farm.steps_per_env, steps)
 
 
 def rounding_note(cfg: Any) -> str | None:

@@ -107,6 +107,13 @@ class PolicyConfig:
     # every version carries the statistics it acts with) and updated by the learner (rlfarm.nn.normalize).
     normalize_obs: bool = False
     normalize_clip: float = 10.0  # normalised observations are clipped to [-clip, clip]
+    # Memory: "lstm" or "gru" after the encoder (rlfarm.nn.recurrent), its state carried by the actor
+    # from step to step, zeroed at episode starts and saved with the env stream; "": none (feed-forward).
+    recurrent: str = ""
+    recurrent_size: int = 64  # the LSTM's or GRU's units
+    # Steps of one learning sequence (truncated BPTT; each starts from the state its task recorded for
+    # it): a divisor of farm.steps_per_env, so a sequence never crosses tasks. 0: a whole task.
+    seq_len: int = 0
 
 
 @dataclass(frozen=True)

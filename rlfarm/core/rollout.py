@@ -62,6 +62,10 @@ class Rollout:
     # Several policies (SpaceSpec.policies): the sub-env each episode of `episode_returns` ended in,
     # so each policy's learner and metrics see its own agents' episodes. None otherwise.
     episode_columns: np.ndarray | None = None
+    # A recurrent actor's (K, N, S) state at the start of each of the task's K learning sequences
+    # (Actor.seq_len steps each; zeros where an episode starts there): the learner replays each
+    # sequence from it and needs nothing of the worker's memory. None for feed-forward actors.
+    states: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -111,6 +115,12 @@ def collect(
     if stream is not None:
         envs = stream.envs
     n = envs.num_envs
+    states_buf = None
+    recurrent = getattr(policy, "recurrent", False)  # (an actor is any object with act and value)
+    if recurrent:  # its state: where the stream left it, or zeros for new episodes
+        policy.begin(n, stream.policy_state if stream is not None and stream.obs is not None else None)
+        seq_len = policy.seq_len or n_steps
+        states_buf = np.zeros((-(-n_steps // seq_len), n, policy.state.shape[1]), np.float32)
     rng = np.random.default_rng(action_seed)
     spec = policy.spec
     low = np.asarray(spec.action_low, dtype=np.float32) if not spec.discrete else None
@@ -147,7 +157,13 @@ def collect(
     active_buf = None
     for t in range(n_steps):
         if refresh is not None and t and t % refresh_steps == 0:
-            policy = refresh() or policy
+            newer = refresh()
+            if newer is not None:
+                if recurrent:  # the newer weights go on from the state the older ones left
+                    newer.begin(n, policy.state)
+                policy = newer
+        if states_buf is not None and t % seq_len == 0:
+            states_buf[t // seq_len] = policy.state
         if mask is None:
             action, logprob, value = policy.act(obs, rng, deterministic)
         else:
@@ -169,8 +185,10 @@ def collect(
         if cut.any():
             rows = np.flatnonzero(cut)
             final_obs = as_obs(spec, np.stack([info["final_obs"][i] for i in rows]), len(rows))
-            # Several policies (rlfarm.algos.group): which policy values a row depends on its sub-env.
-            final_val_buf[t, cut] = policy.value(final_obs, rows=rows) if spec.policies else policy.value(final_obs)
+            # Several policies (rlfarm.algos.group): which policy values a row depends on its sub-env;
+            # a recurrent one's, on the row's state after this step.
+            rowwise = spec.policies or recurrent
+            final_val_buf[t, cut] = policy.value(final_obs, rows=rows) if rowwise else policy.value(final_obs)
         next_obs = as_obs(spec, next_obs, n)
         if keep_next_obs:
             next_obs_buf[t] = next_obs
@@ -201,11 +219,14 @@ def collect(
                 ep_columns.append(int(i))
         running_return[done] = 0.0
         running_length[done] = 0
+        if states_buf is not None:  # a new episode (or life: the learner resets where dones say) has no past
+            policy.episodes_started(done_buf[t])
         obs = next_obs
 
     last_values = policy.value(obs)
     if stream is not None:
         stream.obs, stream.episode_return, stream.episode_length = obs, running_return, running_length
+        stream.policy_state = None if states_buf is None else policy.state.copy()
     return Rollout(
         obs_buf,
         act_buf,
@@ -224,6 +245,7 @@ def collect(
         mask_buf,
         next_mask_buf,
         None if ep_columns is None else np.asarray(ep_columns, np.int64),
+        states_buf,
     )
 
 
@@ -264,6 +286,8 @@ def concat(rollouts: list[Rollout]) -> Rollout:
         joined[k] = None if any(p is None for p in parts) else np.concatenate(parts, axis=1)
     parts = [r.last_obs for r in rollouts]
     joined["last_obs"] = None if any(p is None for p in parts) else np.concatenate(parts)
+    parts = [r.states for r in rollouts]
+    joined["states"] = None if any(p is None for p in parts) else np.concatenate(parts, axis=1)
     if all(r.episode_columns is not None for r in rollouts):  # columns of the joined rollout
         offsets = np.cumsum([0] + [r.rewards.shape[1] for r in rollouts[:-1]])
         joined["episode_columns"] = np.concatenate([r.episode_columns + o for r, o in zip(rollouts, offsets)])
@@ -309,6 +333,8 @@ def run_episodes(
     returns = []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
+        if getattr(policy, "recurrent", False):  # its memory starts empty with each episode
+            policy.begin(1)
         total, done, steps = 0.0, False, 0
         while not done and steps < max_steps:
             action, _, _ = policy.act(as_obs(spec, obs, 1), rng, deterministic)
@@ -330,6 +356,8 @@ def _game_episodes(
     returns = []
     for episode in range(episodes):
         obs, info = env.reset(seed=seed + episode)
+        if getattr(policy, "recurrent", False):
+            policy.begin(n)
         total, steps, finished = np.zeros(n), 0, np.zeros(n, bool)
         played = np.array(info.get("active", np.ones(n, bool)), bool)  # agents in the game (some join later)
         while steps < max_steps and not finished.all():  # an agent done early waits for the others

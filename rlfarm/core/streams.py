@@ -59,6 +59,9 @@ class EnvStream:
     episode_return: np.ndarray = field(default_factory=lambda: np.zeros(0))
     episode_length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     digest: str | None = None
+    # A recurrent actor's state where the stream's last task left it (rlfarm.nn.acting.Actor), one row
+    # per sub-env: the memory of the episodes still running, which the next task goes on from.
+    policy_state: np.ndarray | None = None
 
     def close(self) -> None:
         self.envs.close()
@@ -77,6 +80,8 @@ def encode(stream: EnvStream, env_state: dict[str, Any]) -> tuple[bytes, str]:
         "episode_return": stream.episode_return,
         "episode_length": stream.episode_length,
     }
+    if stream.policy_state is not None:  # (absent for feed-forward actors: their snapshots stay as they were)
+        message["policy_state"] = stream.policy_state
     blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(codec.pack(message))
     return blob, hashlib.sha256(blob).hexdigest()
 
@@ -114,6 +119,8 @@ def resume(stream: EnvStream, message: dict[str, Any], restore_envs: Callable[[A
     stream.obs = np.array(message["obs"])  # decoded arrays are read-only views of the blob
     stream.episode_return = np.array(message["episode_return"], np.float64)
     stream.episode_length = np.array(message["episode_length"], np.int64)
+    state = message.get("policy_state")
+    stream.policy_state = None if state is None else np.array(state, np.float32)
 
 
 # ---- a worker process's streams ------------------------------------------------------------------

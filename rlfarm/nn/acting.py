@@ -19,14 +19,27 @@ from rlfarm.errors import StateMismatch
 
 EPS = 1e-8  # in the normaliser's sqrt(var + eps)
 
-_NUMPY_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0)}
+NUMPY_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0)}
 
 
 class Actor:
     """What `rollout.collect` and `rollout.run_episodes` act with: `act` and `value` on a batch of
-    observations (shaped and typed as the spec says), and `with_options` for a task's acting options."""
+    observations (shaped and typed as the spec says), and `with_options` for a task's acting options.
+
+    A recurrent actor (`recurrent`: policy.recurrent) carries a state from one `act` to the next, one
+    row per sub-env: set by `begin`, zeroed where episodes start (`episodes_started`), read back as
+    `state`. `act` advances it, `value` does not. Feed-forward actors have none and ignore both calls."""
 
     spec: SpaceSpec
+    recurrent = False
+    seq_len = 0  # a recurrent actor's learning sequences, in steps (policy.seq_len; 0: a whole task)
+    state: np.ndarray | None = None
+
+    def begin(self, n: int, state: np.ndarray | None = None) -> None:
+        """n episodes begin (`state` None), or go on from the state a stream saved (n rows)."""
+
+    def episodes_started(self, rows: np.ndarray) -> None:
+        """Episodes start anew at the batch rows `rows` (bool): their state goes back to zeros."""
 
     def act(
         self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False, mask: np.ndarray | None = None
@@ -102,7 +115,7 @@ def mlp_steps(state: Mapping[str, np.ndarray], prefix: str, sizes: Sequence[int]
         weight = tensor(state, f"{prefix}.{index}.weight", (sizes[i + 1], sizes[i]))
         steps.append((weight.T.copy(), tensor(state, f"{prefix}.{index}.bias", (sizes[i + 1],))))
         if i < len(sizes) - 2:
-            steps.append(_NUMPY_ACTIVATIONS[activation])
+            steps.append(NUMPY_ACTIVATIONS[activation])
     return steps
 
 

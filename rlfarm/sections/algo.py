@@ -67,6 +67,9 @@ class AlgoSection:
     # mode -> "module:Class" of the learner that runs it, the module in the algorithm's package
     learners: ClassVar[dict[str, str]]
     mode_hint: ClassVar[str] = ""  # why the other modes are not supported
+    # The modes whose learner learns a recurrent policy (policy.recurrent) over sequences; none: the
+    # algorithm's policies are feed-forward.
+    recurrent_modes: ClassVar[tuple[str, ...]] = ()
 
     def check(self, run: RunConfig) -> None:
         """Raise ConfigError for values that cannot make a run (the section's own and how they fit

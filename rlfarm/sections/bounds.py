@@ -94,6 +94,7 @@ CONFIG_BOUNDS: dict[str, int] = {
     "env.frame_stack": MAX_FRAME_STACK,
     "env.screen_size": MAX_SCREEN_SIZE,
     "policy.cnn_features": MAX_LAYER_WIDTH,
+    "policy.recurrent_size": MAX_LAYER_WIDTH,
 }
 
 

@@ -10,7 +10,17 @@ import numpy as np
 
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
-from rlfarm.nn.acting import Actor, masked_sample, mlp_steps, normalizer, run_numpy_mlp, tensor
+from rlfarm.nn.acting import (
+    NUMPY_ACTIVATIONS,
+    Actor,
+    linear_step,
+    masked_sample,
+    mlp_steps,
+    normalizer,
+    run_numpy_mlp,
+    tensor,
+)
+from rlfarm.nn.memory import NumpyMemory
 
 HEAD = "actor"  # the output MLP of a saved policy: its sizes are read from it (rlfarm.algos.saved)
 
@@ -86,5 +96,53 @@ class NumpyActor(PolicyActor):
         return run_numpy_mlp(self.actor, x), run_numpy_mlp(self.critic, x)[:, 0]
 
 
-def numpy_actor(spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]) -> NumpyActor:
+class RecurrentNumpyActor(PolicyActor):
+    """Acts with numpy copies of a RecurrentActorCritic's weights (`encoder.*`, `memory.rnn.*`,
+    `actor.*`, `critic.*`), carrying the core's state from step to step (rlfarm.nn.acting.Actor)."""
+
+    recurrent = True
+
+    def __init__(self, spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]):
+        self.spec = spec
+        sizes = [spec.obs_dim, *config.hidden_sizes]
+        self.encoder = mlp_steps(state, "encoder", sizes, config.activation)
+        self.encoder.append(NUMPY_ACTIVATIONS[config.activation])  # the encoder's last layer has one too
+        size = config.recurrent_size
+        self.memory = NumpyMemory(state, "memory.rnn", config.recurrent, sizes[-1], size)
+        self.actor = [linear_step(state, "actor", size, spec.action_dim)]
+        self.critic = [linear_step(state, "critic", size, 1)]
+        self.normalize = normalizer(state, spec, config)
+        self._gaussian(None if spec.discrete else tensor(state, "actor_logstd", (1, spec.action_dim)))
+        self.seq_len = config.seq_len
+        self.state = np.zeros((0, self.memory.state_size), np.float32)
+
+    def begin(self, n: int, state: np.ndarray | None = None) -> None:
+        width = self.memory.state_size
+        if state is None:
+            self.state = np.zeros((n, width), np.float32)
+        elif np.shape(state) != (n, width):
+            raise ValueError(f"a recurrent state of shape {list(np.shape(state))}, this actor's is [{n}, {width}]")
+        else:
+            self.state = np.array(state, np.float32)
+
+    def episodes_started(self, rows: np.ndarray) -> None:
+        self.state[rows] = 0.0
+
+    def _core(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = self.normalize(obs) if self.normalize is not None else obs
+        return self.memory(run_numpy_mlp(self.encoder, x), state)
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out, self.state = self._core(obs, self.state)
+        return run_numpy_mlp(self.actor, out), run_numpy_mlp(self.critic, out)[:, 0]
+
+    def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """State values of `obs` after the state of the batch (or of its rows `rows`), which stays."""
+        out, _ = self._core(obs, self.state if rows is None else self.state[rows])
+        return run_numpy_mlp(self.critic, out)[:, 0]
+
+
+def numpy_actor(spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]) -> PolicyActor:
+    if config.recurrent:
+        return RecurrentNumpyActor(spec, config, state)
     return NumpyActor(spec, config, state)

@@ -4,6 +4,7 @@
 and critic MLPs (as CleanRL's PPO); images: one Nature-CNN encoder and a linear head each. Its
 `actor` and `critic` are the network's heads (the saved tensors' names: `actor.0.weight`, ...).
 Workers act with a numpy copy of an MLP, and with ONNX Runtime (else torch) for a CNN.
+`RecurrentActorCritic` (policy.recurrent): an MLP encoder, an LSTM or GRU cell and the two heads.
 """
 
 from __future__ import annotations
@@ -15,11 +16,38 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfarm.algos.ppo.acting import NumpyActor, PolicyActor
+from rlfarm.algos.ppo.acting import NumpyActor, PolicyActor, RecurrentNumpyActor
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
+from rlfarm.errors import ConfigError
 from rlfarm.nn.actors import OnnxGraph, numpy_state, onnx_graph
-from rlfarm.nn.layers import NatureCNN, layer_init, mlp, normc_init, obs_normalizer, xavier_init
+from rlfarm.nn.layers import ACTIVATIONS, NatureCNN, layer_init, mlp, normc_init, obs_normalizer, xavier_init
+from rlfarm.nn.recurrent import RecurrentCore
+
+
+def policy_distribution(
+    spec: SpaceSpec, out: torch.Tensor, log_std: torch.Tensor | None, mask: torch.Tensor | None = None
+) -> torch.distributions.Distribution:
+    """The policy's distribution of the actor head's `out`: categorical over logits, or a diagonal
+    Gaussian around the means with the state-independent `log_std`."""
+    if spec.discrete:
+        if mask is not None:
+            # Illegal actions (SpaceSpec.action_mask) get the lowest finite logit: probability 0, no
+            # gradient, an entropy over the legal ones. Not -inf: a row with no legal action (an agent
+            # out of its game, in APPO's targets) would be NaN.
+            out = out.masked_fill(~mask, torch.finfo(out.dtype).min)
+        return torch.distributions.Categorical(logits=out, validate_args=False)
+    std = log_std.expand_as(out).exp()
+    return torch.distributions.Normal(out, std, validate_args=False)
+
+
+def log_prob_entropy(
+    spec: SpaceSpec, dist: torch.distributions.Distribution, actions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of `actions` and the entropy, summed over a Box's dimensions."""
+    if spec.discrete:
+        return dist.log_prob(actions.long()), dist.entropy()
+    return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
 
 
 class ActorCritic(nn.Module):
@@ -59,15 +87,7 @@ class ActorCritic(nn.Module):
         return self.critic(self._features(obs)).squeeze(-1)
 
     def _distribution(self, out: torch.Tensor, mask: torch.Tensor | None = None) -> torch.distributions.Distribution:
-        if self.spec.discrete:
-            if mask is not None:
-                # Illegal actions (SpaceSpec.action_mask) get the lowest finite logit: probability 0, no
-                # gradient, an entropy over the legal ones. Not -inf: a row with no legal action (an agent
-                # out of its game, in APPO's targets) would be NaN.
-                out = out.masked_fill(~mask, torch.finfo(out.dtype).min)
-            return torch.distributions.Categorical(logits=out, validate_args=False)
-        std = self.actor_logstd.expand_as(out).exp()
-        return torch.distributions.Normal(out, std, validate_args=False)
+        return policy_distribution(self.spec, out, None if self.spec.discrete else self.actor_logstd, mask)
 
     def distribution(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.distributions.Distribution:
         return self._distribution(self.actor(self._features(obs)), mask)
@@ -92,11 +112,7 @@ class ActorCritic(nn.Module):
             with torch.autocast(obs.device.type, dtype=autocast):
                 out, value = heads(obs)
             out, value = out.float(), value.float()
-        dist = self._distribution(out, mask)
-        if self.spec.discrete:
-            logprob, entropy = dist.log_prob(actions.long()), dist.entropy()
-        else:
-            logprob, entropy = dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
+        logprob, entropy = log_prob_entropy(self.spec, self._distribution(out, mask), actions)
         return logprob, entropy, value
 
     def actor_snapshot(self) -> PolicyActor:
@@ -146,3 +162,70 @@ class _Heads(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.policy._heads(obs)
+
+
+class RecurrentActorCritic(nn.Module):
+    """ActorCritic with memory (policy.recurrent): an MLP encoder (`encoder`, policy.hidden_sizes, each
+    layer followed by its activation), an LSTM or GRU cell (`memory`, policy.recurrent_size) and a
+    linear actor and critic head on its output. One core for both heads, as CleanRL's LSTM PPO. Acted
+    one step at a time from a state the actor carries (RecurrentNumpyActor); learned over sequences
+    from the state each one started from (`evaluate_sequences`)."""
+
+    recurrent = True
+
+    def __init__(self, spec: SpaceSpec, config: PolicyConfig):
+        super().__init__()
+        if spec.is_image or spec.policies:
+            raise ConfigError(
+                "policy.recurrent acts on vector observations of one policy; images and several policies "
+                "(env.policy_map) are not built yet"
+            )
+        self.spec, self.config = spec, config
+        sizes = [spec.obs_dim, *config.hidden_sizes]
+        layers: list[nn.Module] = []
+        for i in range(len(sizes) - 1):
+            layers += [layer_init(nn.Linear(sizes[i], sizes[i + 1])), ACTIVATIONS[config.activation]()]
+        self.encoder = nn.Sequential(*layers)
+        self.memory = RecurrentCore(config.recurrent, sizes[-1], config.recurrent_size)
+        for name, param in self.memory.named_parameters():  # as CleanRL's LSTM PPO: orthogonal, zero biases
+            nn.init.constant_(param, 0.0) if "bias" in name else nn.init.orthogonal_(param, 1.0)
+        self.actor = layer_init(nn.Linear(config.recurrent_size, spec.action_dim), std=0.01)
+        self.critic = layer_init(nn.Linear(config.recurrent_size, 1), std=1.0)
+        self.obs_norm = obs_normalizer(spec, config)
+        if not spec.discrete:
+            self.actor_logstd = nn.Parameter(torch.full((1, spec.action_dim), config.init_log_std))
+
+    @property
+    def state_size(self) -> int:
+        return self.memory.state_size
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.obs_norm(obs) if self.obs_norm is not None else obs)
+
+    def step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step on a batch: the actor head's output, the state value and the next state."""
+        out, state = self.memory.step(self._features(obs), state)
+        return self.actor(out), self.critic(out).squeeze(-1), state
+
+    def evaluate_sequences(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        starts: np.ndarray,
+        state: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probabilities of `actions`, entropies and state values, flat (L x B), of B sequences of
+        L steps: `obs` (L, B, obs_dim), `actions` (L, B, ...), `starts` (L, B) bool, numpy, where
+        an episode starts, `state` (B, state_size) the state each sequence started from, `mask` (L x B, A)."""
+        steps, batch = obs.shape[:2]
+        features = self._features(obs.reshape(steps * batch, -1)).reshape(steps, batch, -1)
+        out = self.memory.sequence(features, starts, state).reshape(steps * batch, -1)
+        flat_actions = actions.reshape(steps * batch, *actions.shape[2:])
+        log_std = None if self.spec.discrete else self.actor_logstd
+        dist = policy_distribution(self.spec, self.actor(out), log_std, mask)
+        logprob, entropy = log_prob_entropy(self.spec, dist, flat_actions)
+        return logprob, entropy, self.critic(out).squeeze(-1)
+
+    def actor_snapshot(self) -> PolicyActor:
+        return RecurrentNumpyActor(self.spec, self.config, numpy_state(self))

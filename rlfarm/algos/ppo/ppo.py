@@ -17,7 +17,8 @@ from torch import nn
 from rlfarm.algos.base import Algorithm, load_optimizer_state, optimizer_state, prefixed, to_device, unprefixed
 from rlfarm.algos.ppo.acting import HEAD
 from rlfarm.algos.ppo.config import VF_LOSSES
-from rlfarm.algos.ppo.policies import ActorCritic
+from rlfarm.algos.ppo.policies import ActorCritic, RecurrentActorCritic
+from rlfarm.algos.ppo.sequences import episode_starts, seq_len_of, to_sequences
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
@@ -78,8 +79,8 @@ class PPO(Algorithm):
     )
 
     @classmethod
-    def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> ActorCritic:
-        return ActorCritic(spec, config)
+    def build_network(cls, spec: SpaceSpec, config: PolicyConfig) -> ActorCritic | RecurrentActorCritic:
+        return RecurrentActorCritic(spec, config) if config.recurrent else ActorCritic(spec, config)
 
     def __init__(self, config: RunConfig, spec: SpaceSpec, device: torch.device):
         super().__init__(config, spec, device)
@@ -100,6 +101,7 @@ class PPO(Algorithm):
         if self.config.compile != "none":
             self.layers = torch.compile(self.policy._heads, mode=self.config.compile, dynamic=False)
         self.compiled = {} if self.layers is None else {"layers": self.layers}  # evaluate's keyword
+        self.seq_len = config.policy.seq_len  # a recurrent policy's learning sequences (0: a whole task)
 
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
         self._rollout = rollout
@@ -166,6 +168,8 @@ class PPO(Algorithm):
         """Minibatch epochs on (T, N) arrays, a `_step` per minibatch of samples drawn across the batch.
         `between()` runs after each minibatch (the ASYNC trainer keeps the farm fed there).
         `is_ratios` (T, N): weights on each sample's ratio (APPO's target network, `_step`)."""
+        if isinstance(self.policy, RecurrentActorCritic):
+            return self._optimize_sequences(rollout, logprobs, values, advantages, returns)
         cfg = self.config
         dev = self.device
         b_obs = self._observations(rollout)
@@ -227,6 +231,62 @@ class PPO(Algorithm):
             stopped,
             b_values.cpu().numpy(),
             b_returns.cpu().numpy(),
+        )
+
+    def _optimize_sequences(
+        self,
+        rollout: Rollout,
+        logprobs: np.ndarray,
+        values: np.ndarray,
+        advantages: np.ndarray,
+        returns: np.ndarray,
+    ) -> dict[str, float]:
+        """Minibatch epochs of a recurrent policy: minibatches of whole sequences (rlfarm.algos.ppo.
+        sequences), each replayed from the state its task recorded (truncated BPTT), a `_step` each."""
+        cfg = self.config
+        if rollout.states is None:
+            raise ValueError("a recurrent policy's rollout carries the state of each sequence (Rollout.states)")
+        if rollout.active is not None:
+            raise ValueError("policy.recurrent with agents that sit out of their games is not built yet")
+        dev = self.device
+        length = seq_len_of(len(rollout.rewards), self.seq_len)
+
+        def seqs(x: np.ndarray) -> torch.Tensor:
+            return to_device(to_sequences(x, length), dev)
+
+        b_obs, b_actions = seqs(rollout.obs), seqs(rollout.actions)
+        b_logprobs, b_values, b_adv, b_returns = (seqs(x) for x in (logprobs, values, advantages, returns))
+        b_starts = episode_starts(rollout.dones, length)  # numpy: where each minibatch's fragments are cut
+        b_states = to_device(rollout.states.reshape(-1, rollout.states.shape[-1]), dev)
+        b_masks = None if rollout.action_masks is None else seqs(rollout.action_masks)
+        sequences = b_states.shape[0]
+        starts = minibatch_starts(sequences, cfg.num_minibatches)
+        clipfracs: list[torch.Tensor] = []
+        approx_kl, stopped = torch.zeros(()), False
+        for _epoch in range(cfg.update_epochs):
+            order = torch.randperm(sequences, generator=self.generator).to(dev)
+            for start, end in zip(starts[:-1], starts[1:]):
+                mb = order[start:end]
+                mb_masks = None if b_masks is None else b_masks[:, mb].reshape(-1, b_masks.shape[-1])
+                newlogprob, entropy, newvalue = self.policy.evaluate_sequences(
+                    b_obs[:, mb], b_actions[:, mb], b_starts[:, mb.cpu().numpy()], b_states[mb], mb_masks
+                )
+                pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
+                    newlogprob,
+                    entropy,
+                    newvalue,
+                    *(x[:, mb].reshape(-1) for x in (b_logprobs, b_values, b_adv, b_returns)),
+                )
+                clipfracs.append(clipfrac)
+            if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
+                stopped = True
+                break
+        return self._metrics(
+            (pg_loss, v_loss, entropy_loss, approx_kl),
+            clipfracs,
+            stopped,
+            values.reshape(-1),
+            returns.reshape(-1),
         )
 
     def _metrics(

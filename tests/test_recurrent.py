@@ -1,0 +1,164 @@
+"""Recurrent policies (policy.recurrent, issue 53), in one process: the numpy cells are torch's, an
+actor carries its state and zeroes it where episodes start, a task records each sequence's start state,
+and the learner's sequences replay exactly what the actor acted with (its first epoch's ratio is 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from rlfarm.algos.ppo.policies import RecurrentActorCritic
+from rlfarm.algos.ppo.sequences import episode_starts, to_sequences
+from rlfarm.config import PolicyConfig
+from rlfarm.core.rollout import collect, concat, run_episodes
+from rlfarm.envs import describe, make_env, make_vector_env
+from rlfarm.nn.actors import numpy_state
+from rlfarm.nn.memory import NumpyMemory
+from rlfarm.nn.recurrent import RecurrentCore
+
+pytestmark = pytest.mark.unit
+
+ENV = "rlfarm/cartpole_no_vel"
+
+
+def _policy(kind: str, seq_len: int = 0, seed: int = 0, **extra) -> RecurrentActorCritic:
+    torch.manual_seed(seed)
+    config = PolicyConfig(hidden_sizes=(32,), recurrent=kind, recurrent_size=16, seq_len=seq_len, **extra)
+    return RecurrentActorCritic(describe(ENV), config)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_numpy_cell_is_torchs(kind):
+    torch.manual_seed(1)
+    core = RecurrentCore(kind, 5, 8)
+    mine = NumpyMemory(numpy_state(core), "rnn", kind, 5, 8)
+    rng = np.random.default_rng(0)
+    state = rng.standard_normal((3, core.state_size)).astype(np.float32)
+    for _ in range(4):
+        x = rng.standard_normal((3, 5)).astype(np.float32)
+        out, next_state = core.step(torch.from_numpy(x), torch.from_numpy(state))
+        got, got_state = mine(x, state)
+        np.testing.assert_allclose(got, out.detach().numpy(), atol=1e-6)
+        np.testing.assert_allclose(got_state, next_state.detach().numpy(), atol=1e-6)
+        state = got_state
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_actor_steps_as_the_network_and_value_leaves_its_state_alone(kind):
+    policy = _policy(kind, normalize_obs=True)
+    actor = policy.actor_snapshot()
+    rng = np.random.default_rng(3)
+    actor.begin(4)
+    state = torch.zeros(4, policy.state_size)
+    for _ in range(5):
+        obs = rng.standard_normal((4, 4)).astype(np.float32)
+        before = actor.state.copy()
+        values = actor.value(obs)
+        np.testing.assert_array_equal(actor.state, before)  # value peeks, it does not step
+        _, logp, value = actor.act(obs, rng)
+        out, torch_value, state = policy.step(torch.from_numpy(obs), state)
+        np.testing.assert_allclose(value, torch_value.detach().numpy(), atol=1e-5)
+        np.testing.assert_allclose(values, value, atol=1e-6)
+        np.testing.assert_allclose(actor.state, state.detach().numpy(), atol=1e-5)
+    actor.episodes_started(np.array([True, False, True, False]))
+    assert not actor.state[[0, 2]].any() and actor.state[[1, 3]].any()
+
+
+def test_sequences_are_cut_per_sub_env_and_starts_follow_the_dones():
+    x = np.arange(8 * 3).reshape(8, 3)  # (T=8, N=3): x[t, n] = 3 t + n
+    seqs = to_sequences(x, 4)  # K=2 sequences a sub-env: sequence k*3 + n
+    assert seqs.shape == (4, 6)
+    assert seqs[:, 0].tolist() == [0, 3, 6, 9] and seqs[:, 4].tolist() == [13, 16, 19, 22]
+    dones = np.zeros((8, 3), bool)
+    dones[1, 0] = dones[3, 1] = True  # sub-env 1's episode ends at the last step of its first sequence
+    starts = episode_starts(dones, 4)
+    assert np.flatnonzero(starts[:, 0]).tolist() == [2] and not starts[:, 1].any()
+    assert not starts[0].any()  # a sequence's first step: its recorded state says it
+
+
+@pytest.mark.parametrize(("kind", "seq_len"), [("lstm", 16), ("gru", 0), ("lstm", 8)])
+def test_the_learner_replays_each_sequence_as_the_actor_acted(kind, seq_len):
+    """Short episodes (random CartPole ones end within ~30 steps) start and end inside sequences and
+    at their edges; from the recorded start states, the learner's log-probabilities and values are the
+    actor's, so PPO's first ratio is 1."""
+    policy = _policy(kind, seq_len)
+    envs = make_vector_env(ENV, 3)
+    tasks = []
+    for index in range(2):
+        actor = policy.actor_snapshot()
+        tasks.append(collect(actor, envs, 64, [10 * index + i for i in range(3)], action_seed=index))
+    rollout = concat(tasks)
+    length = seq_len or 64
+    assert rollout.states.shape == (64 // length, 6, policy.state_size)
+    assert rollout.dones.sum() >= 4
+    assert not rollout.states[0].any()  # fresh episodes: the first sequence starts from zeros
+    obs = torch.from_numpy(to_sequences(rollout.obs, length))
+    actions = torch.from_numpy(to_sequences(rollout.actions, length))
+    starts = episode_starts(rollout.dones, length)
+    states = torch.from_numpy(rollout.states.reshape(-1, policy.state_size))
+    with torch.no_grad():
+        logprob, _, value = policy.evaluate_sequences(obs, actions, starts, states)
+    np.testing.assert_allclose(logprob.numpy(), to_sequences(rollout.logprobs, length).reshape(-1), atol=2e-5)
+    np.testing.assert_allclose(value.numpy(), to_sequences(rollout.values, length).reshape(-1), atol=2e-5)
+
+
+def test_without_the_zeroing_at_episode_starts_the_replay_differs():
+    """The check above can fail: a learner that does not zero the state where episodes start sees
+    other log-probabilities than the actor's."""
+    policy = _policy("lstm")
+    rollout = collect(policy.actor_snapshot(), make_vector_env(ENV, 3), 64, [1, 2, 3], action_seed=0)
+    assert rollout.dones[:-1].any()
+    obs = torch.from_numpy(to_sequences(rollout.obs, 64))
+    actions = torch.from_numpy(to_sequences(rollout.actions, 64))
+    never = np.zeros(obs.shape[:2], bool)
+    with torch.no_grad():
+        logprob, _, _ = policy.evaluate_sequences(obs, actions, never, torch.from_numpy(rollout.states[0]))
+    assert not np.allclose(logprob.numpy(), to_sequences(rollout.logprobs, 64).reshape(-1), atol=2e-5)
+
+
+def test_a_greedy_episode_starts_with_an_empty_memory():
+    """run_episodes begins each episode anew: two evaluations of one seed give one return, whatever
+    the actor did before."""
+    policy = _policy("gru")
+    actor = policy.actor_snapshot()
+    env = make_env(ENV)
+    first = run_episodes(actor, env, 2, seed=5)
+    actor.begin(1, np.ones((1, actor.state.shape[1]), np.float32))
+    again = run_episodes(actor, env, 2, seed=5)
+    np.testing.assert_array_equal(first, again)
+
+
+def test_feed_forward_configs_build_the_feed_forward_network():
+    from rlfarm.algos.ppo.policies import ActorCritic
+    from rlfarm.algos.ppo.ppo import PPO
+
+    config = dataclasses.replace(PolicyConfig(), hidden_sizes=(8,))
+    assert type(PPO.build_network(describe(ENV), config)) is ActorCritic
+    assert type(PPO.build_network(describe(ENV), dataclasses.replace(config, recurrent="gru"))) is RecurrentActorCritic
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_minibatch_of_sequences_cut_into_fragments_is_the_step_by_step_loop(kind):
+    """RecurrentCore.sequence runs the fused layer once over padded fragments; stepping one step at a
+    time and zeroing the state where episodes start gives the same outputs."""
+    torch.manual_seed(2)
+    core = RecurrentCore(kind, 3, 6)
+    rng = np.random.default_rng(4)
+    steps, batch = 12, 5
+    starts = rng.random((steps, batch)) < 0.2
+    starts[0] = False
+    starts[:, 2] = False  # one sequence without a cut
+    starts[1:, 3] = True  # one cut at every step
+    x = torch.from_numpy(rng.standard_normal((steps, batch, 3)).astype(np.float32))
+    state = torch.from_numpy(rng.standard_normal((batch, core.state_size)).astype(np.float32))
+    with torch.no_grad():
+        fused = core.sequence(x, starts, state)
+        loop, s = [], state
+        for t in range(steps):
+            s = s * torch.from_numpy(~starts[t]).float().unsqueeze(-1)
+            out, s = core.step(x[t], s)
+            loop.append(out)
+    np.testing.assert_allclose(fused.numpy(), torch.stack(loop).numpy(), atol=1e-6)
