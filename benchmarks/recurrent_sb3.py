@@ -59,6 +59,7 @@ class Task:
     normalize: bool  # VecNormalize of observations and rewards, its gamma the run's (as the zoo does)
     # RecurrentPPO's arguments; "lin_X" is the zoo's linear schedule, from X to 0 over the budget.
     ppo: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None  # rlfarm's recurrent preset for the task (None: no rlfarm side yet)
 
 
 # rl-baselines3-zoo hyperparams/ppo_lstm.yml (CartPoleNoVel-v1 "Tuned", PendulumNoVel-v1), copied:
@@ -82,6 +83,7 @@ TASKS = {
             "learning_rate": "lin_0.001",
             "clip_range": "lin_0.2",
         },
+        preset="cartpole-no-vel-lstm",
     ),
     "pendulum": Task(
         env_id="rlfarm/pendulum_no_vel",
@@ -210,8 +212,65 @@ def sb3_contrib_run(task: Task, seed: int, threads: int) -> dict[str, Any]:
     }
 
 
+def rlfarm_run(task: Task, seed: int, threads: int) -> dict[str, Any]:
+    """One `rlfarm train --preset <task.preset>` run on the embedded default (its Redis and local
+    workers started and stopped within the run, all on this machine's cores), the same budget: its
+    record from the run's episodes.csv (every training episode, with its env step and wall time since
+    the run began), summary.json and `rlfarm eval` of its final policy on the greedy seeds."""
+    import csv
+    import subprocess
+    import tempfile
+
+    if task.preset is None:
+        raise SystemExit(f"rlfarm has no recurrent preset for {task.env_id} yet: run with --sides sb3-contrib")
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, str(ROOT / "cli.py"), "train", "--preset", task.preset, "--seed", str(seed)]
+        command += ["--total-steps", str(task.budget), "--logdir", tmp, "--run-id", "bench"]
+        command += ["--workers", str(RLFARM_WORKERS), "--set", "eval.interval=0", "--set", f"torch_threads={threads}"]
+        subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+        run_dir = Path(tmp) / "bench"
+        returns: deque[float] = deque(maxlen=WINDOW)
+        scored, episodes, curve = None, 0, []
+        with open(run_dir / "episodes.csv") as f:
+            for row in csv.DictReader(f):
+                returns.append(float(row["episodic_return"]))
+                episodes += 1
+                mean = _mean(returns)
+                point = (int(row["global_step"]), round(float(row["wall_time"]), 2))
+                if scored is None and task.threshold is not None and mean is not None and mean >= task.threshold:
+                    scored = (point[1], point[0])
+                if not curve or point[0] - curve[-1][0] >= 5_000:  # a point every 5k steps or so
+                    curve.append((*point, None if mean is None else round(mean, 2)))
+        summary = json.loads((run_dir / "summary.json").read_text())
+        greedy = subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), "eval", "--policy", str(run_dir / "final_policy.safetensors")]
+            + ["--episodes", str(GREEDY), "--seed", str(GREEDY_SEED)],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout
+    return {
+        "side": "rlfarm",
+        "seed": seed,
+        "seconds_to_score": scored[0] if scored else None,
+        "steps_to_score": scored[1] if scored else None,
+        "final_mean_return": _mean(returns),
+        "greedy_mean_return": float(greedy.split("mean return ")[1].split()[0]),
+        "episodes": episodes,
+        "env_steps": summary["env_steps"],
+        "learn_seconds": summary["wall_seconds"],
+        "end_to_end_seconds": time.perf_counter() - t_start,
+        "workers": RLFARM_WORKERS,
+        "curve": curve,
+    }
+
+
+RLFARM_WORKERS = 1  # rlfarm's rollout processes beside its learner (--rlfarm-workers)
+
 # A side: (task, seed, torch threads) -> a run's record with at least the keys sb3_contrib_run returns.
-SIDES: dict[str, Callable[[Task, int, int], dict[str, Any]]] = {"sb3-contrib": sb3_contrib_run}
+SIDES: dict[str, Callable[[Task, int, int], dict[str, Any]]] = {"sb3-contrib": sb3_contrib_run, "rlfarm": rlfarm_run}
 
 
 def _compact_lists(text: str) -> str:
@@ -239,6 +298,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--sides", nargs="+", choices=sorted(SIDES), default=sorted(SIDES))
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each run [1]")
+    parser.add_argument("--rlfarm-workers", type=int, default=1, help="rlfarm's rollout processes [1]")
     parser.add_argument("--threshold", type=float, help="the time-to-score target [the task's: CartPole 475]")
     parser.add_argument("--budget", type=int, help="env steps of each run [the zoo's n_timesteps]")
     parser.add_argument(
@@ -248,6 +308,8 @@ def main() -> None:
         help="folder of <env>.json and <env>.txt [benchmarks/results/recurrent-sb3-<date>]",
     )
     args = parser.parse_args()
+    global RLFARM_WORKERS
+    RLFARM_WORKERS = args.rlfarm_workers
     task = TASKS[args.env]
     changes = {"threshold": args.threshold} if args.threshold is not None else {}
     changes |= {"budget": args.budget} if args.budget is not None else {}

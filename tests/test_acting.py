@@ -207,7 +207,9 @@ def test_a_worker_acting_mlp_runs_never_loads_torch(tmp_path):
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("preset", ["cartpole-ppo", "cartpole-dqn", "pendulum-sac", "pendulum-td3"])
+@pytest.mark.parametrize(
+    "preset", ["cartpole-ppo", "cartpole-dqn", "pendulum-sac", "pendulum-td3", "cartpole-no-vel-lstm"]
+)
 def test_eval_and_load_of_an_mlp_policy_run_where_torch_cannot_be_imported(tmp_path, preset):
     """`rlfarm eval --policy FILE` and `rlfarm.load(FILE).predict(obs)` of an MLP policy with a `torch`
     that raises at import first on the path: neither needs torch."""

@@ -113,15 +113,17 @@ def test_pendulum_td3_async_confirmed_greedy_eval_reaches_minus_200_within_20k_s
 
 
 @pytest.mark.deterministic
-@pytest.mark.parametrize("episodes", ["fresh", "continue"])
-def test_same_seed_same_policy_with_1_and_3_workers(tmp_path, episodes):
+@pytest.mark.parametrize(("episodes", "recurrent"), [("fresh", ""), ("continue", ""), ("continue", "lstm")])
+def test_same_seed_same_policy_with_1_and_3_workers(tmp_path, episodes, recurrent):
     """SYNC learns the same policy bytes whatever the farm's size, with fresh episodes in every task
-    and with env streams going on across tasks (their snapshots move them between processes)."""
+    and with env streams going on across tasks (their snapshots move them between processes), a
+    recurrent policy's memory with them (issue 53: sequences of 64 steps, 4 a task)."""
     digests = []
+    memory = ["--set", f"policy.recurrent={recurrent}", "--set", "policy.seq_len=64"] if recurrent else []
     for workers in ("1", "3"):
         run_dir = train_embedded(
             tmp_path / f"w{workers}",
-            f"repro-{episodes}",  # not another test's run id: they run at once, and their workers' names
+            f"repro-{episodes}{recurrent}",  # not another test's run id: they run at once, and their workers' names
             "--workers",  # tell whether a run left one behind (assert_cleaned_up)
             workers,
             "--seed",
@@ -138,6 +140,7 @@ def test_same_seed_same_policy_with_1_and_3_workers(tmp_path, episodes):
             "ppo.num_minibatches=4",
             "--set",
             f"farm.episodes={episodes}",
+            *memory,
         )
         summary = json.loads((run_dir / "summary.json").read_text())
         # sha256 over every tensor's raw bytes (the safetensors header orders metadata arbitrarily,

@@ -162,3 +162,70 @@ def test_a_minibatch_of_sequences_cut_into_fragments_is_the_step_by_step_loop(ki
             out, s = core.step(x[t], s)
             loop.append(out)
     np.testing.assert_allclose(fused.numpy(), torch.stack(loop).numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["policy.recurrent=rnn"], 'policy.recurrent must be lstm, gru or "" \\(none\\)'),
+        (["algo=dqn", "policy.recurrent=lstm"], "dqn learns feed-forward policies only .* learned by ppo"),
+        (["mode=async", "policy.recurrent=gru"], "ppo learns recurrent policies in mode sync only; not in mode async"),
+        (["policy.recurrent=lstm", "policy.seq_len=1024"], "longer than a task \\(farm.steps_per_env = 512\\)"),
+        (["policy.recurrent=lstm", "policy.seq_len=100"], "does not divide farm.steps_per_env = 512"),
+        (["policy.recurrent=lstm", "policy.seq_len=-1"], "cannot be negative"),
+        (["policy.recurrent=lstm", "policy.recurrent_size=0"], "policy.recurrent_size must be at least 1"),
+        (["policy.recurrent=lstm", "policy.recurrent_size=100000"], "above its bound"),
+        (["policy.recurrent=gru", "ppo.compile=default"], "eager fp32"),
+    ],
+)
+def test_what_is_not_built_is_one_line_before_anything_starts(overrides, fragment):
+    from rlfarm import config as C
+
+    with pytest.raises(C.ConfigError, match=fragment) as caught:
+        C.build("cartpole-ppo", overrides)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_recurrent_sync_runs_last_iteration_is_whole_sequences():
+    """A SYNC run's shorter last iteration is rounded up to whole sequences (config.length.task_steps)."""
+    from rlfarm import config as C
+
+    cfg = C.build("cartpole-ppo", ["policy.recurrent=lstm", "policy.seq_len=64", "total_steps=41000"])
+    last = cfg.task_steps((cfg.num_iterations - 1) * cfg.steps_per_iteration)
+    assert last % 64 == 0 and 0 < last < 512
+    plain = C.build("cartpole-ppo", ["total_steps=41000"])
+    assert plain.task_steps((plain.num_iterations - 1) * plain.steps_per_iteration) % 64 != 0
+
+
+def test_a_loaded_recurrent_policy_predicts_with_the_state_it_returns(tmp_path):
+    """rlfarm.load(...).predict(obs, state, episode_start) as sb3-contrib's RecurrentPPO: the state it
+    returns goes into the next call; an episode start zeroes it; greedy actions follow the network."""
+    import rlfarm
+    from rlfarm import config as C
+    from rlfarm.algos.ppo.ppo import PPO
+    from rlfarm.trainer.summary import write_final_policy
+
+    cfg = C.build("cartpole-no-vel-lstm", ["policy.recurrent_size=8", "policy.hidden_sizes=[16]"])
+    torch.manual_seed(0)
+    network = PPO.build_network(describe(ENV), cfg.policy)
+    path = write_final_policy(tmp_path, cfg, describe(ENV), network.state_dict(), 3, None)
+    policy = rlfarm.load(path)
+    env = make_env(ENV)
+    obs, _ = env.reset(seed=0)
+    state, start = None, np.ones(1, bool)
+    torch_state = torch.zeros(1, network.state_size)
+    ends = 0
+    for _ in range(40):  # greedy and untrained: episodes of about ten steps, several starts
+        action, state = policy.predict(obs, state=state, episode_start=start, deterministic=True)
+        out, _, torch_state = network.step(torch.from_numpy(obs[None]), torch_state)
+        assert action == int(out.argmax()) and state.shape == (1, network.state_size)
+        np.testing.assert_allclose(state, torch_state.detach().numpy(), atol=1e-5)
+        obs, _, terminated, truncated, _ = env.step(action)
+        start = np.array([terminated or truncated])
+        if start[0]:
+            obs, _ = env.reset()
+            torch_state, ends = torch.zeros_like(torch_state), ends + 1
+    assert ends >= 2
+    _, fresh = policy.predict(obs, state=state, episode_start=np.ones(1, bool))
+    _, carried = policy.predict(obs, state=state, episode_start=np.zeros(1, bool))
+    assert not np.allclose(fresh, carried)

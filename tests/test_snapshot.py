@@ -45,20 +45,21 @@ OPTIONS = {
 }
 
 
-def _actor(env_id: str):
+def _actor(env_id: str, recurrent: str = ""):
     import torch
 
     from rlfarm.algos import network_for
     from rlfarm.config import PolicyConfig
 
     torch.manual_seed(0)
-    return network_for("ppo", describe(env_id, OPTIONS.get(env_id)), PolicyConfig(hidden_sizes=(16,))).actor_snapshot()
+    config = PolicyConfig(hidden_sizes=(16,), recurrent=recurrent, recurrent_size=8)
+    return network_for("ppo", describe(env_id, OPTIONS.get(env_id)), config).actor_snapshot()
 
 
-def _tasks(env_id: str, n_envs: int, steps: int, tasks: int, move: bool) -> list[Rollout]:
+def _tasks(env_id: str, n_envs: int, steps: int, tasks: int, move: bool, recurrent: str = "") -> list[Rollout]:
     """`tasks` tasks of one stream: in one process (`move=False`), or each in the other of two
     processes, which restores the stream from the snapshot the last task saved (`move=True`)."""
-    actor = _actor(env_id)
+    actor = _actor(env_id, recurrent)
     seeds = stream_seeds(7, 0, 0, n_envs)
     here = [EnvStream(make_vector_env(env_id, n_envs, options=OPTIONS.get(env_id)), seeds) for _ in range(2)]
     # What a worker checks a snapshot against: the env's configuration, learned on a probe of one game.
@@ -88,6 +89,37 @@ def test_a_stream_restored_in_another_process_goes_on_bit_for_bit(env_id):
             if value is not None:
                 np.testing.assert_array_equal(value, b.to_dict()[name], err_msg=f"{env_id}: {name}")
     assert sum(r.episode_returns.size for r in alone) or env_id.startswith(("tests.", "HalfCheetah", "Ant", "ALE"))
+
+
+@pytest.mark.parametrize("recurrent", ["lstm", "gru"])
+def test_a_recurrent_policys_state_moves_with_its_stream_bit_for_bit(recurrent):
+    """A recurrent actor's memory of the running episodes is part of the stream's snapshot (issue 53):
+    moved to the other process every task, the stream and the memory go on exactly as in one. Tasks
+    of 40 steps, episodes of a few dozen (the policy is random): episodes span tasks."""
+    alone = _tasks("rlfarm/cartpole_no_vel", 3, 40, 6, move=False, recurrent=recurrent)
+    moved = _tasks("rlfarm/cartpole_no_vel", 3, 40, 6, move=True, recurrent=recurrent)
+    for a, b in zip(alone, moved):
+        for name, value in a.to_dict().items():
+            if value is not None:
+                np.testing.assert_array_equal(value, b.to_dict()[name], err_msg=name)
+    assert alone[3].states is not None and alone[3].states.any()  # a later task starts with a memory
+
+
+def test_without_the_state_in_the_snapshot_a_moved_recurrent_stream_would_differ(monkeypatch):
+    """The check above can fail: a snapshot that dropped the memory makes the moved stream act otherwise."""
+    real = streams.encode
+
+    def forgetful(stream, env_state):
+        saved, stream.policy_state = stream.policy_state, None
+        try:
+            return real(stream, env_state)
+        finally:
+            stream.policy_state = saved
+
+    monkeypatch.setattr(streams, "encode", forgetful)
+    alone = _tasks("rlfarm/cartpole_no_vel", 3, 40, 4, move=False, recurrent="lstm")
+    moved = _tasks("rlfarm/cartpole_no_vel", 3, 40, 4, move=True, recurrent="lstm")
+    assert not all(np.array_equal(a.logprobs, b.logprobs) for a, b in zip(alone, moved))
 
 
 def test_an_env_holding_an_object_rlfarm_cannot_save_is_refused_by_name():

@@ -95,18 +95,28 @@ class LoadedPolicy:
 
     def predict(
         self, obs: Any, state: Any = None, episode_start: Any = None, deterministic: bool = True
-    ) -> tuple[np.ndarray, None]:
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Actions for `obs`: greedy with `deterministic=True`, else sampled from the policy (PPO's
         distribution, SAC's Gaussian; DQN and TD3 explore only with the `epsilon` or `noise` given to
         `load`). Continuous actions are clipped to the env's bounds, as the farm's episodes clip them.
-        `state` and `episode_start` are accepted for SB3's signature; rlfarm's policies keep no state."""
+
+        A recurrent policy (policy.recurrent), as sb3-contrib's RecurrentPPO: `state` is what the last
+        call returned (None: every episode starts), `episode_start` (bool, one per observation) marks
+        the observations that begin an episode, whose memory is zeroed first; returns (actions, the next
+        state, shaped (N, state size)). A feed-forward policy keeps no state and returns None for it."""
         batch, single = self._batch(obs)
+        if self.actor.recurrent:
+            n = len(batch)
+            self.actor.begin(n, None if state is None else np.asarray(state, np.float32).reshape(n, -1))
+            if episode_start is not None:
+                self.actor.episodes_started(np.asarray(episode_start, bool).reshape(n))
         actions, _, _ = self.actor.act(batch, self.rng, deterministic)
         if not self.spec.discrete:
             actions = np.clip(
                 actions, np.asarray(self.spec.action_low, np.float32), np.asarray(self.spec.action_high, np.float32)
             )
-        return (actions[0] if single else actions), None
+        memory = self.actor.state.copy() if self.actor.recurrent else None
+        return (actions[0] if single else actions), memory
 
     def __repr__(self) -> str:
         return f"<rlfarm policy {self.algo} v{self.version} for {self.env_id} from {self.stored.source}>"

@@ -59,6 +59,7 @@ class RecurrentCore(nn.Module):
         count, longest = int(fragment.max()) + 1, int(position.max()) + 1
         where = torch.from_numpy(position * count + fragment).to(x.device)  # (L x B,) in the padded (longest x count)
         padded = x.new_zeros(longest * count, x.shape[-1]).index_copy(0, where, x.reshape(steps * batch, -1))
+        state = state.to(x.dtype)  # (recorded in float32; a network in float64 computes in float64)
         start = state.new_zeros(count, state.shape[1]).index_copy(0, torch.from_numpy(first).to(x.device), state)
         out, _ = self._run(padded.reshape(longest, count, -1), start)
         return out.reshape(longest * count, -1).index_select(0, where).reshape(steps, batch, -1)
