@@ -46,9 +46,9 @@ def test_the_numpy_cell_is_torchs(kind):
         state = got_state
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_the_actor_steps_as_the_network_and_value_leaves_its_state_alone(kind):
-    policy = _policy(kind, normalize_obs=True)
+@pytest.mark.parametrize(("kind", "critic_core"), [("lstm", False), ("gru", False), ("lstm", True)])
+def test_the_actor_steps_as_the_network_and_value_leaves_its_state_alone(kind, critic_core):
+    policy = _policy(kind, normalize_obs=True, critic_core=critic_core)
     actor = policy.actor_snapshot()
     rng = np.random.default_rng(3)
     actor.begin(4)
@@ -79,12 +79,14 @@ def test_sequences_are_cut_per_sub_env_and_starts_follow_the_dones():
     assert not starts[0].any()  # a sequence's first step: its recorded state says it
 
 
-@pytest.mark.parametrize(("kind", "seq_len"), [("lstm", 16), ("gru", 0), ("lstm", 8)])
-def test_the_learner_replays_each_sequence_as_the_actor_acted(kind, seq_len):
+@pytest.mark.parametrize(
+    ("kind", "seq_len", "critic_core"), [("lstm", 16, False), ("gru", 0, False), ("lstm", 8, True)]
+)
+def test_the_learner_replays_each_sequence_as_the_actor_acted(kind, seq_len, critic_core):
     """Short episodes (random CartPole ones end within ~30 steps) start and end inside sequences and
     at their edges; from the recorded start states, the learner's log-probabilities and values are the
     actor's, so PPO's first ratio is 1."""
-    policy = _policy(kind, seq_len)
+    policy = _policy(kind, seq_len, critic_core=critic_core)
     envs = make_vector_env(ENV, 3)
     tasks = []
     for index in range(2):

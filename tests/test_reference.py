@@ -371,8 +371,11 @@ def cleanrl_lstm_update(case: Case) -> RecurrentActorCritic:
     """CleanRL's LSTM PPO update (ppo_atari_lstm.py), written out: minibatches of whole envs (a
     permutation of the envs, rlfarm's order), each env's rollout replayed step by step from its
     initial state with the state zeroed where an episode starts (`(1.0 - d) * state`, CleanRL's
-    get_states), the losses of cleanrl_update; its Adam eps 1e-5, its time-major flattening."""
+    get_states), the losses of cleanrl_update; its Adam eps 1e-5, its time-major flattening. The clip
+    range is CleanRL's constant one, or annealed by the fraction of the run left as sb3-contrib's
+    RecurrentPPO anneals it (`ppo.anneal_clip`; the value clip stays constant, as rlfarm's and SB3's)."""
     p = case.cfg.ppo
+    clip = p.clip_coef * ((1.0 - PROGRESS) if p.anneal_clip else 1.0)
     agent = copy.deepcopy(case.initial)
     optimizer = torch.optim.Adam(agent.parameters(), lr=p.learning_rate, eps=1e-5)
     if p.anneal_lr:
@@ -405,9 +408,7 @@ def cleanrl_lstm_update(case: Case) -> RecurrentActorCritic:
             mb_advantages = torch.from_numpy(advantages[mb].reshape(-1))
             if p.norm_adv:
                 mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-            pg_loss = torch.max(
-                -mb_advantages * ratio, -mb_advantages * torch.clamp(ratio, 1 - p.clip_coef, 1 + p.clip_coef)
-            ).mean()
+            pg_loss = torch.max(-mb_advantages * ratio, -mb_advantages * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
             mb_returns = torch.from_numpy(returns[mb].reshape(-1))
             if p.clip_vloss:
                 mb_values = torch.from_numpy(r.values[mb].reshape(-1))
@@ -626,10 +627,10 @@ def test_one_update_equals_the_reference_update(preset):
     if case.cfg.reference == "sb3":
         check_equal(preset, sb3_pairs(case.updated, sb3_update(preset, p.vf_coef)), "Stable-Baselines3")
     elif case.cfg.reference == "cleanrl":
-        assert not p.anneal_clip, "CleanRL's clip range is constant: a cleanrl preset cannot anneal it"
-        if isinstance(case.updated, RecurrentActorCritic):
+        if isinstance(case.updated, RecurrentActorCritic):  # (its clip annealed as sb3-contrib's, if asked)
             check_equal(preset, cleanrl_pairs(case, cleanrl_lstm_update(case)), "CleanRL's LSTM PPO")
         else:
+            assert not p.anneal_clip, "CleanRL's clip range is constant: a cleanrl preset cannot anneal it"
             check_equal(preset, cleanrl_pairs(case, cleanrl_update(case)), "CleanRL")
     else:
         pytest.fail(f"preset {preset} names no reference")

@@ -111,6 +111,9 @@ class PolicyConfig:
     # from step to step, zeroed at episode starts and saved with the env stream; "": none (feed-forward).
     recurrent: str = ""
     recurrent_size: int = 64  # the LSTM's or GRU's units
+    # The critic has a core of its own beside the actor's (sb3-contrib's enable_critic_lstm): the value
+    # loss's gradients then never reach the actor's memory. false: one core for both (CleanRL's).
+    critic_core: bool = False
     # Steps of one learning sequence (truncated BPTT; each starts from the state its task recorded for
     # it): a divisor of farm.steps_per_env, so a sequence never crosses tasks. 0: a whole task.
     seq_len: int = 0

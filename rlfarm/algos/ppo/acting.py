@@ -11,9 +11,7 @@ import numpy as np
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.nn.acting import (
-    NUMPY_ACTIVATIONS,
     Actor,
-    linear_step,
     masked_sample,
     mlp_steps,
     normalizer,
@@ -97,27 +95,28 @@ class NumpyActor(PolicyActor):
 
 
 class RecurrentNumpyActor(PolicyActor):
-    """Acts with numpy copies of a RecurrentActorCritic's weights (`encoder.*`, `memory.rnn.*`,
-    `actor.*`, `critic.*`), carrying the core's state from step to step (rlfarm.nn.acting.Actor)."""
+    """Acts with numpy copies of a RecurrentActorCritic's weights (`memory.rnn.*`, `actor.*`, `critic.*`,
+    `critic_memory.rnn.*`), carrying the cores' state from step to step (rlfarm.nn.acting.Actor)."""
 
     recurrent = True
 
     def __init__(self, spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]):
         self.spec = spec
-        sizes = [spec.obs_dim, *config.hidden_sizes]
-        self.encoder = mlp_steps(state, "encoder", sizes, config.activation)
-        self.encoder.append(NUMPY_ACTIVATIONS[config.activation])  # the encoder's last layer has one too
-        size = config.recurrent_size
-        self.memory = NumpyMemory(state, "memory.rnn", config.recurrent, sizes[-1], size)
-        self.actor = [linear_step(state, "actor", size, spec.action_dim)]
-        self.critic = [linear_step(state, "critic", size, 1)]
+        size, hidden = config.recurrent_size, list(config.hidden_sizes)
+        self.memory = NumpyMemory(state, "memory.rnn", config.recurrent, spec.obs_dim, size)
+        self.critic_memory = None  # policy.critic_core: the critic's own core, its state after the actor's
+        if config.critic_core:
+            self.critic_memory = NumpyMemory(state, "critic_memory.rnn", config.recurrent, spec.obs_dim, size)
+        self.actor = mlp_steps(state, "actor", [size, *hidden, spec.action_dim], config.activation)
+        self.critic = mlp_steps(state, "critic", [size, *hidden, 1], config.activation)
         self.normalize = normalizer(state, spec, config)
         self._gaussian(None if spec.discrete else tensor(state, "actor_logstd", (1, spec.action_dim)))
         self.seq_len = config.seq_len
-        self.state = np.zeros((0, self.memory.state_size), np.float32)
+        self.width = self.memory.state_size * (2 if config.critic_core else 1)
+        self.state = np.zeros((0, self.width), np.float32)
 
     def begin(self, n: int, state: np.ndarray | None = None) -> None:
-        width = self.memory.state_size
+        width = self.width
         if state is None:
             self.state = np.zeros((n, width), np.float32)
         elif np.shape(state) != (n, width):
@@ -128,18 +127,25 @@ class RecurrentNumpyActor(PolicyActor):
     def episodes_started(self, rows: np.ndarray) -> None:
         self.state[rows] = 0.0
 
-    def _core(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = self.normalize(obs) if self.normalize is not None else obs
-        return self.memory(run_numpy_mlp(self.encoder, x), state)
+    def _features(self, obs: np.ndarray) -> np.ndarray:
+        return self.normalize(obs) if self.normalize is not None else obs
 
     def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        out, self.state = self._core(obs, self.state)
-        return run_numpy_mlp(self.actor, out), run_numpy_mlp(self.critic, out)[:, 0]
+        x, width = self._features(obs), self.memory.state_size
+        out, mine = self.memory(x, self.state[:, :width])
+        if self.critic_memory is None:
+            self.state = mine
+            return run_numpy_mlp(self.actor, out), run_numpy_mlp(self.critic, out)[:, 0]
+        valued, theirs = self.critic_memory(x, self.state[:, width:])
+        self.state = np.concatenate([mine, theirs], axis=1)
+        return run_numpy_mlp(self.actor, out), run_numpy_mlp(self.critic, valued)[:, 0]
 
     def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """State values of `obs` after the state of the batch (or of its rows `rows`), which stays."""
-        out, _ = self._core(obs, self.state if rows is None else self.state[rows])
-        return run_numpy_mlp(self.critic, out)[:, 0]
+        state = self.state if rows is None else self.state[rows]
+        core, width = (self.memory, 0) if self.critic_memory is None else (self.critic_memory, self.memory.state_size)
+        valued, _ = core(self._features(obs), state[:, width:])
+        return run_numpy_mlp(self.critic, valued)[:, 0]
 
 
 def numpy_actor(spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]) -> PolicyActor:

@@ -21,7 +21,7 @@ from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.errors import ConfigError
 from rlfarm.nn.actors import OnnxGraph, numpy_state, onnx_graph
-from rlfarm.nn.layers import ACTIVATIONS, NatureCNN, layer_init, mlp, normc_init, obs_normalizer, xavier_init
+from rlfarm.nn.layers import NatureCNN, layer_init, mlp, normc_init, obs_normalizer, xavier_init
 from rlfarm.nn.recurrent import RecurrentCore
 
 
@@ -165,11 +165,13 @@ class _Heads(nn.Module):
 
 
 class RecurrentActorCritic(nn.Module):
-    """ActorCritic with memory (policy.recurrent): an MLP encoder (`encoder`, policy.hidden_sizes, each
-    layer followed by its activation), an LSTM or GRU cell (`memory`, policy.recurrent_size) and a
-    linear actor and critic head on its output. One core for both heads, as CleanRL's LSTM PPO. Acted
-    one step at a time from a state the actor carries (RecurrentNumpyActor); learned over sequences
-    from the state each one started from (`evaluate_sequences`)."""
+    """ActorCritic with memory (policy.recurrent): an LSTM or GRU (`memory`, policy.recurrent_size) on the
+    (normalised) observation, and on its output ActorCritic's actor and critic MLPs (policy.hidden_sizes),
+    as sb3-contrib's MlpLstmPolicy builds them: one core for both heads, as CleanRL's LSTM PPO, or with
+    policy.critic_core a second one for the critic (`critic_memory`, sb3-contrib's enable_critic_lstm),
+    the state then both cores' side by side. Acted one step at a time from a state the actor carries
+    (RecurrentNumpyActor); learned over sequences from the state each one started from
+    (`evaluate_sequences`)."""
 
     recurrent = True
 
@@ -181,31 +183,32 @@ class RecurrentActorCritic(nn.Module):
                 "(env.policy_map) are not built yet"
             )
         self.spec, self.config = spec, config
-        sizes = [spec.obs_dim, *config.hidden_sizes]
-        layers: list[nn.Module] = []
-        for i in range(len(sizes) - 1):
-            layers += [layer_init(nn.Linear(sizes[i], sizes[i + 1])), ACTIVATIONS[config.activation]()]
-        self.encoder = nn.Sequential(*layers)
-        self.memory = RecurrentCore(config.recurrent, sizes[-1], config.recurrent_size)
-        for name, param in self.memory.named_parameters():  # as CleanRL's LSTM PPO: orthogonal, zero biases
+        size, hidden = config.recurrent_size, list(config.hidden_sizes)
+        self.memory = RecurrentCore(config.recurrent, spec.obs_dim, size)
+        self.critic_memory = RecurrentCore(config.recurrent, spec.obs_dim, size) if config.critic_core else None
+        for name, param in self.named_parameters():  # the cores as CleanRL's LSTM PPO: orthogonal, zero biases
             nn.init.constant_(param, 0.0) if "bias" in name else nn.init.orthogonal_(param, 1.0)
-        self.actor = layer_init(nn.Linear(config.recurrent_size, spec.action_dim), std=0.01)
-        self.critic = layer_init(nn.Linear(config.recurrent_size, 1), std=1.0)
+        self.actor = mlp([size, *hidden, spec.action_dim], config.activation, out_std=0.01)
+        self.critic = mlp([size, *hidden, 1], config.activation, out_std=1.0)
         self.obs_norm = obs_normalizer(spec, config)
         if not spec.discrete:
             self.actor_logstd = nn.Parameter(torch.full((1, spec.action_dim), config.init_log_std))
 
     @property
     def state_size(self) -> int:
-        return self.memory.state_size
+        return self.memory.state_size * (2 if self.critic_memory is not None else 1)
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.encoder(self.obs_norm(obs) if self.obs_norm is not None else obs)
+        return self.obs_norm(obs) if self.obs_norm is not None else obs
 
     def step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step on a batch: the actor head's output, the state value and the next state."""
-        out, state = self.memory.step(self._features(obs), state)
-        return self.actor(out), self.critic(out).squeeze(-1), state
+        x, width = self._features(obs), self.memory.state_size
+        out, mine = self.memory.step(x, state[:, :width])
+        if self.critic_memory is None:
+            return self.actor(out), self.critic(out).squeeze(-1), mine
+        valued, theirs = self.critic_memory.step(x, state[:, width:])
+        return self.actor(out), self.critic(valued).squeeze(-1), torch.cat([mine, theirs], dim=1)
 
     def evaluate_sequences(
         self,
@@ -220,12 +223,16 @@ class RecurrentActorCritic(nn.Module):
         an episode starts, `state` (B, state_size) the state each sequence started from, `mask` (L x B, A)."""
         steps, batch = obs.shape[:2]
         features = self._features(obs.reshape(steps * batch, -1)).reshape(steps, batch, -1)
-        out = self.memory.sequence(features, starts, state).reshape(steps * batch, -1)
+        width = self.memory.state_size
+        out = self.memory.sequence(features, starts, state[:, :width]).reshape(steps * batch, -1)
+        valued = out
+        if self.critic_memory is not None:
+            valued = self.critic_memory.sequence(features, starts, state[:, width:]).reshape(steps * batch, -1)
         flat_actions = actions.reshape(steps * batch, *actions.shape[2:])
         log_std = None if self.spec.discrete else self.actor_logstd
         dist = policy_distribution(self.spec, self.actor(out), log_std, mask)
         logprob, entropy = log_prob_entropy(self.spec, dist, flat_actions)
-        return logprob, entropy, self.critic(out).squeeze(-1)
+        return logprob, entropy, self.critic(valued).squeeze(-1)
 
     def actor_snapshot(self) -> PolicyActor:
         return RecurrentNumpyActor(self.spec, self.config, numpy_state(self))
