@@ -6,9 +6,10 @@ network without its core, on a worker's numpy actors, in one run on one machine.
 
 For the preset's network (policy.hidden_sizes, recurrent_size) and one task's batch (env.num_envs
 sub-envs, farm.steps_per_env steps): the time of a task's acting steps (the actor alone, no env) for
-feed-forward (the encoder and two heads), LSTM and GRU actors, their ratio, and the bytes memory adds:
-to each result (the state each sequence started from, Rollout.states) and to each env stream's
-snapshot (the state the next task goes on from). Times are the best of --repeats.
+feed-forward (a dense layer of the core's width in the core's place), LSTM and GRU actors, their
+ratio, and the bytes memory adds: to each result (the state each sequence started from,
+Rollout.states) and to each env stream's snapshot (the state the next task goes on from). Times are
+the best of --repeats.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ def main() -> None:
     rows = []
     for kind in ("", "lstm", "gru"):
         policy = dataclasses.replace(cfg.policy, recurrent=kind)
-        # Feed-forward: the same encoder width as one hidden layer before each head.
+        # Feed-forward: a dense layer of the core's width in its place, before each head's layers.
         if not kind:
-            policy = dataclasses.replace(policy, hidden_sizes=(*cfg.policy.hidden_sizes, cfg.policy.recurrent_size))
+            policy = dataclasses.replace(policy, hidden_sizes=(cfg.policy.recurrent_size, *cfg.policy.hidden_sizes))
         actor = network_for("ppo", spec, policy).actor_snapshot()
         seconds = acting_seconds(actor, obs, args.repeats)
         width = actor.state.shape[1] if kind else 0
