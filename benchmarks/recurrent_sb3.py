@@ -103,6 +103,7 @@ TASKS = {
             "use_sde": True,
             "sde_sample_freq": 4,
         },
+        preset="pendulum-no-vel-lstm",
     ),
 }
 

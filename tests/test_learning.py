@@ -302,3 +302,27 @@ def test_without_memory_the_pole_it_cannot_see_move_falls(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     print(f"cartpole-no-vel-lstm without memory: best rolling mean {summary['best_rolling_return']:.1f}")
     assert not summary["target_reached"] and summary["best_rolling_return"] < 200
+
+
+@pytest.mark.parametrize("seed", [1, 4])
+def test_an_lstm_swings_up_the_pendulum_whose_speed_it_cannot_see(tmp_path, seed):
+    """pendulum-no-vel-lstm (issue 53): Pendulum with its angular velocity masked, a Gaussian policy
+    with an LSTM, sequences of whole episodes. Within 102,400 env steps the mean of the last 20
+    training episodes is -230 to -158 and the final policy's greedy return -217 to -118 for seeds 1-5
+    on the farm (random: about -1200); without its LSTM the same preset stays at random's level."""
+    run_dir = train_embedded(
+        tmp_path, f"pend-lstm-{seed}", "--preset", "pendulum-no-vel-lstm", "--seed", str(seed), "--workers", "1"
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    home = take_home(run_dir)
+    print(f"pendulum-no-vel-lstm seed {seed}: rolling {summary['rolling_return']:.1f}, greedy {home:.1f}")
+    assert summary["rolling_return"] >= -400 and home >= -400
+
+
+def test_without_memory_the_pendulum_whose_speed_it_cannot_see_stays_down(tmp_path):
+    run_dir = train_embedded(
+        tmp_path, "pend-ff", "--preset", "pendulum-no-vel-lstm", "--workers", "1", "--set", "policy.recurrent="
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print(f"pendulum-no-vel-lstm without memory: best rolling mean {summary['best_rolling_return']:.1f}")
+    assert summary["best_rolling_return"] < -800
