@@ -231,3 +231,25 @@ def test_a_loaded_recurrent_policy_predicts_with_the_state_it_returns(tmp_path):
     _, fresh = policy.predict(obs, state=state, episode_start=np.ones(1, bool))
     _, carried = policy.predict(obs, state=state, episode_start=np.zeros(1, bool))
     assert not np.allclose(fresh, carried)
+
+
+def test_the_card_game_deals_one_hot_suits_and_needs_popgym(monkeypatch):
+    """rlfarm/repeat_previous: POPGym's RepeatPreviousEasy, its card a one-hot Box; without POPGym,
+    one line naming what to install."""
+    import sys
+
+    from rlfarm.errors import EnvError
+
+    pytest.importorskip("popgym", reason='popgym is not installed (pip install -e ".[memory]")')
+    env = make_env("rlfarm/repeat_previous")
+    obs, _ = env.reset(seed=3)
+    assert obs.dtype == np.float32 and obs.shape == (4,) and obs.sum() == 1.0
+    steps, total, done = 0, 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(0)
+        steps, total, done = steps + 1, total + reward, terminated or truncated
+        assert obs.sum() == 1.0
+    assert steps == 51 and -1.0 <= total <= 1.0
+    monkeypatch.setitem(sys.modules, "popgym.envs.repeat_previous", None)
+    with pytest.raises(EnvError, match="could not be constructed: MissingPackage: .* pip install popgym"):
+        make_env("rlfarm/repeat_previous")
