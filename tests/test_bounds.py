@@ -35,6 +35,7 @@ KEYS = [
     ("cartpole-ppo", "env.frame_stack", B.MAX_FRAME_STACK, {}),
     ("cartpole-ppo", "env.screen_size", B.MAX_SCREEN_SIZE, {}),
     ("cartpole-ppo", "policy.cnn_features", B.MAX_LAYER_WIDTH, {}),
+    ("cartpole-no-vel-lstm", "policy.recurrent_size", B.MAX_LAYER_WIDTH, {}),
     ("cartpole-ppo", "policy.hidden_sizes", B.MAX_LAYER_WIDTH, {}),
     ("cartpole-ppo", "policy.cnn_channels", B.MAX_LAYER_WIDTH, {}),
     ("cartpole-appo", "ppo.buffer_batches", B.MAX_BUFFER_BATCHES, {}),

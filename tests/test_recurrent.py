@@ -188,6 +188,24 @@ def test_what_is_not_built_is_one_line_before_anything_starts(overrides, fragmen
     assert "\n" not in str(caught.value)
 
 
+def test_a_sequence_as_long_as_a_task_or_dividing_it_is_accepted():
+    """The edges of the refusals above: seq_len equal to farm.steps_per_env, a divisor of it, 0."""
+    from rlfarm import config as C
+
+    for seq_len in (512, 256, 1, 0):
+        C.build("cartpole-ppo", ["policy.recurrent=lstm", f"policy.seq_len={seq_len}"])
+
+
+def test_a_state_of_another_shape_is_refused_not_half_used():
+    """A stream's saved memory that does not fit the actor (another core, another batch) is refused."""
+    actor = _policy("lstm").actor_snapshot()
+    actor.begin(3, np.ones((3, actor.state.shape[1]), np.float32))
+    assert actor.state.shape == (3, 32) and actor.state.all()
+    for shape in ((3, 31), (2, 32)):
+        with pytest.raises(ValueError, match="a recurrent state of shape"):
+            actor.begin(3, np.zeros(shape, np.float32))
+
+
 def test_a_recurrent_sync_runs_last_iteration_is_whole_sequences():
     """A SYNC run's shorter last iteration is rounded up to whole sequences (config.length.task_steps)."""
     from rlfarm import config as C

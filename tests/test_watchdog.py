@@ -182,3 +182,18 @@ def test_a_refused_input_fails_the_task_when_nobody_holds_a_copy(link):
             channel.next_result(timeout=0.1)
         assert queued(farm) == 1  # not sent again
         farm.client.delete(farm.app.conf.task_default_queue)  # the next owner's run counts from none
+
+
+def test_a_fault_its_env_named_is_sent_again_counted_by_name_and_an_odd_name_as_unnamed(link):
+    """rlfarm.errors.EnvFault's report: re-sent, counted towards max_redispatch, counted by its name;
+    a name that could not be an EnvFault's (a report someone else pushed) is counted as "unnamed"."""
+    farm = link()
+    channel = open_channel(farm, Owner())
+    farm.client.set(keys.meta(farm.run_id), b"meta")
+    for name in ("simulator_crash", "Not a name!"):
+        report = Result("rollout", 0, 0, task_id=channel.pending[KEY].task_id, worker="w:1", error=f"EnvFault: {name}")
+        report.retryable, report.fault = True, name
+        farm.client.rpush(keys.results(farm.run_id), codec.pack(report.to_message()))
+        assert channel.next_result(timeout=0.1) is None
+    assert channel.stats.reported == {"simulator_crash": 1, "unnamed": 1}
+    assert channel.stats.time_limits == 0 and channel.stats.redispatched == 2 and queued(farm) == 3

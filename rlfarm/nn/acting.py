@@ -19,7 +19,7 @@ from rlfarm.errors import StateMismatch
 
 EPS = 1e-8  # in the normaliser's sqrt(var + eps)
 
-NUMPY_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0)}
+_NUMPY_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0)}
 
 
 class Actor:
@@ -115,7 +115,7 @@ def mlp_steps(state: Mapping[str, np.ndarray], prefix: str, sizes: Sequence[int]
         weight = tensor(state, f"{prefix}.{index}.weight", (sizes[i + 1], sizes[i]))
         steps.append((weight.T.copy(), tensor(state, f"{prefix}.{index}.bias", (sizes[i + 1],))))
         if i < len(sizes) - 2:
-            steps.append(NUMPY_ACTIVATIONS[activation])
+            steps.append(_NUMPY_ACTIVATIONS[activation])
     return steps
 
 

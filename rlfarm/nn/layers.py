@@ -15,7 +15,7 @@ from rlfarm.envs import SpaceSpec
 from rlfarm.nn.acting import action_scale_bias
 from rlfarm.nn.normalize import ObsNormalizer
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -45,7 +45,7 @@ def xavier_init(layer: nn.Module) -> nn.Module:
 def mlp(sizes: list[int], activation: str, out_std: float) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 2):
-        layers += [layer_init(nn.Linear(sizes[i], sizes[i + 1])), ACTIVATIONS[activation]()]
+        layers += [layer_init(nn.Linear(sizes[i], sizes[i + 1])), _ACTIVATIONS[activation]()]
     layers.append(layer_init(nn.Linear(sizes[-2], sizes[-1]), std=out_std))
     return nn.Sequential(*layers)
 

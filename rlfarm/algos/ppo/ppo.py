@@ -170,7 +170,6 @@ class PPO(Algorithm):
         `is_ratios` (T, N): weights on each sample's ratio (APPO's target network, `_step`)."""
         if isinstance(self.policy, RecurrentActorCritic):
             return self._optimize_sequences(rollout, logprobs, values, advantages, returns)
-        cfg = self.config
         dev = self.device
         b_obs = self._observations(rollout)
         act = rollout.actions
@@ -191,47 +190,50 @@ class PPO(Algorithm):
             if b_weights is not None:
                 b_weights = b_weights[keep]
 
-        batch_size = len(b_obs)
+        def learn(mb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            mb_masks = None if b_masks is None else b_masks[mb]
+            newlogprob, entropy, newvalue = self.policy.evaluate(
+                b_obs[mb], b_actions[mb], mb_masks, self.autocast, **self.compiled
+            )
+            return self._step(
+                newlogprob,
+                entropy,
+                newvalue,
+                b_logprobs[mb],
+                b_values[mb],
+                b_adv[mb],
+                b_returns[mb],
+                impala_loss,
+                None if b_weights is None else b_weights[mb],
+            )
+
+        return self._metrics(*self._epochs(len(b_obs), learn, between), b_values.cpu().numpy(), b_returns.cpu().numpy())
+
+    def _epochs(
+        self, count: int, learn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], between: Callable[[], None] | None
+    ) -> tuple[tuple[torch.Tensor, ...], list[torch.Tensor], bool]:
+        """ppo.update_epochs passes over `count` items (samples, or a recurrent policy's sequences) in
+        a fresh order each, `learn(minibatch)` a `_step` on each minibatch; stops early past
+        ppo.target_kl. Returns the last step's loss terms and approx_kl, every step's clip fraction,
+        and whether it stopped early. `between()` runs after each minibatch."""
+        cfg = self.config
         # A batch that is not a multiple of the minibatches (a SYNC run's shorter last iteration; the
         # steps of agents that sit out left out) is split into num_minibatches parts of sizes one
         # apart. A remainder minibatch of its own could hold one sample, whose advantage's std is NaN
         # (a two-level run's upper policy went NaN so).
-        starts = minibatch_starts(batch_size, cfg.num_minibatches)
+        starts = minibatch_starts(count, cfg.num_minibatches)
         clipfracs: list[torch.Tensor] = []
-        approx_kl, stopped = torch.zeros(()), False
+        last: tuple[torch.Tensor, ...] = ()
         for _epoch in range(cfg.update_epochs):
-            order = torch.randperm(batch_size, generator=self.generator).to(dev)
+            order = torch.randperm(count, generator=self.generator).to(self.device)
             for start, end in zip(starts[:-1], starts[1:]):
-                mb = order[start:end]
-                mb_masks = None if b_masks is None else b_masks[mb]
-                newlogprob, entropy, newvalue = self.policy.evaluate(
-                    b_obs[mb], b_actions[mb], mb_masks, self.autocast, **self.compiled
-                )
-                pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
-                    newlogprob,
-                    entropy,
-                    newvalue,
-                    b_logprobs[mb],
-                    b_values[mb],
-                    b_adv[mb],
-                    b_returns[mb],
-                    impala_loss,
-                    None if b_weights is None else b_weights[mb],
-                )
-                clipfracs.append(clipfrac)
+                last = learn(order[start:end])  # (policy, value, entropy terms, approx_kl, clip fraction)
+                clipfracs.append(last[4])
                 if between is not None:
                     between()
-            if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
-                stopped = True
-                break
-
-        return self._metrics(
-            (pg_loss, v_loss, entropy_loss, approx_kl),
-            clipfracs,
-            stopped,
-            b_values.cpu().numpy(),
-            b_returns.cpu().numpy(),
-        )
+            if cfg.target_kl > 0 and last[3].item() > cfg.target_kl:
+                return last[:4], clipfracs, True
+        return last[:4], clipfracs, False
 
     def _optimize_sequences(
         self,
@@ -243,7 +245,6 @@ class PPO(Algorithm):
     ) -> dict[str, float]:
         """Minibatch epochs of a recurrent policy: minibatches of whole sequences (rlfarm.algos.ppo.
         sequences), each replayed from the state its task recorded (truncated BPTT), a `_step` each."""
-        cfg = self.config
         if rollout.states is None:
             raise ValueError("a recurrent policy's rollout carries the state of each sequence (Rollout.states)")
         if rollout.active is not None:
@@ -259,35 +260,16 @@ class PPO(Algorithm):
         b_starts = episode_starts(rollout.dones, length)  # numpy: where each minibatch's fragments are cut
         b_states = to_device(rollout.states.reshape(-1, rollout.states.shape[-1]), dev)
         b_masks = None if rollout.action_masks is None else seqs(rollout.action_masks)
-        sequences = b_states.shape[0]
-        starts = minibatch_starts(sequences, cfg.num_minibatches)
-        clipfracs: list[torch.Tensor] = []
-        approx_kl, stopped = torch.zeros(()), False
-        for _epoch in range(cfg.update_epochs):
-            order = torch.randperm(sequences, generator=self.generator).to(dev)
-            for start, end in zip(starts[:-1], starts[1:]):
-                mb = order[start:end]
-                mb_masks = None if b_masks is None else b_masks[:, mb].reshape(-1, b_masks.shape[-1])
-                newlogprob, entropy, newvalue = self.policy.evaluate_sequences(
-                    b_obs[:, mb], b_actions[:, mb], b_starts[:, mb.cpu().numpy()], b_states[mb], mb_masks
-                )
-                pg_loss, v_loss, entropy_loss, approx_kl, clipfrac = self._step(
-                    newlogprob,
-                    entropy,
-                    newvalue,
-                    *(x[:, mb].reshape(-1) for x in (b_logprobs, b_values, b_adv, b_returns)),
-                )
-                clipfracs.append(clipfrac)
-            if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
-                stopped = True
-                break
-        return self._metrics(
-            (pg_loss, v_loss, entropy_loss, approx_kl),
-            clipfracs,
-            stopped,
-            values.reshape(-1),
-            returns.reshape(-1),
-        )
+
+        def learn(mb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            mb_masks = None if b_masks is None else b_masks[:, mb].reshape(-1, b_masks.shape[-1])
+            newlogprob, entropy, newvalue = self.policy.evaluate_sequences(
+                b_obs[:, mb], b_actions[:, mb], b_starts[:, mb.cpu().numpy()], b_states[mb], mb_masks
+            )
+            targets = (x[:, mb].reshape(-1) for x in (b_logprobs, b_values, b_adv, b_returns))
+            return self._step(newlogprob, entropy, newvalue, *targets)
+
+        return self._metrics(*self._epochs(len(b_states), learn, None), values.reshape(-1), returns.reshape(-1))
 
     def _metrics(
         self,
