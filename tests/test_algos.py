@@ -206,12 +206,21 @@ def test_ppo_learners_take_continuous_actions(mode):
     assert any(not torch.equal(before[k], v) for k, v in algorithm.state().items())
 
 
-@pytest.mark.parametrize("target", [(), ("ppo.clip_to=target", "ppo.target_update_batches=3")], ids=["", "target"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        (),
+        ("ppo.clip_to=target", "ppo.target_update_batches=3"),
+        ("ppo.clip_to=target", "ppo.target_update_batches=3", "policy.recurrent=lstm", "policy.seq_len=16"),
+    ],
+    ids=["", "target", "target-lstm"],
+)
 def test_appos_circular_buffer_learns_each_batch_its_passes_round_robin_and_resumes_bit_identically(target):
     """ppo.buffer_batches = 3, ppo.batch_passes = 2 (RLlib's circular buffer, in small): the first three
     batches are learned from as they come, then each again in turn; every batch gets exactly 2 updates.
     A learner checkpointed with a batch still in its buffer goes on exactly as one never stopped, with
-    its target network (clip_to = "target") and the batches it has seen since its copy."""
+    its target network (clip_to = "target") and the batches it has seen since its copy; a recurrent
+    one's batches keep the states their sequences start from."""
     env = "CartPole-v1"
 
     def appo(seed: int = 0):

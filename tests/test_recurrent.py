@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from rlfarm.algos.ppo.policies import RecurrentActorCritic
-from rlfarm.algos.ppo.sequences import episode_starts, to_sequences
+from rlfarm.algos.ppo.sequences import (
+    episode_starts,
+    from_sequences,
+    next_step_starts,
+    to_sequences,
+    with_next_step,
+)
 from rlfarm.config import PolicyConfig
 from rlfarm.core.rollout import collect, concat, run_episodes
 from rlfarm.envs import describe, make_env, make_vector_env
@@ -171,7 +177,9 @@ def test_a_minibatch_of_sequences_cut_into_fragments_is_the_step_by_step_loop(ki
     [
         (["policy.recurrent=rnn"], 'policy.recurrent must be lstm, gru or "" \\(none\\)'),
         (["algo=dqn", "policy.recurrent=lstm"], "dqn learns feed-forward policies only .* learned by ppo"),
-        (["mode=async", "policy.recurrent=gru"], "ppo learns recurrent policies in mode sync only; not in mode async"),
+        (["policy.recurrent=lstm", "policy.seq_len=64", "policy.burn_in=64"], "burn-in is 0 \\(none\\) to 63 steps"),
+        (["policy.recurrent=lstm", "policy.burn_in=-1"], "burn-in is 0 \\(none\\) to 511 steps"),
+        (["policy.burn_in=4"], "refreshes a recurrent policy's state; set policy.recurrent"),
         (["policy.recurrent=lstm", "policy.seq_len=1024"], "longer than a task \\(farm.steps_per_env = 512\\)"),
         (["policy.recurrent=lstm", "policy.seq_len=100"], "does not divide farm.steps_per_env = 512"),
         (["policy.recurrent=lstm", "policy.seq_len=-1"], "cannot be negative"),
@@ -194,6 +202,9 @@ def test_a_sequence_as_long_as_a_task_or_dividing_it_is_accepted():
 
     for seq_len in (512, 256, 1, 0):
         C.build("cartpole-ppo", ["policy.recurrent=lstm", f"policy.seq_len={seq_len}"])
+    C.build("cartpole-ppo", ["policy.recurrent=lstm", "policy.seq_len=64", "policy.burn_in=63"])
+    C.build("cartpole-ppo", ["policy.recurrent=lstm", "policy.burn_in=511"])
+    C.build("cartpole-ppo", ["policy.recurrent=gru", "mode=async"])  # recurrent APPO
 
 
 def test_a_state_of_another_shape_is_refused_not_half_used():
@@ -271,3 +282,125 @@ def test_the_card_game_deals_one_hot_suits_and_needs_popgym(monkeypatch):
     monkeypatch.setitem(sys.modules, "popgym.envs.repeat_previous", None)
     with pytest.raises(EnvError, match="could not be constructed: MissingPackage: .* pip install popgym"):
         make_env("rlfarm/repeat_previous")
+
+
+def test_a_sequence_and_the_step_after_it_come_from_the_task_in_order():
+    """with_next_step: each sequence of L steps and the step after it (the next sequence's first, or
+    the observation after the task); from_sequences undoes to_sequences."""
+    T, N, L = 12, 3, 4
+    x = np.arange(T * N).reshape(T, N)
+    after = np.array([100, 101, 102])
+    seqs = to_sequences(x, L)
+    np.testing.assert_array_equal(from_sequences(seqs, N), x)
+    extended = with_next_step(x, after, L)
+    assert extended.shape == (L + 1, (T // L) * N)
+    np.testing.assert_array_equal(extended[:L], seqs)
+    np.testing.assert_array_equal(extended[L], [x[4, 0], x[4, 1], x[4, 2], x[8, 0], x[8, 1], x[8, 2], 100, 101, 102])
+    dones = np.zeros((T, N), bool)
+    dones[3, 1] = dones[11, 2] = dones[5, 0] = True
+    starts = next_step_starts(dones, L)
+    assert starts[L].nonzero()[0].tolist() == [1, 8]  # sequence 0 of env 1, sequence 2 of env 2
+    assert starts[2, 3] and starts.sum() == 3  # (the start after step 5 is step 6: row 2 of sequence 1)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_burned_in_sequence_is_the_same_forward_and_passes_no_gradient_through_its_burn_in(kind):
+    """RecurrentCore.sequence with burn_in: with the network that recorded the state, the same
+    outputs as without (zeroing at starts inside and at the end of the burn-in included); the burn-in
+    steps pass no gradient, the rest do."""
+    torch.manual_seed(3)
+    core = RecurrentCore(kind, 3, 6)
+    rng = np.random.default_rng(5)
+    steps, batch, burn_in = 10, 4, 3
+    starts = np.zeros((steps, batch), bool)
+    starts[1, 0] = starts[3, 1] = starts[6, 2] = True  # inside the burn-in, at its end, after it
+    x = torch.from_numpy(rng.standard_normal((steps, batch, 3)).astype(np.float32)).requires_grad_(True)
+    state = torch.from_numpy(rng.standard_normal((batch, core.state_size)).astype(np.float32))
+    plain = core.sequence(x, starts, state)
+    burned = core.sequence(x, starts, state, burn_in)
+    np.testing.assert_allclose(burned.detach().numpy(), plain.detach().numpy(), atol=1e-6)
+    burned.sum().backward()
+    assert not x.grad[:burn_in].any() and x.grad[burn_in:].abs().sum(-1).all()
+
+
+def _appo(seq_len: int, burn_in: int = 0, seed: int = 0, *overrides: str):
+    from rlfarm import config as C
+    from rlfarm.algos.ppo.appo import APPO
+
+    cfg = C.build(
+        None,
+        [
+            "algo=ppo",
+            "mode=async",
+            f"env.id={ENV}",
+            "env.num_envs=3",
+            "farm.steps_per_env=64",
+            "policy.hidden_sizes=[32]",
+            "policy.recurrent=lstm",
+            "policy.recurrent_size=16",
+            f"policy.seq_len={seq_len}",
+            f"policy.burn_in={burn_in}",
+            *overrides,
+        ],
+        seed=seed,
+    )
+    torch.manual_seed(seed)
+    return APPO(cfg, describe(ENV), torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("seq_len", "burn_in"), [(4, 0), (8, 3), (0, 0)])
+def test_appos_targets_replay_the_behaviour_and_bootstrap_from_the_step_after_the_task(seq_len, burn_in):
+    """Recurrent APPO recomputes V-trace's target log-probabilities and values by replaying each
+    sequence from its recorded state; with the network that acted they are the actor's (so rho is 1),
+    burn-in or not, and the value after the task is the actor's last value, the state carried through
+    the task's last sequence (and zeroed where an episode ended at its last step)."""
+    learner = _appo(seq_len, burn_in)
+    envs = make_vector_env(ENV, 3)
+    rollout = concat(
+        [collect(learner.policy.actor_snapshot(), envs, 64, [7 * i + j + 1 for j in range(3)], i) for i in range(2)]
+    )
+    length = seq_len or 64
+    assert rollout.dones[length - 1 :: length].any() or seq_len == 0  # an episode ends where a sequence does
+    logprobs, values, last_values = learner._evaluate(rollout)
+    np.testing.assert_allclose(logprobs, rollout.logprobs, atol=2e-5)
+    np.testing.assert_allclose(values, rollout.values, atol=2e-5)
+    np.testing.assert_allclose(last_values, rollout.last_values, atol=2e-5)
+    metrics = learner.update(0.0) if learner.observe(rollout, 0) is None and learner.ready() else {}
+    assert metrics["vtrace/rho_clipped_frac"] == 0.0 and abs(metrics["vtrace/rho_mean"] - 1.0) < 1e-4
+
+
+def test_a_stale_states_error_is_in_a_sequences_first_steps_which_burn_in_leaves_out():
+    """Why R2D2's burn-in: a task acted by one version, replayed by a later one from the states the
+    first recorded. The later network's values stray from those it gives with its own memory carried
+    through the whole task mostly in each sequence's first steps (the stale state washes out), and
+    those are the steps a burn-in of 4 leaves out of the loss."""
+    acted = _appo(8, seed=1)
+    rollout = collect(acted.policy.actor_snapshot(), make_vector_env(ENV, 3), 64, [1, 2, 3], 0)
+    later = _appo(8, seed=2)  # another network: the stored states are not its own
+    truth = _appo(0, seed=2)  # the same network, one sequence per task: its own memory throughout
+    _, own, _ = truth._evaluate(dataclasses.replace(rollout, states=rollout.states[:1]))  # (fresh: zeros)
+    _, stale, _ = later._evaluate(rollout)
+    t = np.arange(64)
+    error = np.abs(stale - own)
+    early, late = error[(t >= 8) & (t % 8 < 4)].mean(), error[(t >= 8) & (t % 8 >= 4)].mean()
+    print(f"mean |value error| from a stale state: steps 0-3 of a sequence {early:.2e}, steps 4-7 {late:.2e}")
+    assert late < 0.5 * early
+    np.testing.assert_allclose(error[:8], 0.0, atol=2e-6)  # the first sequence starts from zeros: exact
+
+
+def test_burn_in_steps_are_out_of_the_loss():
+    """With policy.burn_in = 4, advantages on the burn-in steps only move nothing; without burn-in the
+    same batch moves the weights (only the surrogate acts: no entropy bonus, no value loss)."""
+    moved = {}
+    for burn_in in (0, 4):
+        learner = _appo(8, burn_in, 0, "ppo.ent_coef=0", "ppo.vf_coef=0")
+        rollout = collect(learner.policy.actor_snapshot(), make_vector_env(ENV, 3), 64, [1, 2, 3], 0)
+        burning = np.broadcast_to(((np.arange(64) % 8) < 4)[:, None], rollout.values.shape)
+        advantages = np.where(burning, np.linspace(-1, 1, rollout.values.size).reshape(rollout.values.shape), 0)
+        before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+        learner._optimize_sequences(
+            rollout, rollout.logprobs, rollout.values, advantages.astype(np.float32), rollout.values
+        )
+        after = learner.policy.state_dict()
+        moved[burn_in] = max(float((after[k] - before[k]).abs().max()) for k in before)
+    assert moved[0] > 1e-4 and moved[4] == 0.0, moved

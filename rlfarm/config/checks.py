@@ -122,6 +122,10 @@ def check_recurrent(config: RunConfig) -> None:
     """A recurrent policy (policy.recurrent): what is built for it, and sequences that fit in a task."""
     policy = config.policy
     if policy.recurrent == "":
+        if policy.burn_in:
+            raise ConfigError(
+                f"policy.burn_in = {policy.burn_in} refreshes a recurrent policy's state; set policy.recurrent"
+            )
         return
     if policy.recurrent not in RECURRENT:
         raise ConfigError(f'policy.recurrent must be lstm, gru or "" (none), got {policy.recurrent!r}')
@@ -154,6 +158,12 @@ def check_recurrent(config: RunConfig) -> None:
         raise ConfigError(
             f"policy.seq_len = {policy.seq_len} does not divide farm.steps_per_env = {steps}: a task is cut "
             f"into whole sequences"
+        )
+    length = policy.seq_len or steps
+    if not 0 <= policy.burn_in < length:
+        raise ConfigError(
+            f"policy.burn_in = {policy.burn_in}: a sequence's burn-in is 0 (none) to {length - 1} steps, "
+            f"shorter than the sequence (policy.seq_len, or farm.steps_per_env where it is 0)"
         )
 
 

@@ -117,6 +117,9 @@ class PolicyConfig:
     # Steps of one learning sequence (truncated BPTT; each starts from the state its task recorded for
     # it): a divisor of farm.steps_per_env, so a sequence never crosses tasks. 0: a whole task.
     seq_len: int = 0
+    # R2D2's burn-in: the first steps of each learning sequence only refresh its recorded state (from
+    # the version that acted) with the learner's network and are left out of the loss. 0: none.
+    burn_in: int = 0
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,26 @@ class RecurrentCore(nn.Module):
         out, state = self._run(x.unsqueeze(0), state)
         return out[0], state
 
-    def sequence(self, x: torch.Tensor, starts: np.ndarray, state: torch.Tensor) -> torch.Tensor:
+    def sequence(self, x: torch.Tensor, starts: np.ndarray, state: torch.Tensor, burn_in: int = 0) -> torch.Tensor:
         """Outputs (L, B, size) of L steps of B sequences: `x` (L, B, inputs), `starts` (L, B) bool,
         numpy (an episode starts at that step: the state is zeroed before it), `state` (B,
-        state_size) the state each sequence started from."""
+        state_size) the state each sequence started from. `burn_in` (R2D2's, policy.burn_in): the
+        first steps only refresh that state, recorded by an older version, with this network, and
+        pass no gradient; their outputs come back detached."""
+        if not burn_in:
+            return self._fused(x, starts, state)
+        with torch.no_grad():
+            state, head = state.to(x.dtype), []
+            for t in range(burn_in):
+                state = _zeroed(state, starts[t]) if t else state
+                out, state = self.step(x[t], state)
+                head.append(out)
+        rest = self._fused(x[burn_in:], starts[burn_in:], _zeroed(state, starts[burn_in]))
+        return torch.cat([torch.stack(head), rest])
+
+    def _fused(self, x: torch.Tensor, starts: np.ndarray, state: torch.Tensor) -> torch.Tensor:
+        """`sequence` without burn-in: the fused layer once over the padded fragments (first row of
+        `starts` not read: each sequence's first fragment starts from `state`)."""
         steps, batch = starts.shape
         fragment, position, first = fragments(starts)
         count, longest = int(fragment.max()) + 1, int(position.max()) + 1
@@ -78,3 +94,10 @@ def fragments(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     t = np.arange(steps)[:, None]
     opened = np.maximum.accumulate(np.where(cut, t, 0), axis=0)
     return fragment.reshape(-1), (t - opened).reshape(-1), first
+
+
+def _zeroed(state: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
+    """`state` with the rows where an episode starts (`starts` (B,) bool) zeroed."""
+    if not starts.any():
+        return state
+    return state * torch.from_numpy(~starts).to(device=state.device, dtype=state.dtype)[:, None]

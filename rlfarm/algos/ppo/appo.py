@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from rlfarm.algos.base import prefixed, to_device, unprefixed
+from rlfarm.algos.ppo.policies import RecurrentActorCritic
 from rlfarm.algos.ppo.ppo import PPO, compute_gae
 from rlfarm.config import RunConfig
 from rlfarm.core.rollout import Rollout, concat
@@ -227,6 +228,7 @@ class APPO(PPO):
             and rollout.last_obs is not None
             and steps % cfg.num_minibatches == 0
             and rollout.active is None  # agents out of their game: the two-pass path leaves their steps out
+            and not isinstance(self.policy, RecurrentActorCritic)  # (sequences replay in the two-pass path)
         )
 
     def _learn_in_one_pass(
@@ -316,7 +318,9 @@ class APPO(PPO):
         """Targets for the whole batch from the network as the update begins, then PPO's epochs."""
         cfg = self.config
         target_logprobs, values, last_values = self._evaluate(rollout)
-        if self.target is not None:  # V-trace's target policy is the target network; the values stay the network's
+        if self.target is not None and isinstance(self.target, RecurrentActorCritic):
+            target_logprobs = self._replay(self.target, rollout)[0]
+        elif self.target is not None:  # V-trace's target policy is the target network; the values stay the network's
             T, N = rollout.rewards.shape
             act = rollout.actions
             target_logprobs = self._target_logprobs(
@@ -375,7 +379,10 @@ class APPO(PPO):
     @torch.no_grad()
     def _evaluate(self, rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Target log-probabilities and values (T, N) of the behaviour's actions under the current
-        network, and its values of the observations after the last step (N,)."""
+        network, and its values of the observations after the last step (N,). A recurrent network
+        replays each sequence from the state its task recorded (PPO._replay)."""
+        if isinstance(self.policy, RecurrentActorCritic):
+            return self._replay(self.policy, rollout)
         T, N = rollout.rewards.shape
         obs = self._observations(rollout)
         act = rollout.actions

@@ -29,7 +29,7 @@ class PPOConfig(AlgoSection):
         "async": "APPO: results are used as they come, corrected for policy lag with V-trace",
     }
     learners: ClassVar[dict[str, str]] = {"sync": "ppo:PPO", "async": "appo:APPO"}
-    recurrent_modes: ClassVar[tuple[str, ...]] = ("sync",)  # PPO over sequences; recurrent APPO is not built
+    recurrent_modes: ClassVar[tuple[str, ...]] = ("sync", "async")  # PPO and APPO over sequences
 
     learning_rate: float = 3e-4
     anneal_lr: bool = True

@@ -217,17 +217,20 @@ class RecurrentActorCritic(nn.Module):
         starts: np.ndarray,
         state: torch.Tensor,
         mask: torch.Tensor | None = None,
+        burn_in: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probabilities of `actions`, entropies and state values, flat (L x B), of B sequences of
         L steps: `obs` (L, B, obs_dim), `actions` (L, B, ...), `starts` (L, B) bool, numpy, where
-        an episode starts, `state` (B, state_size) the state each sequence started from, `mask` (L x B, A)."""
+        an episode starts, `state` (B, state_size) the state each sequence started from, `mask` (L x B, A).
+        `burn_in`: the first steps refresh the state without gradient (RecurrentCore.sequence)."""
         steps, batch = obs.shape[:2]
         features = self._features(obs.reshape(steps * batch, -1)).reshape(steps, batch, -1)
         width = self.memory.state_size
-        out = self.memory.sequence(features, starts, state[:, :width]).reshape(steps * batch, -1)
+        out = self.memory.sequence(features, starts, state[:, :width], burn_in).reshape(steps * batch, -1)
         valued = out
         if self.critic_memory is not None:
-            valued = self.critic_memory.sequence(features, starts, state[:, width:]).reshape(steps * batch, -1)
+            valued = self.critic_memory.sequence(features, starts, state[:, width:], burn_in)
+            valued = valued.reshape(steps * batch, -1)
         flat_actions = actions.reshape(steps * batch, *actions.shape[2:])
         log_std = None if self.spec.discrete else self.actor_logstd
         dist = policy_distribution(self.spec, self.actor(out), log_std, mask)

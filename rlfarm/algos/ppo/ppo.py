@@ -18,7 +18,14 @@ from rlfarm.algos.base import Algorithm, load_optimizer_state, optimizer_state, 
 from rlfarm.algos.ppo.acting import HEAD
 from rlfarm.algos.ppo.config import VF_LOSSES
 from rlfarm.algos.ppo.policies import ActorCritic, RecurrentActorCritic
-from rlfarm.algos.ppo.sequences import episode_starts, seq_len_of, to_sequences
+from rlfarm.algos.ppo.sequences import (
+    episode_starts,
+    from_sequences,
+    next_step_starts,
+    seq_len_of,
+    to_sequences,
+    with_next_step,
+)
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
@@ -102,6 +109,7 @@ class PPO(Algorithm):
             self.layers = torch.compile(self.policy._heads, mode=self.config.compile, dynamic=False)
         self.compiled = {} if self.layers is None else {"layers": self.layers}  # evaluate's keyword
         self.seq_len = config.policy.seq_len  # a recurrent policy's learning sequences (0: a whole task)
+        self.burn_in = config.policy.burn_in
 
     def observe(self, rollout: Rollout, policy_lag: int) -> None:
         self._rollout = rollout
@@ -169,7 +177,9 @@ class PPO(Algorithm):
         `between()` runs after each minibatch (the ASYNC trainer keeps the farm fed there).
         `is_ratios` (T, N): weights on each sample's ratio (APPO's target network, `_step`)."""
         if isinstance(self.policy, RecurrentActorCritic):
-            return self._optimize_sequences(rollout, logprobs, values, advantages, returns)
+            return self._optimize_sequences(
+                rollout, logprobs, values, advantages, returns, impala_loss, between, is_ratios
+            )
         dev = self.device
         b_obs = self._observations(rollout)
         act = rollout.actions
@@ -242,34 +252,74 @@ class PPO(Algorithm):
         values: np.ndarray,
         advantages: np.ndarray,
         returns: np.ndarray,
+        impala_loss: bool = False,
+        between: Callable[[], None] | None = None,
+        is_ratios: np.ndarray | None = None,
     ) -> dict[str, float]:
         """Minibatch epochs of a recurrent policy: minibatches of whole sequences (rlfarm.algos.ppo.
-        sequences), each replayed from the state its task recorded (truncated BPTT), a `_step` each."""
-        if rollout.states is None:
-            raise ValueError("a recurrent policy's rollout carries the state of each sequence (Rollout.states)")
-        if rollout.active is not None:
-            raise ValueError("policy.recurrent with agents that sit out of their games is not built yet")
+        sequences), each replayed from the state its task recorded (truncated BPTT), a `_step` each.
+        With policy.burn_in, each sequence's first steps refresh that state and are left out of the loss."""
+        self._check_sequences(rollout)
         dev = self.device
         length = seq_len_of(len(rollout.rewards), self.seq_len)
+        burn_in = self.burn_in
 
         def seqs(x: np.ndarray) -> torch.Tensor:
             return to_device(to_sequences(x, length), dev)
 
         b_obs, b_actions = seqs(rollout.obs), seqs(rollout.actions)
         b_logprobs, b_values, b_adv, b_returns = (seqs(x) for x in (logprobs, values, advantages, returns))
+        b_weights = None if is_ratios is None else seqs(is_ratios)
         b_starts = episode_starts(rollout.dones, length)  # numpy: where each minibatch's fragments are cut
         b_states = to_device(rollout.states.reshape(-1, rollout.states.shape[-1]), dev)
         b_masks = None if rollout.action_masks is None else seqs(rollout.action_masks)
 
         def learn(mb: torch.Tensor) -> tuple[torch.Tensor, ...]:
             mb_masks = None if b_masks is None else b_masks[:, mb].reshape(-1, b_masks.shape[-1])
-            newlogprob, entropy, newvalue = self.policy.evaluate_sequences(
-                b_obs[:, mb], b_actions[:, mb], b_starts[:, mb.cpu().numpy()], b_states[mb], mb_masks
+            outputs = self.policy.evaluate_sequences(
+                b_obs[:, mb], b_actions[:, mb], b_starts[:, mb.cpu().numpy()], b_states[mb], mb_masks, burn_in
             )
-            targets = (x[:, mb].reshape(-1) for x in (b_logprobs, b_values, b_adv, b_returns))
-            return self._step(newlogprob, entropy, newvalue, *targets)
+            if burn_in:  # the burn-in steps teach nothing: out of the loss
+                outputs = (x.reshape(length, -1)[burn_in:].reshape(-1) for x in outputs)
+            targets = [x[burn_in:, mb].reshape(-1) for x in (b_logprobs, b_values, b_adv, b_returns)]
+            weights = None if b_weights is None else b_weights[burn_in:, mb].reshape(-1)
+            return self._step(*outputs, *targets, impala_loss, weights)
 
-        return self._metrics(*self._epochs(len(b_states), learn, None), values.reshape(-1), returns.reshape(-1))
+        return self._metrics(*self._epochs(len(b_states), learn, between), values.reshape(-1), returns.reshape(-1))
+
+    def _check_sequences(self, rollout: Rollout) -> None:
+        if rollout.states is None:
+            raise ValueError("a recurrent policy's rollout carries the state of each sequence (Rollout.states)")
+        if rollout.active is not None:
+            raise ValueError("policy.recurrent with agents that sit out of their games is not built yet")
+
+    @torch.no_grad()
+    def _replay(self, net: RecurrentActorCritic, rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A recurrent `net`'s log-probabilities and values (T, N) of the rollout's steps, each sequence
+        replayed from its recorded state (with policy.burn_in as the learner replays it), and its
+        values of the observations after the task (N,), each the step after the task's last sequence
+        (the worker's own where the rollout has no last_obs)."""
+        self._check_sequences(rollout)
+        T, N = rollout.rewards.shape
+        length = seq_len_of(T, self.seq_len)
+        last_obs = rollout.obs[-1] if rollout.last_obs is None else rollout.last_obs  # (a stand-in, unused)
+        obs = to_device(with_next_step(rollout.obs, last_obs, length), self.device)
+        act = rollout.actions
+        actions = to_device(with_next_step(act, np.zeros_like(act[0]), length), self.device)
+        masks = rollout.action_masks
+        if masks is not None:  # (the step after a sequence: only its value is used, any mask will do)
+            masks = with_next_step(masks, np.ones_like(masks[0]), length)
+            masks = to_device(masks.reshape(-1, masks.shape[-1]), self.device)
+        states = to_device(rollout.states.reshape(-1, rollout.states.shape[-1]), self.device)
+        starts = next_step_starts(rollout.dones, length)
+        logprobs, _, values = net.evaluate_sequences(obs, actions, starts, states, masks, self.burn_in)
+        logprobs, values = (x.cpu().numpy().reshape(length + 1, -1) for x in (logprobs, values))
+        last_values = values[length].reshape(-1, N)[-1] if rollout.last_obs is not None else rollout.last_values
+        return (
+            from_sequences(logprobs[:length], N),
+            from_sequences(values[:length], N),
+            np.asarray(last_values, np.float64),
+        )
 
     def _metrics(
         self,

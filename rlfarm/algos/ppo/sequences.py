@@ -32,3 +32,23 @@ def episode_starts(dones: np.ndarray, length: int) -> np.ndarray:
     starts = to_sequences(before, length)
     starts[0] = False
     return starts
+
+
+def from_sequences(x: np.ndarray, n: int) -> np.ndarray:
+    """(L, K x N, ...) -> (T, N, ...): to_sequences undone, for `n` sub-envs."""
+    length, count = x.shape[:2]
+    k = count // n
+    return x.reshape(length, k, n, *x.shape[2:]).swapaxes(0, 1).reshape(k * length, n, *x.shape[2:])
+
+
+def with_next_step(x: np.ndarray, after: np.ndarray, length: int) -> np.ndarray:
+    """(T, N, ...) and the (N, ...) after the last step -> (L + 1, K x N, ...): each sequence and the
+    step after it (the next sequence's first, or `after` for the task's last)."""
+    following = np.concatenate([x, after[None]])[length::length]  # rows L, 2L, ..., T: (K, N, ...)
+    return np.concatenate([to_sequences(x, length), following.reshape(1, -1, *x.shape[2:])])
+
+
+def next_step_starts(dones: np.ndarray, length: int) -> np.ndarray:
+    """episode_starts for with_next_step's (L + 1, K x N): the step after a sequence starts an episode
+    where the sequence's last step ended one."""
+    return np.concatenate([episode_starts(dones, length), dones[length - 1 :: length].reshape(1, -1)])
