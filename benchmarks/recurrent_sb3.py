@@ -1,11 +1,14 @@
 """Recurrent policies on the masked-velocity envs (issue 53): sb3-contrib's RecurrentPPO with
 rl-baselines3-zoo's tuned `ppo_lstm` settings, the reference an rlfarm recurrent learner is measured
 against, on the envs rlfarm ships for it (rlfarm/cartpole_no_vel, the zoo's CartPoleNoVel-v1, and
-rlfarm/pendulum_no_vel, its PendulumNoVel-v1: velocities at 0, so only a memory recovers them).
+rlfarm/pendulum_no_vel, its PendulumNoVel-v1: velocities at 0, so only a memory recovers them), and on
+rlfarm/repeat_previous (POPGym's RepeatPreviousEasy), which neither the zoo nor POPGym tunes RecurrentPPO
+for: there both sides take rlfarm's repeat-previous-lstm settings and network.
 
     pip install -e ".[bench]"
     python benchmarks/recurrent_sb3.py --env cartpole --seeds 1 2 3
     python benchmarks/recurrent_sb3.py --env pendulum --seeds 1 2 3
+    python benchmarks/recurrent_sb3.py --env repeat --seeds 1 2 3 --stop-at-score
 
 Per seed and side: the wall time (and env steps) from the start of learning until the mean return of
 the last 20 training episodes first reaches the task's threshold (475 on CartPole, vs_sb3.py's "time to
@@ -60,6 +63,7 @@ class Task:
     # RecurrentPPO's arguments; "lin_X" is the zoo's linear schedule, from X to 0 over the budget.
     ppo: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None  # rlfarm's recurrent preset for the task (None: no rlfarm side yet)
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)  # over POLICY_KWARGS, for this task
 
 
 # rl-baselines3-zoo hyperparams/ppo_lstm.yml (CartPoleNoVel-v1 "Tuned", PendulumNoVel-v1), copied:
@@ -105,6 +109,34 @@ TASKS = {
         },
         preset="pendulum-no-vel-lstm",
     ),
+    # POPGym's RepeatPreviousEasy has no zoo entry: both sides take rlfarm's repeat-previous-lstm
+    # settings (16 envs of 102 steps, 4 epochs of 4 minibatches, lr 1e-3, entropy 0.01, no
+    # normalisation) and its network (one LSTM of 64 for actor and critic, tanh MLPs of 64 after it).
+    "repeat": Task(
+        env_id="rlfarm/repeat_previous",
+        zoo_id="none: rlfarm's repeat-previous-lstm settings",
+        budget=598_944,
+        threshold=0.9,
+        n_envs=16,
+        normalize=False,
+        ppo={
+            "n_steps": 102,
+            "batch_size": 408,
+            "gae_lambda": 0.95,
+            "gamma": 0.99,
+            "n_epochs": 4,
+            "ent_coef": 0.01,
+            "learning_rate": 1e-3,
+            "clip_range": 0.2,
+        },
+        preset="repeat-previous-lstm",
+        policy_kwargs={
+            "ortho_init": True,
+            "activation_fn": "Tanh",
+            "shared_lstm": True,
+            "enable_critic_lstm": False,
+        },
+    ),
 }
 
 
@@ -141,7 +173,8 @@ def sb3_contrib_run(task: Task, seed: int, threads: int) -> dict[str, Any]:
     env = make_vec_env(lambda: make_env(task.env_id), n_envs=task.n_envs, seed=seed)
     if task.normalize:
         env = VecNormalize(env, gamma=task.ppo["gamma"])
-    policy_kwargs = {**POLICY_KWARGS, "activation_fn": getattr(torch.nn, POLICY_KWARGS["activation_fn"])}
+    kwargs = {**POLICY_KWARGS, **task.policy_kwargs}
+    policy_kwargs = {**kwargs, "activation_fn": getattr(torch.nn, kwargs["activation_fn"])}
     model = RecurrentPPO(
         "MlpLstmPolicy",
         env,
@@ -174,7 +207,7 @@ def sb3_contrib_run(task: Task, seed: int, threads: int) -> dict[str, Any]:
             mean = _mean(self.returns)
             if self.scored is None and task.threshold is not None and mean is not None and mean >= task.threshold:
                 self.scored = (time.perf_counter() - self.t0, self.num_timesteps)
-            return True
+            return not (STOP_AT_SCORE and self.scored)
 
         def _on_rollout_end(self) -> None:
             mean = _mean(self.returns)
@@ -229,7 +262,8 @@ def rlfarm_run(task: Task, seed: int, threads: int) -> dict[str, Any]:
         command = [sys.executable, str(ROOT / "cli.py"), "train", "--preset", task.preset, "--seed", str(seed)]
         # The whole budget, as sb3-contrib learns it (the preset would stop at its target): the time to
         # score is read from the episodes, the final figures are at the budget.
-        command += ["--total-steps", str(task.budget), "--target-return", "inf", "--logdir", tmp, "--run-id", "bench"]
+        stop = str(task.threshold) if STOP_AT_SCORE else "inf"
+        command += ["--total-steps", str(task.budget), "--target-return", stop, "--logdir", tmp, "--run-id", "bench"]
         command += ["--workers", str(RLFARM_WORKERS), "--set", "eval.interval=0", "--set", f"torch_threads={threads}"]
         subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
         run_dir = Path(tmp) / "bench"
@@ -271,6 +305,7 @@ def rlfarm_run(task: Task, seed: int, threads: int) -> dict[str, Any]:
 
 
 RLFARM_WORKERS = 1  # rlfarm's rollout processes beside its learner (--rlfarm-workers)
+STOP_AT_SCORE = False  # --stop-at-score: each side stops learning once it scores (final figures then at that point)
 
 # A side: (task, seed, torch threads) -> a run's record with at least the keys sb3_contrib_run returns.
 SIDES: dict[str, Callable[[Task, int, int], dict[str, Any]]] = {"sb3-contrib": sb3_contrib_run, "rlfarm": rlfarm_run}
@@ -305,14 +340,17 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, help="the time-to-score target [the task's: CartPole 475]")
     parser.add_argument("--budget", type=int, help="env steps of each run [the zoo's n_timesteps]")
     parser.add_argument(
+        "--stop-at-score", action="store_true", help="stop each run when it scores (the final figures are then there)"
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=ROOT / "benchmarks" / "results" / f"recurrent-sb3-{datetime.date.today().isoformat()}",
         help="folder of <env>.json and <env>.txt [benchmarks/results/recurrent-sb3-<date>]",
     )
     args = parser.parse_args()
-    global RLFARM_WORKERS
-    RLFARM_WORKERS = args.rlfarm_workers
+    global RLFARM_WORKERS, STOP_AT_SCORE
+    RLFARM_WORKERS, STOP_AT_SCORE = args.rlfarm_workers, args.stop_at_score
     task = TASKS[args.env]
     changes = {"threshold": args.threshold} if args.threshold is not None else {}
     changes |= {"budget": args.budget} if args.budget is not None else {}
@@ -359,7 +397,13 @@ def main() -> None:
         "benchmark": "benchmarks/recurrent_sb3.py",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "env": args.env,
-        "task": {**task.__dict__, "policy_kwargs": POLICY_KWARGS, "window": WINDOW, "greedy_episodes": GREEDY},
+        "task": {
+            **task.__dict__,
+            "policy_kwargs": {**POLICY_KWARGS, **task.policy_kwargs},
+            "window": WINDOW,
+            "greedy_episodes": GREEDY,
+            "stop_at_score": STOP_AT_SCORE,
+        },
         "cores": os.cpu_count(),
         "torch_threads": args.threads,
         "versions": _versions(),
