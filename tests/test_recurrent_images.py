@@ -32,7 +32,9 @@ def _actor(policy: RecurrentActorCritic, runtime: str):
     if runtime == "torch":
         return TorchRecurrentActor(policy)
     actor = policy.actor_snapshot()  # ONNX Runtime where it is installed
-    assert isinstance(actor, OnnxRecurrentActor)
+    # A Gaussian policy acts with torch, as a feed-forward image one does: OnnxGraph refuses a network
+    # whose actor_logstd the exported function does not use (it reads it outside the graph).
+    assert isinstance(actor, OnnxRecurrentActor if policy.spec.discrete else TorchRecurrentActor)
     return actor
 
 
@@ -52,6 +54,7 @@ def test_an_image_policy_has_the_cnn_the_core_and_linear_heads():
         ("gru", False, IMAGE_ENV),
         ("lstm", True, IMAGE_ENV),
         ("gru", False, f"{IMAGE_ENV}_hwc"),
+        ("lstm", False, f"{IMAGE_ENV}_box"),  # a Gaussian policy
     ],
 )
 def test_the_image_actor_steps_as_the_network_and_value_leaves_its_state_alone(runtime, kind, critic_core, env_id):
@@ -80,6 +83,12 @@ def test_the_image_actor_steps_as_the_network_and_value_leaves_its_state_alone(r
             actor.episodes_started(starts)
             state[torch.from_numpy(starts)] = 0.0
             assert not actor.state[[0, 2]].any() and actor.state[[1, 3]].any()
+
+
+def test_without_onnx_runtime_the_snapshot_is_torchs(monkeypatch):
+    """RLFARM_ACTOR_RUNTIME=torch (or no atari extra): actor_snapshot acts with torch, as ActorCritic's."""
+    monkeypatch.setenv("RLFARM_ACTOR_RUNTIME", "torch")
+    assert isinstance(_policy("lstm").actor_snapshot(), TorchRecurrentActor)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
