@@ -91,13 +91,17 @@ def test_a_stream_restored_in_another_process_goes_on_bit_for_bit(env_id):
     assert sum(r.episode_returns.size for r in alone) or env_id.startswith(("tests.", "HalfCheetah", "Ant", "ALE"))
 
 
-@pytest.mark.parametrize("recurrent", ["lstm", "gru"])
-def test_a_recurrent_policys_state_moves_with_its_stream_bit_for_bit(recurrent):
+@pytest.mark.parametrize(
+    ("env_id", "recurrent"),
+    [("rlfarm/cartpole_no_vel", "lstm"), ("rlfarm/cartpole_no_vel", "gru"), ("tests.tiny_envs:image", "lstm")],
+)
+def test_a_recurrent_policys_state_moves_with_its_stream_bit_for_bit(env_id, recurrent):
     """A recurrent actor's memory of the running episodes is part of the stream's snapshot (issue 53):
     moved to the other process every task, the stream and the memory go on exactly as in one. Tasks
-    of 40 steps, episodes of a few dozen (the policy is random): episodes span tasks."""
-    alone = _tasks("rlfarm/cartpole_no_vel", 3, 40, 6, move=False, recurrent=recurrent)
-    moved = _tasks("rlfarm/cartpole_no_vel", 3, 40, 6, move=True, recurrent=recurrent)
+    of 40 steps, episodes of a few dozen (the policy is random) or of 16 (the image env, its CNN and
+    core acted by ONNX Runtime or torch): episodes span tasks."""
+    alone = _tasks(env_id, 3, 40, 6, move=False, recurrent=recurrent)
+    moved = _tasks(env_id, 3, 40, 6, move=True, recurrent=recurrent)
     for a, b in zip(alone, moved):
         for name, value in a.to_dict().items():
             if value is not None:

@@ -107,8 +107,10 @@ class PolicyConfig:
     # every version carries the statistics it acts with) and updated by the learner (rlfarm.nn.normalize).
     normalize_obs: bool = False
     normalize_clip: float = 10.0  # normalised observations are clipped to [-clip, clip]
-    # Memory: "lstm" or "gru" after the encoder (rlfarm.nn.recurrent), its state carried by the actor
-    # from step to step, zeroed at episode starts and saved with the env stream; "": none (feed-forward).
+    # Memory: "lstm" or "gru" after the encoder (rlfarm.nn.recurrent): on the (normalised) vector, or on
+    # an image's Nature CNN features (linear heads after it, as sb3-contrib's CnnLstmPolicy). Its state
+    # carried by the actor from step to step, zeroed at episode starts and saved with the env stream;
+    # "": none (feed-forward). docs/memory.md.
     recurrent: str = ""
     recurrent_size: int = 64  # the LSTM's or GRU's units
     # The critic has a core of its own beside the actor's (sb3-contrib's enable_critic_lstm): the value

@@ -38,9 +38,12 @@ class OnnxGraph:
     weights written into a fresh copy of the graph's initializers. Never into one kept copy: protobuf
     keeps what a message replaced until the message is freed, so writing each version into the same
     model grew a worker by the model's size per version (4 GB after 600 Pong versions;
-    tests/test_policy.py checks it does not grow)."""
+    tests/test_policy.py checks it does not grow).
 
-    def __init__(self, module: nn.Module, prefix: str, example: torch.Tensor):
+    The function takes `obs` and returns (`out`, `value`); a recurrent one (`state_size` > 0) takes
+    (`obs`, `state`) and returns (`out`, `value`, `next_state`), the state (batch, state_size) float32."""
+
+    def __init__(self, module: nn.Module, prefix: str, example: torch.Tensor, state_size: int = 0):
         import onnx
 
         exported = copy.deepcopy(module).cpu().eval()
@@ -52,13 +55,18 @@ class OnnxGraph:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
             # No constant folding: it would bake the first layer's 1/255 into a new, unnamed weight.
+            inputs, outputs = ["obs"], ["out", "value"]
+            examples: tuple[torch.Tensor, ...] = (example,)
+            if state_size:
+                inputs, outputs = [*inputs, "state"], [*outputs, "next_state"]
+                examples = (example, torch.zeros((len(example), state_size), dtype=torch.float32))
             torch.onnx.export(
                 exported,
-                (example,),
+                examples,
                 buffer,
-                input_names=["obs"],
-                output_names=["out", "value"],
-                dynamic_axes={"obs": {0: "batch"}},
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_axes={name: {0: "batch"} for name in inputs},
                 dynamo=False,
                 do_constant_folding=False,
             )
@@ -89,10 +97,11 @@ class OnnxGraph:
         return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def onnx_graph(network: nn.Module, module: nn.Module, spec: SpaceSpec) -> OnnxGraph | None:
+def onnx_graph(network: nn.Module, module: nn.Module, spec: SpaceSpec, state_size: int = 0) -> OnnxGraph | None:
     """The network's OnnxGraph, exported on first use and kept on the network (a worker loads every
     version into one network per run), or None where ONNX Runtime is not to be used: not installed,
-    RLFARM_ACTOR_RUNTIME=torch, or a network the exporter cannot take."""
+    RLFARM_ACTOR_RUNTIME=torch, or a network the exporter cannot take. `state_size`: a recurrent
+    network's (its function takes and returns the state, OnnxGraph)."""
     cached = network.__dict__.get("_onnx_graph", False)
     if cached is not False:
         return cached
@@ -100,7 +109,7 @@ def onnx_graph(network: nn.Module, module: nn.Module, spec: SpaceSpec) -> OnnxGr
     if os.environ.get(ACTOR_RUNTIME_VARIABLE, "auto") != "torch" and onnx_installed():
         example = torch.zeros((1, *spec.obs_shape), dtype=torch.uint8)
         try:
-            graph = OnnxGraph(module, "policy.", example)
+            graph = OnnxGraph(module, "policy.", example, state_size)
         except Exception:  # an exporter gap must not stop acting: torch acts instead
             graph = None
     network.__dict__["_onnx_graph"] = graph

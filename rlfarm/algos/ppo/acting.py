@@ -94,11 +94,42 @@ class NumpyActor(PolicyActor):
         return run_numpy_mlp(self.actor, x), run_numpy_mlp(self.critic, x)[:, 0]
 
 
-class RecurrentNumpyActor(PolicyActor):
-    """Acts with numpy copies of a RecurrentActorCritic's weights (`memory.rnn.*`, `actor.*`, `critic.*`,
-    `critic_memory.rnn.*`), carrying the cores' state from step to step (rlfarm.nn.acting.Actor)."""
+class RecurrentPolicyActor(PolicyActor):
+    """What every recurrent actor shares (rlfarm.nn.acting.Actor): the cores' state, one row per sub-env,
+    set by `begin`, zeroed by `episodes_started`, advanced by `act` and left alone by `value`. A subclass
+    sets `width` and `seq_len` and computes one step, `_step(obs, state) -> (out, value, next state)`."""
 
     recurrent = True
+    width = 0
+
+    def begin(self, n: int, state: np.ndarray | None = None) -> None:
+        width = self.width
+        if state is None:
+            self.state = np.zeros((n, width), np.float32)
+        elif np.shape(state) != (n, width):
+            raise ValueError(f"a recurrent state of shape {list(np.shape(state))}, this actor's is [{n}, {width}]")
+        else:
+            self.state = np.array(state, np.float32)
+
+    def episodes_started(self, rows: np.ndarray) -> None:
+        self.state[rows] = 0.0
+
+    def _step(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out, value, self.state = self._step(obs, self.state)
+        return out, value
+
+    def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """State values of `obs` after the state of the batch (or of its rows `rows`), which stays."""
+        return self._step(obs, self.state if rows is None else self.state[rows])[1]
+
+
+class RecurrentNumpyActor(RecurrentPolicyActor):
+    """Acts with numpy copies of a RecurrentActorCritic's weights (`memory.rnn.*`, `actor.*`, `critic.*`,
+    `critic_memory.rnn.*`), carrying the cores' state from step to step (rlfarm.nn.acting.Actor). Vector
+    observations; an image policy's actors are torch's or ONNX Runtime's (rlfarm.algos.ppo.policies)."""
 
     def __init__(self, spec: SpaceSpec, config: PolicyConfig, state: Mapping[str, np.ndarray]):
         self.spec = spec
@@ -115,18 +146,6 @@ class RecurrentNumpyActor(PolicyActor):
         self.width = self.memory.state_size * (2 if config.critic_core else 1)
         self.state = np.zeros((0, self.width), np.float32)
 
-    def begin(self, n: int, state: np.ndarray | None = None) -> None:
-        width = self.width
-        if state is None:
-            self.state = np.zeros((n, width), np.float32)
-        elif np.shape(state) != (n, width):
-            raise ValueError(f"a recurrent state of shape {list(np.shape(state))}, this actor's is [{n}, {width}]")
-        else:
-            self.state = np.array(state, np.float32)
-
-    def episodes_started(self, rows: np.ndarray) -> None:
-        self.state[rows] = 0.0
-
     def _features(self, obs: np.ndarray) -> np.ndarray:
         return self.normalize(obs) if self.normalize is not None else obs
 
@@ -141,7 +160,8 @@ class RecurrentNumpyActor(PolicyActor):
         return run_numpy_mlp(self.actor, out), run_numpy_mlp(self.critic, valued)[:, 0]
 
     def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """State values of `obs` after the state of the batch (or of its rows `rows`), which stays."""
+        """State values of `obs` after the state of the batch (or of its rows `rows`), which stays: the
+        critic's core only."""
         state = self.state if rows is None else self.state[rows]
         core, width = (self.memory, 0) if self.critic_memory is None else (self.critic_memory, self.memory.state_size)
         valued, _ = core(self._features(obs), state[:, width:])

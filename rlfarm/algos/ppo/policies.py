@@ -4,7 +4,9 @@
 and critic MLPs (as CleanRL's PPO); images: one Nature-CNN encoder and a linear head each. Its
 `actor` and `critic` are the network's heads (the saved tensors' names: `actor.0.weight`, ...).
 Workers act with a numpy copy of an MLP, and with ONNX Runtime (else torch) for a CNN.
-`RecurrentActorCritic` (policy.recurrent): an MLP encoder, an LSTM or GRU cell and the two heads.
+`RecurrentActorCritic` (policy.recurrent): an LSTM or GRU core on the observation (vectors) or on the
+Nature CNN's features (images), then the two heads; acted in numpy (vectors), or with ONNX Runtime
+(else torch) carrying the state (images).
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlfarm.algos.ppo.acting import NumpyActor, PolicyActor, RecurrentNumpyActor
+from rlfarm.algos.ppo.acting import NumpyActor, PolicyActor, RecurrentNumpyActor, RecurrentPolicyActor
 from rlfarm.config import PolicyConfig
 from rlfarm.envs import SpaceSpec
 from rlfarm.errors import ConfigError
 from rlfarm.nn.actors import OnnxGraph, numpy_state, onnx_graph
-from rlfarm.nn.layers import NatureCNN, layer_init, mlp, normc_init, obs_normalizer, xavier_init
+from rlfarm.nn.layers import NatureCNN, layer_init, mlp, normc_init, obs_normalizer, pixel_layout, xavier_init
 from rlfarm.nn.recurrent import RecurrentCore
 
 
@@ -59,12 +61,7 @@ class ActorCritic(nn.Module):
         self.spec, self.config = spec, config
         if spec.is_image:
             self.encoder = NatureCNN(spec, config)
-            critic, actor = nn.Linear(self.encoder.features, 1), nn.Linear(self.encoder.features, spec.action_dim)
-            if config.init == "xavier":  # RLlib's vision network: its logits a 1x1 convolution, its value normc(0.01)
-                critic, actor = normc_init(critic, 0.01), xavier_init(actor)
-            else:
-                critic, actor = layer_init(critic, std=1.0), layer_init(actor, std=0.01)
-            self.critic, self.actor = nn.Sequential(critic), nn.Sequential(actor)
+            self.critic, self.actor = linear_heads(self.encoder.features, spec, config)
         else:
             self.encoder = None
             hidden = list(config.hidden_sizes)
@@ -124,6 +121,17 @@ class ActorCritic(nn.Module):
         return OnnxPolicyActor(self, graph) if graph is not None else TorchPolicyActor(self)
 
 
+def linear_heads(features: int, spec: SpaceSpec, config: PolicyConfig) -> tuple[nn.Sequential, nn.Sequential]:
+    """An image policy's critic and actor heads: one linear layer each on `features` (the CNN's, or the
+    core's after it)."""
+    critic, actor = nn.Linear(features, 1), nn.Linear(features, spec.action_dim)
+    if config.init == "xavier":  # RLlib's vision network: its logits a 1x1 convolution, its value normc(0.01)
+        critic, actor = normc_init(critic, 0.01), xavier_init(actor)
+    else:
+        critic, actor = layer_init(critic, std=1.0), layer_init(actor, std=0.01)
+    return nn.Sequential(critic), nn.Sequential(actor)
+
+
 class TorchPolicyActor(PolicyActor):
     """Acts with a CPU copy of a CNN ActorCritic (workers run one torch thread per process)."""
 
@@ -171,25 +179,36 @@ class RecurrentActorCritic(nn.Module):
     policy.critic_core a second one for the critic (`critic_memory`, sb3-contrib's enable_critic_lstm),
     the state then both cores' side by side. Acted one step at a time from a state the actor carries
     (RecurrentNumpyActor); learned over sequences from the state each one started from
-    (`evaluate_sequences`)."""
+    (`evaluate_sequences`).
+
+    Images: ActorCritic's Nature CNN (`encoder`, built and initialised as there) feeds the core(s), and
+    a linear actor head and a linear critic head follow, as sb3-contrib's CnnLstmPolicy builds it (its
+    net_arch is empty with a NatureCNN: the action and value layers sit right on the LSTM's output;
+    policy.hidden_sizes is unused, as in ActorCritic's image branch). One encoder for both cores, as
+    sb3-contrib's shared features extractor. Acted with ONNX Runtime, else torch (`actor_snapshot`)."""
 
     recurrent = True
 
     def __init__(self, spec: SpaceSpec, config: PolicyConfig):
         super().__init__()
-        if spec.is_image or spec.policies:
+        if spec.policies:
             raise ConfigError(
-                "policy.recurrent acts on vector observations of one policy; images and several policies "
-                "(env.policy_map) are not built yet"
+                "policy.recurrent acts for one policy; several policies (env.policy_map) are not built yet"
             )
         self.spec, self.config = spec, config
         size, hidden = config.recurrent_size, list(config.hidden_sizes)
-        self.memory = RecurrentCore(config.recurrent, spec.obs_dim, size)
-        self.critic_memory = RecurrentCore(config.recurrent, spec.obs_dim, size) if config.critic_core else None
-        for name, param in self.named_parameters():  # the cores as CleanRL's LSTM PPO: orthogonal, zero biases
-            nn.init.constant_(param, 0.0) if "bias" in name else nn.init.orthogonal_(param, 1.0)
-        self.actor = mlp([size, *hidden, spec.action_dim], config.activation, out_std=0.01)
-        self.critic = mlp([size, *hidden, 1], config.activation, out_std=1.0)
+        self.encoder = NatureCNN(spec, config) if spec.is_image else None
+        inputs = spec.obs_dim if self.encoder is None else self.encoder.features
+        self.memory = RecurrentCore(config.recurrent, inputs, size)
+        self.critic_memory = RecurrentCore(config.recurrent, inputs, size) if config.critic_core else None
+        for core in (self.memory, self.critic_memory):  # as CleanRL's LSTM PPO: orthogonal, zero biases
+            for name, param in core.named_parameters() if core is not None else ():
+                nn.init.constant_(param, 0.0) if "bias" in name else nn.init.orthogonal_(param, 1.0)
+        if self.encoder is not None:
+            self.critic, self.actor = linear_heads(size, spec, config)
+        else:
+            self.actor = mlp([size, *hidden, spec.action_dim], config.activation, out_std=0.01)
+            self.critic = mlp([size, *hidden, 1], config.activation, out_std=1.0)
         self.obs_norm = obs_normalizer(spec, config)
         if not spec.discrete:
             self.actor_logstd = nn.Parameter(torch.full((1, spec.action_dim), config.init_log_std))
@@ -199,6 +218,8 @@ class RecurrentActorCritic(nn.Module):
         return self.memory.state_size * (2 if self.critic_memory is not None else 1)
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.encoder is not None:
+            return self.encoder(obs)
         return self.obs_norm(obs) if self.obs_norm is not None else obs
 
     def step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -220,11 +241,17 @@ class RecurrentActorCritic(nn.Module):
         burn_in: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probabilities of `actions`, entropies and state values, flat (L x B), of B sequences of
-        L steps: `obs` (L, B, obs_dim), `actions` (L, B, ...), `starts` (L, B) bool, numpy, where
-        an episode starts, `state` (B, state_size) the state each sequence started from, `mask` (L x B, A).
+        L steps: `obs` (L, B, obs_dim) or (L, B, *image shape) uint8, `actions` (L, B, ...), `starts`
+        (L, B) bool, numpy, where an episode starts, `state` (B, state_size) the state each sequence
+        started from, `mask` (L x B, A). Images go to the encoder as one (L x B) batch in the layout it
+        computes in (pixel_layout: channels-last on the CPU, reordered here once per minibatch).
         `burn_in`: the first steps refresh the state without gradient (RecurrentCore.sequence)."""
         steps, batch = obs.shape[:2]
-        features = self._features(obs.reshape(steps * batch, -1)).reshape(steps, batch, -1)
+        if self.encoder is not None:
+            flat = pixel_layout(obs.reshape(steps * batch, *obs.shape[2:]), self.spec)
+        else:
+            flat = obs.reshape(steps * batch, -1)
+        features = self._features(flat).reshape(steps, batch, -1)
         width = self.memory.state_size
         out = self.memory.sequence(features, starts, state[:, :width], burn_in).reshape(steps * batch, -1)
         valued = out
@@ -238,4 +265,54 @@ class RecurrentActorCritic(nn.Module):
         return logprob, entropy, self.critic(valued).squeeze(-1)
 
     def actor_snapshot(self) -> PolicyActor:
-        return RecurrentNumpyActor(self.spec, self.config, numpy_state(self))
+        """A frozen copy for acting that carries the state: numpy for vectors; for images, ONNX Runtime
+        where it is installed (the `atari` extra), else torch on the CPU, as ActorCritic's."""
+        if self.encoder is None:
+            return RecurrentNumpyActor(self.spec, self.config, numpy_state(self))
+        graph = onnx_graph(self, _Step(self), self.spec, self.state_size)
+        return OnnxRecurrentActor(self, graph) if graph is not None else TorchRecurrentActor(self)
+
+
+class TorchRecurrentActor(RecurrentPolicyActor):
+    """Acts with a CPU copy of an image RecurrentActorCritic, its `step` from the state it carries."""
+
+    def __init__(self, policy: RecurrentActorCritic):
+        self.spec = policy.spec
+        self.net = copy.deepcopy(policy).cpu().eval()
+        self._gaussian(None if policy.spec.discrete else policy.actor_logstd.detach().cpu().numpy())
+        self.seq_len, self.width = policy.config.seq_len, policy.state_size
+        self.state = np.zeros((0, self.width), np.float32)
+
+    @torch.no_grad()
+    def _step(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x, h = torch.from_numpy(np.ascontiguousarray(obs)), torch.from_numpy(np.ascontiguousarray(state, np.float32))
+        out, value, after = self.net.step(x, h)
+        return out.numpy(), value.numpy().astype(np.float32), after.numpy()
+
+
+class OnnxRecurrentActor(RecurrentPolicyActor):
+    """Acts with ONNX Runtime on the graph of an image RecurrentActorCritic's `step`, (obs, state) ->
+    (actor out, value, next state), loaded with this version's weights (OnnxGraph)."""
+
+    def __init__(self, policy: RecurrentActorCritic, graph: OnnxGraph):
+        self.spec = policy.spec
+        self.session = graph.session(policy.state_dict())
+        self._gaussian(None if policy.spec.discrete else policy.actor_logstd.detach().cpu().numpy())
+        self.seq_len, self.width = policy.config.seq_len, policy.state_size
+        self.state = np.zeros((0, self.width), np.float32)
+
+    def _step(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        feed = {"obs": np.ascontiguousarray(obs), "state": np.ascontiguousarray(state, np.float32)}
+        out, value, after = self.session.run(None, feed)
+        return out, value.astype(np.float32), after
+
+
+class _Step(nn.Module):
+    """RecurrentActorCritic.step as a module's forward, the function exported for acting."""
+
+    def __init__(self, policy: RecurrentActorCritic):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.policy.step(obs, state)
