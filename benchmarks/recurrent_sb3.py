@@ -154,7 +154,9 @@ def _mean(returns: deque[float]) -> float | None:
 
 
 def _shown(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"  # (RepeatPrevious's returns are in [-1, 1])
 
 
 def sb3_contrib_run(task: Task, seed: int, threads: int) -> dict[str, Any]:
@@ -389,8 +391,8 @@ def main() -> None:
             else ""
         )
         say(
-            f"{side}: {timed}median final mean return {statistics.median(finals):.1f}, "
-            f"greedy {statistics.median(r['greedy_mean_return'] for r in mine):.1f}"
+            f"{side}: {timed}median final mean return {_shown(statistics.median(finals))}, "
+            f"greedy {_shown(statistics.median(r['greedy_mean_return'] for r in mine))}"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     record = {

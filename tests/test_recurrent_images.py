@@ -155,6 +155,25 @@ def test_the_ppo_learners_first_update_of_an_image_recurrent_policy_starts_at_ra
     assert any(not torch.equal(before[k], v) for k, v in algo.policy.state_dict().items())  # and it learned
 
 
+def test_appos_targets_of_an_image_task_replay_what_its_actor_acted():
+    """Recurrent APPO on images: V-trace's target log-probabilities, values and the value after the
+    task, replayed from the recorded states by the learner's own network, are the actor's."""
+    from rlfarm import config as C
+    from rlfarm.algos.ppo.appo import APPO
+
+    sets = [f"env.id={IMAGE_ENV}", "env.num_envs=2", "farm.steps_per_env=32", "mode=async"]
+    sets += ["policy.recurrent=gru", "policy.recurrent_size=16", "policy.cnn_features=32", "policy.seq_len=8"]
+    cfg = C.build("cartpole-ppo", sets)
+    torch.manual_seed(0)
+    algo = APPO(cfg, describe(IMAGE_ENV), torch.device("cpu"))
+    rollout = collect(algo.policy.actor_snapshot(), make_vector_env(IMAGE_ENV, 2), 32, [3, 4], action_seed=0)
+    assert rollout.dones[7::8].any()  # an episode (16 steps) ends where a sequence does
+    logprobs, values, last_values = algo._evaluate(rollout)
+    np.testing.assert_allclose(logprobs, rollout.logprobs, atol=2e-5)
+    np.testing.assert_allclose(values, rollout.values, atol=2e-5)
+    np.testing.assert_allclose(last_values, rollout.last_values, atol=2e-5)
+
+
 def test_an_image_recurrent_config_is_accepted_and_several_policies_are_still_refused():
     from rlfarm import config as C
     from rlfarm.algos.ppo.ppo import PPO
