@@ -34,7 +34,7 @@ GREEDY_TARGET = ("--set", "eval.interval=8192")  # the SYNC preset judged as the
 
 
 def arms(burn_in: int, seq_len: int) -> dict[str, tuple[str, ...]]:
-    appo = ("--preset", "cartpole-no-vel-lstm-appo")
+    appo = ("--preset", "cartpole-no-vel-lstm-appo", "--total-steps", "100352")  # the SYNC preset's budget
     short = ("--set", f"policy.seq_len={seq_len}")
     quarter = f"policy.burn_in={burn_in // 4}"
     return {
