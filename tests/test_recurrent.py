@@ -103,6 +103,12 @@ def test_the_learner_replays_each_sequence_as_the_actor_acted(kind, seq_len, cri
     assert rollout.states.shape == (64 // length, 6, policy.state_size)
     assert rollout.dones.sum() >= 4
     assert not rollout.states[0].any()  # fresh episodes: the first sequence starts from zeros
+    assert_replayed_as_acted(policy, rollout, length)
+
+
+def assert_replayed_as_acted(policy: RecurrentActorCritic, rollout, length: int) -> None:
+    """The network's log-probabilities and values of the rollout's sequences of `length` steps, each
+    replayed from its recorded state, are the actor's (tests/test_recurrent_images.py too)."""
     obs = torch.from_numpy(to_sequences(rollout.obs, length))
     actions = torch.from_numpy(to_sequences(rollout.actions, length))
     starts = episode_starts(rollout.dones, length)

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from rlfarm.algos.ppo.policies import OnnxRecurrentActor, RecurrentActorCritic, TorchRecurrentActor
-from rlfarm.algos.ppo.sequences import episode_starts, to_sequences
 from rlfarm.config import PolicyConfig
 from rlfarm.core.rollout import collect, concat
 from rlfarm.envs import describe, make_env, make_vector_env
 from rlfarm.errors import ConfigError
 from rlfarm.nn.actors import onnx_installed
+
+from .test_recurrent import assert_replayed_as_acted
 
 pytestmark = pytest.mark.unit
 
@@ -126,14 +127,7 @@ def test_the_learner_replays_each_image_sequence_as_the_actor_acted(runtime, kin
     assert rollout.obs.dtype == np.uint8 and rollout.states.shape == (40 // length, 6, policy.state_size)
     assert rollout.dones.sum() >= 6 and not rollout.states[0].any()  # fresh episodes: from zeros
     assert length == 40 or rollout.states[1:].any()  # later sequences start with a memory
-    obs = torch.from_numpy(to_sequences(rollout.obs, length))
-    actions = torch.from_numpy(to_sequences(rollout.actions, length))
-    starts = episode_starts(rollout.dones, length)
-    states = torch.from_numpy(rollout.states.reshape(-1, policy.state_size))
-    with torch.no_grad():
-        logprob, _, value = policy.evaluate_sequences(obs, actions, starts, states)
-    np.testing.assert_allclose(logprob.numpy(), to_sequences(rollout.logprobs, length).reshape(-1), atol=2e-5)
-    np.testing.assert_allclose(value.numpy(), to_sequences(rollout.values, length).reshape(-1), atol=2e-5)
+    assert_replayed_as_acted(policy, rollout, length)
 
 
 def test_the_ppo_learners_first_update_of_an_image_recurrent_policy_starts_at_ratio_1():

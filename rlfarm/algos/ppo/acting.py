@@ -102,6 +102,11 @@ class RecurrentPolicyActor(PolicyActor):
     recurrent = True
     width = 0
 
+    def _carry(self, seq_len: int, width: int) -> None:
+        """Set up the state: `width` floats a sub-env, sequences of `seq_len` steps (Rollout.states)."""
+        self.seq_len, self.width = seq_len, width
+        self.state = np.zeros((0, width), np.float32)
+
     def begin(self, n: int, state: np.ndarray | None = None) -> None:
         width = self.width
         if state is None:
@@ -142,9 +147,7 @@ class RecurrentNumpyActor(RecurrentPolicyActor):
         self.critic = mlp_steps(state, "critic", [size, *hidden, 1], config.activation)
         self.normalize = normalizer(state, spec, config)
         self._gaussian(None if spec.discrete else tensor(state, "actor_logstd", (1, spec.action_dim)))
-        self.seq_len = config.seq_len
-        self.width = self.memory.state_size * (2 if config.critic_core else 1)
-        self.state = np.zeros((0, self.width), np.float32)
+        self._carry(config.seq_len, self.memory.state_size * (2 if config.critic_core else 1))
 
     def _features(self, obs: np.ndarray) -> np.ndarray:
         return self.normalize(obs) if self.normalize is not None else obs

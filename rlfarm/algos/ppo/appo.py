@@ -35,6 +35,7 @@ import torch
 from rlfarm.algos.base import prefixed, to_device, unprefixed
 from rlfarm.algos.ppo.policies import RecurrentActorCritic
 from rlfarm.algos.ppo.ppo import PPO, compute_gae
+from rlfarm.algos.ppo.sequences import from_sequences, next_step_starts, seq_len_of, with_next_step
 from rlfarm.config import RunConfig
 from rlfarm.core.rollout import Rollout, concat
 from rlfarm.envs import SpaceSpec
@@ -364,6 +365,34 @@ class APPO(PPO):
         )
         return metrics, ratios
 
+    @torch.no_grad()
+    def _replay(self, net: RecurrentActorCritic, rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A recurrent `net`'s log-probabilities and values (T, N) of the rollout's steps, each sequence
+        replayed from its recorded state (with policy.burn_in as the learner replays it), and its
+        values of the observations after the task (N,), each the step after the task's last sequence
+        (the worker's own where the rollout has no last_obs)."""
+        self._check_sequences(rollout)
+        T, N = rollout.rewards.shape
+        length = seq_len_of(T, self.seq_len)
+        last_obs = rollout.obs[-1] if rollout.last_obs is None else rollout.last_obs  # (a stand-in, unused)
+        obs = to_device(with_next_step(rollout.obs, last_obs, length), self.device)
+        act = rollout.actions
+        actions = to_device(with_next_step(act, np.zeros_like(act[0]), length), self.device)
+        masks = rollout.action_masks
+        if masks is not None:  # (the step after a sequence: only its value is used, any mask will do)
+            masks = with_next_step(masks, np.ones_like(masks[0]), length)
+            masks = to_device(masks.reshape(-1, masks.shape[-1]), self.device)
+        states = to_device(rollout.states.reshape(-1, rollout.states.shape[-1]), self.device)
+        starts = next_step_starts(rollout.dones, length)
+        logprobs, _, values = net.evaluate_sequences(obs, actions, starts, states, masks, self.burn_in)
+        logprobs, values = (x.cpu().numpy().reshape(length + 1, -1) for x in (logprobs, values))
+        last_values = values[length].reshape(-1, N)[-1] if rollout.last_obs is not None else rollout.last_values
+        return (
+            from_sequences(logprobs[:length], N),
+            from_sequences(values[:length], N),
+            np.asarray(last_values, np.float64),
+        )
+
     def _is_ratios(self, behaviour: np.ndarray, target: np.ndarray) -> np.ndarray:
         """RLlib's is_ratio: mu/pi_target clipped to [0, is_ratio_clip], in the learner's precision."""
         ratio = np.exp(behaviour.astype(np.float64) - target.astype(np.float64))
@@ -380,7 +409,7 @@ class APPO(PPO):
     def _evaluate(self, rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Target log-probabilities and values (T, N) of the behaviour's actions under the current
         network, and its values of the observations after the last step (N,). A recurrent network
-        replays each sequence from the state its task recorded (PPO._replay)."""
+        replays each sequence from the state its task recorded (`_replay`)."""
         if isinstance(self.policy, RecurrentActorCritic):
             return self._replay(self.policy, rollout)
         T, N = rollout.rewards.shape

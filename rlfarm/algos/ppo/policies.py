@@ -280,8 +280,7 @@ class TorchRecurrentActor(RecurrentPolicyActor):
         self.spec = policy.spec
         self.net = copy.deepcopy(policy).cpu().eval()
         self._gaussian(None if policy.spec.discrete else policy.actor_logstd.detach().cpu().numpy())
-        self.seq_len, self.width = policy.config.seq_len, policy.state_size
-        self.state = np.zeros((0, self.width), np.float32)
+        self._carry(policy.config.seq_len, policy.state_size)
 
     @torch.no_grad()
     def _step(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -298,8 +297,7 @@ class OnnxRecurrentActor(RecurrentPolicyActor):
         self.spec = policy.spec
         self.session = graph.session(policy.state_dict())
         self._gaussian(None if policy.spec.discrete else policy.actor_logstd.detach().cpu().numpy())
-        self.seq_len, self.width = policy.config.seq_len, policy.state_size
-        self.state = np.zeros((0, self.width), np.float32)
+        self._carry(policy.config.seq_len, policy.state_size)
 
     def _step(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         feed = {"obs": np.ascontiguousarray(obs), "state": np.ascontiguousarray(state, np.float32)}

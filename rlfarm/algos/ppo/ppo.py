@@ -18,14 +18,7 @@ from rlfarm.algos.base import Algorithm, load_optimizer_state, optimizer_state, 
 from rlfarm.algos.ppo.acting import HEAD
 from rlfarm.algos.ppo.config import VF_LOSSES
 from rlfarm.algos.ppo.policies import ActorCritic, RecurrentActorCritic
-from rlfarm.algos.ppo.sequences import (
-    episode_starts,
-    from_sequences,
-    next_step_starts,
-    seq_len_of,
-    to_sequences,
-    with_next_step,
-)
+from rlfarm.algos.ppo.sequences import episode_starts, seq_len_of, to_sequences
 from rlfarm.config import PolicyConfig, RunConfig
 from rlfarm.core.rollout import Rollout
 from rlfarm.envs import SpaceSpec
@@ -292,34 +285,6 @@ class PPO(Algorithm):
             raise ValueError("a recurrent policy's rollout carries the state of each sequence (Rollout.states)")
         if rollout.active is not None:
             raise ValueError("policy.recurrent with agents that sit out of their games is not built yet")
-
-    @torch.no_grad()
-    def _replay(self, net: RecurrentActorCritic, rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A recurrent `net`'s log-probabilities and values (T, N) of the rollout's steps, each sequence
-        replayed from its recorded state (with policy.burn_in as the learner replays it), and its
-        values of the observations after the task (N,), each the step after the task's last sequence
-        (the worker's own where the rollout has no last_obs)."""
-        self._check_sequences(rollout)
-        T, N = rollout.rewards.shape
-        length = seq_len_of(T, self.seq_len)
-        last_obs = rollout.obs[-1] if rollout.last_obs is None else rollout.last_obs  # (a stand-in, unused)
-        obs = to_device(with_next_step(rollout.obs, last_obs, length), self.device)
-        act = rollout.actions
-        actions = to_device(with_next_step(act, np.zeros_like(act[0]), length), self.device)
-        masks = rollout.action_masks
-        if masks is not None:  # (the step after a sequence: only its value is used, any mask will do)
-            masks = with_next_step(masks, np.ones_like(masks[0]), length)
-            masks = to_device(masks.reshape(-1, masks.shape[-1]), self.device)
-        states = to_device(rollout.states.reshape(-1, rollout.states.shape[-1]), self.device)
-        starts = next_step_starts(rollout.dones, length)
-        logprobs, _, values = net.evaluate_sequences(obs, actions, starts, states, masks, self.burn_in)
-        logprobs, values = (x.cpu().numpy().reshape(length + 1, -1) for x in (logprobs, values))
-        last_values = values[length].reshape(-1, N)[-1] if rollout.last_obs is not None else rollout.last_values
-        return (
-            from_sequences(logprobs[:length], N),
-            from_sequences(values[:length], N),
-            np.asarray(last_values, np.float64),
-        )
 
     def _metrics(
         self,
